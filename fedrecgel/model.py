@@ -1,0 +1,214 @@
+"""The NCF (NeuMF) and MF models, split into private user parameters and shared parameters.
+
+Everything here is functional: parameters live in plain ``dict[str, Tensor]`` so that the
+simulator can hold one shared copy for a whole cohort, the services can ship them as
+safetensors, and the per-client SAM step can batch many clients without copying modules.
+
+Shared parameters (the server's):
+    ``item_gmf``  (I, F)          item GMF embeddings  (NCF and MF)
+    ``item_mlp``  (I, F * 2^(L-1)) item MLP embeddings  (NCF only)
+    ``tower.{k}.weight/bias``     MLP tower, Linear 2E -> E -> ... -> F, ReLU after each
+    ``predict.weight`` (1, 2F), ``predict.bias`` (1,)
+Private parameters (one row per user, never leave the client):
+    ``user_gmf`` (F), ``user_mlp`` (E)   for NCF;   ``user_gmf`` (F) for MF.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+ModelKind = Literal["ncf", "mf"]
+ITEM_TABLES = ("item_gmf", "item_mlp")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Model shape: kind, catalogue size, GMF factor and number of MLP layers."""
+
+    n_items: int
+    kind: ModelKind = "ncf"
+    factor: int = 32
+    layers: int = 3
+
+    @property
+    def mlp_dim(self) -> int:
+        """Width of the MLP embeddings: factor * 2^(layers-1)."""
+        return self.factor * 2 ** (self.layers - 1)
+
+    def tower_sizes(self) -> list[tuple[int, int]]:
+        """(in, out) of each tower layer: 2E -> E -> E/2 ... -> F."""
+        sizes = []
+        width = 2 * self.mlp_dim
+        for _ in range(self.layers):
+            sizes.append((width, width // 2))
+            width //= 2
+        return sizes
+
+    def item_tables(self) -> tuple[str, ...]:
+        """Names of the shared parameters that are row-indexed by item."""
+        return ("item_gmf", "item_mlp") if self.kind == "ncf" else ("item_gmf",)
+
+    def private_dims(self) -> dict[str, int]:
+        """Name -> width of each private (per-user) parameter."""
+        if self.kind == "ncf":
+            return {"user_gmf": self.factor, "user_mlp": self.mlp_dim}
+        return {"user_gmf": self.factor}
+
+    def shared_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every shared parameter, in canonical order."""
+        shapes: dict[str, tuple[int, ...]] = {"item_gmf": (self.n_items, self.factor)}
+        if self.kind == "ncf":
+            shapes["item_mlp"] = (self.n_items, self.mlp_dim)
+            for k, (fan_in, fan_out) in enumerate(self.tower_sizes()):
+                shapes[f"tower.{k}.weight"] = (fan_out, fan_in)
+                shapes[f"tower.{k}.bias"] = (fan_out,)
+            shapes["predict.weight"] = (1, 2 * self.factor)
+            shapes["predict.bias"] = (1,)
+        return shapes
+
+    def dense_names(self) -> tuple[str, ...]:
+        """Names of the shared parameters that are not item tables (the score network)."""
+        tables = set(self.item_tables())
+        return tuple(n for n in self.shared_shapes() if n not in tables)
+
+
+def init_shared(cfg: ModelConfig, seed: int) -> dict[str, Tensor]:
+    """Initial shared parameters: N(0, 0.01^2) embeddings, Xavier tower, Kaiming predict, 0 bias."""
+    gen = torch.Generator().manual_seed(int(seed))
+    out: dict[str, Tensor] = {}
+    for name, shape in cfg.shared_shapes().items():
+        t = torch.empty(shape)
+        if name in ITEM_TABLES:
+            t.normal_(0.0, 0.01, generator=gen)
+        elif name.startswith("tower.") and name.endswith("weight"):
+            fan_out, fan_in = shape
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            t.uniform_(-bound, bound, generator=gen)
+        elif name == "predict.weight":
+            # kaiming_uniform(a=1, nonlinearity='sigmoid'): gain 1, bound = sqrt(3 / fan_in)
+            bound = math.sqrt(3.0 / shape[1])
+            t.uniform_(-bound, bound, generator=gen)
+        else:
+            t.zero_()
+        out[name] = t
+    return out
+
+
+def init_private(cfg: ModelConfig, seed: int, user_ids: np.ndarray) -> dict[str, Tensor]:
+    """Initial private embeddings for ``user_ids``: N(0, 0.01^2), each user's draw keyed by
+    (seed, user id) so that any shard of users gets the same values as the whole population.
+
+    Returns name -> (U, d).
+    """
+    dims = cfg.private_dims()
+    total = sum(dims.values())
+    rows = np.empty((len(user_ids), total), dtype=np.float32)
+    for r, uid in enumerate(np.asarray(user_ids, dtype=np.int64)):
+        rng = np.random.default_rng([int(seed), 0x5EED, int(uid)])
+        rows[r] = rng.normal(0.0, 0.01, size=total)
+    flat = torch.from_numpy(rows)
+    out: dict[str, Tensor] = {}
+    start = 0
+    for name, d in dims.items():
+        out[name] = flat[:, start : start + d].clone()
+        start += d
+    return out
+
+
+def forward_batched(
+    cfg: ModelConfig,
+    private: dict[str, Tensor],
+    item_rows: dict[str, Tensor],
+    dense: dict[str, Tensor],
+    per_client_dense: bool,
+) -> Tensor:
+    """Logits for C clients x S samples each.
+
+    private:   name -> (C, d)           one row per client
+    item_rows: name -> (C, S, d)        the item embedding of every sample
+    dense:     name -> (C, *shape) when ``per_client_dense`` (each client its own copy,
+               e.g. a SAM-perturbed tower), else name -> shape (one tower for all).
+    returns    (C, S) logits
+    """
+    ugmf = private["user_gmf"][:, None, :]
+    gmf = ugmf * item_rows["item_gmf"]
+    if cfg.kind == "mf":
+        return gmf.sum(-1)
+    umlp = private["user_mlp"][:, None, :].expand(-1, gmf.shape[1], -1)
+    h = torch.cat([umlp, item_rows["item_mlp"]], dim=-1)
+    for k in range(cfg.layers):
+        w, b = dense[f"tower.{k}.weight"], dense[f"tower.{k}.bias"]
+        if per_client_dense:
+            h = torch.relu(torch.baddbmm(b[:, None, :], h, w.transpose(1, 2)))
+        else:
+            h = torch.relu(torch.nn.functional.linear(h, w, b))
+    z = torch.cat([gmf, h], dim=-1)
+    wp, bp = dense["predict.weight"], dense["predict.bias"]
+    if per_client_dense:
+        return torch.baddbmm(bp[:, None, :], z, wp.transpose(1, 2)).squeeze(-1)
+    return torch.nn.functional.linear(z, wp, bp).squeeze(-1)
+
+
+class Scorer:
+    """Scores users against items with the shared parameters of one model version.
+
+    The first tower layer is linear over concat(user, item), so its item half is computed
+    once here for the whole catalogue: scoring a user against I items then costs one small
+    matmul per remaining layer instead of the full tower.
+    """
+
+    def __init__(self, cfg: ModelConfig, shared: dict[str, Tensor]) -> None:
+        self.cfg = cfg
+        self.shared = {k: v.detach() for k, v in shared.items()}
+        self.item_first: Tensor | None = None
+        if cfg.kind == "ncf":
+            w0 = self.shared["tower.0.weight"]
+            e = cfg.mlp_dim
+            self.user_w0 = w0[:, :e]  # (H, E)
+            self.item_first = self.shared["item_mlp"] @ w0[:, e:].T  # (I, H)
+
+    @torch.no_grad()
+    def score(self, private: dict[str, Tensor], items: Tensor) -> Tensor:
+        """Logits of U users for their own candidate lists: private (U, d), items (U, K) -> (U, K)."""
+        s = self.shared
+        gmf = private["user_gmf"][:, None, :] * s["item_gmf"][items]
+        if self.cfg.kind == "mf":
+            return gmf.sum(-1)
+        assert self.item_first is not None
+        user_first = private["user_mlp"] @ self.user_w0.T  # (U, H)
+        h = torch.relu(user_first[:, None, :] + self.item_first[items] + s["tower.0.bias"])
+        for k in range(1, self.cfg.layers):
+            h = torch.relu(
+                torch.nn.functional.linear(h, s[f"tower.{k}.weight"], s[f"tower.{k}.bias"])
+            )
+        z = torch.cat([gmf, h], dim=-1)
+        return torch.nn.functional.linear(z, s["predict.weight"], s["predict.bias"]).squeeze(-1)
+
+    @torch.no_grad()
+    def score_all(self, private: dict[str, Tensor]) -> Tensor:
+        """Logits of U users against the whole catalogue: private (U, d) -> (U, I)."""
+        s = self.shared
+        if self.cfg.kind == "mf":
+            return private["user_gmf"] @ s["item_gmf"].T
+        assert self.item_first is not None
+        u = private["user_gmf"].shape[0]
+        out = torch.empty(u, self.cfg.n_items)
+        user_first = private["user_mlp"] @ self.user_w0.T
+        wp = s["predict.weight"][0]
+        f = self.cfg.factor
+        for start in range(0, self.cfg.n_items, 8192):
+            sl = slice(start, min(start + 8192, self.cfg.n_items))
+            h = torch.relu(user_first[:, None, :] + self.item_first[sl] + s["tower.0.bias"])
+            for k in range(1, self.cfg.layers):
+                h = torch.relu(
+                    torch.nn.functional.linear(h, s[f"tower.{k}.weight"], s[f"tower.{k}.bias"])
+                )
+            gmf_part = private["user_gmf"] @ (s["item_gmf"][sl] * wp[:f]).T
+            out[:, sl] = gmf_part + h @ wp[f:] + s["predict.bias"]
+        return out

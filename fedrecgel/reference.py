@@ -1,0 +1,145 @@
+"""A plain per-client loop implementation of the same client step, used as the reference.
+
+It is deliberately written the straightforward way (an ``nn.Module`` over the full shared
+parameters, one client at a time, dense gradients, in-place perturb / restore, one
+``torch.optim.Adam`` per client), independent of the batched code in :mod:`fedrecgel.sam`.
+Tests compare the two; ``bench/speed.py`` measures the batched code against it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import PrivateState, SAMConfig, Update
+
+
+class NCFModule(nn.Module):
+    """NeuMF for a single user: the shared parameters plus that user's private embeddings."""
+
+    def __init__(self, cfg: ModelConfig, shared: dict[str, Tensor], private: dict[str, Tensor]):
+        super().__init__()
+        self.cfg = cfg
+        self.shared = nn.ParameterDict(
+            {k.replace(".", "_"): nn.Parameter(v.clone()) for k, v in shared.items()}
+        )
+        self.private = nn.ParameterDict({k: nn.Parameter(v.clone()) for k, v in private.items()})
+
+    def sh(self, name: str) -> nn.Parameter:
+        """Shared parameter by its canonical name."""
+        return self.shared[name.replace(".", "_")]
+
+    def forward(self, items: Tensor) -> Tensor:
+        """Logits of this user for ``items`` (S,) -> (S,)."""
+        gmf = self.private["user_gmf"] * self.sh("item_gmf")[items]
+        if self.cfg.kind == "mf":
+            return gmf.sum(-1)
+        umlp = self.private["user_mlp"].expand(len(items), -1)
+        h = torch.cat([umlp, self.sh("item_mlp")[items]], dim=-1)
+        for k in range(self.cfg.layers):
+            h = torch.relu(
+                nn.functional.linear(h, self.sh(f"tower.{k}.weight"), self.sh(f"tower.{k}.bias"))
+            )
+        z = torch.cat([gmf, h], dim=-1)
+        return nn.functional.linear(z, self.sh("predict.weight"), self.sh("predict.bias"))[:, 0]
+
+
+def _chunked_loss(model: NCFModule, items: Tensor, labels: Tensor, chunk: int) -> Tensor:
+    """Sum over consecutive chunks of the mean BCE in the chunk (the reference's loss)."""
+    total = torch.zeros(())
+    for start in range(0, len(items), chunk):
+        logits = model(items[start : start + chunk])
+        total = total + nn.functional.binary_cross_entropy_with_logits(
+            logits, labels[start : start + chunk]
+        )
+    return total
+
+
+def _grads(params: list[nn.Parameter]) -> list[Tensor]:
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def reference_client_step(
+    cfg: ModelConfig,
+    shared: dict[str, Tensor],
+    user_id: int,
+    state: PrivateState,
+    items_np: np.ndarray,
+    labels_np: np.ndarray,
+    hp: SAMConfig,
+) -> tuple[Update, PrivateState]:
+    """One client's hierarchical SAM step, the plain way. ``state`` holds this one user (C=1)."""
+    private = {k: v[0] for k, v in state.params.items()}
+    model = NCFModule(cfg, shared, private)
+    items = torch.from_numpy(items_np)
+    labels = torch.from_numpy(labels_np)
+    sh_params = [model.sh(n) for n in shared]
+    ns_params = list(model.private.values())
+
+    model.zero_grad()
+    loss = _chunked_loss(model, items, labels, hp.chunk_size)
+    loss.backward()
+    g_sh, g_ns = _grads(sh_params), _grads(ns_params)
+
+    upload = g_sh
+    if hp.rho_sh > 0:
+        norm = torch.sqrt(sum((g**2).sum() for g in g_sh))
+        eps_sh = [hp.rho_sh * g / (norm + 1e-12) for g in g_sh]
+        with torch.no_grad():
+            for p, e in zip(sh_params, eps_sh, strict=True):
+                p.add_(e)
+        model.zero_grad()
+        _chunked_loss(model, items, labels, hp.chunk_size).backward()
+        upload = _grads(sh_params)
+        with torch.no_grad():
+            for p, e in zip(sh_params, eps_sh, strict=True):
+                p.sub_(e)
+
+    g_priv = g_ns
+    if hp.rho_ns > 0:
+        norm = torch.sqrt(sum((g**2).sum() for g in g_ns))
+        eps_ns = [hp.rho_ns * g / (norm + 1e-12) for g in g_ns]
+        with torch.no_grad():
+            for p, e in zip(ns_params, eps_ns, strict=True):
+                p.add_(e)
+        model.zero_grad()
+        _chunked_loss(model, items, labels, hp.chunk_size).backward()
+        g_priv = _grads(ns_params)
+        with torch.no_grad():
+            for p, e in zip(ns_params, eps_ns, strict=True):
+                p.sub_(e)
+
+    # Persistent per-client Adam: rebuild the optimizer around the stored moments.
+    opt = torch.optim.Adam(ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps)
+    step = int(state.step[0])
+    if step > 0:
+        for name, p in model.private.items():
+            opt.state[p] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": state.exp_avg[name][0].clone(),
+                "exp_avg_sq": state.exp_avg_sq[name][0].clone(),
+            }
+    for p, g in zip(ns_params, g_priv, strict=True):
+        p.grad = g
+    opt.step()
+    new_state = PrivateState(
+        params={k: p.detach()[None].clone() for k, p in model.private.items()},
+        exp_avg={k: opt.state[p]["exp_avg"][None].clone() for k, p in model.private.items()},
+        exp_avg_sq={k: opt.state[p]["exp_avg_sq"][None].clone() for k, p in model.private.items()},
+        step=torch.tensor([step + 1]),
+    )
+    dense_grads = dict(zip(shared, upload, strict=True))
+    rows = {}
+    for t in cfg.item_tables():
+        idx = torch.from_numpy(np.unique(items_np))
+        rows[t] = (idx, dense_grads[t][idx])
+    update = Update(
+        client_id=int(user_id),
+        n_samples=len(items_np),
+        rows=rows,
+        dense={n: dense_grads[n] for n in cfg.dense_names()},
+        loss=float(loss.detach()),
+    )
+    return update, new_state

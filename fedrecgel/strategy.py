@@ -1,0 +1,240 @@
+"""Server side: aggregation of client SAM gradients and the server optimizer.
+
+Shaped after Flower's strategies: the maths are plain functions on tensors
+(:func:`aggregate_gradients`), a :class:`Strategy` turns a round's uploads into new shared
+parameters, and add-ons (:class:`ClipUpdates`) wrap another strategy. The strategy knows no
+HTTP and no storage; its whole state is a ``dict[str, Tensor]`` so it can be persisted as
+safetensors with every model version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from fedrecgel.sam import Update
+
+Weighting = Literal["mean", "samples"]
+OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
+
+
+def aggregate_gradients(
+    updates: Sequence[Update], shapes: dict[str, tuple[int, ...]], weighting: Weighting = "mean"
+) -> dict[str, Tensor]:
+    """Weighted mean of the clients' gradients, densified: name -> tensor of ``shapes[name]``.
+
+    ``mean`` is the faithful (1/m) sum over the m clients that reported; ``samples`` weights
+    each client by its sample count. Updates are summed in client-id order, never in arrival
+    order, so the result does not depend on timing.
+    """
+    if not updates:
+        raise ValueError("cannot aggregate an empty round")
+    ordered = sorted(updates, key=lambda u: u.client_id)
+    if weighting == "mean":
+        weights = [1.0 / len(ordered)] * len(ordered)
+    else:
+        total = float(sum(u.n_samples for u in ordered))
+        weights = [u.n_samples / total for u in ordered]
+    out = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    for u, w in zip(ordered, weights, strict=True):
+        for name, (idx, vals) in u.rows.items():
+            out[name].index_add_(0, idx, vals, alpha=w)
+        for name, g in u.dense.items():
+            out[name].add_(g, alpha=w)
+    return out
+
+
+@dataclass(frozen=True)
+class ServerOptConfig:
+    """Server optimizer: name, learning rate and its constants.
+
+    ``adam`` is torch's Adam (the faithful default, lr 0.001). ``fedadam`` / ``fedyogi`` /
+    ``fedadagrad`` are the adaptive server optimizers of Reddi et al. (2021) with their
+    tau (eps) of 1e-3 and beta2 0.99; ``sgd`` is plain (momentum optional).
+    """
+
+    name: OptimizerName = "adam"
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    momentum: float = 0.0
+
+    @staticmethod
+    def preset(name: OptimizerName, lr: float) -> ServerOptConfig:
+        """The usual constants of each optimizer."""
+        if name in ("fedadam", "fedyogi", "fedadagrad"):
+            return ServerOptConfig(name=name, lr=lr, beta1=0.9, beta2=0.99, eps=1e-3)
+        return ServerOptConfig(name=name, lr=lr)
+
+
+class ServerOptimizer:
+    """Applies an aggregated gradient to the shared parameters; state is name -> Tensor."""
+
+    def __init__(self, cfg: ServerOptConfig) -> None:
+        self.cfg = cfg
+        self.state: dict[str, Tensor] = {"step": torch.zeros((), dtype=torch.int64)}
+
+    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        """Update ``params`` in place with ``grads``."""
+        c = self.cfg
+        self.state["step"] += 1
+        t = int(self.state["step"])
+        with torch.no_grad():
+            for name, g in grads.items():
+                p = params[name]
+                if c.name == "sgd":
+                    if c.momentum:
+                        buf = self._slot(name, "momentum", p)
+                        buf.mul_(c.momentum).add_(g)
+                        g = buf
+                    p.sub_(g, alpha=c.lr)
+                    continue
+                m = self._slot(name, "exp_avg", p)
+                v = self._slot(name, "exp_avg_sq", p)
+                if c.name == "adam":
+                    # torch.optim.Adam, bit for bit in its formula
+                    m.lerp_(g, 1 - c.beta1)
+                    v.mul_(c.beta2).addcmul_(g, g, value=1 - c.beta2)
+                    bc1 = 1 - c.beta1**t
+                    bc2_sqrt = math.sqrt(1 - c.beta2**t)
+                    denom = (v.sqrt() / bc2_sqrt).add_(c.eps)
+                    p.addcdiv_(m, denom, value=-c.lr / bc1)
+                    continue
+                m.mul_(c.beta1).add_(g, alpha=1 - c.beta1)
+                g2 = g * g
+                if c.name == "fedadam":
+                    v.mul_(c.beta2).add_(g2, alpha=1 - c.beta2)
+                elif c.name == "fedyogi":
+                    v.sub_((1 - c.beta2) * g2 * torch.sign(v - g2))
+                else:  # fedadagrad
+                    v.add_(g2)
+                p.sub_(c.lr * m / (v.sqrt() + c.eps))
+
+    def _slot(self, name: str, kind: str, like: Tensor) -> Tensor:
+        key = f"{name}.{kind}"
+        if key not in self.state:
+            init = self.cfg.eps**2 if kind == "exp_avg_sq" and self.cfg.name == "fedyogi" else 0.0
+            self.state[key] = torch.full_like(like, init)
+        return self.state[key]
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """All optimizer state as tensors (for persistence)."""
+        return {k: v.clone() for k, v in self.state.items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore state saved by :meth:`state_dict`."""
+        self.state = {k: v.clone() for k, v in state.items()}
+
+
+class Strategy:
+    """Turns one round's uploads into the next shared parameters."""
+
+    def aggregate(
+        self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
+    ) -> dict[str, Tensor]:
+        """The server's gradient for this round."""
+        raise NotImplementedError
+
+    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        """Update ``params`` in place."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Server-side state to persist with a model version."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def round(self, params: dict[str, Tensor], updates: Sequence[Update]) -> dict[str, Tensor]:
+        """Aggregate and apply; returns the aggregated gradient."""
+        grads = self.aggregate(updates, {k: tuple(v.shape) for k, v in params.items()})
+        self.apply(params, grads)
+        return grads
+
+
+class FedAvgGradients(Strategy):
+    """Mean of the clients' SAM gradients, then one server-optimizer step (FedRecGEL's server)."""
+
+    def __init__(self, opt: ServerOptConfig | None = None, weighting: Weighting = "mean") -> None:
+        self.weighting: Weighting = weighting
+        self.optimizer = ServerOptimizer(opt or ServerOptConfig())
+
+    def aggregate(
+        self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
+    ) -> dict[str, Tensor]:
+        """Weighted mean of the uploads."""
+        return aggregate_gradients(updates, shapes, self.weighting)
+
+    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        """One optimizer step."""
+        self.optimizer.step(params, grads)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The optimizer state."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore the optimizer state."""
+        self.optimizer.load_state_dict(state)
+
+
+class ClipUpdates(Strategy):
+    """Wraps a strategy; first scales every update to L2 norm at most ``max_norm``."""
+
+    def __init__(self, inner: Strategy, max_norm: float) -> None:
+        if max_norm <= 0:
+            raise ValueError("max_norm must be positive")
+        self.inner = inner
+        self.max_norm = max_norm
+
+    def aggregate(
+        self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
+    ) -> dict[str, Tensor]:
+        """Clip each update, then aggregate with the inner strategy."""
+        clipped = []
+        for u in updates:
+            sq = sum(float((v**2).sum()) for _, v in u.rows.values())
+            sq += sum(float((g**2).sum()) for g in u.dense.values())
+            f = min(1.0, self.max_norm / (math.sqrt(sq) + 1e-12))
+            clipped.append(
+                Update(
+                    client_id=u.client_id,
+                    n_samples=u.n_samples,
+                    rows={k: (i, v * f) for k, (i, v) in u.rows.items()},
+                    dense={k: g * f for k, g in u.dense.items()},
+                    loss=u.loss,
+                )
+            )
+        return self.inner.aggregate(clipped, shapes)
+
+    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        """Delegate to the inner strategy."""
+        self.inner.apply(params, grads)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The inner strategy's state."""
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore the inner strategy's state."""
+        self.inner.load_state_dict(state)
+
+
+def make_strategy(
+    optimizer: OptimizerName = "adam",
+    lr: float = 0.001,
+    weighting: Weighting = "mean",
+    clip: float | None = None,
+) -> Strategy:
+    """Build the server strategy from plain options (CLI and services use this)."""
+    s: Strategy = FedAvgGradients(ServerOptConfig.preset(optimizer, lr), weighting)
+    if clip is not None:
+        s = ClipUpdates(s, clip)
+    return s

@@ -1,0 +1,223 @@
+"""The wire codec: model versions and client updates as safetensors (never pickle).
+
+Model:   one safetensors blob, tensors = the shared parameters by canonical name, metadata
+         ``format=fedrecgel-model``, ``version``, and the model shape.
+Updates: one safetensors blob carrying one or more clients' updates of the same round.
+         Tensor keys ``{i}/{table}.rows`` (int64 row indices, sorted, unique),
+         ``{i}/{table}.values`` (float32 (U, d)), ``{i}/{name}`` (dense float32 gradient);
+         metadata ``format=fedrecgel-updates``, ``round``, and ``updates``: a JSON list of
+         ``{"client_id", "n_samples", "loss"}``. Nothing else can be carried: there is no
+         field for user embeddings, optimizer state or interactions.
+
+:func:`decode_updates` validates everything a server must check before aggregating (keys,
+dtypes, shapes, finite values, row indices in range) and raises :class:`WireError` with a
+message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import Update
+
+MODEL_FORMAT = "fedrecgel-model"
+UPDATES_FORMAT = "fedrecgel-updates"
+
+
+class WireError(ValueError):
+    """A body that cannot be accepted; ``str(err)`` says why."""
+
+
+@dataclass(frozen=True)
+class DecodedUpdates:
+    """A decoded upload body: its round and its updates, each with a content digest."""
+
+    round_id: int
+    updates: list[Update]
+    digests: list[str]
+
+
+def config_metadata(cfg: ModelConfig) -> dict[str, str]:
+    """The model shape as safetensors metadata."""
+    return {
+        "kind": cfg.kind,
+        "n_items": str(cfg.n_items),
+        "factor": str(cfg.factor),
+        "layers": str(cfg.layers),
+    }
+
+
+def config_from_metadata(meta: dict[str, str]) -> ModelConfig:
+    """Inverse of :func:`config_metadata`."""
+    kind = meta.get("kind", "ncf")
+    if kind not in ("ncf", "mf"):
+        raise WireError(f"unknown model kind {kind!r}")
+    return ModelConfig(
+        n_items=int(meta["n_items"]),
+        kind=kind,  # type: ignore[arg-type]
+        factor=int(meta["factor"]),
+        layers=int(meta["layers"]),
+    )
+
+
+def encode_model(cfg: ModelConfig, shared: dict[str, Tensor], version: int) -> bytes:
+    """Serialize a model version's shared parameters."""
+    meta = {"format": MODEL_FORMAT, "version": str(version), **config_metadata(cfg)}
+    tensors = {k: shared[k].detach().contiguous() for k in cfg.shared_shapes()}
+    return st_save(tensors, metadata=meta)
+
+
+def _read(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Parse a safetensors blob into tensors and metadata (WireError on garbage)."""
+    if len(data) < 8:
+        raise WireError("body is not a safetensors blob (too short)")
+    header_len = int.from_bytes(data[:8], "little")
+    if header_len <= 0 or 8 + header_len > len(data):
+        raise WireError("body is not a safetensors blob (bad header length)")
+    try:
+        header = json.loads(data[8 : 8 + header_len])
+        tensors = st_load(data)
+    except (SafetensorError, ValueError, UnicodeDecodeError) as err:
+        raise WireError(f"body is not a valid safetensors blob: {err}") from None
+    meta = header.get("__metadata__") or {}
+    if not isinstance(meta, dict):
+        raise WireError("safetensors metadata must be a string map")
+    return tensors, meta
+
+
+def decode_model(data: bytes) -> tuple[ModelConfig, dict[str, Tensor], int]:
+    """Parse a model blob: (config, shared parameters, version)."""
+    tensors, meta = _read(data)
+    if meta.get("format") != MODEL_FORMAT:
+        raise WireError(f"not a model blob (format={meta.get('format')!r})")
+    try:
+        cfg = config_from_metadata(meta)
+        version = int(meta["version"])
+    except (KeyError, ValueError) as err:
+        raise WireError(f"bad model metadata: {err}") from None
+    shapes = cfg.shared_shapes()
+    if set(tensors) != set(shapes):
+        raise WireError("model tensors do not match its declared shape")
+    for k, shape in shapes.items():
+        if tuple(tensors[k].shape) != shape:
+            raise WireError(f"model tensor {k} has shape {tuple(tensors[k].shape)}, want {shape}")
+    return cfg, tensors, version
+
+
+def update_digest(round_id: int, u: Update) -> str:
+    """Content digest of one update (for idempotent retries): sha256 over its canonical bytes."""
+    h = hashlib.sha256()
+    h.update(f"{round_id}:{u.client_id}:{u.n_samples}".encode())
+    for name in sorted(u.rows):
+        idx, vals = u.rows[name]
+        h.update(name.encode())
+        h.update(idx.to(torch.int64).contiguous().numpy().tobytes())
+        h.update(vals.to(torch.float32).contiguous().numpy().tobytes())
+    for name in sorted(u.dense):
+        h.update(name.encode())
+        h.update(u.dense[name].to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def encode_updates(round_id: int, updates: list[Update]) -> bytes:
+    """Serialize several clients' updates of one round into one body."""
+    tensors: dict[str, Tensor] = {}
+    info = []
+    for i, u in enumerate(updates):
+        for name, (idx, vals) in u.rows.items():
+            tensors[f"{i}/{name}.rows"] = idx.to(torch.int64).contiguous()
+            tensors[f"{i}/{name}.values"] = vals.to(torch.float32).contiguous()
+        for name, g in u.dense.items():
+            tensors[f"{i}/{name}"] = g.to(torch.float32).contiguous()
+        info.append({"client_id": u.client_id, "n_samples": u.n_samples, "loss": u.loss})
+    meta = {"format": UPDATES_FORMAT, "round": str(round_id), "updates": json.dumps(info)}
+    return st_save(tensors, metadata=meta)
+
+
+def _check_float(key: str, t: Tensor, shape: tuple[int, ...]) -> None:
+    if t.dtype != torch.float32:
+        raise WireError(f"{key}: dtype {t.dtype} is not float32")
+    if tuple(t.shape) != shape:
+        raise WireError(f"{key}: shape {tuple(t.shape)} does not match {shape}")
+    if not bool(torch.isfinite(t).all()):
+        raise WireError(f"{key}: contains NaN or Inf")
+
+
+def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
+    """Parse and validate an upload body against the model shape ``cfg``."""
+    tensors, meta = _read(data)
+    if meta.get("format") != UPDATES_FORMAT:
+        raise WireError(f"not an updates blob (format={meta.get('format')!r})")
+    try:
+        round_id = int(meta["round"])
+        info = json.loads(meta["updates"])
+    except (KeyError, ValueError) as err:
+        raise WireError(f"bad updates metadata: {err}") from None
+    if not isinstance(info, list) or not info:
+        raise WireError("updates metadata must list at least one update")
+    shapes = cfg.shared_shapes()
+    tables = cfg.item_tables()
+    expected_keys: set[str] = set()
+    updates: list[Update] = []
+    seen_clients: set[int] = set()
+    for i, entry in enumerate(info):
+        if not isinstance(entry, dict):
+            raise WireError(f"update {i}: metadata entry must be an object")
+        try:
+            client_id = int(entry["client_id"])
+            n_samples = int(entry["n_samples"])
+            loss = float(entry.get("loss", 0.0))
+        except (KeyError, TypeError, ValueError) as err:
+            raise WireError(f"update {i}: bad metadata entry ({err})") from None
+        if n_samples <= 0:
+            raise WireError(f"update {i}: n_samples must be positive")
+        if client_id in seen_clients:
+            raise WireError(f"update {i}: client {client_id} appears twice in one body")
+        seen_clients.add(client_id)
+        rows: dict[str, tuple[Tensor, Tensor]] = {}
+        for t in tables:
+            rk, vk = f"{i}/{t}.rows", f"{i}/{t}.values"
+            expected_keys |= {rk, vk}
+            if rk not in tensors or vk not in tensors:
+                raise WireError(f"update {i}: missing {t} rows")
+            idx, vals = tensors[rk], tensors[vk]
+            if idx.dtype != torch.int64 or idx.dim() != 1:
+                raise WireError(f"{rk}: must be a 1-d int64 tensor")
+            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= cfg.n_items):
+                raise WireError(f"{rk}: row index out of range [0, {cfg.n_items})")
+            if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
+                raise WireError(f"{rk}: row indices must be sorted and unique")
+            _check_float(vk, vals, (len(idx), shapes[t][1]))
+            rows[t] = (idx, vals)
+        dense: dict[str, Tensor] = {}
+        for name in cfg.dense_names():
+            key = f"{i}/{name}"
+            expected_keys.add(key)
+            if key not in tensors:
+                raise WireError(f"update {i}: missing dense gradient {name}")
+            _check_float(key, tensors[key], shapes[name])
+            dense[name] = tensors[key]
+        updates.append(Update(client_id, n_samples, rows, dense, loss))
+    extra = set(tensors) - expected_keys
+    if extra:
+        raise WireError(f"unexpected tensors in body: {sorted(extra)[:5]}")
+    return DecodedUpdates(round_id, updates, [update_digest(round_id, u) for u in updates])
+
+
+def encode_state(state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """Serialize a plain tensor dict (server optimizer state, private state in a store)."""
+    return st_save({k: v.contiguous() for k, v in state.items()}, metadata=metadata)
+
+
+def decode_state(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Inverse of :func:`encode_state`."""
+    return _read(data)
