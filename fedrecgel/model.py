@@ -140,9 +140,19 @@ def forward_batched(
     gmf = ugmf * item_rows["item_gmf"]
     if cfg.kind == "mf":
         return gmf.sum(-1)
-    umlp = private["user_mlp"][:, None, :].expand(-1, gmf.shape[1], -1)
-    h = torch.cat([umlp, item_rows["item_mlp"]], dim=-1)
-    for k in range(cfg.layers):
+    # The first layer is linear over concat(user, item): its user half is one (H,) vector per
+    # client, added to every sample, instead of being recomputed for each sample.
+    e = cfg.mlp_dim
+    w0, b0 = dense["tower.0.weight"], dense["tower.0.bias"]
+    umlp, imlp = private["user_mlp"], item_rows["item_mlp"]
+    if per_client_dense:
+        user_half = torch.bmm(w0[:, :, :e], umlp[:, :, None]).squeeze(-1) + b0  # (C, H)
+        h = torch.bmm(imlp, w0[:, :, e:].transpose(1, 2))  # (C, S, H)
+    else:
+        user_half = torch.nn.functional.linear(umlp, w0[:, :e], b0)
+        h = torch.nn.functional.linear(imlp, w0[:, e:])
+    h = torch.relu(h + user_half[:, None, :])
+    for k in range(1, cfg.layers):
         w, b = dense[f"tower.{k}.weight"], dense[f"tower.{k}.bias"]
         if per_client_dense:
             h = torch.relu(torch.baddbmm(b[:, None, :], h, w.transpose(1, 2)))
@@ -175,7 +185,7 @@ class Scorer:
 
     @torch.no_grad()
     def score(self, private: dict[str, Tensor], items: Tensor) -> Tensor:
-        """Logits of U users for their own candidate lists: private (U, d), items (U, K) -> (U, K)."""
+        """Logits of U users for their own candidates: private (U, d), items (U, K) -> (U, K)."""
         s = self.shared
         gmf = private["user_gmf"][:, None, :] * s["item_gmf"][items]
         if self.cfg.kind == "mf":

@@ -85,7 +85,7 @@ def reference_client_step(
 
     upload = g_sh
     if hp.rho_sh > 0:
-        norm = torch.sqrt(sum((g**2).sum() for g in g_sh))
+        norm = torch.sqrt(torch.stack([(g**2).sum() for g in g_sh]).sum())
         eps_sh = [hp.rho_sh * g / (norm + 1e-12) for g in g_sh]
         with torch.no_grad():
             for p, e in zip(sh_params, eps_sh, strict=True):
@@ -99,7 +99,7 @@ def reference_client_step(
 
     g_priv = g_ns
     if hp.rho_ns > 0:
-        norm = torch.sqrt(sum((g**2).sum() for g in g_ns))
+        norm = torch.sqrt(torch.stack([(g**2).sum() for g in g_ns]).sum())
         eps_ns = [hp.rho_ns * g / (norm + 1e-12) for g in g_ns]
         with torch.no_grad():
             for p, e in zip(ns_params, eps_ns, strict=True):

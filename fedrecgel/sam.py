@@ -214,7 +214,9 @@ def _group_step(
     samples: list[tuple[np.ndarray, np.ndarray]],
     s_pad: int,
     hp: SAMConfig,
-) -> tuple[list[tuple[np.ndarray, dict[str, Tensor]]], dict[str, Tensor], dict[str, Tensor], Tensor]:
+) -> tuple[
+    list[tuple[np.ndarray, dict[str, Tensor]]], dict[str, Tensor], dict[str, Tensor], Tensor
+]:
     """The three passes for C clients padded to ``s_pad`` samples.
 
     Returns per client (unique items, row grads), dense upload grads name -> (C, *shape),
@@ -245,13 +247,15 @@ def _group_step(
     def gather(local: Tensor) -> Tensor:
         return local.gather(1, idx_t[:, :, None].expand(-1, -1, local.shape[-1]))
 
-    def loss_fn(priv: dict[str, Tensor], local: dict[str, Tensor], dense: dict[str, Tensor],
-                per_client: bool) -> Tensor:
+    def loss_fn(
+        priv: dict[str, Tensor],
+        local: dict[str, Tensor],
+        dense: dict[str, Tensor],
+        per_client: bool,
+    ) -> Tensor:
         rows = {t: gather(local[t]) for t in tables}
         logits = forward_batched(cfg, priv, rows, dense, per_client_dense=per_client)
-        bce = torch.nn.functional.binary_cross_entropy_with_logits(
-            logits, lab_t, reduction="none"
-        )
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, lab_t, reduction="none")
         return (bce * w_t).sum(1)  # (C,)
 
     local0 = {t: shared[t][uniq_t] for t in tables}  # (C, U, d)
@@ -282,8 +286,9 @@ def _group_step(
     # pass 3: private SAM gradient, shared part unperturbed and common to all clients
     if hp.rho_ns > 0:
         factor = hp.rho_ns / (_per_client_norm(list(g_ns.values())) + 1e-12)
-        priv3 = {k: (v.detach() + _scale(g_ns[k], factor)).requires_grad_()
-                 for k, v in private.items()}
+        priv3 = {
+            k: (v.detach() + _scale(g_ns[k], factor)).requires_grad_() for k, v in private.items()
+        }
         loss3 = loss_fn(priv3, local0, {n: shared[n] for n in dense_names}, False)
         g3 = torch.autograd.grad(loss3.sum(), list(priv3.values()))
         g_priv = dict(zip(priv3, g3, strict=True))

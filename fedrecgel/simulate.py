@@ -116,15 +116,18 @@ def cohort_size(n_candidates: int, fraction: float) -> int:
     return max(1, int(fraction * n_candidates))
 
 
-def select_cohort(candidates: np.ndarray, fraction: float, seed: int, round_id: int,
-                  attempt: int = 0) -> np.ndarray:
+def select_cohort(
+    candidates: np.ndarray, fraction: float, seed: int, round_id: int, attempt: int = 0
+) -> np.ndarray:
     """The round's clients: uniform without replacement from ``candidates``, sorted.
 
     ``candidates`` is taken in sorted order, so the draw depends only on the set of ids, the
     seed, the round and the attempt (a retried round draws a new cohort).
     """
     ids = np.sort(np.asarray(candidates, dtype=np.int64))
-    rng = np.random.default_rng([int(seed), int(round_id), int(attempt), 0xC0]).permutation(len(ids))
+    rng = np.random.default_rng([int(seed), int(round_id), int(attempt), 0xC0]).permutation(
+        len(ids)
+    )
     return np.sort(ids[rng[: cohort_size(len(ids), fraction)]])
 
 
@@ -253,7 +256,9 @@ class Simulator:
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.round_id = 0
 
-    def samples_for(self, user_ids: np.ndarray, round_id: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def samples_for(
+        self, user_ids: np.ndarray, round_id: int
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each client's samples for ``round_id`` (keyed by seed, round and user)."""
         return [
             client_samples(
@@ -293,10 +298,14 @@ class Simulator:
         """Test (and validation, when the split has it) metrics over all users."""
         scorer = Scorer(self.model_cfg, self.shared)
         params = self.store.params(self.users)
-        test = means(metric_sums(scorer, params, self.split.test_items, self.split.test_negatives, KS))
+        test = means(
+            metric_sums(scorer, params, self.split.test_items, self.split.test_negatives, KS)
+        )
         val: dict[str, float] = {}
         if self.split.val_items is not None and self.split.val_negatives is not None:
-            val = means(metric_sums(scorer, params, self.split.val_items, self.split.val_negatives, KS))
+            val = means(
+                metric_sums(scorer, params, self.split.val_items, self.split.val_negatives, KS)
+            )
         return test, val
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:

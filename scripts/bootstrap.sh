@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install the project with its dev tools.
+# torch is pinned to 2.13.0 in pyproject.toml so pip takes the CPU build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.fedrecgel-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
