@@ -134,7 +134,8 @@ def encode_updates(round_id: int, updates: list[Update]) -> bytes:
     info = []
     for i, u in enumerate(updates):
         for name, (idx, vals) in u.rows.items():
-            tensors[f"{i}/{name}.rows"] = idx.to(torch.int64).contiguous()
+            # tables of one update usually share one index tensor; safetensors wants copies
+            tensors[f"{i}/{name}.rows"] = idx.to(torch.int64).clone()
             tensors[f"{i}/{name}.values"] = vals.to(torch.float32).contiguous()
         for name, g in u.dense.items():
             tensors[f"{i}/{name}"] = g.to(torch.float32).contiguous()
@@ -215,7 +216,7 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
 
 def encode_state(state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
     """Serialize a plain tensor dict (server optimizer state, private state in a store)."""
-    return st_save({k: v.contiguous() for k, v in state.items()}, metadata=metadata)
+    return st_save({k: v.clone() for k, v in state.items()}, metadata=metadata)
 
 
 def decode_state(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
