@@ -1,0 +1,160 @@
+"""Speed of the simulator, measured against the per-client loop reference in the same run.
+
+    .venv/bin/python bench/speed.py [--rounds 5] [--data-dir ../shared/datasets] [--skip-scale]
+
+Writes bench/results/speed.json:
+- ``filmtrust``: seconds per training round (cohort step + aggregation + server step, no
+  evaluation) of the batched simulator and of the plain per-client loop, on the same cohorts
+  and samples, and their ratio; the two final models are compared too;
+- ``evaluation``: seconds to evaluate all users (100 candidates each) on Amazon-Video;
+- ``scale``: a synthetic 1,000,000-user x 100,000-item population, 1,000 clients per round:
+  seconds per round and the process's peak RSS (run in a child process so that the figure is
+  its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedrecgel.data import load_split
+from fedrecgel.metrics import KS, metric_sums
+from fedrecgel.model import Scorer
+from fedrecgel.reference import reference_client_step
+from fedrecgel.sam import PrivateState, cohort_step
+from fedrecgel.simulate import Simulator, TrainConfig, select_cohort
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_filmtrust(rounds: int) -> dict[str, object]:
+    """Batched simulator vs per-client loop on FilmTrust, same cohorts, same samples."""
+    split = load_split("filmtrust")
+    cfg = TrainConfig(eval_every=0)
+    sim = Simulator(split, cfg)
+    ref_shared = {k: v.clone() for k, v in sim.shared.items()}
+    ref_strategy = cfg.strategy()
+    ref_states: dict[int, PrivateState] = {}
+    fast, slow = [], []
+    for r in range(1, rounds + 1):
+        cohort = select_cohort(sim.users, cfg.fraction, cfg.seed, r)
+
+        t0 = time.perf_counter()
+        samples = sim.samples_for(cohort, r)
+        state = sim.store.get(cohort)
+        res = cohort_step(sim.model_cfg, sim.shared, cohort, state, samples, sim.hp)
+        sim.store.put(cohort, res.state)
+        sim.strategy.round(sim.shared, res.uploads)
+        fast.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        samples = sim.samples_for(cohort, r)
+        ups = []
+        for u, (items, labels) in zip(cohort, samples, strict=True):
+            st = ref_states.get(int(u)) or PrivateState.fresh(sim.model_cfg, cfg.seed, np.array([u]))
+            up, ref_states[int(u)] = reference_client_step(
+                sim.model_cfg, ref_shared, int(u), st, items, labels, sim.hp
+            )
+            ups.append(up)
+        ref_strategy.round(ref_shared, ups)
+        slow.append(time.perf_counter() - t0)
+    max_diff = max(float((sim.shared[k] - ref_shared[k]).abs().max()) for k in ref_shared)
+    f, s = statistics.median(fast), statistics.median(slow)
+    n_samples = sum(len(x[0]) for x in sim.samples_for(cohort, rounds))
+    return {
+        "rounds": rounds,
+        "clients_per_round": len(cohort),
+        "samples_last_round": n_samples,
+        "simulator_s_per_round_median": f,
+        "per_client_loop_s_per_round_median": s,
+        "speedup": s / f,
+        "simulator_s_per_round": fast,
+        "per_client_loop_s_per_round": slow,
+        "max_abs_param_difference_after_rounds": max_diff,
+        "target_speedup": 20.0,
+    }
+
+
+def bench_evaluation(data_dir: Path | None) -> dict[str, object]:
+    """All users x 100 candidates on Amazon-Video (FilmTrust if that is unavailable)."""
+    try:
+        split = load_split("amazon-video", data_dir)
+    except ValueError:
+        split = load_split("filmtrust")
+    sim = Simulator(split, TrainConfig(eval_every=0))
+    scorer = Scorer(sim.model_cfg, sim.shared)
+    params = sim.store.params(sim.users)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        metric_sums(scorer, params, split.test_items, split.test_negatives, KS)
+        times.append(time.perf_counter() - t0)
+    return {"dataset": split.name, "users": split.n_users, "seconds_median": statistics.median(times),
+            "seconds": times, "target_seconds": 1.0}
+
+
+def scale_child(rounds: int) -> None:
+    """Child process: a 1e6 x 1e5 synthetic population, 1,000 clients per round."""
+    from fedrecgel.synthetic import synthetic_split
+
+    t0 = time.perf_counter()
+    split = synthetic_split(1_000_000, 100_000, interactions_per_user=14.0, skew=1.0, seed=0)
+    gen_s = time.perf_counter() - t0
+    rss_after_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sim = Simulator(split, TrainConfig(fraction=0.001, eval_every=0, rounds=rounds))
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        sim.step()
+        times.append(time.perf_counter() - t0)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({
+        "users": split.n_users, "items": split.n_items, "train_interactions": split.n_train,
+        "clients_per_round": int(0.001 * split.n_users), "generate_seconds": gen_s,
+        "seconds_per_round": times, "seconds_per_round_median": statistics.median(times),
+        "peak_rss_mb_after_data": rss_after_data, "peak_rss_mb": peak_mb, "target_peak_mb": 4096,
+    }))
+
+
+def main() -> None:
+    """Run the benchmarks and write bench/results/speed.json."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speed.json")
+    args = ap.parse_args()
+    if args.scale_child:
+        scale_child(args.rounds)
+        return
+    out: dict[str, object] = {
+        "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "cpu": platform.processor()},
+        "filmtrust": bench_filmtrust(args.rounds),
+        "evaluation": bench_evaluation(args.data_dir),
+    }
+    print(json.dumps(out["filmtrust"], indent=1))
+    if not args.skip_scale:
+        child = subprocess.run(
+            [sys.executable, __file__, "--scale-child", "--rounds", str(args.rounds)],
+            capture_output=True, text=True, check=True,
+        )
+        out["scale"] = json.loads(child.stdout.strip().splitlines()[-1])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: v for k, v in out.items() if k != "filmtrust"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""A synchronous client of the aggregator's HTTP API (docs/API.md).
+
+Every call goes through :meth:`AggregatorClient._request`, which retries connection errors,
+timeouts, 429 and 5xx with exponential backoff and maps any other non-2xx answer to
+:class:`AggregatorError` carrying the server's ``{"error", "detail"}``. An upload retry re-sends
+exactly the same bytes, so the server's idempotency (same (round, client) digest ->
+``"duplicate"``) makes it safe. The transport is swappable (``transport=``), so tests can run a
+whole round in one process against a mock or the real app.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, field_validator
+from torch import Tensor
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import SAMConfig, Update
+from fedrecgel.wire import decode_model, encode_updates
+
+log = logging.getLogger(__name__)
+
+RoundState = Literal["open", "closed", "paused", "finished", "idle"]
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class AggregatorError(Exception):
+    """A refused or failed request: HTTP ``status`` (0 when no answer came) and the server's
+    ``error`` code and ``detail``."""
+
+    def __init__(
+        self, status: int, error: str, detail: str, method: str = "", url: str = ""
+    ) -> None:
+        super().__init__(f"{method} {url} -> {status} {error}: {detail}".strip())
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.method = method
+        self.url = url
+        #: for a split upload: client id -> status of the bodies accepted before the refusal
+        self.partial: dict[int, str] = {}
+
+    @property
+    def retryable(self) -> bool:
+        """Whether waiting and trying again may help (no answer, 429 or 5xx)."""
+        return self.status == 0 or self.status in RETRY_STATUS
+
+
+class RunConfig(BaseModel):
+    """The run configuration as the aggregator announces it (unknown fields are ignored)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    n_items: int
+    kind: Literal["ncf", "mf"] = "ncf"
+    factor: int = 32
+    layers: int = 3
+    rounds: int = 100
+    fraction: float = 0.1
+    seed: int = 0
+    optimizer: str = "adam"
+    server_lr: float = 0.001
+    weighting: str = "mean"
+    clip: float | None = None
+    rho_sh: float = 0.02
+    rho_ns: float = 0.02
+    client_lr: float = 0.1
+    n_negatives: int = 4
+    chunk_size: int = 128
+    deadline_s: float = 60.0
+    quorum: float = 1.0
+    dataset: str = "filmtrust"
+
+    def model(self) -> ModelConfig:
+        """The model shape of the run."""
+        return ModelConfig(
+            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
+        )
+
+    def sam(self) -> SAMConfig:
+        """The client hyperparameters of the run."""
+        return SAMConfig(
+            rho_sh=self.rho_sh,
+            rho_ns=self.rho_ns,
+            client_lr=self.client_lr,
+            n_negatives=self.n_negatives,
+            chunk_size=self.chunk_size,
+        )
+
+
+class RoundInfo(BaseModel):
+    """``GET /v1/rounds/current``: the run's current round as seen by the caller."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    @field_validator("attempt", mode="before")
+    @classmethod
+    def _attempt_default(cls, v: object) -> object:
+        return 0 if v is None else v
+
+    run_id: str | int | None = None
+    round_id: int | None = None
+    attempt: int = 0
+    state: RoundState = "idle"
+    deadline: str | None = None
+    model_version: int | None = None
+    cohort: list[int] = []
+    cohort_size: int = 0
+    config: RunConfig | None = None
+
+
+@dataclass(frozen=True)
+class ModelBlob:
+    """A downloaded model version: its shape, shared parameters, version and ETag."""
+
+    cfg: ModelConfig
+    shared: dict[str, Tensor]
+    version: int
+    etag: str | None
+
+
+@dataclass
+class RetryPolicy:
+    """How often and how patiently to retry: attempts = 1 + ``retries``; waits grow x2."""
+
+    retries: int = 4
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    sleep: Callable[[float], None] = field(default=time.sleep)
+
+    def wait(self, attempt: int) -> float:
+        """Seconds to wait before retry number ``attempt`` (0-based)."""
+        return min(self.max_backoff_s, self.backoff_s * 2**attempt)
+
+
+def _error_from(resp: httpx.Response) -> AggregatorError:
+    """Map a non-2xx answer to an AggregatorError with the server's code and detail."""
+    error, detail = "http_error", resp.reason_phrase or ""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = str(body.get("error", error))
+        raw = body.get("detail", detail)
+        detail = raw if isinstance(raw, str) else str(raw)
+    elif resp.content:
+        detail = resp.text[:500]
+    return AggregatorError(resp.status_code, error, detail, resp.request.method, str(resp.url))
+
+
+class AggregatorClient:
+    """The aggregator's API for one worker (one credential for many client ids)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+        retry: RetryPolicy | None = None,
+        max_body_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self.token = token
+        self.retry = retry or RetryPolicy()
+        self.max_body_bytes = max_body_bytes
+        self._models: dict[str, ModelBlob] = {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> AggregatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        ok: Sequence[int] = (),
+    ) -> httpx.Response:
+        """Send one request with retries; return a 2xx (or an ``ok``) answer, else raise."""
+        hdrs = dict(headers or {})
+        if self.token is not None:
+            hdrs["Authorization"] = f"Bearer {self.token}"
+        attempts = self.retry.retries + 1
+        for attempt in range(attempts):
+            try:
+                resp = self._http.request(method, path, json=json, content=content, headers=hdrs)
+            except httpx.TransportError as err:
+                failure = AggregatorError(
+                    0, "unreachable", f"{type(err).__name__}: {err}", method, path
+                )
+            else:
+                if resp.is_success or resp.status_code in ok:
+                    return resp
+                failure = _error_from(resp)
+            if not failure.retryable or attempt == attempts - 1:
+                raise failure
+            wait = self.retry.wait(attempt)
+            log.warning("%s; retry %d/%d in %.2fs", failure, attempt + 1, self.retry.retries, wait)
+            self.retry.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------------ endpoints
+
+    def register(self, client_ids: Sequence[int]) -> str:
+        """Register ``client_ids`` under one credential; remember and return its token."""
+        resp = self._request(
+            "POST", "/v1/clients", json={"client_ids": [int(c) for c in client_ids]}
+        )
+        token = resp.json()["token"]
+        self.token = str(token)
+        return self.token
+
+    def current_round(self) -> RoundInfo:
+        """The current round (state ``idle`` when no run exists)."""
+        return RoundInfo.model_validate(self._request("GET", "/v1/rounds/current").json())
+
+    def round_status(self, round_id: int) -> dict[str, Any]:
+        """Public status of one round."""
+        body: dict[str, Any] = self._request("GET", f"/v1/rounds/{int(round_id)}").json()
+        return body
+
+    def download_model(self, version: int | Literal["latest"] = "latest") -> ModelBlob:
+        """A model version; an unchanged one (304 on ``If-None-Match``) comes from the cache."""
+        path = f"/v1/models/{version if version == 'latest' else int(version)}"
+        cached = self._models.get(path)
+        headers = {"If-None-Match": cached.etag} if cached and cached.etag else {}
+        resp = self._request("GET", path, headers=headers, ok=(304,))
+        if resp.status_code == 304:
+            if cached is None:
+                raise AggregatorError(
+                    304, "not_modified", "304 without a cached model", "GET", path
+                )
+            return cached
+        cfg, shared, blob_version = decode_model(resp.content)
+        header_version = resp.headers.get("X-Model-Version")
+        if header_version is not None and int(header_version) != blob_version:
+            raise AggregatorError(
+                resp.status_code,
+                "version_mismatch",
+                f"header says {header_version}, body says {blob_version}",
+                "GET",
+                path,
+            )
+        if version != "latest" and blob_version != int(version):
+            raise AggregatorError(
+                resp.status_code,
+                "version_mismatch",
+                f"asked for {version}, got {blob_version}",
+                "GET",
+                path,
+            )
+        model = ModelBlob(cfg, shared, blob_version, resp.headers.get("ETag"))
+        # keep only the newest few paths: a worker needs the current version and "latest"
+        self._models[path] = model
+        while len(self._models) > 4:
+            self._models.pop(next(iter(self._models)))
+        return model
+
+    def split_bodies(
+        self, round_id: int, updates: Sequence[Update]
+    ) -> list[tuple[list[int], bytes]]:
+        """Encode ``updates`` into bodies of at most ``max_body_bytes`` (a single update that
+        alone is larger still goes in a body of its own); each with its client ids."""
+        if not updates:
+            return []
+        body = encode_updates(round_id, list(updates))
+        if len(body) <= self.max_body_bytes or len(updates) == 1:
+            if len(body) > self.max_body_bytes:
+                log.warning(
+                    "update of client %d is %d bytes, over the %d budget",
+                    updates[0].client_id,
+                    len(body),
+                    self.max_body_bytes,
+                )
+            return [([u.client_id for u in updates], body)]
+        half = len(updates) // 2
+        return self.split_bodies(round_id, updates[:half]) + self.split_bodies(
+            round_id, updates[half:]
+        )
+
+    def upload(self, round_id: int, updates: Sequence[Update]) -> dict[int, str]:
+        """Upload updates of one round (split to the byte budget): client id -> status
+        (``accepted`` or ``duplicate``). Raises AggregatorError on the first refused body, with
+        the statuses of the bodies accepted before it in ``err.partial``."""
+        results: dict[int, str] = {}
+        for _, body in self.split_bodies(round_id, updates):
+            try:
+                resp = self._request(
+                    "POST",
+                    f"/v1/rounds/{int(round_id)}/updates",
+                    content=body,
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+            except AggregatorError as err:
+                err.partial = dict(results)
+                raise
+            for entry in resp.json().get("results", []):
+                results[int(entry["client_id"])] = str(entry["status"])
+        return results
+
+    def report_evaluation(
+        self, version: int, sums: Mapping[str, float], count: int, client_ids: Sequence[int]
+    ) -> None:
+        """Report metric sums of ``client_ids`` on model ``version`` (federated evaluation)."""
+        payload = {
+            "model_version": int(version),
+            "sums": {k: float(v) for k, v in sums.items() if k != "count"},
+            "count": int(count),
+            "client_ids": [int(c) for c in client_ids],
+        }
+        self._request("POST", "/v1/evaluations", json=payload)

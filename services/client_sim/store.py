@@ -1,0 +1,308 @@
+"""The worker's local store: each owned user's private state and local interactions.
+
+One row per user (SQLAlchemy 2.0, a SQLite file by default):
+
+* ``state``: params + Adam moments as one safetensors blob (:func:`fedrecgel.wire.encode_state`,
+  keys ``params/<name>``, ``exp_avg/<name>``, ``exp_avg_sq/<name>``); NULL until the run's
+  model shape is known; ``step`` the user's Adam step count;
+* ``last_round`` / ``last_attempt``: the (round, attempt) whose update was last committed;
+* ``interactions``: the user's local data as a safetensors blob (``train`` item ids, ``test``
+  item, ``test_negatives``, and ``val`` / ``val_negatives`` when the split has validation).
+
+A ``meta`` table holds the worker's token, run id, shard and dataset. Nothing here is pickled,
+and nothing here is ever sent to the aggregator: the worker only uploads gradients of the
+shared parameters and metric sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from sqlalchemy import Integer, LargeBinary, String, create_engine, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from fedrecgel.data import Split
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import PrivateState
+from fedrecgel.wire import decode_state, encode_state
+
+STATE_FORMAT = "fedrecgel-private-state"
+DATA_FORMAT = "fedrecgel-user-data"
+_CHUNK = 500  # rows per IN (...) query
+
+
+class StoreError(RuntimeError):
+    """The store is inconsistent with what the worker expects."""
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class UserRow(_Base):
+    """One owned user: private state, its progress and local interactions."""
+
+    __tablename__ = "users"
+
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    last_round: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    interactions: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class MetaRow(_Base):
+    """A key/value fact about the worker (token, run id, shard, dataset, ...)."""
+
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(4096))
+
+
+@dataclass(frozen=True)
+class UserData:
+    """Local interactions of the owned users, aligned with ``user_ids`` (sorted).
+
+    train: per user its training item ids; test_items (U,); test_negatives (U, N);
+    val_items (U,) and val_negatives (U, N) when the split has validation.
+    """
+
+    user_ids: np.ndarray
+    train: list[np.ndarray]
+    test_items: np.ndarray
+    test_negatives: np.ndarray
+    val_items: np.ndarray | None
+    val_negatives: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Committed (round, attempt) of one user; None when it has never trained in this run."""
+
+    last_round: int | None
+    last_attempt: int | None
+
+
+def _encode_data(split: Split, u: int) -> bytes:
+    tensors = {
+        "train": torch.from_numpy(np.asarray(split.user_train(u), dtype=np.int64).copy()),
+        "test": torch.tensor([int(split.test_items[u])], dtype=torch.int64),
+        "test_negatives": torch.from_numpy(np.asarray(split.test_negatives[u], dtype=np.int64)),
+    }
+    if split.val_items is not None and split.val_negatives is not None:
+        tensors["val"] = torch.tensor([int(split.val_items[u])], dtype=torch.int64)
+        tensors["val_negatives"] = torch.from_numpy(
+            np.asarray(split.val_negatives[u], dtype=np.int64)
+        )
+    return encode_state(tensors, {"format": DATA_FORMAT})
+
+
+def encode_private(state: PrivateState, row: int) -> bytes:
+    """One user's private state (row ``row`` of ``state``) as a safetensors blob."""
+    tensors = {}
+    for part, table in (
+        ("params", state.params),
+        ("exp_avg", state.exp_avg),
+        ("exp_avg_sq", state.exp_avg_sq),
+    ):
+        for name, t in table.items():
+            tensors[f"{part}/{name}"] = t[row].detach().clone()
+    return encode_state(tensors, {"format": STATE_FORMAT, "step": str(int(state.step[row]))})
+
+
+def decode_private(blobs: Sequence[bytes], steps: Sequence[int]) -> PrivateState:
+    """Stack per-user blobs (as made by :func:`encode_private`) into one PrivateState."""
+    parts: dict[str, dict[str, list[torch.Tensor]]] = {
+        "params": {},
+        "exp_avg": {},
+        "exp_avg_sq": {},
+    }
+    for blob in blobs:
+        tensors, meta = decode_state(blob)
+        if meta.get("format") != STATE_FORMAT:
+            raise StoreError(f"not a private-state blob (format={meta.get('format')!r})")
+        for key, t in tensors.items():
+            part, name = key.split("/", 1)
+            parts[part].setdefault(name, []).append(t)
+    stacked = {p: {n: torch.stack(ts) for n, ts in d.items()} for p, d in parts.items()}
+    return PrivateState(
+        params=stacked["params"],
+        exp_avg=stacked["exp_avg"],
+        exp_avg_sq=stacked["exp_avg_sq"],
+        step=torch.tensor(list(steps), dtype=torch.int64),
+    )
+
+
+def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
+    for start in range(0, len(ids), _CHUNK):
+        yield [int(u) for u in ids[start : start + _CHUNK]]
+
+
+class WorkerStore:
+    """The private-state store of one worker (open with a path or an SQLAlchemy URL)."""
+
+    def __init__(self, path_or_url: str | Path) -> None:
+        url = str(path_or_url)
+        if "://" not in url:
+            url = f"sqlite:///{Path(url).expanduser()}"
+        self.engine: Engine = create_engine(url)
+        _Base.metadata.create_all(self.engine)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Release the engine's connections."""
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ meta
+
+    def get_meta(self, key: str) -> str | None:
+        """A meta value, or None."""
+        with self._session() as s:
+            row = s.get(MetaRow, key)
+            return None if row is None else row.value
+
+    def set_meta(self, **values: str | int | None) -> None:
+        """Set (or, with None, delete) several meta values in one transaction."""
+        with self._session.begin() as s:
+            for key, value in values.items():
+                row = s.get(MetaRow, key)
+                if value is None:
+                    if row is not None:
+                        s.delete(row)
+                elif row is None:
+                    s.add(MetaRow(key=key, value=str(value)))
+                else:
+                    row.value = str(value)
+
+    # ------------------------------------------------------------------ users and data
+
+    def user_ids(self) -> np.ndarray:
+        """The owned users, sorted."""
+        with self._session() as s:
+            ids = s.scalars(select(UserRow.user_id).order_by(UserRow.user_id)).all()
+        return np.asarray(ids, dtype=np.int64)
+
+    def add_users(self, split: Split, user_ids: Sequence[int]) -> None:
+        """Store the local interactions of ``user_ids`` (no private state yet), one transaction."""
+        with self._session.begin() as s:
+            for u in user_ids:
+                s.add(
+                    UserRow(
+                        user_id=int(u),
+                        state=None,
+                        step=0,
+                        last_round=None,
+                        last_attempt=None,
+                        interactions=_encode_data(split, int(u)),
+                    )
+                )
+
+    def load_data(self) -> UserData:
+        """The local interactions of every owned user."""
+        train, test, test_neg, val, val_neg = [], [], [], [], []
+        with self._session() as s:
+            rows = s.execute(
+                select(UserRow.user_id, UserRow.interactions).order_by(UserRow.user_id)
+            ).all()
+        ids = []
+        for uid, blob in rows:
+            tensors, meta = decode_state(blob)
+            if meta.get("format") != DATA_FORMAT:
+                raise StoreError(f"user {uid}: not a user-data blob")
+            ids.append(uid)
+            train.append(tensors["train"].numpy())
+            test.append(int(tensors["test"][0]))
+            test_neg.append(tensors["test_negatives"].numpy())
+            if "val" in tensors:
+                val.append(int(tensors["val"][0]))
+                val_neg.append(tensors["val_negatives"].numpy())
+        n_neg = test_neg[0].shape[0] if test_neg else 0
+        has_val = bool(ids) and len(val) == len(ids)
+        return UserData(
+            user_ids=np.asarray(ids, dtype=np.int64),
+            train=train,
+            test_items=np.asarray(test, dtype=np.int64),
+            test_negatives=(
+                np.stack(test_neg) if test_neg else np.zeros((0, n_neg), dtype=np.int64)
+            ),
+            val_items=np.asarray(val, dtype=np.int64) if has_val else None,
+            val_negatives=np.stack(val_neg) if has_val else None,
+        )
+
+    # ------------------------------------------------------------------ private state
+
+    def has_state(self) -> bool:
+        """Whether every owned user has a private state."""
+        with self._session() as s:
+            missing = s.scalars(select(UserRow.user_id).where(UserRow.state.is_(None)).limit(1))
+            return missing.first() is None
+
+    def reset_states(self, user_ids: Sequence[int], state: PrivateState) -> None:
+        """Replace the state of ``user_ids`` (a new run) and forget their progress."""
+        self.save_states(user_ids, state, None, None)
+
+    def load_states(self, user_ids: Sequence[int]) -> PrivateState:
+        """The private state of ``user_ids`` (in that order)."""
+        found: dict[int, tuple[bytes, int]] = {}
+        with self._session() as s:
+            for chunk in _chunks(user_ids):
+                q = select(UserRow.user_id, UserRow.state, UserRow.step).where(
+                    UserRow.user_id.in_(chunk)
+                )
+                for uid, blob, step in s.execute(q):
+                    if blob is None:
+                        raise StoreError(f"user {uid} has no private state yet")
+                    found[uid] = (blob, step)
+        missing = [int(u) for u in user_ids if int(u) not in found]
+        if missing:
+            raise StoreError(f"users not in this store: {missing[:10]}")
+        return decode_private(
+            [found[int(u)][0] for u in user_ids], [found[int(u)][1] for u in user_ids]
+        )
+
+    def save_states(
+        self,
+        user_ids: Sequence[int],
+        state: PrivateState,
+        round_id: int | None,
+        attempt: int | None,
+    ) -> None:
+        """Commit the new state of ``user_ids`` (rows of ``state`` in that order) and mark them
+        trained in (round, attempt), all in one transaction."""
+        rows = [
+            {
+                "user_id": int(u),
+                "state": encode_private(state, i),
+                "step": int(state.step[i]),
+                "last_round": round_id,
+                "last_attempt": attempt,
+            }
+            for i, u in enumerate(user_ids)
+        ]
+        if rows:
+            with self._session.begin() as s:
+                s.execute(update(UserRow), rows)  # ORM bulk UPDATE by primary key
+
+    def progress(self, user_ids: Sequence[int]) -> dict[int, Progress]:
+        """Committed (round, attempt) of ``user_ids``."""
+        out: dict[int, Progress] = {}
+        with self._session() as s:
+            for chunk in _chunks(user_ids):
+                q = select(UserRow.user_id, UserRow.last_round, UserRow.last_attempt).where(
+                    UserRow.user_id.in_(chunk)
+                )
+                for uid, r, a in s.execute(q):
+                    out[uid] = Progress(r, a)
+        return out
+
+
+def model_key(cfg: ModelConfig, seed: int) -> str:
+    """What the private states were initialised for (a run's model shape and seed)."""
+    return f"{cfg.kind}:{cfg.n_items}:{cfg.factor}:{cfg.layers}:seed={seed}"

@@ -1,0 +1,95 @@
+"""The worker's command line and settings, and the Redis wake-up."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from services.client_sim.cli import main, settings_from_args
+from services.client_sim.worker import RedisWaiter, WorkerSettings
+
+
+def test_flags_override_the_environment(monkeypatch):
+    monkeypatch.setenv("FEDREC_WORKER_SHARDS", "4")
+    monkeypatch.setenv("FEDREC_WORKER_STORE", "from-env.db")
+    monkeypatch.setenv("FEDREC_WORKER_REDIS_URL", "redis://127.0.0.1:6379/0")
+    s = settings_from_args(
+        [
+            "--aggregator",
+            "http://h:1",
+            "--shard",
+            "3",
+            "--store",
+            "w3.db",
+            "--no-exit-when-finished",
+        ]
+    )
+    assert (s.aggregator, s.shard, s.shards, s.store) == ("http://h:1", 3, 4, "w3.db")
+    assert s.redis_url == "redis://127.0.0.1:6379/0" and s.exit_when_finished is False
+    assert s.dataset == "filmtrust" and s.validation is False
+
+
+def test_bad_shard_is_a_usage_error(capsys):
+    assert main(["--shard", "2", "--shards", "2"]) == 2
+    assert "shard" in capsys.readouterr().err
+
+
+def test_module_entry_point_prints_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "services.client_sim", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for flag in ("--aggregator", "--shard", "--shards", "--dataset", "--store", "--redis-url"):
+        assert flag in out
+
+
+def test_settings_validate_poll_intervals():
+    with pytest.raises(ValueError, match="poll"):
+        WorkerSettings(poll_min_s=2.0, poll_max_s=1.0)
+
+
+@pytest.mark.redis
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_redis_waiter_wakes_up_on_a_version_event():
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        r = redis.Redis.from_url(url)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        waiter = RedisWaiter(url)
+        t0 = time.monotonic()
+        waiter.wait(0.2)  # nothing published: waits the whole timeout
+        assert time.monotonic() - t0 >= 0.19
+        timer = threading.Timer(
+            0.1, lambda: r.publish("fedrec:versions", '{"run_id": 1, "version": 1}')
+        )
+        timer.start()
+        t0 = time.monotonic()
+        waiter.wait(10.0)
+        assert time.monotonic() - t0 < 5.0
+        waiter.close()
+        r.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

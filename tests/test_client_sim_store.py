@@ -1,0 +1,144 @@
+"""The worker's local store: bit-exact round trips, persistence, and nothing pickled."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load as st_load
+
+import services.client_sim.api as api_module
+import services.client_sim.store as store_module
+import services.client_sim.worker as worker_module
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import PrivateState
+from fedrecgel.synthetic import synthetic_split
+from services.client_sim.store import UserRow, WorkerStore, decode_private, encode_private
+
+
+@pytest.fixture(scope="module")
+def split():
+    return synthetic_split(n_users=12, n_items=40, seed=2, n_test_negatives=10, validation=True)
+
+
+def _random_state(n: int, seed: int = 0) -> PrivateState:
+    cfg = ModelConfig(n_items=40, factor=4, layers=2)
+    gen = torch.Generator().manual_seed(seed)
+    dims = cfg.private_dims()
+    return PrivateState(
+        params={k: torch.randn(n, d, generator=gen) for k, d in dims.items()},
+        exp_avg={k: torch.randn(n, d, generator=gen) for k, d in dims.items()},
+        exp_avg_sq={k: torch.rand(n, d, generator=gen) for k, d in dims.items()},
+        step=torch.randint(0, 1000, (n,), generator=gen),
+    )
+
+
+def _assert_state_equal(a: PrivateState, b: PrivateState) -> None:
+    for part in ("params", "exp_avg", "exp_avg_sq"):
+        pa, pb = getattr(a, part), getattr(b, part)
+        assert pa.keys() == pb.keys()
+        for k in pa:
+            assert pa[k].dtype == pb[k].dtype and torch.equal(pa[k], pb[k]), (part, k)
+    assert torch.equal(a.step, b.step)
+
+
+def _store(tmp_path: Path, split) -> WorkerStore:
+    s = WorkerStore(tmp_path / "w.db")
+    s.add_users(split, [1, 4, 7, 10])
+    return s
+
+
+def test_state_round_trip_is_bit_exact_in_any_order(tmp_path, split):
+    store = _store(tmp_path, split)
+    state = _random_state(4)
+    store.save_states([1, 4, 7, 10], state, round_id=3, attempt=1)
+    _assert_state_equal(store.load_states([1, 4, 7, 10]), state)
+    _assert_state_equal(store.load_states([10, 1]), state.select([3, 0]))
+    progress = store.progress([1, 10])
+    assert progress[1].last_round == 3 and progress[10].last_attempt == 1
+
+
+def test_state_survives_reopening_the_file(tmp_path, split):
+    store = _store(tmp_path, split)
+    state = _random_state(4, seed=9)
+    store.save_states([1, 4, 7, 10], state, round_id=2, attempt=0)
+    store.set_meta(token="tok", run_id="r1")
+    store.close()
+    again = WorkerStore(tmp_path / "w.db")
+    _assert_state_equal(again.load_states([1, 4, 7, 10]), state)
+    assert again.get_meta("token") == "tok" and again.get_meta("run_id") == "r1"
+    assert again.user_ids().tolist() == [1, 4, 7, 10]
+
+
+def test_saving_some_users_leaves_the_others_untouched(tmp_path, split):
+    store = _store(tmp_path, split)
+    before = _random_state(4, seed=1)
+    store.save_states([1, 4, 7, 10], before, None, None)
+    store.save_states([7], _random_state(1, seed=2), round_id=1, attempt=0)
+    _assert_state_equal(store.load_states([1, 4, 10]), before.select([0, 1, 3]))
+    assert store.progress([4])[4].last_round is None
+
+
+def test_interactions_round_trip(tmp_path, split):
+    store = _store(tmp_path, split)
+    data = store.load_data()
+    users = [1, 4, 7, 10]
+    assert data.user_ids.tolist() == users
+    for i, u in enumerate(users):
+        assert np.array_equal(data.train[i], split.user_train(u))
+    assert np.array_equal(data.test_items, split.test_items[users])
+    assert np.array_equal(data.test_negatives, split.test_negatives[users])
+    assert data.val_items is not None and data.val_negatives is not None
+    assert np.array_equal(data.val_items, split.val_items[users])
+    assert np.array_equal(data.val_negatives, split.val_negatives[users])
+
+
+def test_blobs_on_disk_are_safetensors_not_pickle(tmp_path, split):
+    store = _store(tmp_path, split)
+    store.save_states([1, 4, 7, 10], _random_state(4), 1, 0)
+    with store.engine.connect() as conn:
+        rows = conn.execute(UserRow.__table__.select()).all()
+    for row in rows:
+        for blob in (row.state, row.interactions):
+            assert not blob.startswith(b"\x80")  # pickle protocol marker
+            tensors = st_load(blob)  # parses as safetensors
+            assert tensors
+
+
+def test_private_blob_codec_checks_its_format():
+    state = _random_state(2)
+    blobs = [encode_private(state, i) for i in range(2)]
+    _assert_state_equal(decode_private(blobs, state.step.tolist()), state)
+    from fedrecgel.wire import encode_state
+
+    with pytest.raises(store_module.StoreError, match="format"):
+        decode_private([encode_state({"x": torch.zeros(1)})], [0])
+
+
+def test_loading_a_user_without_state_fails_clearly(tmp_path, split):
+    store = _store(tmp_path, split)
+    with pytest.raises(store_module.StoreError, match="no private state"):
+        store.load_states([1])
+    store.save_states([1, 4, 7, 10], _random_state(4), None, None)
+    with pytest.raises(store_module.StoreError, match="not in this store"):
+        store.load_states([2])
+
+
+def test_worker_modules_never_pickle_or_torch_load():
+    for mod in (store_module, api_module, worker_module):
+        src = inspect.getsource(mod)
+        assert "import pickle" not in src and "torch.load" not in src, mod.__name__
+
+
+def test_aggregator_client_takes_no_private_state():
+    """The client's public surface has no parameter that could carry private state."""
+    client_cls = api_module.AggregatorClient
+    for name, fn in inspect.getmembers(client_cls, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            ann = str(p.annotation)
+            assert "PrivateState" not in ann and "UserData" not in ann, (name, p.name)

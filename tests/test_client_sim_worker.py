@@ -1,0 +1,312 @@
+"""The client-simulation worker against an in-memory fake aggregator (no real server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedrecgel.metrics import means
+from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
+from fedrecgel.simulate import RunResult, Simulator, TrainConfig
+from fedrecgel.synthetic import synthetic_split
+from fedrecgel.wire import decode_updates, update_digest
+from services.client_sim.fake import FakeAggregator
+from services.client_sim.store import WorkerStore
+from services.client_sim.worker import Worker, WorkerError, WorkerSettings
+
+FACTOR, LAYERS, SEED = 8, 2, 3
+
+
+@pytest.fixture(scope="module")
+def split():
+    return synthetic_split(n_users=60, n_items=80, seed=5, n_test_negatives=20)
+
+
+@pytest.fixture(scope="module")
+def sim3(split) -> tuple[Simulator, RunResult]:
+    """The in-process simulator after 3 rounds (what every federated run must reproduce)."""
+    sim = Simulator(split, _train_config())
+    return sim, sim.run()
+
+
+def _train_config(rounds: int = 3) -> TrainConfig:
+    return TrainConfig(
+        rounds=rounds, fraction=0.3, factor=FACTOR, layers=LAYERS, seed=SEED, chunk_size=16
+    )
+
+
+def _start(fake: FakeAggregator, split, rounds: int = 3) -> None:
+    fake.start_run(
+        n_items=split.n_items,
+        factor=FACTOR,
+        layers=LAYERS,
+        seed=SEED,
+        rounds=rounds,
+        fraction=0.3,
+        chunk_size=16,
+        dataset="synthetic",
+    )
+
+
+def _worker(
+    tmp_path: Path, fake: FakeAggregator, split, shard: int, shards: int, **settings
+) -> Worker:
+    s = WorkerSettings(
+        shard=shard,
+        shards=shards,
+        dataset="synthetic",
+        store=str(tmp_path / f"w{shard}.db"),
+        **settings,
+    )
+    return Worker(s, split=split, transport=fake.transport(), sleep=lambda _: None)
+
+
+def _drive(workers: list[Worker], fake: FakeAggregator, max_steps: int = 100) -> None:
+    """Interleave the workers' polls until the run is finished and every version evaluated."""
+    for _ in range(max_steps):
+        for w in workers:
+            w.step()
+        if fake.state == "finished" and all(w.evaluated_version() == fake.version for w in workers):
+            return
+    raise AssertionError("run did not finish")
+
+
+def test_uploads_equal_cohort_step_computed_directly(tmp_path, split):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=1, shards=2)
+    w.register()
+    other = _worker(tmp_path, fake, split, shard=0, shards=2)
+    other.register()
+    _start(fake, split)
+    w.step()
+    round_id, ids, body = fake.uploads[0]
+    mine = [int(u) for u in fake.cohort if u % 2 == 1]
+    assert round_id == 1 and ids == mine and mine
+    cfg, hp = _train_config().model(split.n_items), _train_config().sam()
+    users = np.asarray(mine)
+    samples = [
+        client_samples(split.user_train(u), split.n_items, hp.n_negatives, client_rng(SEED, 1, u))
+        for u in mine
+    ]
+    want = cohort_step(cfg, fake.shared, users, PrivateState.fresh(cfg, SEED, users), samples, hp)
+    got = decode_updates(body, cfg)
+    for g, e, digest in zip(got.updates, want.uploads, got.digests, strict=True):
+        assert digest == update_digest(1, e)  # bit exact
+        assert g.client_id == e.client_id and g.n_samples == e.n_samples
+
+
+def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
+    fake = FakeAggregator()
+    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
+    for w in workers:
+        w.register()
+    _start(fake, split)
+    _drive(workers, fake)
+
+    sim, result = sim3
+    for name, t in sim.shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
+    # federated evaluation: the shards' sums add up to the simulator's means
+    for rec in result.rounds:
+        reports = [e for e in fake.evaluations if e["model_version"] == rec.round]
+        assert sorted(c for e in reports for c in e["client_ids"]) == list(range(60))
+        total = {k: sum(e["sums"][k] for e in reports) for k in reports[0]["sums"]}
+        total["count"] = sum(e["count"] for e in reports)
+        got = means(total)
+        for k, v in rec.test.items():
+            assert got[k] == pytest.approx(v, abs=1e-9), (rec.round, k)
+    # the private state in the stores equals the simulator's
+    for w in workers:
+        state = w.store.load_states(w.users.tolist())
+        for k, v in sim.store.params(w.users).items():
+            torch.testing.assert_close(state.params[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, split, sim3):
+    fake = FakeAggregator()
+    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
+    for w in workers:
+        w.register()
+    _start(fake, split)
+    crashing = workers[0]
+
+    real_save = crashing.store.save_states
+
+    def crash(user_ids, state, round_id, attempt):
+        if round_id is None:  # the fresh states of a new run
+            return real_save(user_ids, state, round_id, attempt)
+        raise RuntimeError("killed before commit")
+
+    crashing.store.save_states = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="killed"):
+        crashing.step()
+    assert len(fake.uploads) == 1 and fake.state == "open"
+    first_digests = decode_updates(fake.uploads[0][2], fake.model_cfg()).digests
+    crashing.close()
+
+    restarted = _worker(tmp_path, fake, split, shard=0, shards=2)
+    restarted.register()  # token comes from the store: no second registration
+    restarted.step()
+    assert len(fake.uploads) == 2
+    again = decode_updates(fake.uploads[1][2], fake.model_cfg()).digests
+    assert again == first_digests
+    answers = [r for r in fake.requests if r.path == "/v1/rounds/1/updates"]
+    assert [a.status for a in answers] == [200, 200]
+    # the rest of the run is unaffected: still the simulator's model
+    _drive([restarted, workers[1]], fake)
+    for name, t in sim3[0].shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
+
+
+def test_restarted_worker_resumes_without_retraining(tmp_path, split, sim3):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1)
+    w.register()
+    _start(fake, split)
+    w.step()  # trains round 1 (the whole cohort: the round closes)
+    assert fake.version == 1
+    w.close()
+    w2 = _worker(tmp_path, fake, split, shard=0, shards=1)
+    w2.register()
+    assert sum(r.path == "/v1/clients" for r in fake.requests) == 1
+    n_uploads = len(fake.uploads)
+    w2.step()  # evaluates version 1, trains round 2
+    assert [e["model_version"] for e in fake.evaluations] == [1]
+    assert [u[0] for u in fake.uploads[n_uploads:]] == [2]
+    _drive([w2], fake)
+    for name, t in sim3[0].shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
+
+
+def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1, max_body_bytes=4000)
+    w.register()
+    _start(fake, split, rounds=1)
+    w.step()
+    assert len(fake.uploads) > 1
+    assert all(len(body) <= 4000 or len(ids) == 1 for _, ids, body in fake.uploads)
+    assert sorted(c for _, ids, _ in fake.uploads for c in ids) == fake.cohort.tolist()
+    sim = Simulator(split, _train_config(rounds=1))
+    sim.run()
+    for name, t in sim.shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
+
+
+def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1, retries=1, backoff_s=0.0)
+    w.register()
+    _start(fake, split)
+    fake.failures = [503, 503, 503, 500]
+    w.run()
+    assert fake.state == "finished"
+    assert [e["model_version"] for e in fake.evaluations] == [1, 2, 3]
+    w.close()
+
+
+def test_max_rounds_stops_early(tmp_path, split):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1, max_rounds=2)
+    w.register()
+    _start(fake, split, rounds=5)
+    w.run()
+    assert w.evaluated_version() == 2 and fake.state == "open"
+
+
+def test_run_on_another_dataset_is_refused(tmp_path, split):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1)
+    w.register()
+    fake.start_run(n_items=split.n_items, factor=FACTOR, layers=LAYERS, dataset="filmtrust")
+    with pytest.raises(WorkerError, match="dataset"):
+        w.step()
+
+
+def test_store_of_another_shard_is_refused(tmp_path, split):
+    WorkerStore(tmp_path / "w0.db").close()
+    fake = FakeAggregator()
+    _worker(tmp_path, fake, split, shard=0, shards=2).close()
+    with pytest.raises(WorkerError, match="shards"):
+        _worker(tmp_path, fake, split, shard=0, shards=3)
+
+
+def test_nothing_private_leaves_the_worker(tmp_path, split):
+    fake = FakeAggregator()
+    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
+    for w in workers:
+        w.register()
+    _start(fake, split, rounds=2)
+    _drive(workers, fake)
+    cfg = fake.model_cfg()
+    for req in fake.requests:
+        assert b"user_gmf" not in req.body and b"user_mlp" not in req.body
+        assert b"exp_avg" not in req.body
+        if req.path.endswith("/updates"):
+            decode_updates(req.body, cfg)  # strict: only item-row and tower gradients
+        elif req.method == "POST" and req.path == "/v1/evaluations":
+            payload = json.loads(req.body)
+            assert set(payload) == {"model_version", "sums", "count", "client_ids"}
+            assert all(isinstance(v, float) for v in payload["sums"].values())
+        elif req.method == "POST":
+            assert req.path == "/v1/clients"
+            assert set(json.loads(req.body)) == {"client_ids"}
+        else:
+            assert req.body == b""
+
+
+def test_refused_second_body_commits_only_the_accepted_users(tmp_path, split):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1, max_body_bytes=4000)
+    w.register()
+    _start(fake, split, rounds=1)
+    uploads_seen = []
+
+    def second_upload(request) -> bool:
+        if request.url.path.endswith("/updates"):
+            uploads_seen.append(request)
+            return len(uploads_seen) == 2
+        return False
+
+    fake.failures, fake.fail_when = [409], second_upload
+    w.step()
+    first_ids = fake.uploads[0][1]
+    progress = w.store.progress(fake.cohort.tolist())
+    committed = sorted(u for u, p in progress.items() if p.last_round == 1)
+    assert committed == sorted(first_ids) and len(committed) < len(fake.cohort)
+    n = len(fake.requests)
+    w.step()  # the refused (round, attempt) is not retried
+    assert not any(r.path.endswith("/updates") for r in fake.requests[n:])
+
+
+def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path):
+    vsplit = synthetic_split(n_users=30, n_items=60, seed=8, n_test_negatives=15, validation=True)
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, vsplit, shard=0, shards=1)
+    w.register()
+    _start(fake, vsplit, rounds=1)
+    _drive([w], fake)
+    sim = Simulator(vsplit, _train_config(rounds=1))
+    rec = sim.run().rounds[0]
+    (report,) = fake.evaluations
+    got = means({**report["sums"], "count": report["count"]})
+    for k, v in rec.test.items():
+        assert got[k] == pytest.approx(v, abs=1e-9)
+    for k, v in rec.val.items():
+        assert got[f"val/{k}"] == pytest.approx(v, abs=1e-9)
+
+
+def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path, split):
+    fake = FakeAggregator(run_id="old")
+    w = _worker(tmp_path, fake, split, shard=0, shards=1)
+    w.register()
+    fake.start_run(n_items=split.n_items + 1, dataset="other")  # would be refused if adopted
+    fake.state = "finished"
+    assert w.step() is False and not w.finished()
+    fake.run_id = "new"
+    _start(fake, split, rounds=1)
+    assert w.step() is True and fake.version == 1
