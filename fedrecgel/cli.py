@@ -288,6 +288,33 @@ def data_export(
     console.print(f"wrote {split.name} split to {out}")
 
 
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def worker(ctx: typer.Context) -> None:
+    """Run a client worker (options: `fedrec worker --help`)."""
+    from services.client_sim.cli import main as worker_main
+
+    raise typer.Exit(worker_main(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def aggregator(ctx: typer.Context) -> None:
+    """Run the aggregator service (settings: FEDREC_AGG_* variables; --host, --port)."""
+    from services.aggregator.__main__ import main as aggregator_main
+
+    aggregator_main(ctx.args)
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def recommend(ctx: typer.Context) -> None:
+    """Run the recommendation API (settings: FEDREC_REC_* variables)."""
+    from services.recommend_api.__main__ import main as recommend_main
+
+    recommend_main(ctx.args)
+
+
 def main() -> None:
     """Entry point of the ``fedrec`` command."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

@@ -191,8 +191,9 @@ class Scorer:
         if self.cfg.kind == "mf":
             return gmf.sum(-1)
         assert self.item_first is not None
-        user_first = private["user_mlp"] @ self.user_w0.T  # (U, H)
-        h = torch.relu(user_first[:, None, :] + self.item_first[items] + s["tower.0.bias"])
+        user_first = torch.addmm(s["tower.0.bias"], private["user_mlp"], self.user_w0.T)  # (U, H)
+        h = self.item_first[items]  # (U, K, H), a fresh tensor: update it in place
+        h.add_(user_first[:, None, :]).relu_()
         for k in range(1, self.cfg.layers):
             h = torch.relu(
                 torch.nn.functional.linear(h, s[f"tower.{k}.weight"], s[f"tower.{k}.bias"])
