@@ -315,6 +315,53 @@ def recommend(ctx: typer.Context) -> None:
     recommend_main(ctx.args)
 
 
+@app.command()
+def up(
+    dataset: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.")] = "filmtrust",
+    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Client worker processes.")] = 2,
+    rounds: Annotated[int, typer.Option(min=1)] = 20,
+    fraction: Annotated[float, typer.Option()] = 0.1,
+    seed: Annotated[int, typer.Option()] = 0,
+    rho_sh: Annotated[float, typer.Option()] = 0.02,
+    rho_ns: Annotated[float, typer.Option()] = 0.02,
+    aggregator_port: Annotated[int, typer.Option()] = 8700,
+    recommend_port: Annotated[int, typer.Option()] = 8702,
+    worker_http_port: Annotated[int, typer.Option(help="First worker's HTTP port.")] = 8710,
+    workdir: Annotated[Path, typer.Option(help="SQLite files and logs.")] = Path("runs/up"),
+    redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
+    recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
+    keep_running: Annotated[
+        bool, typer.Option(help="Leave the services running after training (Ctrl-C stops them).")
+    ] = False,
+) -> None:
+    """Start the aggregator, N workers and the recommendation API locally and train."""
+    from services.launcher import LaunchError, UpOptions
+    from services.launcher import up as launch
+
+    opts = UpOptions(
+        dataset=dataset,
+        data_dir=data_dir,
+        workers=workers,
+        rounds=rounds,
+        fraction=fraction,
+        seed=seed,
+        rho_sh=rho_sh,
+        rho_ns=rho_ns,
+        aggregator_port=aggregator_port,
+        recommend_port=recommend_port,
+        worker_http_port=worker_http_port,
+        workdir=workdir,
+        redis_url=redis_url,
+        recommend=recommend,
+        keep_running=keep_running,
+    )
+    try:
+        launch(opts)
+    except (LaunchError, DataError) as err:
+        raise fail(str(err)) from None
+
+
 def main() -> None:
     """Entry point of the ``fedrec`` command."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

@@ -1,0 +1,339 @@
+"""``fedrec up``: the aggregator, N client workers and the recommendation API as local processes.
+
+Everything runs on loopback with embedded defaults (SQLite files under the work directory, no
+Redis unless ``--redis-url`` is given). The launcher starts the processes, waits until every
+user of the dataset is registered, starts a training run through the operator API, shows
+live progress (round, updates in, global HR@10) and stops everything on Ctrl-C or at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+log = logging.getLogger(__name__)
+console = Console(stderr=True)
+
+
+class LaunchError(RuntimeError):
+    """A process did not start or the run could not be driven; the message says which."""
+
+
+@dataclass
+class UpOptions:
+    """What ``fedrec up`` starts and runs."""
+
+    dataset: str = "filmtrust"
+    data_dir: Path | None = None
+    workers: int = 2
+    rounds: int = 20
+    fraction: float = 0.1
+    seed: int = 0
+    rho_sh: float = 0.02
+    rho_ns: float = 0.02
+    validation: bool = False
+    host: str = "127.0.0.1"
+    aggregator_port: int = 8700
+    recommend_port: int = 8702
+    worker_http_port: int = 8710
+    workdir: Path = Path("runs/up")
+    redis_url: str | None = None
+    keep_running: bool = False
+    recommend: bool = True
+    show_users: int = 3
+    startup_timeout_s: float = 120.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Proc:
+    """A started child process and its log file."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+
+class Cluster:
+    """The child processes of one ``fedrec up``; stops them all on exit."""
+
+    def __init__(self, opts: UpOptions) -> None:
+        self.opts = opts
+        self.procs: list[Proc] = []
+        self.operator_token = secrets.token_urlsafe(24)
+        self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
+        self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
+
+    def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
+        """Start ``python -m <args>`` with ``env`` added, logging to the work directory."""
+        log_path = self.opts.workdir / f"{name}.log"
+        fh = log_path.open("wb")
+        full_env = {**os.environ, **self.opts.extra_env, **env}
+        popen = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def check_alive(self) -> None:
+        """Raise if a child exited early (naming its log)."""
+        for p in self.procs:
+            code = p.popen.poll()
+            if code is not None and not p.name.startswith("worker"):
+                raise LaunchError(f"{p.name} exited with code {code}; see {p.log_path}")
+
+    def wait_healthy(self, url: str, name: str) -> None:
+        """Poll ``url`` until it answers 200."""
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise LaunchError(f"{name} did not become healthy at {url} in time")
+
+    def stop(self) -> None:
+        """SIGTERM every child, then SIGKILL what is left after a grace period."""
+        for p in reversed(self.procs):
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                p.popen.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+
+
+@contextlib.contextmanager
+def cluster(opts: UpOptions) -> Iterator[Cluster]:
+    """A started set of processes, stopped when the block ends (also on Ctrl-C)."""
+    c = Cluster(opts)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _data_args(opts: UpOptions) -> list[str]:
+    args = ["--dataset", opts.dataset]
+    if opts.data_dir is not None:
+        args += ["--data-dir", str(opts.data_dir)]
+    return args
+
+
+def run_config(opts: UpOptions, n_items: int) -> dict[str, Any]:
+    """The RunConfig body for ``POST /v1/runs``."""
+    return {
+        "n_items": n_items,
+        "rounds": opts.rounds,
+        "fraction": opts.fraction,
+        "seed": opts.seed,
+        "rho_sh": opts.rho_sh,
+        "rho_ns": opts.rho_ns,
+        "dataset": opts.dataset,
+    }
+
+
+def up(opts: UpOptions) -> dict[str, Any]:
+    """Start everything, train, show progress; returns the run history."""
+    from fedrecgel.data import load_split
+
+    split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
+    if opts.workdir.exists():
+        shutil.rmtree(opts.workdir)
+    opts.workdir.mkdir(parents=True)
+    with cluster(opts) as c:
+        agg_env = {
+            "FEDREC_AGG_DATABASE_URL": f"sqlite:///{(opts.workdir / 'aggregator.db').resolve()}",
+            "FEDREC_AGG_OPERATOR_TOKEN": c.operator_token,
+            "FEDREC_AGG_HOST": opts.host,
+            "FEDREC_AGG_PORT": str(opts.aggregator_port),
+            "FEDREC_AGG_LOG_LEVEL": "warning",
+        }
+        if opts.redis_url:
+            agg_env["FEDREC_AGG_REDIS_URL"] = opts.redis_url
+        c.start("aggregator", ["services.aggregator"], agg_env)
+        c.wait_healthy(f"{c.agg_url}/healthz", "aggregator")
+        console.print(f"aggregator up at {c.agg_url}")
+        if opts.recommend:
+            rec_env = {
+                "FEDREC_REC_AGGREGATOR_URL": c.agg_url,
+                "FEDREC_REC_DATASET": opts.dataset,
+                "FEDREC_REC_HOST": opts.host,
+                "FEDREC_REC_PORT": str(opts.recommend_port),
+            }
+            if opts.data_dir is not None:
+                rec_env["FEDREC_REC_DATA_DIR"] = str(opts.data_dir)
+            if opts.redis_url:
+                rec_env["FEDREC_REC_REDIS_URL"] = opts.redis_url
+            c.start("recommend_api", ["services.recommend_api"], rec_env)
+        for i in range(opts.workers):
+            args = [
+                "services.client_sim",
+                "--aggregator",
+                c.agg_url,
+                "--shard",
+                str(i),
+                "--shards",
+                str(opts.workers),
+                *_data_args(opts),
+                "--store",
+                str(opts.workdir / f"worker-{i}.db"),
+                "--validation" if opts.validation else "--no-validation",
+                "--log-level",
+                "WARNING",
+            ]
+            if opts.redis_url:
+                args += ["--redis-url", opts.redis_url]
+            if opts.recommend:
+                args += [
+                    "--http-port",
+                    str(opts.worker_http_port + i),
+                    "--recommend-url",
+                    c.rec_url,
+                ]
+            c.start(f"worker-{i}", args, {})
+        _wait_registered(c, split.n_users)
+        op = {"Authorization": f"Bearer {c.operator_token}"}
+        resp = httpx.post(
+            f"{c.agg_url}/v1/runs", json=run_config(opts, split.n_items), headers=op, timeout=30
+        )
+        if resp.status_code != 201:
+            raise LaunchError(f"starting the run failed: {resp.status_code} {resp.text}")
+        history = _follow(c, opts)
+        if opts.recommend:
+            c.wait_healthy(f"{c.rec_url}/healthz", "recommend_api")
+            _show_recommendations(opts, split.n_users)
+        if opts.keep_running:
+            _print_try_it(c, opts)
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    c.check_alive()
+                    time.sleep(1.0)
+        return history
+
+
+def _wait_registered(c: Cluster, n_users: int) -> None:
+    deadline = time.monotonic() + c.opts.startup_timeout_s
+    while time.monotonic() < deadline:
+        c.check_alive()
+        with contextlib.suppress(httpx.HTTPError):
+            r = httpx.get(f"{c.agg_url}/v1/clients/count", timeout=2.0)
+            if r.status_code == 200 and r.json()["registered"] >= n_users:
+                console.print(f"{n_users} clients registered by {c.opts.workers} workers")
+                return
+        time.sleep(0.3)
+    raise LaunchError("the workers did not register every user in time; see runs/up/worker-*.log")
+
+
+def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
+    """Show progress until the run finishes; returns its history."""
+    history: dict[str, Any] = {}
+    with Progress(
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("rounds", total=opts.rounds, info="")
+        while True:
+            c.check_alive()
+            try:
+                history = httpx.get(f"{c.agg_url}/v1/runs/current/history", timeout=5).json()
+                rounds = history.get("rounds", [])
+                done = len(rounds)
+                last_hr = next(
+                    (
+                        r["metrics"]["hr@10"]
+                        for r in reversed(rounds)
+                        if r.get("metrics") and "hr@10" in r["metrics"]
+                    ),
+                    None,
+                )
+                info = f"HR@10 {last_hr:.4f}" if last_hr is not None else ""
+                if done < opts.rounds:
+                    cur = httpx.get(f"{c.agg_url}/v1/rounds/{done + 1}", timeout=5)
+                    if cur.status_code == 200:
+                        rj = cur.json()
+                        info = (
+                            f"round {done + 1}: {rj['updates_received']}/{rj['cohort_size']} "
+                            f"updates in  " + info
+                        )
+                progress.update(task, completed=done, info=info)
+                measured = [r for r in rounds if r.get("metrics")]
+                if done >= opts.rounds and len(measured) >= opts.rounds:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+    rounds = history.get("rounds", [])
+    best = max(
+        (r for r in rounds if r.get("metrics")), key=lambda r: r["metrics"]["hr@10"], default=None
+    )
+    last = rounds[-1] if rounds else None
+    if last and last.get("metrics"):
+        m = last["metrics"]
+        console.print(
+            f"final round {last['round_id']}: HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f}"
+        )
+    if best:
+        console.print(
+            f"best round {best['round_id']}: HR@10 {best['metrics']['hr@10']:.4f} "
+            f"NDCG@10 {best['metrics']['ndcg@10']:.4f}"
+        )
+    return history
+
+
+def _show_recommendations(opts: UpOptions, n_users: int) -> None:
+    """Ask each of a few users' workers for their top-10, as a device would."""
+    for user in range(min(opts.show_users, n_users)):
+        port = opts.worker_http_port + user % opts.workers
+        url = f"http://{opts.host}:{port}/v1/users/{user}/recommendations?k=10"
+        try:
+            r = httpx.get(url, timeout=10)
+        except httpx.HTTPError as err:
+            console.print(f"user {user}: worker not reachable ({err})")
+            continue
+        if r.status_code != 200:
+            console.print(f"user {user}: {r.status_code} {r.text}")
+            continue
+        body = r.json()
+        items = ", ".join(f"{it['item']} ({it['score']:.3f})" for it in body["items"])
+        console.print(f"user {user} top-10 (model v{body['model_version']}): {items}")
+
+
+def _print_try_it(c: Cluster, opts: UpOptions) -> None:
+    console.print(
+        "\nServices are running; Ctrl-C stops them. Try:\n"
+        f"  curl -s {c.agg_url}/v1/runs/current/history\n"
+        f"  curl -s 'http://{opts.host}:{opts.worker_http_port}/v1/users/0/recommendations?k=5'\n"
+        f"  curl -s {c.rec_url}/healthz\n"
+    )
