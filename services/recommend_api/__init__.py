@@ -1,0 +1,1 @@
+"""Recommendation API: top-K items for a user vector over the latest federated model."""

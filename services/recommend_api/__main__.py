@@ -1,0 +1,51 @@
+"""``python -m services.recommend_api``: serve recommendations with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from services.recommend_api.app import create_app
+from services.recommend_api.settings import Settings
+
+
+def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
+    """Command-line options; each overrides its ``FEDREC_REC_*`` environment variable."""
+    p = argparse.ArgumentParser(prog="python -m services.recommend_api", description=__doc__)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--aggregator-url", help="aggregator base URL ('none': do not follow one)")
+    p.add_argument("--aggregator-token")
+    p.add_argument("--redis-url")
+    p.add_argument("--poll-interval", dest="poll_interval_s", type=float)
+    p.add_argument("--dataset", help="dataset whose item ids label the catalogue")
+    p.add_argument("--data-dir", type=Path)
+    p.add_argument("--item-labels", type=Path, help="file of item ids, one per line")
+    p.add_argument("--ann-threshold", type=int)
+    p.add_argument("--ann-shortlist", type=int)
+    p.add_argument("--workers", type=int)
+    p.add_argument("--log-level", default="info")
+    args = vars(p.parse_args(argv))
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse options, build the app and run it."""
+    opts = parse_args(argv)
+    level = opts.pop("log_level")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if str(opts.get("aggregator_url", "")).lower() == "none":
+        opts["aggregator_url"] = None
+    settings = Settings(**opts)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Serving snapshots of model versions, their atomic hot swap, and top-K ranking."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedrecgel.model import ModelConfig, Scorer
+from fedrecgel.wire import WireError, decode_model
+from services.recommend_api.errors import (
+    InvalidRequest,
+    InvalidUserVector,
+    ModelLoadError,
+    NoModel,
+    UnknownItems,
+)
+from services.recommend_api.shortlist import ProxyShortlist, build_shortlist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankingConfig:
+    """How snapshots rank: index above ``ann_threshold`` items, shortlist size, limits."""
+
+    ann_threshold: int = 50_000
+    ann_shortlist: int = 5_000
+    ann_fit_samples: int = 2_048
+    max_k: int = 10_000
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One immutable serving state: a model version, its scorer, item labels and index."""
+
+    version: int
+    scorer: Scorer
+    labels: Sequence[str] | None  # None: an item's id is its index
+    label_index: dict[str, int] | None
+    shortlist: ProxyShortlist | None = None
+    etag: str | None = None
+
+    @property
+    def n_items(self) -> int:
+        """Catalogue size."""
+        return self.scorer.cfg.n_items
+
+    def label(self, i: int) -> str:
+        """The item id of catalogue index ``i``."""
+        return str(i) if self.labels is None else self.labels[i]
+
+    def index_of(self, item: str) -> int | None:
+        """The catalogue index of item id ``item`` (None if unknown)."""
+        if self.label_index is not None:
+            return self.label_index.get(item)
+        if item.isascii() and item.isdigit() and (item == "0" or item[0] != "0"):
+            i = int(item)
+            return i if i < self.n_items else None
+        return None
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """A ranking answer: the version that produced it and (item id, score) pairs, best first."""
+
+    version: int
+    items: list[tuple[str, float]] = field(default_factory=list)
+
+
+def read_labels_file(path: Path) -> list[str]:
+    """Item labels from a text file, one per line, in item index order."""
+    with Path(path).open(encoding="utf-8") as fh:
+        labels = [line.rstrip("\r\n") for line in fh]
+    while labels and labels[-1] == "":
+        labels.pop()
+    return labels
+
+
+def dataset_labels(dataset: str, data_dir: Path | None) -> list[str]:
+    """The dataset's own item ids in index order, as strings."""
+    from fedrecgel.data import load_split
+
+    return [str(x) for x in load_split(dataset, data_dir).item_labels.tolist()]
+
+
+class ModelHolder:
+    """Holds the current :class:`Snapshot`; a swap is one reference assignment.
+
+    Readers take ``holder.snapshot`` once per request and use only that object, so a request
+    never mixes two versions and never waits for a load.
+    """
+
+    def __init__(self, config: RankingConfig | None = None, labels: Sequence[str] | None = None):
+        self.config = config or RankingConfig()
+        self.labels = list(labels) if labels is not None else None
+        self._snapshot: Snapshot | None = None
+        self._swap_lock = threading.Lock()  # orders writers only; readers never lock
+        self.swaps = 0
+        self.swap_failures = 0
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The snapshot serving now (None before the first load)."""
+        return self._snapshot
+
+    @property
+    def version(self) -> int | None:
+        """The version serving now."""
+        snap = self._snapshot
+        return None if snap is None else snap.version
+
+    # ------------------------------------------------------------------ loading
+
+    def build(
+        self, cfg: ModelConfig, shared: dict[str, Tensor], version: int, etag: str | None = None
+    ) -> Snapshot:
+        """A snapshot of one version: scorer (item half precomputed), labels, optional index."""
+        for name, t in shared.items():
+            if not bool(torch.isfinite(t).all()):
+                raise ModelLoadError(f"model version {version}: {name} has NaN or Inf")
+        labels: Sequence[str] | None = None
+        label_index: dict[str, int] | None = None
+        if self.labels is not None:
+            if len(self.labels) != cfg.n_items:
+                raise ModelLoadError(
+                    f"model version {version} has {cfg.n_items} items but "
+                    f"{len(self.labels)} item labels are configured"
+                )
+            labels = self.labels
+            label_index = {lab: i for i, lab in enumerate(labels)}
+        scorer = Scorer(cfg, {k: v.float().contiguous() for k, v in shared.items()})
+        shortlist = None
+        if cfg.n_items > self.config.ann_threshold:
+            shortlist = build_shortlist(scorer, self.config.ann_fit_samples)
+        return Snapshot(version, scorer, labels, label_index, shortlist, etag)
+
+    def build_from_bytes(self, data: bytes, etag: str | None = None) -> Snapshot:
+        """Decode a safetensors model blob (``fedrecgel.wire.encode_model``) into a snapshot."""
+        try:
+            cfg, shared, version = decode_model(data)
+        except WireError as err:
+            raise ModelLoadError(str(err)) from err
+        return self.build(cfg, shared, version, etag)
+
+    def swap(self, snapshot: Snapshot) -> None:
+        """Serve ``snapshot`` from now on (atomic: one reference assignment)."""
+        with self._swap_lock:
+            old = self._snapshot
+            self._snapshot = snapshot
+            self.swaps += 1
+        log.info(
+            "serving model version %d (%d items, %s) after %s",
+            snapshot.version,
+            snapshot.n_items,
+            "index shortlist" if snapshot.shortlist is not None else "exact",
+            "nothing" if old is None else f"version {old.version}",
+        )
+
+    def record_failure(self, what: str, err: BaseException) -> None:
+        """Count and log a failed load; the current snapshot keeps serving."""
+        with self._swap_lock:
+            self.swap_failures += 1
+        log.error("could not load %s (%s); still serving version %s", what, err, self.version)
+
+    def load_bytes(self, data: bytes, etag: str | None = None) -> bool:
+        """Build and swap in a model blob; on failure keep the old snapshot and return False."""
+        try:
+            snap = self.build_from_bytes(data, etag)
+        except Exception as err:  # any failure must leave the old model serving
+            self.record_failure("a new model version", err)
+            return False
+        self.swap(snap)
+        return True
+
+    # ------------------------------------------------------------------ ranking
+
+    def recommend(
+        self,
+        user_gmf: Sequence[float],
+        user_mlp: Sequence[float] | None,
+        k: int,
+        exclude: Sequence[str] = (),
+    ) -> Ranked:
+        """Top-``k`` items for one user vector with the current snapshot."""
+        snap = self._snapshot  # one read: the whole request uses this version
+        if snap is None:
+            raise NoModel("no model version is loaded yet")
+        if k <= 0:
+            raise InvalidRequest(f"k must be positive, got {k}")
+        if k > self.config.max_k:
+            raise InvalidRequest(f"k must be at most {self.config.max_k}, got {k}")
+        private = user_tensors(snap.scorer.cfg, user_gmf, user_mlp)
+        excluded = resolve_items(snap, exclude)
+        idx, scores = top_k(snap, private, k, excluded, self.config.ann_shortlist)
+        return Ranked(
+            snap.version,
+            [(snap.label(i), float(s)) for i, s in zip(idx.tolist(), scores.tolist(), strict=True)],
+        )
+
+
+def user_tensors(
+    cfg: ModelConfig, user_gmf: Sequence[float], user_mlp: Sequence[float] | None
+) -> dict[str, Tensor]:
+    """Check the user vector against the model shape and return it as (1, d) tensors."""
+    dims = cfg.private_dims()
+    given: dict[str, Sequence[float] | None] = {"user_gmf": user_gmf, "user_mlp": user_mlp}
+    out: dict[str, Tensor] = {}
+    for name, vec in given.items():
+        if name not in dims:
+            if vec:
+                raise InvalidUserVector(f"model kind {cfg.kind!r} takes no {name}")
+            continue
+        if vec is None:
+            raise InvalidUserVector(f"{name} is required ({dims[name]} floats)")
+        if len(vec) != dims[name]:
+            raise InvalidUserVector(f"{name} has length {len(vec)}, the model wants {dims[name]}")
+        t = torch.tensor(vec, dtype=torch.float32)
+        if not bool(torch.isfinite(t).all()):
+            raise InvalidUserVector(f"{name} contains NaN or Inf")
+        out[name] = t[None, :]
+    return out
+
+
+def resolve_items(snap: Snapshot, items: Sequence[str]) -> Tensor:
+    """Catalogue indices of item ids; every unknown id is named in the error."""
+    idx: list[int] = []
+    unknown: list[str] = []
+    for item in items:
+        i = snap.index_of(item)
+        if i is None:
+            unknown.append(item)
+        else:
+            idx.append(i)
+    if unknown:
+        shown = ", ".join(repr(u) for u in unknown[:20])
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise UnknownItems(f"unknown item ids in exclude: {shown}{more}")
+    return torch.tensor(sorted(set(idx)), dtype=torch.int64)
+
+
+@torch.no_grad()
+def top_k(
+    snap: Snapshot, private: dict[str, Tensor], k: int, excluded: Tensor, shortlist: int
+) -> tuple[Tensor, Tensor]:
+    """(indices, logits) of the best ``k`` non-excluded items, best first.
+
+    Exact over the whole catalogue unless the snapshot has an index and the request fits in
+    its shortlist; then the shortlist is re-scored with the exact model.
+    """
+    n_left = snap.n_items - len(excluded)
+    k = min(k, n_left)
+    if k <= 0:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0)
+    index = snap.shortlist
+    want = max(shortlist, 4 * k) + len(excluded)
+    if index is not None and want < snap.n_items // 2:
+        cand = index.search(private, want)
+        if len(excluded):
+            cand = cand[~torch.isin(cand, excluded)]
+        if len(cand) >= k:
+            scores = snap.scorer.score(private, cand[None, :])[0]
+            best = torch.topk(scores, k)
+            return cand[best.indices], best.values
+    scores = snap.scorer.score_all(private)[0]
+    if len(excluded):
+        scores[excluded] = -math.inf
+    best = torch.topk(scores, k)
+    return best.indices, best.values
+
+
+def exact_scores(snap: Snapshot, private: dict[str, Tensor]) -> np.ndarray:
+    """Exact logits of every item (tests and diagnostics)."""
+    return snap.scorer.score_all(private)[0].numpy()

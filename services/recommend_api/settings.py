@@ -1,0 +1,41 @@
+"""Settings of the recommendation API (environment prefix ``FEDREC_REC_``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Where the model comes from, how items are labelled, and how ranking is done."""
+
+    model_config = SettingsConfigDict(env_prefix="FEDREC_REC_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8702
+    # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
+    aggregator_url: str | None = "http://127.0.0.1:8700"
+    aggregator_token: SecretStr | None = None
+    redis_url: str | None = None
+    versions_channel: str = "fedrec:versions"
+    # Seconds between ETag polls of the aggregator when Redis is not configured; with Redis
+    # the poll still runs, ``redis_poll_factor`` times slower, to catch missed events.
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    redis_poll_factor: float = Field(default=15.0, ge=1)
+    fetch_timeout_s: float = Field(default=60.0, gt=0)
+    # Item ids: the dataset's own labels in index order (``load_split(...).item_labels``),
+    # or a text file with one label per line; item indices as strings when neither is set.
+    dataset: str | None = None
+    data_dir: Path | None = None
+    item_labels: Path | None = None
+    # Catalogues larger than this are ranked from an index shortlist re-scored exactly.
+    ann_threshold: int = Field(default=50_000, ge=0)
+    ann_shortlist: int = Field(default=5_000, ge=1)
+    ann_fit_samples: int = Field(default=2_048, ge=16)
+    max_k: int = Field(default=10_000, ge=1)
+    # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
+    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    torch_threads: int = Field(default=1, ge=1)

@@ -1,0 +1,173 @@
+"""Ranking of the recommendation API: exactness, exclusions, validation, shortlist recall."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedrecgel.model import ModelConfig, forward_batched, init_shared
+from fedrecgel.wire import encode_model
+from services.recommend_api.errors import InvalidRequest, InvalidUserVector, NoModel, UnknownItems
+from services.recommend_api.ranking import ModelHolder, RankingConfig, read_labels_file
+from services.recommend_api.shortlist import faiss_available
+
+
+def _model(n_items: int, seed: int = 0, scale: float = 1.0) -> tuple[ModelConfig, dict]:
+    cfg = ModelConfig(n_items=n_items, factor=8, layers=3)
+    shared = init_shared(cfg, seed)
+    shared["item_gmf"] *= scale
+    shared["item_mlp"] *= scale
+    return cfg, shared
+
+
+def _user(cfg: ModelConfig, seed: int, scale: float = 1.0) -> dict[str, list[float]]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        n: (torch.randn(d, generator=g) * scale).tolist() for n, d in cfg.private_dims().items()
+    }
+
+
+def _brute_force(cfg: ModelConfig, shared: dict, user: dict[str, list[float]]) -> np.ndarray:
+    """Logits of every item with the training forward pass (no precomputation)."""
+    private = {n: torch.tensor(v)[None, :] for n, v in user.items()}
+    rows = {t: shared[t][None, :, :] for t in cfg.item_tables()}
+    dense = {n: shared[n] for n in cfg.dense_names()}
+    with torch.no_grad():
+        return forward_batched(cfg, private, rows, dense, per_client_dense=False)[0].numpy()
+
+
+def _holder(cfg: ModelConfig, shared: dict, version: int = 3, **kw) -> ModelHolder:
+    holder = ModelHolder(RankingConfig(**kw), labels=kw.pop("labels", None))
+    holder.swap(holder.build(cfg, shared, version))
+    return holder
+
+
+def test_top_k_matches_brute_force_scoring_of_every_item() -> None:
+    cfg, shared = _model(300, scale=30.0)
+    holder = _holder(cfg, shared)
+    for seed in range(5):
+        user = _user(cfg, seed, scale=0.3)
+        ranked = holder.recommend(user["user_gmf"], user["user_mlp"], k=10)
+        ref = _brute_force(cfg, shared, user)
+        want = np.argsort(-ref, kind="stable")[:10]
+        assert [int(i) for i, _ in ranked.items] == want.tolist()
+        np.testing.assert_allclose([s for _, s in ranked.items], ref[want], rtol=1e-4, atol=1e-6)
+        assert ranked.version == 3
+
+
+def test_hand_built_mf_model_ranks_by_dot_product() -> None:
+    cfg = ModelConfig(n_items=4, kind="mf", factor=2)
+    shared = {"item_gmf": torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.0]])}
+    holder = ModelHolder(labels=["a", "b", "c", "d"])
+    holder.swap(holder.build(cfg, shared, 1))
+    ranked = holder.recommend([2.0, 1.0], None, k=3)
+    assert ranked.items == [("c", 3.0), ("a", 2.0), ("b", 1.0)]
+    ranked = holder.recommend([2.0, 1.0], None, k=2, exclude=["c"])
+    assert ranked.items == [("a", 2.0), ("b", 1.0)]
+
+
+def test_exclusions_are_never_returned() -> None:
+    cfg, shared = _model(50, scale=30.0)
+    holder = _holder(cfg, shared)
+    user = _user(cfg, 1, scale=0.3)
+    top = holder.recommend(user["user_gmf"], user["user_mlp"], k=5)
+    excluded = [i for i, _ in top.items[:3]]
+    again = holder.recommend(user["user_gmf"], user["user_mlp"], k=5, exclude=excluded)
+    assert not set(excluded) & {i for i, _ in again.items}
+    assert [i for i, _ in again.items[:2]] == [i for i, _ in top.items[3:]]
+
+
+def test_k_larger_than_catalogue_returns_all_remaining_items() -> None:
+    cfg, shared = _model(7)
+    holder = _holder(cfg, shared)
+    user = _user(cfg, 0)
+    ranked = holder.recommend(user["user_gmf"], user["user_mlp"], k=100, exclude=["2", "5"])
+    assert sorted(int(i) for i, _ in ranked.items) == [0, 1, 3, 4, 6]
+    scores = [s for _, s in ranked.items]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_bad_vectors_and_k_are_refused() -> None:
+    cfg, shared = _model(20)
+    holder = _holder(cfg, shared)
+    user = _user(cfg, 0)
+    with pytest.raises(InvalidUserVector, match="user_gmf has length 7"):
+        holder.recommend(user["user_gmf"][:-1], user["user_mlp"], k=3)
+    with pytest.raises(InvalidUserVector, match="NaN or Inf"):
+        holder.recommend(user["user_gmf"], [float("nan"), *user["user_mlp"][1:]], k=3)
+    with pytest.raises(InvalidUserVector, match="NaN or Inf"):
+        holder.recommend([float("inf"), *user["user_gmf"][1:]], user["user_mlp"], k=3)
+    with pytest.raises(InvalidUserVector, match="user_mlp is required"):
+        holder.recommend(user["user_gmf"], None, k=3)
+    with pytest.raises(InvalidRequest, match="k must be positive"):
+        holder.recommend(user["user_gmf"], user["user_mlp"], k=0)
+
+
+def test_unknown_exclude_ids_are_named() -> None:
+    cfg, shared = _model(5)
+    holder = ModelHolder(labels=["m1", "m2", "m3", "m4", "m5"])
+    holder.swap(holder.build(cfg, shared, 1))
+    user = _user(cfg, 0)
+    with pytest.raises(UnknownItems) as err:
+        holder.recommend(user["user_gmf"], user["user_mlp"], k=3, exclude=["m2", "zz", "7"])
+    assert "'zz'" in err.value.detail and "'7'" in err.value.detail and "m2" not in err.value.detail
+
+
+def test_no_model_yet_is_reported() -> None:
+    with pytest.raises(NoModel):
+        ModelHolder().recommend([0.0] * 8, [0.0] * 32, k=1)
+
+
+def test_failed_load_keeps_the_old_model_and_counts() -> None:
+    cfg, shared = _model(10)
+    holder = _holder(cfg, shared, version=1)
+    assert not holder.load_bytes(b"not a model")
+    bad = dict(shared)
+    bad["tower.1.weight"] = bad["tower.1.weight"].clone()
+    bad["tower.1.weight"][0, 0] = float("nan")
+    assert not holder.load_bytes(encode_model(cfg, bad, 2))
+    other = ModelConfig(n_items=11, factor=8, layers=3)
+    labelled = ModelHolder(labels=[str(i) for i in range(10)])
+    labelled.swap(labelled.build(cfg, shared, 1))
+    assert not labelled.load_bytes(encode_model(other, init_shared(other, 0), 2))
+    assert holder.version == 1 and holder.swap_failures == 2 and holder.swaps == 1
+    assert labelled.version == 1 and labelled.swap_failures == 1
+    assert holder.load_bytes(encode_model(cfg, shared, 2)) and holder.version == 2
+
+
+def test_labels_file_is_read_in_index_order(tmp_path) -> None:
+    path = tmp_path / "items.txt"
+    path.write_text("x9\ny7\nz5\n", encoding="utf-8")
+    assert read_labels_file(path) == ["x9", "y7", "z5"]
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss-cpu is not installed")
+def test_shortlist_then_rerank_recalls_exact_top_10() -> None:
+    """Recall@10 of index shortlist + exact re-rank vs exact ranking, on a random NCF model.
+
+    Catalogue 30,000, shortlist 1,000 (3.3%). Embeddings at std 0.1 make the tower, which the
+    index only approximates, dominate the score (the GMF half is an exact inner product), so
+    this is the hard case; 0.9 means at most one of the true top 10 missed per user on
+    average, with the miss ranked just below by the exact model. Measured ~0.97 here and
+    ~0.9-0.99 at 1,000,000 items with a 5,000 shortlist (bench/recommend_load.py).
+    """
+    cfg = ModelConfig(n_items=30_000, factor=32, layers=3)
+    shared = init_shared(cfg, 7)
+    g = torch.Generator().manual_seed(1)
+    for t in ("item_gmf", "item_mlp"):
+        shared[t] = torch.randn(shared[t].shape, generator=g) * 0.1
+    for k in range(cfg.layers):
+        shared[f"tower.{k}.bias"] = torch.randn(shared[f"tower.{k}.bias"].shape, generator=g) * 0.01
+    approx = ModelHolder(RankingConfig(ann_threshold=0, ann_shortlist=1_000))
+    approx.swap(approx.build(cfg, shared, 1))
+    exact = ModelHolder(RankingConfig(ann_threshold=10**9))
+    exact.swap(exact.build(cfg, shared, 1))
+    assert approx.snapshot is not None and approx.snapshot.shortlist is not None
+    recalls = []
+    for seed in range(30):
+        user = _user(cfg, 100 + seed, scale=0.1)
+        a = {i for i, _ in approx.recommend(user["user_gmf"], user["user_mlp"], k=10).items}
+        e = {i for i, _ in exact.recommend(user["user_gmf"], user["user_mlp"], k=10).items}
+        recalls.append(len(a & e) / 10)
+    assert float(np.mean(recalls)) >= 0.9, recalls
