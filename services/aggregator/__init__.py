@@ -1,0 +1,1 @@
+"""The aggregator service: rounds, uploads, aggregation and versioned models over HTTP."""

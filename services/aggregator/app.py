@@ -1,0 +1,161 @@
+"""The app factory: ``create_app(settings)`` with a lifespan that owns the DB, Redis and the
+deadline task (nothing connects at import)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.aggregator.db import Database
+from services.aggregator.errors import AggregatorError, BodyTooLarge
+from services.aggregator.events import RedisBus
+from services.aggregator.metrics import AggregatorMetrics
+from services.aggregator.models import utcnow
+from services.aggregator.routes import router
+from services.aggregator.service import AggregatorService
+from services.aggregator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_UPLOAD_RE = re.compile(r"^/v1/rounds/[^/]+/updates$")
+
+
+def _is_upload(scope: Scope) -> bool:
+    return scope.get("method") == "POST" and bool(_UPLOAD_RE.match(scope.get("path", "")))
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over ``max_bytes``: by Content-Length up front (413), else while read."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: AggregatorMetrics) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            if _is_upload(scope):
+                self.metrics.updates_refused.labels(reason=BodyTooLarge.code).inc()
+            body = {
+                "error": BodyTooLarge.code,
+                "detail": f"body of {int(declared)} bytes exceeds the limit of {self.max_bytes}",
+            }
+            await JSONResponse(body, status_code=413)(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge(f"body exceeds the limit of {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+async def _deadline_loop(service: AggregatorService, interval: float) -> None:
+    """Close rounds at their deadline / on quorum, retry below quorum, forever."""
+    while True:
+        try:
+            await anyio.to_thread.run_sync(service.tick)
+        except Exception:
+            log.exception("deadline check failed")
+        await asyncio.sleep(interval)
+
+
+def _error(status_code: int, error: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=status_code)
+
+
+def _install_error_handlers(app: FastAPI, metrics: AggregatorMetrics) -> None:
+    def count_refusal(request: Request, code: str) -> None:
+        if _is_upload(request.scope):
+            metrics.updates_refused.labels(reason=code).inc()
+
+    @app.exception_handler(AggregatorError)
+    async def domain_error(request: Request, exc: AggregatorError) -> JSONResponse:
+        # the service counts what it refuses itself; count the rest (auth, body size) here
+        if exc.status_code in (401, 413):
+            count_refusal(request, exc.code)
+        return _error(exc.status_code, exc.code, exc.detail)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        )
+        count_refusal(request, "validation_error")
+        return _error(422, "validation_error", detail or "invalid request")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+
+
+def create_app(
+    settings: Settings | None = None, *, clock: Callable[[], datetime] | None = None
+) -> FastAPI:
+    """Build the aggregator app; connections open in its lifespan, not here."""
+    settings = settings or Settings()
+    metrics = AggregatorMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = Database(settings.database_url)
+        bus: RedisBus | None = None
+        task: asyncio.Task[None] | None = None
+        try:
+            await anyio.to_thread.run_sync(db.migrate)
+            if settings.redis_url:
+                bus = RedisBus(
+                    settings.redis_url, settings.redis_lock_timeout_s, settings.redis_lock_wait_s
+                )
+                await anyio.to_thread.run_sync(bus.ping)
+            service = AggregatorService(db, settings, metrics, bus, clock or utcnow)
+            await anyio.to_thread.run_sync(service.warm)
+            app.state.service = service
+            task = asyncio.create_task(_deadline_loop(service, settings.deadline_poll_s))
+            log.info(
+                "aggregator ready (database %s, redis %s)",
+                db.engine.dialect.name,
+                "on" if bus else "off",
+            )
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if bus is not None:
+                bus.close()
+            db.dispose()
+
+    app = FastAPI(title="FedRecGEL aggregator", version="1.0", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    _install_error_handlers(app, metrics)
+    app.include_router(router)
+    return app

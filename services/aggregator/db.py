@@ -1,0 +1,97 @@
+"""Engine, sessions and migrations (SQLite by default, PostgreSQL via ``postgresql+psycopg``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# Arbitrary key of the PostgreSQL advisory lock that serialises concurrent migrations.
+_MIGRATION_LOCK_KEY = 0x0FEDEC
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, full sync, a busy timeout and BEGIN IMMEDIATE."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return create_engine(u, pool_pre_ping=True)
+    engine = create_engine(u, connect_args={"timeout": 30.0, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event below open transactions, not the driver.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        for pragma in (
+            "PRAGMA journal_mode=WAL",
+            "PRAGMA synchronous=FULL",
+            "PRAGMA foreign_keys=ON",
+            "PRAGMA busy_timeout=30000",
+        ):
+            cur.execute(pragma)
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _sqlite_begin(conn: Any) -> None:
+        # Every transaction takes the write lock up front: readers never have to upgrade a
+        # shared lock (SQLite's deadlock case), and the round-closing guard serialises.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def alembic_config() -> Config:
+    """Alembic configuration pointing at this package's migrations (no ini file needed)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("path_separator", "os")
+    return cfg
+
+
+def run_migrations(engine: Engine) -> None:
+    """``alembic upgrade head`` on ``engine`` (serialised across processes on PostgreSQL)."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    log.info("database schema at head (%s)", engine.dialect.name)
+
+
+class Database:
+    """The engine and session factory of one app instance."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session in one transaction: commits on success, rolls back on any error."""
+        with self._sessions() as session, session.begin():
+            yield session
+
+    def ping(self) -> None:
+        """Round-trip to the database (raises when it is unreachable)."""
+        with self.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def migrate(self) -> None:
+        """Bring the schema to the latest revision."""
+        run_migrations(self.engine)
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()

@@ -1,0 +1,58 @@
+"""Domain errors: one base class, mapped to ``{"error", "detail"}`` by one handler."""
+
+from __future__ import annotations
+
+
+class AggregatorError(Exception):
+    """Base of every refusal; ``status_code`` is the HTTP status, ``code`` the machine code."""
+
+    status_code: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, detail: str, code: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if code is not None:
+            self.code = code
+
+
+class Unauthorized(AggregatorError):
+    """No or bad credentials (401)."""
+
+    status_code = 401
+    code = "unauthorized"
+
+
+class Forbidden(AggregatorError):
+    """Authenticated, but not allowed to do this (403)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
+class NotFound(AggregatorError):
+    """The thing asked for does not exist (404)."""
+
+    status_code = 404
+    code = "not_found"
+
+
+class Conflict(AggregatorError):
+    """The request conflicts with the current state (409)."""
+
+    status_code = 409
+    code = "conflict"
+
+
+class BodyTooLarge(AggregatorError):
+    """The request body exceeds the configured limit (413)."""
+
+    status_code = 413
+    code = "body_too_large"
+
+
+class Malformed(AggregatorError):
+    """The body cannot be accepted as it is (422)."""
+
+    status_code = 422
+    code = "malformed"

@@ -1,0 +1,167 @@
+"""SQLAlchemy 2.0 tables of the aggregator (the migrations in ``migrations/`` create them)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Normalise to UTC before storing."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored; use UTC-aware ones")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Attach UTC when the backend returned a naive value."""
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the aggregator's tables."""
+
+
+class Run(Base):
+    """A federated training run; ``active`` is 1 while running or paused, NULL after (unique)."""
+
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("active", name="uq_runs_active"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    active: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Client(Base):
+    """A registered client (a user index); its credential is stored as a sha256 hash only."""
+
+    __tablename__ = "clients"
+
+    client_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    token_hash: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Round(Base):
+    """One attempt of one round: its cohort, deadline, state and, once closed, its result."""
+
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("run_id", "round_id", "attempt", name="uq_rounds_attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    round_id: Mapped[int] = mapped_column(Integer)
+    attempt: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    cohort: Mapped[list[int]] = mapped_column(JSON)
+    base_version: Mapped[int] = mapped_column(Integer)
+    opened_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    deadline: Mapped[datetime] = mapped_column(UTCDateTime)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    touched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    n_updates: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    model_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class StoredUpdate(Base):
+    """One acknowledged client update, re-encoded on its own with ``wire.encode_updates``."""
+
+    __tablename__ = "updates"
+    __table_args__ = (
+        UniqueConstraint("run_id", "round_id", "client_id", name="uq_updates_client"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    round_id: Mapped[int] = mapped_column(Integer)
+    client_id: Mapped[int] = mapped_column(BigInteger)
+    digest: Mapped[str] = mapped_column(String(64))
+    n_samples: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float] = mapped_column(Float)
+    blob: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ModelVersion(Base):
+    """An immutable model version: shared params, server-optimizer state, round result."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("run_id", "version", name="uq_model_versions_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    round_id: Mapped[int] = mapped_column(Integer)
+    params: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    optimizer_state: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    n_updates: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Federated-evaluation means; written once, when the reports cover every registered client.
+    metrics: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class EvaluationReport(Base):
+    """One evaluation report: metric sums over a set of clients for one version."""
+
+    __tablename__ = "evaluation_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    sums: Mapped[dict[str, float]] = mapped_column(JSON)
+    count: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Evaluation(Base):
+    """Which client was covered by which report, once per (run, version, client)."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (
+        UniqueConstraint("run_id", "version", "client_id", name="uq_evaluations_client"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    version: Mapped[int] = mapped_column(Integer)
+    client_id: Mapped[int] = mapped_column(BigInteger)
+    report_id: Mapped[int] = mapped_column(ForeignKey("evaluation_reports.id"))

@@ -1,0 +1,357 @@
+"""Every query of the aggregator, on one session (the service owns the transactions)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session, undefer
+
+from services.aggregator.models import (
+    Client,
+    Evaluation,
+    EvaluationReport,
+    ModelVersion,
+    Round,
+    Run,
+    StoredUpdate,
+)
+
+LIVE_ROUND_STATES = ("open", "paused")
+
+
+class Repository:
+    """Queries over the aggregator's tables; never commits (the caller's transaction does)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    # ------------------------------------------------------------------ clients
+
+    def existing_clients(self, client_ids: Iterable[int]) -> list[int]:
+        """Which of ``client_ids`` are already registered."""
+        ids = list(client_ids)
+        rows = self.session.scalars(select(Client.client_id).where(Client.client_id.in_(ids)))
+        return sorted(rows)
+
+    def add_clients(self, client_ids: Sequence[int], token_hash: str) -> None:
+        """Register ``client_ids`` under one credential hash."""
+        self.session.add_all(Client(client_id=c, token_hash=token_hash) for c in client_ids)
+        self.session.flush()
+
+    def clients_of_token(self, token_hash: str) -> list[int]:
+        """The clients a credential holds (empty when the credential is unknown)."""
+        rows = self.session.scalars(select(Client.client_id).where(Client.token_hash == token_hash))
+        return list(rows)
+
+    def all_client_ids(self) -> list[int]:
+        """Every registered client id, ascending."""
+        return list(self.session.scalars(select(Client.client_id).order_by(Client.client_id)))
+
+    def count_clients(self) -> int:
+        """Number of registered clients."""
+        return int(self.session.scalar(select(func.count()).select_from(Client)) or 0)
+
+    # ------------------------------------------------------------------ runs
+
+    def add_run(self, config: dict[str, Any], now: datetime) -> Run:
+        """Insert a running, active run."""
+        run = Run(config=config, state="running", active=True, created_at=now)
+        self.session.add(run)
+        self.session.flush()
+        return run
+
+    def active_run(self) -> Run | None:
+        """The run that is running or paused, if any."""
+        return self.session.scalars(select(Run).where(Run.active.is_(True))).first()
+
+    def latest_run(self) -> Run | None:
+        """The most recently started run (the "current" one), if any."""
+        return self.session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+
+    def get_run(self, run_id: int) -> Run | None:
+        """A run by id."""
+        return self.session.get(Run, run_id)
+
+    # ------------------------------------------------------------------ rounds
+
+    def add_round(
+        self,
+        run_id: int,
+        round_id: int,
+        attempt: int,
+        cohort: list[int],
+        base_version: int,
+        opened_at: datetime,
+        deadline: datetime,
+    ) -> Round:
+        """Insert an open round attempt."""
+        rnd = Round(
+            run_id=run_id,
+            round_id=round_id,
+            attempt=attempt,
+            state="open",
+            cohort=cohort,
+            base_version=base_version,
+            opened_at=opened_at,
+            deadline=deadline,
+        )
+        self.session.add(rnd)
+        self.session.flush()
+        return rnd
+
+    def get_round(self, pk: int) -> Round | None:
+        """A round attempt by primary key (fresh from the database)."""
+        return self.session.get(Round, pk, populate_existing=True)
+
+    def live_round(self, run_id: int) -> Round | None:
+        """The run's open or paused round attempt (at most one exists)."""
+        stmt = select(Round).where(Round.run_id == run_id, Round.state.in_(LIVE_ROUND_STATES))
+        return self.session.scalars(stmt.order_by(Round.id.desc()).limit(1)).first()
+
+    def latest_attempt(self, run_id: int, round_id: int) -> Round | None:
+        """The latest attempt of a round."""
+        stmt = (
+            select(Round)
+            .where(Round.run_id == run_id, Round.round_id == round_id)
+            .order_by(Round.attempt.desc())
+            .limit(1)
+        )
+        return self.session.scalars(stmt).first()
+
+    def last_round(self, run_id: int) -> Round | None:
+        """The run's most recent round attempt, whatever its state."""
+        stmt = select(Round).where(Round.run_id == run_id).order_by(Round.id.desc()).limit(1)
+        return self.session.scalars(stmt).first()
+
+    def closed_rounds(self, run_id: int) -> list[Round]:
+        """The run's closed rounds in order."""
+        stmt = (
+            select(Round)
+            .where(Round.run_id == run_id, Round.state == "closed")
+            .order_by(Round.round_id)
+        )
+        return list(self.session.scalars(stmt))
+
+    def transition_round(
+        self, pk: int, from_states: Sequence[str], to_state: str, **values: Any
+    ) -> bool:
+        """Conditional state change (the guard that makes closing happen once): True if done.
+
+        On PostgreSQL the row stays locked until the transaction ends; on SQLite the whole
+        database is (BEGIN IMMEDIATE), so concurrent uploads and closes serialise here.
+        """
+        stmt = (
+            update(Round)
+            .where(Round.id == pk, Round.state.in_(list(from_states)))
+            .values(state=to_state, **values)
+            .execution_options(synchronize_session=False)
+        )
+        result = self.session.execute(stmt)
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    def touch_open_round(self, pk: int, now: datetime) -> bool:
+        """Lock an open round for an upload (False when it is not open any more)."""
+        stmt = (
+            update(Round)
+            .where(Round.id == pk, Round.state == "open")
+            .values(touched_at=now)
+            .execution_options(synchronize_session=False)
+        )
+        result = self.session.execute(stmt)
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    # ------------------------------------------------------------------ updates
+
+    def update_digests(
+        self, run_id: int, round_id: int, client_ids: Iterable[int]
+    ) -> dict[int, str]:
+        """Stored digests of the given clients' updates of a round: client -> digest."""
+        stmt = select(StoredUpdate.client_id, StoredUpdate.digest).where(
+            StoredUpdate.run_id == run_id,
+            StoredUpdate.round_id == round_id,
+            StoredUpdate.client_id.in_(list(client_ids)),
+        )
+        return {int(c): d for c, d in self.session.execute(stmt)}
+
+    def add_update(
+        self,
+        round_pk: int,
+        run_id: int,
+        round_id: int,
+        client_id: int,
+        digest: str,
+        n_samples: int,
+        loss: float,
+        blob: bytes,
+        now: datetime,
+    ) -> None:
+        """Store one acknowledged update."""
+        self.session.add(
+            StoredUpdate(
+                round_pk=round_pk,
+                run_id=run_id,
+                round_id=round_id,
+                client_id=client_id,
+                digest=digest,
+                n_samples=n_samples,
+                loss=loss,
+                blob=blob,
+                created_at=now,
+            )
+        )
+
+    def update_meta(self, round_pk: int) -> list[tuple[int, str]]:
+        """(client id, digest) of every update of a round attempt, by client id."""
+        stmt = (
+            select(StoredUpdate.client_id, StoredUpdate.digest)
+            .where(StoredUpdate.round_pk == round_pk)
+            .order_by(StoredUpdate.client_id)
+        )
+        return [(int(c), d) for c, d in self.session.execute(stmt)]
+
+    def update_blobs(self, round_pk: int, client_ids: Iterable[int]) -> dict[int, bytes]:
+        """Stored bodies of some clients' updates of a round attempt: client -> blob."""
+        stmt = select(StoredUpdate.client_id, StoredUpdate.blob).where(
+            StoredUpdate.round_pk == round_pk, StoredUpdate.client_id.in_(list(client_ids))
+        )
+        return {int(c): b for c, b in self.session.execute(stmt)}
+
+    def count_updates(self, round_pk: int) -> int:
+        """Number of updates stored for a round attempt."""
+        stmt = (
+            select(func.count()).select_from(StoredUpdate).where(StoredUpdate.round_pk == round_pk)
+        )
+        return int(self.session.scalar(stmt) or 0)
+
+    def delete_updates(self, round_pk: int) -> None:
+        """Drop the updates of a failed attempt."""
+        self.session.execute(delete(StoredUpdate).where(StoredUpdate.round_pk == round_pk))
+
+    # ------------------------------------------------------------------ model versions
+
+    def add_version(
+        self,
+        run_id: int,
+        version: int,
+        round_id: int,
+        params: bytes,
+        optimizer_state: bytes,
+        digest: str,
+        n_updates: int,
+        loss: float | None,
+        now: datetime,
+    ) -> None:
+        """Insert an immutable model version."""
+        self.session.add(
+            ModelVersion(
+                run_id=run_id,
+                version=version,
+                round_id=round_id,
+                params=params,
+                optimizer_state=optimizer_state,
+                digest=digest,
+                n_updates=n_updates,
+                loss=loss,
+                created_at=now,
+            )
+        )
+        self.session.flush()
+
+    def latest_version_number(self, run_id: int) -> int | None:
+        """The newest version of a run."""
+        stmt = select(func.max(ModelVersion.version)).where(ModelVersion.run_id == run_id)
+        value = self.session.scalar(stmt)
+        return None if value is None else int(value)
+
+    def version_meta(self, run_id: int, version: int) -> ModelVersion | None:
+        """A version row without its blobs."""
+        stmt = select(ModelVersion).where(
+            ModelVersion.run_id == run_id, ModelVersion.version == version
+        )
+        return self.session.scalars(stmt).first()
+
+    def version_with_blobs(self, run_id: int, version: int) -> ModelVersion | None:
+        """A version row with its params and optimizer-state blobs loaded."""
+        stmt = (
+            select(ModelVersion)
+            .where(ModelVersion.run_id == run_id, ModelVersion.version == version)
+            .options(undefer(ModelVersion.params), undefer(ModelVersion.optimizer_state))
+        )
+        return self.session.scalars(stmt).first()
+
+    def version_metrics(self, run_id: int) -> dict[int, dict[str, float] | None]:
+        """version -> federated-evaluation means (None until complete)."""
+        stmt = select(ModelVersion.version, ModelVersion.metrics).where(
+            ModelVersion.run_id == run_id
+        )
+        return {int(v): m for v, m in self.session.execute(stmt)}
+
+    def set_version_metrics(self, run_id: int, version: int, metrics: dict[str, float]) -> bool:
+        """Write a version's metrics once (only while they are still unset)."""
+        stmt = (
+            update(ModelVersion)
+            .where(
+                ModelVersion.run_id == run_id,
+                ModelVersion.version == version,
+                ModelVersion.metrics.is_(None),
+            )
+            .values(metrics=metrics)
+            .execution_options(synchronize_session=False)
+        )
+        result = self.session.execute(stmt)
+        assert isinstance(result, CursorResult)
+        return result.rowcount == 1
+
+    # ------------------------------------------------------------------ evaluations
+
+    def evaluated_clients(self, run_id: int, version: int, client_ids: Iterable[int]) -> set[int]:
+        """Which of ``client_ids`` already reported for a version."""
+        stmt = select(Evaluation.client_id).where(
+            Evaluation.run_id == run_id,
+            Evaluation.version == version,
+            Evaluation.client_id.in_(list(client_ids)),
+        )
+        return {int(c) for c in self.session.scalars(stmt)}
+
+    def add_evaluation(
+        self,
+        run_id: int,
+        version: int,
+        sums: dict[str, float],
+        count: int,
+        client_ids: Sequence[int],
+        now: datetime,
+    ) -> None:
+        """Store a report and mark its clients as covered."""
+        report = EvaluationReport(
+            run_id=run_id, version=version, sums=sums, count=count, created_at=now
+        )
+        self.session.add(report)
+        self.session.flush()
+        self.session.add_all(
+            Evaluation(run_id=run_id, version=version, client_id=c, report_id=report.id)
+            for c in client_ids
+        )
+        self.session.flush()
+
+    def count_evaluated(self, run_id: int, version: int) -> int:
+        """How many clients reported for a version."""
+        stmt = (
+            select(func.count())
+            .select_from(Evaluation)
+            .where(Evaluation.run_id == run_id, Evaluation.version == version)
+        )
+        return int(self.session.scalar(stmt) or 0)
+
+    def evaluation_reports(self, run_id: int, version: int) -> list[EvaluationReport]:
+        """Every report of a version."""
+        stmt = select(EvaluationReport).where(
+            EvaluationReport.run_id == run_id, EvaluationReport.version == version
+        )
+        return list(self.session.scalars(stmt.order_by(EvaluationReport.id)))

@@ -1,0 +1,198 @@
+"""HTTP routes: each one translates a request into one service call and back."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request, Response, status
+from fastapi.responses import JSONResponse
+
+from services.aggregator.errors import BodyTooLarge
+from services.aggregator.schemas import (
+    CurrentRound,
+    ErrorBody,
+    EvaluationAck,
+    EvaluationRequest,
+    History,
+    RegisterRequest,
+    RegisterResponse,
+    RoundInfo,
+    RunConfig,
+    RunStarted,
+    RunStatus,
+    UploadResponse,
+)
+from services.aggregator.service import AggregatorService, Caller, ModelBlob
+
+UPLOAD_PATH = "/v1/rounds/{round_id}/updates"
+
+router = APIRouter()
+
+
+def get_service(request: Request) -> AggregatorService:
+    """The service built by the app's lifespan."""
+    service: AggregatorService = request.app.state.service
+    return service
+
+
+ServiceDep = Annotated[AggregatorService, Depends(get_service)]
+
+
+def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, if any."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+TokenDep = Annotated[str | None, Depends(bearer_token)]
+
+
+def client_caller(service: ServiceDep, token: TokenDep) -> Caller:
+    """Authenticate a client (or the operator) from its bearer token."""
+    return service.authenticate(token)
+
+
+def operator_caller(service: ServiceDep, token: TokenDep) -> None:
+    """Require the operator token."""
+    service.require_operator(token)
+
+
+CallerDep = Annotated[Caller, Depends(client_caller)]
+OperatorDep = Annotated[None, Depends(operator_caller)]
+
+
+async def upload_body(request: Request) -> bytes:
+    """The raw body, refused (413) as soon as it exceeds the configured limit."""
+    limit: int = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLarge(f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+BodyDep = Annotated[bytes, Depends(upload_body)]
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)
+}
+
+
+@router.post("/v1/clients", status_code=status.HTTP_201_CREATED, responses=ERRORS)
+def register_clients(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
+    """Register clients under one new credential."""
+    token, ids = service.register_clients(body.client_ids)
+    return RegisterResponse(token=token, client_ids=ids)
+
+
+@router.get("/v1/rounds/current", responses=ERRORS)
+def current_round(caller: CallerDep, service: ServiceDep) -> CurrentRound:
+    """The current round, with the caller's cohort members."""
+    return service.current_round(caller)
+
+
+def _model_response(blob: ModelBlob, if_none_match: str | None) -> Response:
+    etag = f'"{blob.etag}"'
+    headers = {"ETag": etag, "X-Model-Version": str(blob.version), "Cache-Control": "no-cache"}
+    if if_none_match is not None:
+        tags = {t.strip().removeprefix("W/") for t in if_none_match.split(",")}
+        if etag in tags or "*" in tags:
+            return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
+    return Response(content=blob.blob, media_type="application/octet-stream", headers=headers)
+
+
+@router.get("/v1/models/latest", responses=ERRORS, response_class=Response)
+def latest_model(
+    caller: CallerDep,
+    service: ServiceDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The newest model version as safetensors (304 when the ETag matches)."""
+    return _model_response(service.model_blob(None), if_none_match)
+
+
+@router.get("/v1/models/{version}", responses=ERRORS, response_class=Response)
+def model_version(
+    version: int,
+    caller: CallerDep,
+    service: ServiceDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """One model version as safetensors (304 when the ETag matches)."""
+    return _model_response(service.model_blob(version), if_none_match)
+
+
+@router.post(UPLOAD_PATH, responses=ERRORS)
+def upload_updates(
+    round_id: int, caller: CallerDep, body: BodyDep, service: ServiceDep
+) -> UploadResponse:
+    """Validate and store one or more clients' updates (wire.encode_updates body)."""
+    return UploadResponse(results=service.accept_updates(caller, round_id, body))
+
+
+@router.post("/v1/evaluations", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
+def report_evaluation(
+    body: EvaluationRequest, caller: CallerDep, service: ServiceDep
+) -> EvaluationAck:
+    """Federated evaluation: metric sums over some clients for one version."""
+    return service.report_evaluation(caller, body)
+
+
+@router.get("/v1/rounds/{round_id}", responses=ERRORS)
+def round_info(round_id: int, service: ServiceDep) -> RoundInfo:
+    """Public state of a round of the current run."""
+    return service.round_info(round_id)
+
+
+@router.get("/v1/runs/current/history", responses=ERRORS)
+def run_history(service: ServiceDep) -> History:
+    """Every closed round of the current run."""
+    return service.history()
+
+
+@router.post("/v1/runs", status_code=status.HTTP_201_CREATED, responses=ERRORS)
+def start_run(config: RunConfig, _: OperatorDep, service: ServiceDep) -> RunStarted:
+    """Start a run (operator)."""
+    return service.start_run(config)
+
+
+@router.post("/v1/runs/current/pause", responses=ERRORS)
+def pause_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
+    """Pause the active run (operator)."""
+    return service.pause_run()
+
+
+@router.post("/v1/runs/current/resume", responses=ERRORS)
+def resume_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
+    """Resume the paused run (operator)."""
+    return service.resume_run()
+
+
+@router.post("/v1/runs/current/stop", responses=ERRORS)
+def stop_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
+    """Stop the active run (operator)."""
+    return service.stop_run()
+
+
+@router.get("/healthz")
+def healthz(service: ServiceDep) -> JSONResponse:
+    """200 when the database (and Redis, when configured) answer, else 503."""
+    health = service.health()
+    code = status.HTTP_200_OK if health.status == "ok" else status.HTTP_503_SERVICE_UNAVAILABLE
+    return JSONResponse(health.model_dump(), status_code=code)
+
+
+@router.get("/metrics", response_class=Response)
+def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

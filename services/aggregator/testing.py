@@ -1,0 +1,144 @@
+"""Helpers for tests and benchmarks of the aggregator: settings, fake clocks, valid random
+updates, and an in-process federated driver that computes uploads exactly like
+:class:`fedrecgel.simulate.Simulator` does (same seed, cohort, samples, private state)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrecgel.data import Split
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import Update, client_rng, client_samples, cohort_step
+from fedrecgel.simulate import PrivateStore, TrainConfig
+from services.aggregator.models import utcnow
+from services.aggregator.schemas import RunConfig
+from services.aggregator.settings import Settings
+
+OPERATOR_TOKEN = "test-operator-token"
+
+
+def sqlite_url(directory: Path, name: str = "aggregator.db") -> str:
+    """A SQLite URL for a file in ``directory``."""
+    return f"sqlite:///{directory / name}"
+
+
+def make_settings(database_url: str, **overrides: Any) -> Settings:
+    """Settings for an in-process app: test environment, no background polling by default."""
+    values: dict[str, Any] = {
+        "environment": "test",
+        "database_url": database_url,
+        "operator_token": OPERATOR_TOKEN,
+        "deadline_poll_s": 3600.0,
+        "max_body_bytes": 4 * 1024 * 1024,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def operator_headers() -> dict[str, str]:
+    """Authorization header of the test operator."""
+    return {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+
+def bearer(token: str) -> dict[str, str]:
+    """Authorization header for a client token."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+class FakeClock:
+    """A settable UTC clock (thread-safe) to drive deadlines without sleeping."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or utcnow()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        """The current fake time."""
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward."""
+        with self._lock:
+            self._now += timedelta(seconds=seconds)
+
+
+def random_update(
+    cfg: ModelConfig, client_id: int, rng: np.random.Generator, n_rows: int = 20
+) -> Update:
+    """A valid update with ``n_rows`` random item rows per table and random dense gradients."""
+    rows = {}
+    for table, shape in cfg.shared_shapes().items():
+        if table in cfg.item_tables():
+            idx = np.sort(rng.choice(cfg.n_items, size=min(n_rows, cfg.n_items), replace=False))
+            vals = rng.normal(0.0, 0.01, size=(len(idx), shape[1])).astype(np.float32)
+            rows[table] = (torch.from_numpy(idx.astype(np.int64)), torch.from_numpy(vals))
+    dense = {
+        name: torch.from_numpy(
+            rng.normal(0.0, 0.01, size=cfg.shared_shapes()[name]).astype(np.float32)
+        )
+        for name in cfg.dense_names()
+    }
+    return Update(client_id, int(5 * n_rows), rows, dense, float(rng.random()))
+
+
+def run_config_for(train: TrainConfig, n_items: int, **overrides: Any) -> RunConfig:
+    """The RunConfig that makes the aggregator compute what ``Simulator(split, train)`` does."""
+    rho_sh, rho_ns = train.effective_rho()
+    values: dict[str, Any] = {
+        "n_items": n_items,
+        "kind": train.model_kind(),
+        "factor": train.factor,
+        "layers": train.layers,
+        "rounds": train.rounds,
+        "fraction": train.fraction,
+        "seed": train.seed,
+        "optimizer": train.server_optimizer,
+        "server_lr": train.server_lr,
+        "weighting": train.weighting,
+        "clip": train.clip,
+        "rho_sh": rho_sh,
+        "rho_ns": rho_ns,
+        "client_lr": train.client_lr,
+        "n_negatives": train.n_negatives,
+        "chunk_size": train.chunk_size,
+        "dataset": "synthetic",
+    }
+    values.update(overrides)
+    return RunConfig(**values)
+
+
+class FederatedDriver:
+    """Computes cohort members' uploads as the simulator does, keeping their private state."""
+
+    def __init__(self, split: Split, config: RunConfig) -> None:
+        self.split = split
+        self.config = config
+        self.model_cfg = config.model()
+        self.hp = config.sam()
+        self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
+
+    def uploads(
+        self, shared: dict[str, torch.Tensor], round_id: int, cohort: np.ndarray
+    ) -> list[Update]:
+        """The cohort's SAM-gradient uploads for ``round_id`` (commits their private state)."""
+        cohort = np.asarray(cohort, dtype=np.int64)
+        samples = [
+            client_samples(
+                self.split.user_train(int(u)),
+                self.split.n_items,
+                self.hp.n_negatives,
+                client_rng(self.config.seed, round_id, int(u)),
+            )
+            for u in cohort
+        ]
+        state = self.store.get(cohort)
+        result = cohort_step(self.model_cfg, shared, cohort, state, samples, self.hp)
+        self.store.put(cohort, result.state)
+        return result.uploads

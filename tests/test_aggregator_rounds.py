@@ -1,0 +1,161 @@
+"""Round lifecycle: determinism against the simulator, restart, deadlines, quorum, retries."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.simulate import select_cohort
+from fedrecgel.wire import encode_updates
+from services.aggregator.app import create_app
+from services.aggregator.scenario import (
+    federated_matches_simulator,
+    restart_mid_round_matches_simulator,
+)
+from services.aggregator.testing import (
+    FakeClock,
+    bearer,
+    make_settings,
+    operator_headers,
+    random_update,
+    sqlite_url,
+)
+
+Clocked = tuple[TestClient, FakeClock, str]
+MODEL = ModelConfig(n_items=40, kind="ncf", factor=4, layers=2)
+RUN = {
+    "n_items": 40,
+    "factor": 4,
+    "layers": 2,
+    "rounds": 2,
+    "fraction": 0.3,
+    "seed": 1,
+    "deadline_s": 30.0,
+}
+
+
+def test_federated_run_over_http_equals_the_simulator(tmp_path: Path) -> None:
+    federated_matches_simulator(make_settings(sqlite_url(tmp_path)))
+
+
+def test_restart_mid_round_resumes_with_acknowledged_updates(tmp_path: Path) -> None:
+    restart_mid_round_matches_simulator(lambda: make_settings(sqlite_url(tmp_path)))
+
+
+@pytest.fixture
+def clocked(tmp_path: Path) -> Iterator[tuple[TestClient, FakeClock, str]]:
+    clock = FakeClock()
+    app = create_app(make_settings(sqlite_url(tmp_path)), clock=clock)
+    with TestClient(app) as client:
+        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        yield client, clock, token
+
+
+def _start(client: TestClient, **overrides: object) -> list[int]:
+    r = client.post("/v1/runs", json={**RUN, **overrides}, headers=operator_headers())
+    assert r.status_code == 201, r.text
+    return list(client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"])
+
+
+def _upload(client: TestClient, token: str, round_id: int, ids: list[int]) -> None:
+    rng = np.random.default_rng(round_id)
+    body = encode_updates(round_id, [random_update(MODEL, c, rng) for c in ids])
+    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+    assert r.status_code == 200, r.text
+
+
+def _tick(client: TestClient) -> str | None:
+    return client.app.state.service.tick()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_deadline_with_quorum_closes_with_the_updates_received(clocked: Clocked) -> None:
+    client, clock, token = clocked
+    cohort = _start(client, quorum=0.5)
+    assert len(cohort) == 6
+    _upload(client, token, 1, cohort[:3])
+    assert _tick(client) is None  # before the deadline nothing happens
+    clock.advance(31)
+    assert _tick(client) == "closed"
+    info = client.get("/v1/rounds/1").json()
+    assert info["state"] == "closed" and info["model_version"] == 1
+    assert client.get("/v1/runs/current/history").json()["rounds"][0]["n_updates"] == 3
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["round_id"] == 2 and cur["attempt"] == 0 and cur["model_version"] == 1
+
+
+def test_below_quorum_at_deadline_retries_with_a_new_cohort(clocked: Clocked) -> None:
+    client, clock, token = clocked
+    cohort = _start(client, quorum=1.0)
+    _upload(client, token, 1, cohort[:2])
+    clock.advance(31)
+    assert _tick(client) == "retried"
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["round_id"] == 1 and cur["attempt"] == 1 and cur["model_version"] == 0
+    want = select_cohort(np.arange(20), 0.3, 1, 1, 1).tolist()
+    assert cur["cohort"] == want
+    info = client.get("/v1/rounds/1").json()
+    assert info["attempt"] == 1 and info["updates_received"] == 0  # failed attempt dropped
+    models = client.get("/v1/models/latest", headers=bearer(token))
+    assert models.headers["X-Model-Version"] == "0"
+    _upload(client, token, 1, want)
+    assert client.get("/v1/rounds/1").json()["state"] == "closed"
+
+
+def test_nothing_received_at_deadline_retries(clocked: Clocked) -> None:
+    client, clock, _ = clocked
+    _start(client, quorum=0.0)
+    clock.advance(31)
+    assert _tick(client) == "retried"
+    assert client.get("/v1/rounds/1").json()["attempt"] == 1
+
+
+def test_paused_round_does_not_close_at_its_deadline(clocked: Clocked) -> None:
+    client, clock, token = clocked
+    cohort = _start(client, quorum=0.5)
+    _upload(client, token, 1, cohort[:3])
+    client.post("/v1/runs/current/pause", headers=operator_headers())
+    clock.advance(100)
+    assert _tick(client) is None
+    assert client.get("/v1/rounds/1").json()["state"] == "paused"
+    client.post("/v1/runs/current/resume", headers=operator_headers())
+    assert _tick(client) is None  # a fresh deadline after resuming
+    clock.advance(31)
+    assert _tick(client) == "closed"
+
+
+def test_last_round_finishes_the_run(clocked: Clocked) -> None:
+    client, _, token = clocked
+    cohort = _start(client, rounds=1)
+    _upload(client, token, 1, cohort)
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["state"] == "finished" and cur["model_version"] == 1
+    # the lost-answer retry of the very last upload is still only a duplicate
+    rng = np.random.default_rng(1)
+    body = encode_updates(1, [random_update(MODEL, c, rng) for c in cohort])
+    retry = client.post("/v1/rounds/1/updates", content=body, headers=bearer(token))
+    assert retry.status_code == 200
+    assert {x["status"] for x in retry.json()["results"]} == {"duplicate"}
+    # a finished run no longer blocks a new one
+    assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
+
+
+def test_background_task_enforces_a_tiny_deadline(tmp_path: Path) -> None:
+    app = create_app(make_settings(sqlite_url(tmp_path), deadline_poll_s=0.05))
+    with TestClient(app) as client:
+        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        cohort = _start(client, quorum=0.5, deadline_s=0.5)
+        _upload(client, token, 1, cohort[:4])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if client.get("/v1/rounds/1").json()["state"] == "closed":
+                break
+            time.sleep(0.05)
+        info = client.get("/v1/rounds/1").json()
+        assert info["state"] == "closed" and info["model_version"] == 1
+        assert client.get("/v1/runs/current/history").json()["rounds"][0]["n_updates"] == 4
