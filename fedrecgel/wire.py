@@ -165,6 +165,9 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
         raise WireError(f"bad updates metadata: {err}") from None
     if not isinstance(info, list) or not info:
         raise WireError("updates metadata must list at least one update")
+    extra_meta = set(meta) - {"format", "round", "updates"}
+    if extra_meta:
+        raise WireError(f"unexpected metadata keys: {sorted(extra_meta)}")
     shapes = cfg.shared_shapes()
     tables = cfg.item_tables()
     expected_keys: set[str] = set()
@@ -173,6 +176,9 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
     for i, entry in enumerate(info):
         if not isinstance(entry, dict):
             raise WireError(f"update {i}: metadata entry must be an object")
+        extra_fields = set(entry) - {"client_id", "n_samples", "loss"}
+        if extra_fields:
+            raise WireError(f"update {i}: unexpected fields {sorted(extra_fields)}")
         try:
             client_id = int(entry["client_id"])
             n_samples = int(entry["n_samples"])

@@ -76,6 +76,7 @@ class Cluster:
         self.opts = opts
         self.procs: list[Proc] = []
         self.operator_token = secrets.token_urlsafe(24)
+        self.reader_token = secrets.token_urlsafe(24)
         self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
         self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
 
@@ -172,6 +173,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         agg_env = {
             "FEDREC_AGG_DATABASE_URL": f"sqlite:///{(opts.workdir / 'aggregator.db').resolve()}",
             "FEDREC_AGG_OPERATOR_TOKEN": c.operator_token,
+            "FEDREC_AGG_READER_TOKEN": c.reader_token,
             "FEDREC_AGG_HOST": opts.host,
             "FEDREC_AGG_PORT": str(opts.aggregator_port),
             "FEDREC_AGG_LOG_LEVEL": "warning",
@@ -184,6 +186,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         if opts.recommend:
             rec_env = {
                 "FEDREC_REC_AGGREGATOR_URL": c.agg_url,
+                "FEDREC_REC_AGGREGATOR_TOKEN": c.reader_token,
                 "FEDREC_REC_DATASET": opts.dataset,
                 "FEDREC_REC_HOST": opts.host,
                 "FEDREC_REC_PORT": str(opts.recommend_port),

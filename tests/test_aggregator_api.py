@@ -542,3 +542,22 @@ def test_aggregator_never_unpickles() -> None:
         text = path.read_text()
         for banned in ("import pickle", "torch.load(", "pickle.loads", "weights_only=False"):
             assert banned not in text, f"{path}: {banned}"
+
+
+def test_client_count_and_read_only_token(tmp_path: Path) -> None:
+    app = create_app(make_settings(sqlite_url(tmp_path), reader_token="reader-secret-123"))
+    with TestClient(app) as client:
+        assert client.get("/v1/clients/count").json() == {"registered": 0}
+        client.post("/v1/clients", json={"client_ids": [0, 1, 2, 3]})
+        assert client.get("/v1/clients/count").json() == {"registered": 4}
+        assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
+        reader = bearer("reader-secret-123")
+        assert client.get("/v1/models/latest", headers=reader).status_code == 200
+        assert client.get("/v1/rounds/current", headers=reader).json()["cohort"] == []
+        # the reader owns no client: it cannot upload, nor act as the operator
+        cohort = client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"]
+        up = encode_updates(1, [random_update(MODEL, cohort[0], np.random.default_rng(0))])
+        r = client.post("/v1/rounds/1/updates", content=up, headers=reader)
+        assert r.status_code == 403
+        assert client.post("/v1/runs/current/pause", headers=reader).status_code == 401
+        assert client.get("/v1/models/latest", headers=bearer("wrong")).status_code == 401

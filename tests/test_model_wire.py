@@ -116,6 +116,13 @@ def _tamper(body: bytes, fn) -> bytes:
         (lambda t, m: t.pop("0/tower.0.weight"), "missing dense"),
         (lambda t, m: m.__setitem__("updates", "[]"), "at least one"),
         (lambda t, m: m.__setitem__("format", "x"), "not an updates blob"),
+        (lambda t, m: m.__setitem__("user_gmf", "[0.1, 0.2]"), "unexpected metadata"),
+        (
+            lambda t, m: m.__setitem__(
+                "updates", '[{"client_id": 0, "n_samples": 5, "items": [1, 2]}]'
+            ),
+            "unexpected fields",
+        ),
     ],
 )
 def test_bad_updates_are_refused_with_a_reason(mutate, message):

@@ -93,6 +93,12 @@ def register_clients(body: RegisterRequest, service: ServiceDep) -> RegisterResp
     return RegisterResponse(token=token, client_ids=ids)
 
 
+@router.get("/v1/clients/count", responses=ERRORS)
+def count_clients(service: ServiceDep) -> dict[str, int]:
+    """How many clients are registered (launchers wait on it before starting a run)."""
+    return {"registered": service.count_clients()}
+
+
 @router.get("/v1/rounds/current", responses=ERRORS)
 def current_round(caller: CallerDep, service: ServiceDep) -> CurrentRound:
     """The current round, with the caller's cohort members."""

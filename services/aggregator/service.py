@@ -164,6 +164,9 @@ class AggregatorService:
             raise Unauthorized("missing bearer token")
         if secrets.compare_digest(token.encode(), self.settings.operator_token.encode()):
             return Caller(frozenset(), operator=True)
+        reader = self.settings.reader_token
+        if reader and secrets.compare_digest(token.encode(), reader.encode()):
+            return Caller(frozenset())  # may read rounds and models, owns no client
         h = hash_token(token)
         with self._lock:
             cached = self._tokens.get(h)
@@ -185,6 +188,11 @@ class AggregatorService:
             token.encode(), self.settings.operator_token.encode()
         ):
             raise Unauthorized("operator token required")
+
+    def count_clients(self) -> int:
+        """How many clients are registered."""
+        with self.db.transaction() as s:
+            return Repository(s).count_clients()
 
     def register_clients(self, client_ids: list[int]) -> tuple[str, list[int]]:
         """Register clients under a new credential; returns (token, ids)."""

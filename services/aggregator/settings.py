@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     database_url: str = "sqlite:///./aggregator.db"
     redis_url: str | None = None
     operator_token: str = PLACEHOLDER_TOKEN
+    # Optional read-only credential for services that only download models (recommend_api).
+    reader_token: str | None = None
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
