@@ -1,0 +1,107 @@
+"""The `fedrec` command line: a short training run, its outputs, and clear errors."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from fedrecgel.cli import app
+
+runner = CliRunner()
+
+
+def test_train_writes_results_and_plot(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = runner.invoke(
+        app,
+        [
+            "train",
+            "--rounds",
+            "2",
+            "--seeds",
+            "0,1",
+            "--fraction",
+            "0.05",
+            "--factor",
+            "8",
+            "--layers",
+            "2",
+            "--out",
+            str(out),
+            "--quiet",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["dataset"] == "filmtrust" and len(res["runs"]) == 2
+    run = res["runs"][0]
+    assert run["config"]["factor"] == 8 and run["config"]["fraction"] == 0.05
+    assert [r["round"] for r in run["rounds"]] == [1, 2]
+    assert run["best_test"]["hr@10"] > 0 and run["selected_on_validation"] is not None
+    assert "best_test.hr@10.mean" in res["summary"] and "selected.hr@10.std" in res["summary"]
+    png = (out / "hr_ndcg.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_on_a_csv_file(tmp_path: Path) -> None:
+    rows = [f"{u},{u * 7 + k},{k}" for u in range(30) for k in range(8)]
+    csv = tmp_path / "mine.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    r = runner.invoke(
+        app,
+        [
+            "train",
+            "--dataset",
+            str(csv),
+            "--rounds",
+            "1",
+            "--factor",
+            "4",
+            "--layers",
+            "1",
+            "--n-negatives",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--quiet",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+
+
+def test_unknown_dataset_is_a_clear_error() -> None:
+    r = runner.invoke(app, ["train", "--dataset", "nope", "--rounds", "1"])
+    assert r.exit_code == 2
+    assert "unknown dataset 'nope'" in r.output and "Traceback" not in r.output
+
+
+def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
+    for args, message in (
+        (["--fraction", "0"], "fraction"),
+        (["--method", "fedavg"], "method must be one of"),
+        (["--seeds", "a,b"], "--seeds"),
+        (["--server-optimizer", "rmsprop"], "server-optimizer"),
+    ):
+        r = runner.invoke(app, ["train", "--rounds", "1", "--out", str(tmp_path), *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output and "Traceback" not in r.output
+
+
+def test_missing_data_dir_names_where_to_get_data(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["data", "stats", "amazon-video", "--data-dir", str(tmp_path)])
+    assert r.exit_code == 2
+    assert "amazon-video" in r.output and "Traceback" not in r.output
+
+
+def test_data_stats_prints_the_protocol_counts() -> None:
+    r = runner.invoke(app, ["data", "stats", "filmtrust", "--json"])
+    assert r.exit_code == 0
+    st = json.loads(r.output)
+    assert (st["users"], st["items"], st["interactions"]) == (1227, 2059, 34889)
+
+
+def test_data_export_writes_the_ncf_layout(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["data", "export", "filmtrust", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    lines = (tmp_path / "filmtrust.test.negative").read_text().splitlines()
+    assert len(lines) == 1227 and len(lines[0].split("\t")) == 100
