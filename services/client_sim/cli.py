@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="hold out a validation item per user (default off)",
     )
-    p.add_argument("--store", help="store path or SQLAlchemy URL (default worker-0.db)")
+    p.add_argument(
+        "--store",
+        help="store path or SQLAlchemy URL; {shard} is replaced by the shard (default worker-0.db)",
+    )
     p.add_argument("--redis-url", help="subscribe to version events on this Redis")
     p.add_argument("--max-rounds", type=int, help="stop after this many model versions")
     p.add_argument(
@@ -48,6 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, help="retries of a failed request")
     p.add_argument("--max-body-bytes", type=int, help="byte budget of one upload body")
     p.add_argument("--log-level", help="logging level (default INFO)")
+    p.add_argument(
+        "--shard-from-hostname",
+        action=argparse.BooleanOptionalAction,
+        help="take --shard from the host name's trailing ordinal (StatefulSet pod worker-I)",
+    )
+    p.add_argument("--http-port", type=int, help="serve the demo HTTP API on this port")
+    p.add_argument("--http-host", help="bind address of the HTTP API (default 127.0.0.1)")
+    p.add_argument("--recommend-url", help="recommend_api base URL (default http://127.0.0.1:8702)")
+    p.add_argument(
+        "--recommend-item-ids",
+        choices=("dataset", "index"),
+        help="item ids recommend_api uses: the dataset's (default) or catalogue indices",
+    )
     return p
 
 
@@ -55,6 +73,11 @@ def settings_from_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     """Parse ``argv`` into settings (flags win over the environment)."""
     args: dict[str, Any] = vars(build_parser().parse_args(argv))
     return WorkerSettings(**args)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM -> KeyboardInterrupt: stop like Ctrl-C (uncommitted state rolls back)."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll is noise
+    # As PID 1 of a container, a process without a SIGTERM handler ignores `docker stop` and
+    # the orchestrator's SIGTERM until it is killed; stop on it as on Ctrl-C instead.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_worker(settings)
     except (WorkerError, StoreError) as err:
@@ -77,4 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.info("interrupted")
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0

@@ -236,6 +236,18 @@ class WorkerStore:
             val_negatives=np.stack(val_neg) if has_val else None,
         )
 
+    def train_items(self, user_id: int) -> np.ndarray | None:
+        """The training item indices of one owned user (None: not a user of this store)."""
+        with self._session() as s:
+            blob = s.scalar(select(UserRow.interactions).where(UserRow.user_id == int(user_id)))
+        if blob is None:
+            return None
+        tensors, meta = decode_state(blob)
+        if meta.get("format") != DATA_FORMAT:
+            raise StoreError(f"user {user_id}: not a user-data blob")
+        items: np.ndarray = tensors["train"].numpy()
+        return items
+
     # ------------------------------------------------------------------ private state
 
     def has_state(self) -> bool:

@@ -19,14 +19,16 @@ worker recomputes the same update for the same users, which the server answers a
 from __future__ import annotations
 
 import logging
+import re
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 import numpy as np
-from pydantic import model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fedrecgel.data import Split, load_split
@@ -45,6 +47,20 @@ from services.client_sim.store import WorkerStore, model_key
 log = logging.getLogger(__name__)
 
 VERSIONS_CHANNEL = "fedrec:versions"
+_ORDINAL = re.compile(r"-(\d+)$")
+
+
+def hostname_ordinal(hostname: str) -> int:
+    """The trailing ordinal of a host name (``fedrec-worker-2`` -> 2; a FQDN's first label).
+
+    A StatefulSet's pod ``<name>-<ordinal>`` gets that host name, so each replica owns a
+    stable shard across restarts and rescheduling.
+    """
+    label = hostname.split(".", 1)[0]
+    match = _ORDINAL.search(label)
+    if match is None:
+        raise ValueError(f"host name {hostname!r} does not end in -<ordinal>")
+    return int(match.group(1))
 
 
 class WorkerSettings(BaseSettings):
@@ -69,9 +85,23 @@ class WorkerSettings(BaseSettings):
     backoff_s: float = 0.2
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "INFO"
+    # Take ``shard`` from the trailing ordinal of the host name (``worker-3`` -> 3), as a
+    # Kubernetes StatefulSet names its pods; overrides ``shard``.
+    shard_from_hostname: bool = False
+    # The demo HTTP API (services.client_sim.http): off unless a port is given.
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    http_host: str = "127.0.0.1"
+    recommend_url: str = "http://127.0.0.1:8702"
+    # How recommend_api names items: the dataset's own ids (it runs with FEDREC_REC_DATASET)
+    # or catalogue indices as strings (it runs without labels).
+    recommend_item_ids: Literal["dataset", "index"] = "dataset"
 
     @model_validator(mode="after")
     def _check(self) -> WorkerSettings:
+        if self.shard_from_hostname:
+            self.shard = hostname_ordinal(socket.gethostname())
+        # ``{shard}`` in the store path: one file per shard on a shared volume
+        self.store = self.store.replace("{shard}", str(self.shard))
         if self.shards < 1 or not 0 <= self.shard < self.shards:
             raise ValueError(
                 f"need 0 <= shard < shards, got shard={self.shard}, shards={self.shards}"
@@ -412,7 +442,7 @@ class Worker:
 
     def run(self) -> None:
         """Register, then follow rounds until :meth:`finished`."""
-        self.register()
+        self._register_patiently()
         delay = self.settings.poll_min_s
         while True:
             try:
@@ -435,6 +465,21 @@ class Worker:
             self.waiter.wait(delay)
             delay = min(self.settings.poll_max_s, delay * 1.5)
 
+    def _register_patiently(self) -> None:
+        """Register, waiting out an aggregator that is not up yet (a deployment starts its
+        pods in any order); a refusal (e.g. 409) still ends the worker."""
+        delay = self.settings.poll_min_s
+        while True:
+            try:
+                self.register()
+                return
+            except AggregatorError as err:
+                if not err.retryable:
+                    raise
+                log.warning("cannot register yet: %s", err)
+            self.waiter.wait(delay)
+            delay = min(self.settings.poll_max_s, delay * 1.5)
+
     def close(self) -> None:
         """Close the client, the waiter and the store."""
         self.client.close()
@@ -443,9 +488,20 @@ class Worker:
 
 
 def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:
-    """Run a worker until the run finishes (or ``max_rounds``); kwargs go to :class:`Worker`."""
+    """Run a worker until the run finishes (or ``max_rounds``); kwargs go to :class:`Worker`.
+
+    With ``http_port`` set, the demo HTTP API (:mod:`services.client_sim.http`) is served from a
+    background thread over the worker's own store for as long as the worker runs.
+    """
     worker = Worker(settings, **kwargs)
+    server = None
     try:
+        if settings.http_port is not None:
+            from services.client_sim.http import serve_in_thread
+
+            server = serve_in_thread(settings, worker.store, split=kwargs.get("split"))
         worker.run()
     finally:
+        if server is not None:
+            server.stop()
         worker.close()
