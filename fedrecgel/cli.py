@@ -70,18 +70,18 @@ def plot_run(results: list[RunResult], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
     for res in results:
         rounds = [r.round for r in res.rounds if r.test]
+        seed = res.config["seed"]
         for ax, key in zip(axes, ("hr@10", "ndcg@10"), strict=True):
-            ax.plot(
-                rounds,
-                [r.test[key] for r in res.rounds if r.test],
-                label=f"seed {res.config['seed']}",
+            (line,) = ax.plot(
+                rounds, [r.test[key] for r in res.rounds if r.test], label=f"seed {seed} test"
             )
             if any(r.val for r in res.rounds):
                 ax.plot(
                     rounds,
                     [r.val[key] for r in res.rounds if r.test],
                     linestyle=":",
-                    label=f"seed {res.config['seed']} (validation)",
+                    color=line.get_color(),
+                    label=f"seed {seed} validation",
                 )
     for ax, key in zip(axes, ("HR@10", "NDCG@10"), strict=True):
         ax.set_xlabel("round")

@@ -94,13 +94,19 @@ class Round(Base):
     deadline: Mapped[datetime] = mapped_column(UTCDateTime)
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     touched_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # Updates stored for this attempt, kept equal to COUNT(updates) by the transactions that
+    # insert or delete them (so an upload need not count the table to know the round is full).
+    updates_received: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     n_updates: Mapped[int | None] = mapped_column(Integer, nullable=True)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     model_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class StoredUpdate(Base):
-    """One acknowledged client update, re-encoded on its own with ``wire.encode_updates``."""
+    """One acknowledged client update as a one-update ``wire.encode_updates`` body.
+
+    That is the client's own body when it held only this update, else a re-encoding of it.
+    """
 
     __tablename__ = "updates"
     __table_args__ = (

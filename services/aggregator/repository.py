@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, undefer
 
@@ -71,6 +71,11 @@ class Repository:
     def latest_run(self) -> Run | None:
         """The most recently started run (the "current" one), if any."""
         return self.session.scalars(select(Run).order_by(Run.id.desc()).limit(1)).first()
+
+    def latest_run_id(self) -> int | None:
+        """The id of the most recently started run, without loading it."""
+        value = self.session.scalar(select(func.max(Run.id)))
+        return None if value is None else int(value)
 
     def get_run(self, run_id: int) -> Run | None:
         """A run by id."""
@@ -154,17 +159,31 @@ class Repository:
         assert isinstance(result, CursorResult)
         return result.rowcount == 1
 
-    def touch_open_round(self, pk: int, now: datetime) -> bool:
-        """Lock an open round for an upload (False when it is not open any more)."""
+    def touch_open_round(self, pk: int, now: datetime) -> int | None:
+        """Lock an open round for an upload: its ``updates_received``, None when not open.
+
+        The UPDATE takes the row lock on PostgreSQL (SQLite holds the database lock already),
+        so a concurrent close waits for the upload's commit, or the upload sees it closed.
+        """
         stmt = (
             update(Round)
             .where(Round.id == pk, Round.state == "open")
             .values(touched_at=now)
+            .returning(Round.updates_received)
             .execution_options(synchronize_session=False)
         )
-        result = self.session.execute(stmt)
-        assert isinstance(result, CursorResult)
-        return result.rowcount == 1
+        value = self.session.execute(stmt).scalar_one_or_none()
+        return None if value is None else int(value)
+
+    def add_received(self, pk: int, n: int) -> None:
+        """Count ``n`` more stored updates on a round attempt (same transaction as the rows)."""
+        stmt = (
+            update(Round)
+            .where(Round.id == pk)
+            .values(updates_received=Round.updates_received + n)
+            .execution_options(synchronize_session=False)
+        )
+        self.session.execute(stmt)
 
     # ------------------------------------------------------------------ updates
 
@@ -179,32 +198,13 @@ class Repository:
         )
         return {int(c): d for c, d in self.session.execute(stmt)}
 
-    def add_update(
-        self,
-        round_pk: int,
-        run_id: int,
-        round_id: int,
-        client_id: int,
-        digest: str,
-        n_samples: int,
-        loss: float,
-        blob: bytes,
-        now: datetime,
-    ) -> None:
-        """Store one acknowledged update."""
-        self.session.add(
-            StoredUpdate(
-                round_pk=round_pk,
-                run_id=run_id,
-                round_id=round_id,
-                client_id=client_id,
-                digest=digest,
-                n_samples=n_samples,
-                loss=loss,
-                blob=blob,
-                created_at=now,
-            )
-        )
+    def add_updates(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Store acknowledged updates: one executemany INSERT of ``StoredUpdate`` column dicts.
+
+        The caller also counts them on their round with :meth:`add_received`.
+        """
+        if rows:
+            self.session.execute(insert(StoredUpdate), list(rows))
 
     def update_meta(self, round_pk: int) -> list[tuple[int, str]]:
         """(client id, digest) of every update of a round attempt, by client id."""
@@ -230,8 +230,14 @@ class Repository:
         return int(self.session.scalar(stmt) or 0)
 
     def delete_updates(self, round_pk: int) -> None:
-        """Drop the updates of a failed attempt."""
+        """Drop the updates of a failed attempt (and zero its counter)."""
         self.session.execute(delete(StoredUpdate).where(StoredUpdate.round_pk == round_pk))
+        self.session.execute(
+            update(Round)
+            .where(Round.id == round_pk)
+            .values(updates_received=0)
+            .execution_options(synchronize_session=False)
+        )
 
     # ------------------------------------------------------------------ model versions
 
@@ -269,11 +275,16 @@ class Repository:
         value = self.session.scalar(stmt)
         return None if value is None else int(value)
 
-    def version_meta(self, run_id: int, version: int) -> ModelVersion | None:
-        """A version row without its blobs."""
+    def version_meta(
+        self, run_id: int, version: int, for_update: bool = False
+    ) -> ModelVersion | None:
+        """A version row without its blobs; ``for_update`` locks it until the transaction ends
+        (PostgreSQL; SQLite transactions are serialized by BEGIN IMMEDIATE anyway)."""
         stmt = select(ModelVersion).where(
             ModelVersion.run_id == run_id, ModelVersion.version == version
         )
+        if for_update:
+            stmt = stmt.with_for_update()
         return self.session.scalars(stmt).first()
 
     def version_with_blobs(self, run_id: int, version: int) -> ModelVersion | None:

@@ -2,7 +2,9 @@
 
 Routes only translate HTTP into these calls; every query goes through :class:`Repository`.
 Methods are synchronous (run in worker threads) and each opens its own transactions, because
-an upload must be committed *before* the round it completes is closed.
+an upload must be committed *before* the round it completes is closed. Uploads that arrive
+together are checked and stored in one transaction (:class:`GroupCommit`), each still answered
+(or refused) on its own and only after that transaction committed.
 
 Closing happens exactly once: a conditional ``UPDATE rounds SET state=... WHERE state='open'``
 inside the closing transaction is the guard (uploads take the same row first, so no upload can
@@ -19,9 +21,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,6 +54,7 @@ from services.aggregator.errors import (
     Unauthorized,
 )
 from services.aggregator.events import RedisBus
+from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import Round, Run, utcnow
 from services.aggregator.repository import Repository
@@ -120,6 +124,149 @@ class _NotReady(Exception):
     """Raised inside a closing transaction to roll it back: nothing to do yet."""
 
 
+@dataclass(frozen=True)
+class _RunRef:
+    """The newest run as uploads need it: its id and model shape."""
+
+    run_id: int
+    model: ModelConfig
+
+
+@dataclass(frozen=True)
+class _PendingUpload:
+    """A decoded, validated upload body waiting for the group commit."""
+
+    run_id: int
+    round_id: int
+    updates: list[Update]
+    digests: list[str]
+    blobs: list[bytes]  # what is stored per update: a one-update wire body
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """A committed upload: per-client results, its new updates, and its round's count after."""
+
+    results: list[UploadResult]
+    fresh: list[tuple[str, Update]]
+    round_pk: int | None  # None: a duplicate of a round that is not open any more
+    received: int
+    cohort_size: int
+
+
+class _StaleRun(Exception):
+    """The upload was decoded for a run that is no longer the newest one: decode again."""
+
+
+@dataclass
+class _LiveRound:
+    """The open round attempt a batch writes to (locked for its transaction)."""
+
+    pk: int
+    attempt: int
+    cohort: frozenset[int]
+    received: int  # stored updates, counting the batch's own so far
+
+    @property
+    def cohort_size(self) -> int:
+        """How many clients the attempt waits for."""
+        return len(self.cohort)
+
+
+class _UploadBatch:
+    """The state of one group-commit transaction: locked rounds, known digests, rows to add.
+
+    ``open_rounds`` remembers, across batches, the open attempt of each (run, round) seen: an
+    attempt's pk, number and cohort never change, so the next batch only needs the locking
+    UPDATE (which also proves it is still open) instead of querying the live round again.
+    """
+
+    def __init__(
+        self,
+        repo: Repository,
+        now: datetime,
+        uploads: Sequence[_PendingUpload],
+        open_rounds: dict[tuple[int, int], _LiveRound],
+    ) -> None:
+        self.repo = repo
+        self.now = now
+        self._open_rounds = open_rounds
+        self._rounds: dict[tuple[int, int], _LiveRound | str] = {}
+        # the clients of each round the batch may touch: their digests are read in one query
+        self._wanted: dict[tuple[int, int], set[int]] = {}
+        for up in uploads:
+            self._wanted.setdefault((up.run_id, up.round_id), set()).update(
+                u.client_id for u in up.updates
+            )
+        self._digests: dict[tuple[int, int], dict[int, str]] = {}
+        self._rows: list[dict[str, Any]] = []
+        self._added: dict[int, int] = {}
+
+    def live_round(self, run_id: int, round_id: int) -> _LiveRound | str:
+        """The round's open attempt, locked; else why not: "paused" or "not open"."""
+        key = (run_id, round_id)
+        if key not in self._rounds:
+            self._rounds[key] = self._lock_round(run_id, round_id)
+        return self._rounds[key]
+
+    def _lock_round(self, run_id: int, round_id: int) -> _LiveRound | str:
+        key = (run_id, round_id)
+        known = self._open_rounds.get(key)
+        if known is not None:
+            received = self.repo.touch_open_round(known.pk, self.now)
+            if received is not None:
+                return _LiveRound(known.pk, known.attempt, known.cohort, received)
+            del self._open_rounds[key]
+        live = self.repo.live_round(run_id)
+        if live is not None and live.round_id == round_id:
+            received = self.repo.touch_open_round(live.id, self.now)
+            if received is not None:
+                if len(self._open_rounds) > 16:
+                    self._open_rounds.clear()
+                found = _LiveRound(live.id, live.attempt, frozenset(live.cohort), received)
+                self._open_rounds[key] = found
+                return _LiveRound(found.pk, found.attempt, found.cohort, received)
+        return "paused" if live is not None and live.state == "paused" else "not open"
+
+    def digest(self, run_id: int, round_id: int, client_id: int) -> str | None:
+        """The digest of the client's stored (or batched) update of the round, if any.
+
+        Read after :meth:`live_round` locked the round, so a replica's concurrent upload of the
+        same client has committed (PostgreSQL row lock) or waits for this transaction.
+        """
+        key = (run_id, round_id)
+        if key not in self._digests:
+            self._digests[key] = self.repo.update_digests(run_id, round_id, self._wanted[key])
+        return self._digests[key].get(client_id)
+
+    def add(
+        self, live: _LiveRound, run_id: int, round_id: int, u: Update, digest: str, blob: bytes
+    ) -> None:
+        """Queue one accepted update for :meth:`write`; later checks of the batch see it."""
+        self._rows.append(
+            {
+                "round_pk": live.pk,
+                "run_id": run_id,
+                "round_id": round_id,
+                "client_id": u.client_id,
+                "digest": digest,
+                "n_samples": u.n_samples,
+                "loss": u.loss,
+                "blob": blob,
+                "created_at": self.now,
+            }
+        )
+        self._digests[(run_id, round_id)][u.client_id] = digest
+        self._added[live.pk] = self._added.get(live.pk, 0) + 1
+        live.received += 1
+
+    def write(self) -> None:
+        """Insert the queued rows and count them on their rounds (same transaction)."""
+        self.repo.add_updates(self._rows)
+        for pk, n in self._added.items():
+            self.repo.add_received(pk, n)
+
+
 def _strict_metadata(body: bytes) -> None:
     """Refuse metadata beyond the wire format's own fields (it could carry user data)."""
     n = int.from_bytes(body[:8], "little")
@@ -155,6 +302,11 @@ class AggregatorService:
         # Decoded updates of open rounds, by round attempt pk then client id: (digest, update).
         self._pending: dict[int, dict[int, tuple[str, Update]]] = {}
         self._tokens: dict[str, frozenset[int]] = {}
+        self._run_ref: _RunRef | None = None  # the newest run, for uploads
+        # Open attempts seen by upload batches (only the group commit's leader touches it).
+        self._open_rounds: dict[tuple[int, int], _LiveRound] = {}
+        # Uploads arriving together are stored in one transaction (see GroupCommit).
+        self._writer: GroupCommit[_PendingUpload, _Stored] = GroupCommit(self._store_batch)
 
     # ------------------------------------------------------------------ auth & clients
 
@@ -237,6 +389,7 @@ class AggregatorService:
         except IntegrityError:
             raise Conflict("a run is already active", "run_active") from None
         with self._lock:
+            self._run_ref = _RunRef(run_id, mcfg)
             self._model = _ModelState(run_id, 0, params, strategy)
             self._remember_blob(ModelBlob(run_id, 0, blob, digest))
         log.info("run %d started: %d rounds, cohort %d", run_id, cfg.rounds, cohort_size)
@@ -454,15 +607,69 @@ class AggregatorService:
     def _accept_updates(self, caller: Caller, round_id: int, body: bytes) -> list[UploadResult]:
         if not caller.client_ids:
             raise Forbidden("only clients upload updates", "not_owned")
+        run = self._current_run()
+        for _ in range(3):
+            try:
+                stored = self._writer.submit(self._validate_upload(caller, round_id, body, run))
+                break
+            except (Malformed, _StaleRun) as err:
+                # The cached run may be stale (a replica started a newer one, maybe with another
+                # model shape): re-read it, and decode again only if it did change.
+                latest = self._current_run(refresh=True)
+                if latest.run_id == run.run_id:
+                    if isinstance(err, Malformed):
+                        raise
+                    raise Conflict(f"round {round_id} is not open", "round_not_open") from None
+                run = latest
+        else:
+            raise Conflict("the current run keeps changing; retry", "round_not_open")
+        # committed: the updates are acknowledged from here on
+        self.metrics.updates_accepted.inc(len(stored.fresh))
+        self.metrics.updates_duplicate.inc(len(stored.results) - len(stored.fresh))
+        if stored.round_pk is None:
+            return stored.results
+        log.debug(
+            "round %d: %d accepted, %d/%d received",
+            round_id,
+            len(stored.fresh),
+            stored.received,
+            stored.cohort_size,
+        )
+        if stored.fresh and stored.received >= stored.cohort_size:
+            try:
+                self.close_round(stored.round_pk)
+            except Exception:  # the deadline task retries; the upload itself is committed
+                log.exception("closing round %d after its last upload failed", round_id)
+        return stored.results
+
+    def _current_run(self, refresh: bool = False) -> _RunRef:
+        """The newest run's id and model shape, cached (409 when no run was ever started).
+
+        A run's config never changes, so the cache can only be stale by a newer run having been
+        started, here (``start_run`` updates it) or by a replica. The latter is detected inside
+        the upload's write transaction: the cached run then has no live round and is not the
+        newest run any more (:class:`_StaleRun`), and the upload is decoded again.
+        """
+        with self._lock:
+            cached = self._run_ref
+        if cached is not None and not refresh:
+            return cached
         with self.db.transaction() as s:
-            # the newest run, active or not: a retry after the last round is still a duplicate
             run = Repository(s).latest_run()
             if run is None:
                 raise Conflict("no run has been started", "round_not_open")
-            run_id, cfg = run.id, RunConfig.model_validate(run.config)
-        mcfg = cfg.model()
+            ref = _RunRef(run.id, RunConfig.model_validate(run.config).model())
+        with self._lock:
+            if self._run_ref is None or self._run_ref.run_id <= ref.run_id:
+                self._run_ref = ref
+        return ref
+
+    def _validate_upload(
+        self, caller: Caller, round_id: int, body: bytes, run: _RunRef
+    ) -> _PendingUpload:
+        """Decode and check a body against the run's model, outside any transaction."""
         try:
-            decoded = decode_updates(body, mcfg)
+            decoded = decode_updates(body, run.model)
         except WireError as err:
             raise Malformed(str(err), "malformed_update") from None
         _strict_metadata(body)
@@ -473,67 +680,84 @@ class AggregatorService:
         for u in decoded.updates:
             if u.client_id not in caller.client_ids:
                 raise Forbidden(f"client {u.client_id} is not held by this token", "not_owned")
-        blobs = [encode_updates(round_id, [u]) for u in decoded.updates]
-        ids = [u.client_id for u in decoded.updates]
-        now = self.clock()
-        results: list[UploadResult] = []
-        fresh: list[tuple[str, Update]] = []
-        with self.db.transaction() as s:
-            repo = Repository(s)
-            live = repo.live_round(run_id)
-            if live is None or live.round_id != round_id or not repo.touch_open_round(live.id, now):
-                # A lost answer retried after its round closed is still just a duplicate.
-                stored = repo.update_digests(run_id, round_id, ids)
-                if all(stored.get(u) == d for u, d in zip(ids, decoded.digests, strict=True)):
-                    self.metrics.updates_duplicate.inc(len(ids))
-                    return [UploadResult(client_id=c, status="duplicate") for c in ids]
-                state = "paused" if live is not None and live.state == "paused" else "not open"
-                raise Conflict(f"round {round_id} is {state}", "round_not_open")
-            cohort = set(live.cohort)
-            for c in ids:
-                if c not in cohort:
-                    raise Forbidden(
-                        f"client {c} is not in the cohort of round {round_id} "
-                        f"(attempt {live.attempt})",
-                        "not_in_cohort",
-                    )
-            stored = repo.update_digests(run_id, round_id, ids)
-            for u, digest, blob in zip(decoded.updates, decoded.digests, blobs, strict=True):
-                if u.client_id in stored:
-                    if stored[u.client_id] != digest:
-                        raise Conflict(
-                            f"client {u.client_id} already sent a different update for round "
-                            f"{round_id}",
-                            "conflicting_update",
-                        )
-                    results.append(UploadResult(client_id=u.client_id, status="duplicate"))
-                    continue
-                repo.add_update(
-                    live.id, run_id, round_id, u.client_id, digest, u.n_samples, u.loss, blob, now
-                )
-                results.append(UploadResult(client_id=u.client_id, status="accepted"))
-                fresh.append((digest, u))
-            received = repo.count_updates(live.id)
-            pk, cohort_size = live.id, len(live.cohort)
-        # committed: the updates are acknowledged from here on
-        with self._lock:
-            # one live round per run: anything else cached was closed (maybe by a replica)
-            for stale in [k for k in self._pending if k != pk]:
-                del self._pending[stale]
-            pending = self._pending.setdefault(pk, {})
-            for digest, u in fresh:
-                pending[u.client_id] = (digest, u)
-        self.metrics.updates_accepted.inc(len(fresh))
-        self.metrics.updates_duplicate.inc(len(results) - len(fresh))
-        log.debug(
-            "round %d: %d accepted, %d/%d received", round_id, len(fresh), received, cohort_size
+        # A validated one-update body is stored as sent: it decodes to exactly that update.
+        blobs = (
+            [body]
+            if len(decoded.updates) == 1
+            else [encode_updates(round_id, [u]) for u in decoded.updates]
         )
-        if fresh and received >= cohort_size:
-            try:
-                self.close_round(pk)
-            except Exception:  # the deadline task retries; the upload itself is committed
-                log.exception("closing round %d after its last upload failed", round_id)
-        return results
+        return _PendingUpload(run.run_id, round_id, decoded.updates, decoded.digests, blobs)
+
+    def _store_batch(self, uploads: Sequence[_PendingUpload]) -> list[_Stored | Exception]:
+        """Check and store a batch of uploads in ONE transaction (the group commit's writer).
+
+        Each upload is checked on its own, against the database and the batch's earlier
+        uploads, as if it had a transaction of its own: a refused one writes nothing and gets
+        its own error, the others are unaffected. :class:`GroupCommit` answers the requests
+        only after this returns, i.e. after the commit.
+        """
+        now = self.clock()
+        outcomes: list[_Stored | Exception] = []
+        with self.db.transaction() as s:
+            batch = _UploadBatch(Repository(s), now, uploads, self._open_rounds)
+            for upload in uploads:
+                try:
+                    outcomes.append(self._store_upload(batch, upload))
+                except (AggregatorError, _StaleRun) as err:
+                    outcomes.append(err)
+            batch.write()
+        # committed: keep the decoded updates for the close (before any request is answered)
+        with self._lock:
+            for out in outcomes:
+                if isinstance(out, _Stored) and out.round_pk is not None and out.fresh:
+                    # one live round per run: anything else cached was closed (maybe by a replica)
+                    for stale in [k for k in self._pending if k != out.round_pk]:
+                        del self._pending[stale]
+                    pending = self._pending.setdefault(out.round_pk, {})
+                    for digest, u in out.fresh:
+                        pending[u.client_id] = (digest, u)
+        return outcomes
+
+    def _store_upload(self, batch: _UploadBatch, up: _PendingUpload) -> _Stored:
+        """Check one upload inside the batch transaction and queue its rows (all or nothing)."""
+        run_id, round_id = up.run_id, up.round_id
+        ids = [u.client_id for u in up.updates]
+        live = batch.live_round(run_id, round_id)
+        if isinstance(live, str):
+            if batch.repo.latest_run_id() != run_id:
+                raise _StaleRun
+            # A lost answer retried after its round closed is still just a duplicate.
+            known = [batch.digest(run_id, round_id, c) for c in ids]
+            if known == up.digests:
+                duplicates = [UploadResult(client_id=c, status="duplicate") for c in ids]
+                return _Stored(duplicates, [], None, 0, 0)
+            raise Conflict(f"round {round_id} is {live}", "round_not_open")
+        for c in ids:
+            if c not in live.cohort:
+                raise Forbidden(
+                    f"client {c} is not in the cohort of round {round_id} (attempt {live.attempt})",
+                    "not_in_cohort",
+                )
+        results: list[UploadResult] = []
+        fresh: list[tuple[str, Update, bytes]] = []
+        for u, digest, blob in zip(up.updates, up.digests, up.blobs, strict=True):
+            stored = batch.digest(run_id, round_id, u.client_id)
+            if stored is not None:
+                if stored != digest:
+                    raise Conflict(
+                        f"client {u.client_id} already sent a different update for round "
+                        f"{round_id}",
+                        "conflicting_update",
+                    )
+                results.append(UploadResult(client_id=u.client_id, status="duplicate"))
+                continue
+            results.append(UploadResult(client_id=u.client_id, status="accepted"))
+            fresh.append((digest, u, blob))
+        for digest, u, blob in fresh:  # every check passed: now queue the rows
+            batch.add(live, run_id, round_id, u, digest, blob)
+        return _Stored(
+            results, [(d, u) for d, u, _ in fresh], live.pk, live.received, live.cohort_size
+        )
 
     # ------------------------------------------------------------------ closing
 
@@ -551,7 +775,7 @@ class AggregatorService:
                     del self._pending[stale]
             if live is None or live.state != "open":
                 return None
-            complete = repo.count_updates(live.id) >= len(live.cohort)
+            complete = live.updates_received >= len(live.cohort)
             pk, expired = live.id, self.clock() >= live.deadline
         if complete or expired:
             return self.close_round(pk)
@@ -786,7 +1010,10 @@ class AggregatorService:
             run = repo.latest_run()
             if run is None:
                 raise NotFound("no run has been started", "no_run")
-            row = repo.version_meta(run.id, v)
+            # Reports of one version are serialized on its row: two concurrent reports that
+            # together complete the coverage must not each miss the other's (uncommitted)
+            # clients under READ COMMITTED and leave the metrics unset.
+            row = repo.version_meta(run.id, v, for_update=True)
             if row is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
             seen = repo.evaluated_clients(run.id, v, req.client_ids)
