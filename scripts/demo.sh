@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The demo: set up, then train FedRecGEL on the FilmTrust data that ships with the project.
-# Extra arguments go to `fedrec train` (e.g. --rounds 20 --seeds 0,1,2).
+# The demo: set up, then `fedrec up` — aggregator, two client workers and the recommendation
+# API as local processes (SQLite, no Redis), 20 federated rounds on the bundled FilmTrust data,
+# then three users' top-10. Extra arguments go to `fedrec up` (e.g. --keep-running, --rounds 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-exec .venv/bin/fedrec train --dataset filmtrust --out runs/demo "$@"
+exec .venv/bin/fedrec up --rounds 20 --workdir runs/demo "$@"
