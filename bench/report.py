@@ -1,6 +1,6 @@
 """Write docs/RESULTS.md from the JSON under bench/results/ (nothing in it is typed by hand).
 
-    .venv/bin/python bench/report.py
+.venv/bin/python bench/report.py
 """
 
 from __future__ import annotations
@@ -90,6 +90,16 @@ def speed() -> list[str]:
         f"| same round, per-client loop reference, same run | "
         f"{ft['per_client_loop_s_per_round_median']:.3f} s | |",
         f"| speed-up | {ft['speedup']:.1f}x | >= 20x |",
+        *(
+            [
+                f"| per-client loop that also samples negatives with Python loops, as the "
+                f"authors' code does | {ft['speedup_vs_loop_with_python_loop_sampling']:.1f}x | |",
+                f"| uploads, batched vs per-client loop, round 1 (max relative difference) | "
+                f"{ft['max_rel_upload_difference_round_1']:.1e} | <= 1e-5 |",
+            ]
+            if "max_rel_upload_difference_round_1" in ft
+            else []
+        ),
         f"| evaluation, all {ev['users']} users x 100 candidates ({ev['dataset']}) | "
         f"{ev['seconds_median']:.3f} s | < 1 s |",
     ]
@@ -110,8 +120,13 @@ def other(name: str, title: str) -> list[str]:
     data = _load(RES / name)
     if data is None:
         return []
-    return [f"## {title} (`bench/results/{name}`)", "", "```json", json.dumps(data, indent=1),
-            "```"]
+    return [
+        f"## {title} (`bench/results/{name}`)",
+        "",
+        "```json",
+        json.dumps(data, indent=1),
+        "```",
+    ]
 
 
 def main() -> None:
