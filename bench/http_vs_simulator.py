@@ -124,7 +124,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    train = TrainConfig(rounds=args.rounds, fraction=0.1, seed=0, rho_sh=0.02, rho_ns=0.02)
+    train = TrainConfig(
+        rounds=args.rounds, fraction=0.1, seed=0, rho_sh=0.02, rho_ns=0.02, shards=args.workers
+    )
     with tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp:
         http = http_run(train, args.dataset, args.workers, args.poll_max_s, Path(tmp))
     sim = Simulator(load_split(args.dataset), train)

@@ -48,18 +48,38 @@ def main() -> None:
                     print(f"skip {out} (done)")
                     continue
                 cmd = [
-                    str(fedrec), "train", "--dataset", dataset, "--data-dir", str(args.data_dir),
-                    "--method", method, "--rounds", str(args.rounds), "--seeds", args.seeds,
-                    "--rho-sh", str(rho_sh), "--rho-ns", str(rho_ns), "--out", str(out), "--quiet",
+                    str(fedrec),
+                    "train",
+                    "--dataset",
+                    dataset,
+                    "--data-dir",
+                    str(args.data_dir),
+                    "--method",
+                    method,
+                    "--rounds",
+                    str(args.rounds),
+                    "--seeds",
+                    args.seeds,
+                    "--rho-sh",
+                    str(rho_sh),
+                    "--rho-ns",
+                    str(rho_ns),
+                    "--out",
+                    str(out),
+                    "--quiet",
                     "--validation" if protocol == "validation" else "--no-validation",
                 ]
                 print(" ".join(cmd[1:]), flush=True)
                 t0 = time.time()
                 subprocess.run(cmd, check=True)
                 summary = json.loads((out / "results.json").read_text())["summary"]
-                print(f"  {time.time() - t0:.0f}s  "
-                      + "  ".join(f"{k}={v:.4f}" for k, v in summary.items()
-                                  if k.endswith("hr@10.mean")), flush=True)
+                print(
+                    f"  {time.time() - t0:.0f}s  "
+                    + "  ".join(
+                        f"{k}={v:.4f}" for k, v in summary.items() if k.endswith("hr@10.mean")
+                    ),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

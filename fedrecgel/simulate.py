@@ -57,6 +57,10 @@ class TrainConfig:
     layers: int = 3
     seed: int = 0
     eval_every: int = 1
+    # Compute each round's cohort in this many groups (user id % shards), as that many client
+    # workers do. The maths is the same; only float rounding depends on which clients share a
+    # batch, so set it to the worker count to reproduce a federated run bit for bit.
+    shards: int = 1
 
     def model_kind(self) -> ModelKind:
         """NCF for every method except the MF baseline."""
@@ -105,6 +109,7 @@ class TrainConfig:
             (self.chunk_size >= 1, "chunk_size must be >= 1"),
             (self.factor >= 1 and self.layers >= 1, "factor and layers must be >= 1"),
             (self.eval_every >= 0, "eval_every must be >= 0"),
+            (self.shards >= 1, "shards must be >= 1"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -276,15 +281,20 @@ class Simulator:
         self.round_id += 1
         r = self.round_id
         cohort = select_cohort(self.users, self.config.fraction, self.config.seed, r)
-        samples = self.samples_for(cohort, r)
-        state = self.store.get(cohort)
-        result = cohort_step(self.model_cfg, self.shared, cohort, state, samples, self.hp)
-        self.store.put(cohort, result.state)
-        self.strategy.round(self.shared, result.uploads)
+        uploads, losses = [], []
+        for part in self._shards(cohort):
+            samples = self.samples_for(part, r)
+            result = cohort_step(
+                self.model_cfg, self.shared, part, self.store.get(part), samples, self.hp
+            )
+            self.store.put(part, result.state)
+            uploads += result.uploads
+            losses.append(result.losses)
+        self.strategy.round(self.shared, uploads)
         rec = RoundRecord(
             round=r,
             n_clients=len(cohort),
-            loss=float(result.losses.mean()),
+            loss=float(np.concatenate(losses).mean()),
             seconds=0.0,
         )
         every = self.config.eval_every
@@ -294,19 +304,35 @@ class Simulator:
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)
         return rec
 
+    def _shards(self, users: np.ndarray) -> list[np.ndarray]:
+        """``users`` split by user id % shards (the layout of the client workers)."""
+        n = self.config.shards
+        parts = [users[users % n == s] for s in range(n)] if n > 1 else [users]
+        return [p for p in parts if len(p)]
+
     def evaluate(self) -> tuple[dict[str, float], dict[str, float]]:
-        """Test (and validation, when the split has it) metrics over all users."""
+        """Test (and validation, when the split has it) metrics over all users.
+
+        Metric sums are taken per shard and added up, as the aggregator adds the workers'.
+        """
         scorer = Scorer(self.model_cfg, self.shared)
-        params = self.store.params(self.users)
-        test = means(
-            metric_sums(scorer, params, self.split.test_items, self.split.test_negatives, KS)
-        )
+        split = self.split
+        test: dict[str, float] = {}
         val: dict[str, float] = {}
-        if self.split.val_items is not None and self.split.val_negatives is not None:
-            val = means(
-                metric_sums(scorer, params, self.split.val_items, self.split.val_negatives, KS)
+        for part in self._shards(self.users):
+            params = self.store.params(part)
+            _add(
+                test,
+                metric_sums(scorer, params, split.test_items[part], split.test_negatives[part], KS),
             )
-        return test, val
+            if split.val_items is not None and split.val_negatives is not None:
+                _add(
+                    val,
+                    metric_sums(
+                        scorer, params, split.val_items[part], split.val_negatives[part], KS
+                    ),
+                )
+        return means(test), (means(val) if val else {})
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         """Run all rounds; ``on_round`` sees each record as it is made."""
@@ -327,6 +353,11 @@ class Simulator:
             rounds=records,
             wall_seconds=time.perf_counter() - t0,
         )
+
+
+def _add(total: dict[str, float], sums: dict[str, float]) -> None:
+    for k, v in sums.items():
+        total[k] = total.get(k, 0.0) + v
 
 
 def with_seed(config: TrainConfig, seed: int) -> TrainConfig:

@@ -58,6 +58,14 @@ class UpOptions:
     show_users: int = 3
     startup_timeout_s: float = 120.0
     extra_env: dict[str, str] = field(default_factory=dict)
+    # SQLAlchemy URL of the aggregator's database; None = ``aggregator.db`` in ``workdir``.
+    database_url: str | None = None
+    # Round deadline of the run (RunConfig.deadline_s).
+    deadline_s: float = 60.0
+    # Longest idle poll interval of the workers (None: the worker's default).
+    worker_poll_max_s: float | None = None
+    worker_log_level: str = "WARNING"
+    aggregator_log_level: str = "warning"
 
 
 @dataclass
@@ -67,6 +75,25 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to the process (nothing when it has exited already)."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+
+    def kill(self) -> int:
+        """SIGKILL the process and reap it; returns its exit status."""
+        self.send(signal.SIGKILL)
+        return self.popen.wait()
+
+    def log_tail(self, n_bytes: int = 4000) -> str:
+        """The end of the process's log (for error messages)."""
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-n_bytes:].decode(errors="replace")
 
 
 class Cluster:
@@ -83,22 +110,25 @@ class Cluster:
     def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
         """Start ``python -m <args>`` with ``env`` added, logging to the work directory."""
         log_path = self.opts.workdir / f"{name}.log"
-        fh = log_path.open("wb")
         full_env = {**os.environ, **self.opts.extra_env, **env}
-        popen = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            start_new_session=True,
-        )
+        # append: a restarted process keeps the log of its predecessor
+        with log_path.open("ab") as fh:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,
+            )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
         return proc
 
     def check_alive(self) -> None:
-        """Raise if a child exited early (naming its log)."""
-        for p in self.procs:
+        """Raise if a child exited early (naming its log); a restarted child counts by its
+        newest process."""
+        for name in dict.fromkeys(p.name for p in self.procs):
+            p = self.latest(name)
             code = p.popen.poll()
             if code is not None and not p.name.startswith("worker"):
                 raise LaunchError(f"{p.name} exited with code {code}; see {p.log_path}")
@@ -130,6 +160,165 @@ class Cluster:
                     os.killpg(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
 
+    # ------------------------------------------------------------------ the services
+
+    def aggregator_env(self) -> dict[str, str]:
+        """The ``FEDREC_AGG_*`` environment of the aggregator process."""
+        opts = self.opts
+        db = opts.database_url or f"sqlite:///{(opts.workdir / 'aggregator.db').resolve()}"
+        env = {
+            "FEDREC_AGG_DATABASE_URL": db,
+            "FEDREC_AGG_OPERATOR_TOKEN": self.operator_token,
+            "FEDREC_AGG_READER_TOKEN": self.reader_token,
+            "FEDREC_AGG_HOST": opts.host,
+            "FEDREC_AGG_PORT": str(opts.aggregator_port),
+            "FEDREC_AGG_LOG_LEVEL": opts.aggregator_log_level,
+        }
+        if opts.redis_url:
+            env["FEDREC_AGG_REDIS_URL"] = opts.redis_url
+        return env
+
+    def start_aggregator(self, wait: bool = True) -> Proc:
+        """Start the aggregator (again, after a crash: same database, port and tokens)."""
+        proc = self.start("aggregator", ["services.aggregator"], self.aggregator_env())
+        if wait:
+            self.wait_healthy(f"{self.agg_url}/healthz", "aggregator")
+        return proc
+
+    def start_recommend(self) -> Proc:
+        """Start the recommendation API (following the aggregator with the reader token)."""
+        opts = self.opts
+        env = {
+            "FEDREC_REC_AGGREGATOR_URL": self.agg_url,
+            "FEDREC_REC_AGGREGATOR_TOKEN": self.reader_token,
+            "FEDREC_REC_DATASET": opts.dataset,
+            "FEDREC_REC_HOST": opts.host,
+            "FEDREC_REC_PORT": str(opts.recommend_port),
+        }
+        if opts.data_dir is not None:
+            env["FEDREC_REC_DATA_DIR"] = str(opts.data_dir)
+        if opts.redis_url:
+            env["FEDREC_REC_REDIS_URL"] = opts.redis_url
+        return self.start("recommend_api", ["services.recommend_api"], env)
+
+    def worker_store(self, shard: int) -> Path:
+        """The store file of worker ``shard``."""
+        return self.opts.workdir / f"worker-{shard}.db"
+
+    def worker_args(self, shard: int) -> list[str]:
+        """``python -m`` arguments of worker ``shard``."""
+        opts = self.opts
+        args = [
+            "services.client_sim",
+            "--aggregator",
+            self.agg_url,
+            "--shard",
+            str(shard),
+            "--shards",
+            str(opts.workers),
+            *_data_args(opts),
+            "--store",
+            str(self.worker_store(shard)),
+            "--validation" if opts.validation else "--no-validation",
+            "--log-level",
+            opts.worker_log_level,
+        ]
+        if opts.worker_poll_max_s is not None:
+            args += ["--poll-max-s", str(opts.worker_poll_max_s)]
+        if opts.redis_url:
+            args += ["--redis-url", opts.redis_url]
+        if opts.recommend:
+            args += [
+                "--http-port",
+                str(opts.worker_http_port + shard),
+                "--recommend-url",
+                self.rec_url,
+                # keep serving the demo HTTP API after the run; the launcher stops them
+                "--no-exit-when-finished",
+            ]
+        return args
+
+    def start_worker(self, shard: int) -> Proc:
+        """Start worker ``shard`` (again, after a crash: the same store)."""
+        return self.start(f"worker-{shard}", self.worker_args(shard), {})
+
+    def operator_headers(self) -> dict[str, str]:
+        """Authorization header with the operator token."""
+        return {"Authorization": f"Bearer {self.operator_token}"}
+
+    def wait_registered(self, n_users: int) -> None:
+        """Wait until ``n_users`` clients are registered."""
+        deadline = time.monotonic() + self.opts.startup_timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with contextlib.suppress(httpx.HTTPError):
+                r = httpx.get(f"{self.agg_url}/v1/clients/count", timeout=2.0)
+                if r.status_code == 200 and r.json()["registered"] >= n_users:
+                    return
+            time.sleep(0.3)
+        raise LaunchError(
+            f"the workers did not register every user in time; see {self.opts.workdir}/worker-*.log"
+        )
+
+    def start_run(self, n_items: int) -> dict[str, Any]:
+        """Start the training run (operator API); returns the answer of ``POST /v1/runs``."""
+        resp = httpx.post(
+            f"{self.agg_url}/v1/runs",
+            json=run_config(self.opts, n_items),
+            headers=self.operator_headers(),
+            timeout=30,
+        )
+        if resp.status_code != 201:
+            raise LaunchError(f"starting the run failed: {resp.status_code} {resp.text}")
+        body: dict[str, Any] = resp.json()
+        return body
+
+    def latest(self, name: str) -> Proc:
+        """The most recently started process called ``name``."""
+        for p in reversed(self.procs):
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def check_workers(self) -> None:
+        """Raise if the current process of a worker exited with an error (naming its log)."""
+        for name in {p.name for p in self.procs if p.name.startswith("worker")}:
+            p = self.latest(name)
+            code = p.popen.poll()
+            if code not in (None, 0):
+                raise LaunchError(
+                    f"{name} exited with code {code}; see {p.log_path}:\n{p.log_tail()}"
+                )
+
+    def wait_complete(self, timeout_s: float, poll_s: float = 0.2) -> dict[str, Any]:
+        """Wait, without a display, until every round of the run is closed and evaluated;
+        returns the history. Raises LaunchError when a process fails or on timeout."""
+        deadline = time.monotonic() + timeout_s
+        history: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            self.check_alive()
+            self.check_workers()
+            with contextlib.suppress(httpx.HTTPError):
+                history = self.history()
+                if run_complete(history, self.opts.rounds):
+                    return history
+            time.sleep(poll_s)
+        done = len(history.get("rounds", []))
+        raise LaunchError(f"the run did not complete in {timeout_s:.0f}s ({done} rounds closed)")
+
+    def history(self) -> dict[str, Any]:
+        """``GET /v1/runs/current/history``."""
+        body: dict[str, Any] = httpx.get(
+            f"{self.agg_url}/v1/runs/current/history", timeout=10
+        ).json()
+        return body
+
+
+def run_complete(history: dict[str, Any], rounds: int) -> bool:
+    """Whether ``history`` has ``rounds`` closed rounds, each with its global metrics."""
+    closed = history.get("rounds", [])
+    return len(closed) >= rounds and all(r.get("metrics") for r in closed[:rounds])
+
 
 @contextlib.contextmanager
 def cluster(opts: UpOptions) -> Iterator[Cluster]:
@@ -157,6 +346,7 @@ def run_config(opts: UpOptions, n_items: int) -> dict[str, Any]:
         "seed": opts.seed,
         "rho_sh": opts.rho_sh,
         "rho_ns": opts.rho_ns,
+        "deadline_s": opts.deadline_s,
         "dataset": opts.dataset,
     }
 
@@ -170,65 +360,15 @@ def up(opts: UpOptions) -> dict[str, Any]:
         shutil.rmtree(opts.workdir)
     opts.workdir.mkdir(parents=True)
     with cluster(opts) as c:
-        agg_env = {
-            "FEDREC_AGG_DATABASE_URL": f"sqlite:///{(opts.workdir / 'aggregator.db').resolve()}",
-            "FEDREC_AGG_OPERATOR_TOKEN": c.operator_token,
-            "FEDREC_AGG_READER_TOKEN": c.reader_token,
-            "FEDREC_AGG_HOST": opts.host,
-            "FEDREC_AGG_PORT": str(opts.aggregator_port),
-            "FEDREC_AGG_LOG_LEVEL": "warning",
-        }
-        if opts.redis_url:
-            agg_env["FEDREC_AGG_REDIS_URL"] = opts.redis_url
-        c.start("aggregator", ["services.aggregator"], agg_env)
-        c.wait_healthy(f"{c.agg_url}/healthz", "aggregator")
+        c.start_aggregator()
         console.print(f"aggregator up at {c.agg_url}")
         if opts.recommend:
-            rec_env = {
-                "FEDREC_REC_AGGREGATOR_URL": c.agg_url,
-                "FEDREC_REC_AGGREGATOR_TOKEN": c.reader_token,
-                "FEDREC_REC_DATASET": opts.dataset,
-                "FEDREC_REC_HOST": opts.host,
-                "FEDREC_REC_PORT": str(opts.recommend_port),
-            }
-            if opts.data_dir is not None:
-                rec_env["FEDREC_REC_DATA_DIR"] = str(opts.data_dir)
-            if opts.redis_url:
-                rec_env["FEDREC_REC_REDIS_URL"] = opts.redis_url
-            c.start("recommend_api", ["services.recommend_api"], rec_env)
+            c.start_recommend()
         for i in range(opts.workers):
-            args = [
-                "services.client_sim",
-                "--aggregator",
-                c.agg_url,
-                "--shard",
-                str(i),
-                "--shards",
-                str(opts.workers),
-                *_data_args(opts),
-                "--store",
-                str(opts.workdir / f"worker-{i}.db"),
-                "--validation" if opts.validation else "--no-validation",
-                "--log-level",
-                "WARNING",
-            ]
-            if opts.redis_url:
-                args += ["--redis-url", opts.redis_url]
-            if opts.recommend:
-                args += [
-                    "--http-port",
-                    str(opts.worker_http_port + i),
-                    "--recommend-url",
-                    c.rec_url,
-                ]
-            c.start(f"worker-{i}", args, {})
-        _wait_registered(c, split.n_users)
-        op = {"Authorization": f"Bearer {c.operator_token}"}
-        resp = httpx.post(
-            f"{c.agg_url}/v1/runs", json=run_config(opts, split.n_items), headers=op, timeout=30
-        )
-        if resp.status_code != 201:
-            raise LaunchError(f"starting the run failed: {resp.status_code} {resp.text}")
+            c.start_worker(i)
+        c.wait_registered(split.n_users)
+        console.print(f"{split.n_users} clients registered by {opts.workers} workers")
+        c.start_run(split.n_items)
         history = _follow(c, opts)
         if opts.recommend:
             c.wait_healthy(f"{c.rec_url}/healthz", "recommend_api")
@@ -240,19 +380,6 @@ def up(opts: UpOptions) -> dict[str, Any]:
                     c.check_alive()
                     time.sleep(1.0)
         return history
-
-
-def _wait_registered(c: Cluster, n_users: int) -> None:
-    deadline = time.monotonic() + c.opts.startup_timeout_s
-    while time.monotonic() < deadline:
-        c.check_alive()
-        with contextlib.suppress(httpx.HTTPError):
-            r = httpx.get(f"{c.agg_url}/v1/clients/count", timeout=2.0)
-            if r.status_code == 200 and r.json()["registered"] >= n_users:
-                console.print(f"{n_users} clients registered by {c.opts.workers} workers")
-                return
-        time.sleep(0.3)
-    raise LaunchError("the workers did not register every user in time; see runs/up/worker-*.log")
 
 
 def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
@@ -291,8 +418,7 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
                             f"updates in  " + info
                         )
                 progress.update(task, completed=done, info=info)
-                measured = [r for r in rounds if r.get("metrics")]
-                if done >= opts.rounds and len(measured) >= opts.rounds:
+                if run_complete(history, opts.rounds):
                     break
             except httpx.HTTPError:
                 pass

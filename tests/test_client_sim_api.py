@@ -223,6 +223,7 @@ def test_current_round_parses_the_run_config():
             "kind": "mf",
             "factor": 4,
             "layers": 2,
+            "rounds": 5,
             "seed": 9,
             "rho_sh": 0.0,
             "something_new": 1,

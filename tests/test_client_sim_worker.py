@@ -310,3 +310,37 @@ def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path, split):
     fake.run_id = "new"
     _start(fake, split, rounds=1)
     assert w.step() is True and fake.version == 1
+
+
+def test_crash_after_the_upload_that_closed_the_round_is_recovered(tmp_path, split, sim3):
+    fake = FakeAggregator()
+    w = _worker(tmp_path, fake, split, shard=0, shards=1)
+    w.register()
+    _start(fake, split)
+    real_save = w.store.save_states
+
+    def crash(user_ids, state, round_id, attempt):
+        if round_id is None:
+            return real_save(user_ids, state, round_id, attempt)
+        raise RuntimeError("killed before commit")
+
+    w.store.save_states = crash  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="killed"):
+        w.step()
+    assert fake.version == 1 and fake.round_id == 2  # the upload closed round 1
+    w.close()
+
+    restarted = _worker(tmp_path, fake, split, shard=0, shards=1)
+    restarted.register()
+    restarted.step()  # recovers round 1 (answered "duplicate"), then trains round 2
+    first_retry = [r for r in fake.requests if r.path == "/v1/rounds/1/updates"]
+    assert [r.status for r in first_retry] == [200, 200]
+    assert restarted.store.get_meta("pending_upload") is None
+    _drive([restarted], fake)
+    # no user missed its private step: the run is still exactly the simulator's
+    for name, t in sim3[0].shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
+    got = restarted.store.load_states(list(range(split.n_users))).params
+    want = sim3[0].store.params(np.arange(split.n_users))
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)

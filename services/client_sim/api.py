@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import SAMConfig, Update
+from fedrecgel.sam import Update
 from fedrecgel.wire import decode_model, encode_updates
+from services import contract
 
 log = logging.getLogger(__name__)
 
@@ -52,46 +53,10 @@ class AggregatorError(Exception):
         return self.status == 0 or self.status in RETRY_STATUS
 
 
-class RunConfig(BaseModel):
+class RunConfig(contract.RunConfig):
     """The run configuration as the aggregator announces it (unknown fields are ignored)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-    n_items: int
-    kind: Literal["ncf", "mf"] = "ncf"
-    factor: int = 32
-    layers: int = 3
-    rounds: int = 100
-    fraction: float = 0.1
-    seed: int = 0
-    optimizer: str = "adam"
-    server_lr: float = 0.001
-    weighting: str = "mean"
-    clip: float | None = None
-    rho_sh: float = 0.02
-    rho_ns: float = 0.02
-    client_lr: float = 0.1
-    n_negatives: int = 4
-    chunk_size: int = 128
-    deadline_s: float = 60.0
-    quorum: float = 1.0
-    dataset: str = "filmtrust"
-
-    def model(self) -> ModelConfig:
-        """The model shape of the run."""
-        return ModelConfig(
-            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
-        )
-
-    def sam(self) -> SAMConfig:
-        """The client hyperparameters of the run."""
-        return SAMConfig(
-            rho_sh=self.rho_sh,
-            rho_ns=self.rho_ns,
-            client_lr=self.client_lr,
-            n_negatives=self.n_negatives,
-            chunk_size=self.chunk_size,
-        )
 
 
 class RoundInfo(BaseModel):

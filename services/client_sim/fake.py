@@ -215,6 +215,14 @@ class FakeAggregator:
         if decoded.round_id != round_id:
             return _error(422, "malformed", "body round != path round")
         if self.state != "open" or round_id != self.round_id:
+            # like the real aggregator: a lost answer retried after its round closed
+            stored = [self.accepted.get((round_id, u.client_id)) for u in decoded.updates]
+            if all(
+                prev is not None and prev[0] == d
+                for prev, d in zip(stored, decoded.digests, strict=True)
+            ):
+                dup = [{"client_id": u.client_id, "status": "duplicate"} for u in decoded.updates]
+                return httpx.Response(200, json={"results": dup})
             return _error(409, "round_not_open", f"round {round_id} is not open")
         cohort = {int(c) for c in self.cohort}
         results = []

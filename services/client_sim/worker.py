@@ -18,6 +18,7 @@ worker recomputes the same update for the same users, which the server answers a
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -34,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
-from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
+from fedrecgel.sam import PrivateState, StepResult, client_rng, client_samples, cohort_step
 from services.client_sim.api import (
     AggregatorClient,
     AggregatorError,
@@ -296,7 +297,7 @@ class Worker:
             self.last_info = None  # a run this worker never joined: wait for the next one
             return False
         cfg = self._ensure_run(info)
-        did = False
+        did = self.recover(info, cfg)
         version = info.model_version
         if version is not None:
             did = self.evaluate_up_to(version)
@@ -358,16 +359,8 @@ class Worker:
             if (progress[u].last_round, progress[u].last_attempt) != (info.round_id, info.attempt)
         ]
 
-    def train(self, info: RoundInfo, cfg: RunConfig, version: int) -> bool:
-        """Train, upload and commit the pending cohort members of the open round."""
-        assert info.round_id is not None
-        r, a = info.round_id, info.attempt
-        if (r, a) in self._refused:
-            return False
-        todo = self.pending(info)
-        if not todo:
-            return False
-        t0 = time.perf_counter()
+    def _compute(self, cfg: RunConfig, version: int, round_id: int, todo: list[int]) -> StepResult:
+        """The cohort step of ``todo`` for ``round_id`` from model ``version`` (deterministic)."""
         model = self.client.download_model(version)
         if model.cfg != cfg.model():
             raise WorkerError(
@@ -379,14 +372,27 @@ class Worker:
                 self.data.train[self._row[u]],
                 cfg.n_items,
                 hp.n_negatives,
-                client_rng(cfg.seed, r, u),
+                client_rng(cfg.seed, round_id, u),
             )
             for u in todo
         ]
         state = self.store.load_states(todo)
-        result = cohort_step(
+        return cohort_step(
             model.cfg, model.shared, np.asarray(todo, dtype=np.int64), state, samples, hp
         )
+
+    def _upload_and_commit(
+        self, r: int, a: int, version: int, todo: list[int], result: StepResult
+    ) -> dict[int, str]:
+        """Upload, then commit the new private states once the aggregator acknowledged them.
+
+        A note of the upload is kept in the store while it is in flight: if the worker dies
+        after the aggregator stored it but before the states are committed, :meth:`recover`
+        recomputes the identical update (same model version, samples and states) and sends it
+        again, which the aggregator answers as a duplicate even after the round has closed.
+        """
+        note = {"round": r, "attempt": a, "version": version, "users": todo}
+        self.store.set_meta(pending_upload=json.dumps(note))
         try:
             statuses = self.client.upload(r, result.uploads)
         except AggregatorError as err:
@@ -394,12 +400,12 @@ class Worker:
                 raise
             # round closed meanwhile, not in the cohort after all, ...: keep the old state,
             # except for the users of the bodies that were accepted before the refusal
-            self._refused.add((r, a))
             done = [i for i, u in enumerate(todo) if u in err.partial]
             if done:
                 self.store.save_states(
                     [todo[i] for i in done], result.state.select(np.asarray(done)), r, a
                 )
+            self.store.set_meta(pending_upload=None)
             log.warning(
                 "round %d attempt %d: upload refused (%d of %d accepted before): %s",
                 r,
@@ -408,8 +414,57 @@ class Worker:
                 len(todo),
                 err,
             )
-            return True
+            raise
         self.store.save_states(todo, result.state, r, a)
+        self.store.set_meta(pending_upload=None)
+        return statuses
+
+    def recover(self, info: RoundInfo, cfg: RunConfig) -> bool:
+        """Finish an upload a crash interrupted, if its round has moved on since."""
+        raw = self.store.get_meta("pending_upload")
+        if raw is None:
+            return False
+        note = json.loads(raw)
+        r, a, version = int(note["round"]), int(note["attempt"]), int(note["version"])
+        if info.state == "open" and (info.round_id, info.attempt) == (r, a):
+            return False  # still open: train() recomputes and re-sends the same update
+        progress = self.store.progress([int(u) for u in note["users"]])
+        todo = [
+            int(u)
+            for u in note["users"]
+            if (progress[int(u)].last_round, progress[int(u)].last_attempt) != (r, a)
+        ]
+        if not todo:
+            self.store.set_meta(pending_upload=None)
+            return False
+        result = self._compute(cfg, version, r, todo)
+        try:
+            self._upload_and_commit(r, a, version, todo, result)
+            log.info("round %d: recovered the interrupted upload of %d users", r, len(todo))
+        except AggregatorError as err:
+            if err.retryable:
+                raise
+            log.warning("round %d: the interrupted upload was never stored; its users miss it", r)
+        return True
+
+    def train(self, info: RoundInfo, cfg: RunConfig, version: int) -> bool:
+        """Train, upload and commit the pending cohort members of the open round."""
+        assert info.round_id is not None
+        r, a = info.round_id, info.attempt
+        if (r, a) in self._refused:
+            return False
+        todo = self.pending(info)
+        if not todo:
+            return False
+        t0 = time.perf_counter()
+        result = self._compute(cfg, version, r, todo)
+        try:
+            statuses = self._upload_and_commit(r, a, version, todo, result)
+        except AggregatorError as err:
+            if err.retryable:
+                raise
+            self._refused.add((r, a))
+            return True
         n_dup = sum(1 for s in statuses.values() if s == "duplicate")
         log.info(
             "round %d attempt %d: trained %d users (%d accepted, %d duplicate), loss %.4f, %.2fs",
