@@ -137,3 +137,18 @@ def test_aggregate_of_simulator_uploads_is_densified_mean():
         torch.testing.assert_close(
             g[k], sum(d[k] for d in dense) / len(dense), atol=1e-6, rtol=1e-5
         )
+
+
+def test_sharded_simulator_computes_the_same_maths():
+    one = Simulator(SPLIT, replace(SMALL, rounds=2))
+    two = Simulator(SPLIT, replace(SMALL, rounds=2, shards=2))
+    a, b = one.run(), two.run()
+    # the same cohorts, samples and updates: only float rounding may differ
+    assert [r.n_clients for r in a.rounds] == [r.n_clients for r in b.rounds]
+    for k in one.shared:
+        torch.testing.assert_close(one.shared[k], two.shared[k], atol=1e-5, rtol=1e-4)
+    for r1, r2 in zip(a.rounds, b.rounds, strict=True):
+        assert r1.loss == pytest.approx(r2.loss, rel=1e-5)
+        assert r1.test == pytest.approx(r2.test, abs=1e-9)
+    with pytest.raises(ValueError, match="shards"):
+        Simulator(SPLIT, replace(SMALL, shards=0))
