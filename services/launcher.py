@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -371,7 +372,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         c.start_run(split.n_items)
         history = _follow(c, opts)
         if opts.recommend:
-            c.wait_healthy(f"{c.rec_url}/healthz", "recommend_api")
+            _wait_serving(c, len(history.get("rounds", [])))
             _show_recommendations(opts, split.n_users)
         if opts.keep_running:
             _print_try_it(c, opts)
@@ -441,9 +442,25 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
     return history
 
 
+def _wait_serving(c: Cluster, version: int) -> None:
+    """Wait until recommend_api serves model ``version`` (it follows the aggregator)."""
+    deadline = time.monotonic() + c.opts.startup_timeout_s
+    while time.monotonic() < deadline:
+        c.check_alive()
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            body = httpx.get(f"{c.rec_url}/healthz", timeout=2.0).json()
+            if (body.get("model_version") or -1) >= version:
+                return
+        time.sleep(0.3)
+    raise LaunchError(f"recommend_api did not load model version {version} in time")
+
+
 def _show_recommendations(opts: UpOptions, n_users: int) -> None:
-    """Ask each of a few users' workers for their top-10, as a device would."""
-    for user in range(min(opts.show_users, n_users)):
+    """Ask a few users' workers for their top-10, as their devices would, and print them."""
+    users = list(range(min(opts.show_users, n_users)))
+    answers: dict[int, list[str]] = {}
+    version = None
+    for user in users:
         port = opts.worker_http_port + user % opts.workers
         url = f"http://{opts.host}:{port}/v1/users/{user}/recommendations?k=10"
         try:
@@ -455,8 +472,17 @@ def _show_recommendations(opts: UpOptions, n_users: int) -> None:
             console.print(f"user {user}: {r.status_code} {r.text}")
             continue
         body = r.json()
-        items = ", ".join(f"{it['item']} ({it['score']:.3f})" for it in body["items"])
-        console.print(f"user {user} top-10 (model v{body['model_version']}): {items}")
+        version = body["model_version"]
+        answers[user] = [f"{it['item']}  {it['score']:+.3f}" for it in body["items"]]
+    if not answers:
+        return
+    table = Table(title=f"top-10 from recommend_api, model v{version} (item, logit)")
+    table.add_column("rank", justify="right")
+    for user in answers:
+        table.add_column(f"user {user}")
+    for rank in range(max(len(a) for a in answers.values())):
+        table.add_row(str(rank + 1), *(a[rank] if rank < len(a) else "" for a in answers.values()))
+    Console().print(table)
 
 
 def _print_try_it(c: Cluster, opts: UpOptions) -> None:
