@@ -20,6 +20,8 @@ import json
 import re
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -80,7 +82,19 @@ def split() -> Split:
 
 @pytest.fixture(scope="session")
 def reference(split: Split) -> Reference:
-    """The simulator's 20-round run, computed once per session (snapshot after SHORT rounds)."""
+    """The simulator's 20-round run, computed once per session (snapshot after SHORT rounds).
+
+    It runs with the torch thread count a fresh worker process has (kernels, and so float
+    rounding, depend on it), whatever earlier tests in this process set.
+    """
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(fresh.stdout))
     sim = Simulator(split, TRAIN)
     snaps: dict[int, dict[str, Tensor]] = {}
 
@@ -88,7 +102,10 @@ def reference(split: Split) -> Reference:
         if rec.round == SHORT:
             snaps[SHORT] = {k: v.clone() for k, v in sim.shared.items()}
 
-    result = sim.run(on_round=snap)
+    try:
+        result = sim.run(on_round=snap)
+    finally:
+        torch.set_num_threads(before)
     snaps[ROUNDS] = {k: v.clone() for k, v in sim.shared.items()}
     return Reference(result.rounds, snaps, result.wall_seconds)
 

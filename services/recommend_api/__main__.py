@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 import uvicorn
 
 from services.recommend_api.app import create_app
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     if str(opts.get("aggregator_url", "")).lower() == "none":
         opts["aggregator_url"] = None
     settings = Settings(**opts)
+    # process-wide, so set here and not in create_app (tests build apps in a shared process)
+    torch.set_num_threads(settings.torch_threads)
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=level)
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import httpx
-import torch
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -149,7 +148,6 @@ def create_app(
     transport used to reach the aggregator (e.g. an ``httpx.MockTransport`` in tests).
     """
     settings = settings or Settings()
-    torch.set_num_threads(settings.torch_threads)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
