@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from fake_aggregator import FakeAggregator
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState
 from fedrecgel.synthetic import synthetic_split
 from services.client_sim.cli import settings_from_args
-from services.client_sim.fake import FakeAggregator
 from services.client_sim.http import HttpServer, create_app, device_request, item_labels
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker, WorkerSettings, hostname_ordinal

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fake_aggregator import FakeAggregator
 
 from fedrecgel.metrics import means
 from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_updates, update_digest
-from services.client_sim.fake import FakeAggregator
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker, WorkerError, WorkerSettings
 
