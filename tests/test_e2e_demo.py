@@ -1,0 +1,126 @@
+"""The demo path on real processes: `fedrec up` trains over HTTP, then a user's device asks its
+worker for recommendations, the worker asks recommend_api, and the answer is the exact top-k of
+the latest model for that user's private vector."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from fedrecgel.data import load_split
+from fedrecgel.model import Scorer
+from fedrecgel.wire import decode_model
+from services.client_sim.store import WorkerStore
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
+    agg, rec, http0 = free_port(), free_port(), free_port()
+    http1 = http0 + 1
+    workdir = tmp_path / "up"
+    log = (tmp_path / "up.log").open("w+")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedrecgel.cli",
+            "up",
+            "--rounds",
+            "2",
+            "--workdir",
+            str(workdir),
+            "--aggregator-port",
+            str(agg),
+            "--recommend-port",
+            str(rec),
+            "--worker-http-port",
+            str(http0),
+            "--keep-running",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        deadline = time.monotonic() + 400
+        text = ""
+        while "Services are running" not in text:
+            assert proc.poll() is None, f"fedrec up exited early:\n{text}"
+            assert time.monotonic() < deadline, f"demo did not finish training:\n{text}"
+            time.sleep(1.0)
+            log.seek(0)
+            text = log.read()
+        assert "top-10 from recommend_api, model v2" in text
+        assert "final round 2: HR@10" in text
+
+        split = load_split("filmtrust")
+        blob = httpx.get(
+            f"http://127.0.0.1:{agg}/v1/models/2", headers={"Authorization": "Bearer x"}
+        ).status_code
+        assert blob == 401  # the aggregator's models are not public
+        for user, port in ((0, http0), (3, http1)):
+            r = httpx.get(
+                f"http://127.0.0.1:{port}/v1/users/{user}/recommendations?k=10", timeout=30
+            )
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["model_version"] == 2 and len(body["items"]) == 10
+            # brute force: the user's vector from its worker's store, the model the
+            # aggregator stored as version 2, every item scored, training items excluded
+            store = WorkerStore(workdir / f"worker-{user % 2}.db")
+            private = store.load_states([user]).params
+            store.close()
+            model = workdir / "aggregator.db"
+            cfg, shared = _model_from_db(model, 2)
+            scores = Scorer(cfg, shared).score_all(private)[0]
+            scores[torch.from_numpy(np.unique(split.user_train(user)))] = -torch.inf
+            top = torch.topk(scores, 10).indices.tolist()
+            want = [str(split.item_labels[i]) for i in top]
+            assert [it["item"] for it in body["items"]] == want
+        # another shard's user is refused by this worker
+        r = httpx.get(f"http://127.0.0.1:{http0}/v1/users/1/recommendations?k=10")
+        assert r.status_code == 404
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+        log.close()
+    assert code == 0
+    # everything it started is gone: the ports are free again
+    for port in (agg, rec, http0, http1):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _model_from_db(path: Path, version: int) -> tuple:
+    """Read a stored model version straight from the aggregator's SQLite file."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        row = con.execute(
+            "SELECT params FROM model_versions WHERE version = ?", (version,)
+        ).fetchone()
+    finally:
+        con.close()
+    assert row is not None
+    cfg, shared, v = decode_model(bytes(row[0]))
+    assert v == version
+    return cfg, shared
