@@ -17,12 +17,16 @@ the workers (process start-up and registration are reported separately); the sim
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import shutil
 import socket
+import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ import torch
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
-from services.launcher import UpOptions, cluster
+from services.launcher import UpOptions, cluster, worker_torch_threads
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
 
@@ -44,8 +48,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[str | None]:
+    """A throw-away redis-server on a free port (None when the binary is missing)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def http_run(
-    train: TrainConfig, dataset: str, workers: int, poll_max_s: float, workdir: Path
+    train: TrainConfig,
+    dataset: str,
+    workers: int,
+    poll_max_s: float,
+    workdir: Path,
+    redis_url: str | None = None,
 ) -> dict[str, Any]:
     """The run over HTTP: timings, history and the final model's shared parameters."""
     split = load_split(dataset)
@@ -60,6 +106,7 @@ def http_run(
         aggregator_port=free_port(),
         workdir=workdir,
         recommend=False,
+        redis_url=redis_url,
         deadline_s=3600.0,
         worker_poll_max_s=poll_max_s,
         startup_timeout_s=300.0,
@@ -121,17 +168,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--poll-max-s", type=float, default=0.5, help="workers' idle poll cap")
+    parser.add_argument(
+        "--no-redis", action="store_true", help="workers poll instead of following Redis events"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
     train = TrainConfig(
         rounds=args.rounds, fraction=0.1, seed=0, rho_sh=0.02, rho_ns=0.02, shards=args.workers
     )
-    with tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp:
-        http = http_run(train, args.dataset, args.workers, args.poll_max_s, Path(tmp))
+    with (
+        tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        redis_url = None if args.no_redis else stack.enter_context(redis_server(Path(tmp)))
+        http = http_run(train, args.dataset, args.workers, args.poll_max_s, Path(tmp), redis_url)
+    # timing: the simulator at its best, all of this machine's cores in one process
+    result = Simulator(load_split(args.dataset), train).run()
+    # agreement: the simulator with the torch threads each worker ran with (float rounding
+    # depends on the kernels, which depend on the thread count)
+    threads = torch.get_num_threads()
+    worker_threads = worker_torch_threads(args.workers)
+    torch.set_num_threads(worker_threads)
     sim = Simulator(load_split(args.dataset), train)
-    result = sim.run()
-    agree = agreement(http, sim, result)
+    try:
+        exact = sim.run()
+    finally:
+        torch.set_num_threads(threads)
+    agree = agreement(http, sim, exact)
     ratio = http["run_seconds"] / result.wall_seconds
     out = {
         "dataset": args.dataset,
@@ -143,8 +207,9 @@ def main() -> None:
             "rho_ns": train.rho_ns,
             "workers": args.workers,
             "database": "sqlite",
-            "redis": False,
+            "redis": not args.no_redis,
             "worker_poll_max_s": args.poll_max_s,
+            "worker_torch_threads": worker_threads,
         },
         "machine": {
             "cpus": os.cpu_count(),

@@ -241,7 +241,10 @@ class Cluster:
 
     def start_worker(self, shard: int) -> Proc:
         """Start worker ``shard`` (again, after a crash: the same store)."""
-        return self.start(f"worker-{shard}", self.worker_args(shard), {})
+        threads = str(worker_torch_threads(self.opts.workers))
+        return self.start(
+            f"worker-{shard}", self.worker_args(shard), {"FEDREC_WORKER_TORCH_THREADS": threads}
+        )
 
     def operator_headers(self) -> dict[str, str]:
         """Authorization header with the operator token."""
@@ -319,6 +322,11 @@ def run_complete(history: dict[str, Any], rounds: int) -> bool:
     """Whether ``history`` has ``rounds`` closed rounds, each with its global metrics."""
     closed = history.get("rounds", [])
     return len(closed) >= rounds and all(r.get("metrics") for r in closed[:rounds])
+
+
+def worker_torch_threads(workers: int) -> int:
+    """Torch threads per worker when ``workers`` share this machine: its cores, split."""
+    return max(1, (os.cpu_count() or 1) // workers)
 
 
 @contextlib.contextmanager

@@ -20,8 +20,6 @@ import json
 import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +39,7 @@ from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker, WorkerSettings
-from services.launcher import Cluster, UpOptions, cluster, run_config
+from services.launcher import Cluster, UpOptions, cluster, run_config, worker_torch_threads
 
 pytestmark = pytest.mark.slow
 
@@ -84,17 +82,11 @@ def split() -> Split:
 def reference(split: Split) -> Reference:
     """The simulator's 20-round run, computed once per session (snapshot after SHORT rounds).
 
-    It runs with the torch thread count a fresh worker process has (kernels, and so float
-    rounding, depend on it), whatever earlier tests in this process set.
+    It runs with the torch thread count the workers get (kernels, and so float rounding,
+    depend on it), whatever earlier tests in this process set.
     """
-    fresh = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
     before = torch.get_num_threads()
-    torch.set_num_threads(int(fresh.stdout))
+    torch.set_num_threads(worker_torch_threads(TRAIN.shards))
     sim = Simulator(split, TRAIN)
     snaps: dict[int, dict[str, Tensor]] = {}
 
@@ -641,6 +633,8 @@ def test_no_private_state_or_interactions_on_the_wire(
             for i in range(2)
         ]
         operator = httpx.Client(base_url=c.agg_url, transport=recorder, timeout=30)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(worker_torch_threads(2))  # as the worker processes run
         try:
             for w in workers:
                 w.register()
@@ -662,6 +656,7 @@ def test_no_private_state_or_interactions_on_the_wire(
             history = operator.get("/v1/runs/current/history").json()
             end_needles = private_vectors([w.store for w in workers])
         finally:
+            torch.set_num_threads(threads)
             operator.close()
             for w in workers:
                 w.close()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import ValidationError
 
 from services.client_sim.store import StoreError
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, help="retries of a failed request")
     p.add_argument("--max-body-bytes", type=int, help="byte budget of one upload body")
     p.add_argument("--log-level", help="logging level (default INFO)")
+    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: cores)")
     p.add_argument(
         "--shard-from-hostname",
         action=argparse.BooleanOptionalAction,
@@ -92,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll is noise
+    if settings.torch_threads is not None:  # process-wide, so only in the process entry
+        torch.set_num_threads(settings.torch_threads)
     # As PID 1 of a container, a process without a SIGTERM handler ignores `docker stop` and
     # the orchestrator's SIGTERM until it is killed; stop on it as on Ctrl-C instead.
     previous = None

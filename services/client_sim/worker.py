@@ -86,6 +86,9 @@ class WorkerSettings(BaseSettings):
     backoff_s: float = 0.2
     max_body_bytes: int = 8 * 1024 * 1024
     log_level: str = "INFO"
+    # Intra-op threads of torch in the worker process (None: torch's default, one per core).
+    # Workers sharing a machine should split its cores: oversubscribed threads spin-wait.
+    torch_threads: int | None = Field(default=None, ge=1)
     # Take ``shard`` from the trailing ordinal of the host name (``worker-3`` -> 3), as a
     # Kubernetes StatefulSet names its pods; overrides ``shard``.
     shard_from_hostname: bool = False
