@@ -42,6 +42,8 @@ def reproduction() -> list[str]:
         "leave-one-out, best test round (the paper's optimistic figure). *validation split*: the",
         "second-latest item is held out too; *selected* is the test figure at the round with the",
         "best validation HR@10 (the honest figure), *best test* the optimistic one on that split.",
+        "*s / run*: wall seconds per seed (training and per-round evaluation); most runs shared",
+        "the 2 cores with other jobs, so this column is only a rough guide.",
         "",
         "| dataset | method | rho (sh, ns) | paper split HR@10 | NDCG@10 | validation split: selected HR@10 | selected NDCG@10 | best test HR@10 | paper (FedRecGEL) | authors' code | s / run |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -83,33 +83,25 @@ def reference_client_step(
     loss.backward()
     g_sh, g_ns = _grads(sh_params), _grads(ns_params)
 
-    upload = g_sh
-    if hp.rho_sh > 0:
-        norm = torch.sqrt(torch.stack([(g**2).sum() for g in g_sh]).sum())
-        eps_sh = [hp.rho_sh * g / (norm + 1e-12) for g in g_sh]
+    def sam_gradient(params: list[nn.Parameter], grads: list[Tensor], rho: float) -> list[Tensor]:
+        """Perturb ``params`` by rho * g / ||g||, take the gradient there, restore them."""
+        if rho <= 0:
+            return grads
+        norm = torch.sqrt(torch.stack([(g**2).sum() for g in grads]).sum())
+        eps = [rho * g / (norm + 1e-12) for g in grads]
         with torch.no_grad():
-            for p, e in zip(sh_params, eps_sh, strict=True):
+            for p, e in zip(params, eps, strict=True):
                 p.add_(e)
         model.zero_grad()
         _chunked_loss(model, items, labels, hp.chunk_size).backward()
-        upload = _grads(sh_params)
+        at_perturbed = _grads(params)
         with torch.no_grad():
-            for p, e in zip(sh_params, eps_sh, strict=True):
+            for p, e in zip(params, eps, strict=True):
                 p.sub_(e)
+        return at_perturbed
 
-    g_priv = g_ns
-    if hp.rho_ns > 0:
-        norm = torch.sqrt(torch.stack([(g**2).sum() for g in g_ns]).sum())
-        eps_ns = [hp.rho_ns * g / (norm + 1e-12) for g in g_ns]
-        with torch.no_grad():
-            for p, e in zip(ns_params, eps_ns, strict=True):
-                p.add_(e)
-        model.zero_grad()
-        _chunked_loss(model, items, labels, hp.chunk_size).backward()
-        g_priv = _grads(ns_params)
-        with torch.no_grad():
-            for p, e in zip(ns_params, eps_ns, strict=True):
-                p.sub_(e)
+    upload = sam_gradient(sh_params, g_sh, hp.rho_sh)
+    g_priv = sam_gradient(ns_params, g_ns, hp.rho_ns)
 
     # Persistent per-client Adam: rebuild the optimizer around the stored moments.
     opt = torch.optim.Adam(ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps)
