@@ -41,7 +41,8 @@ def test_no_pickle_or_torch_load_anywhere_in_the_project():
         *root.glob("bench/**/*.py"),
     ]:
         text = path.read_text()
-        for needle in ("import pickle", "torch.load(", "pickle.load"):
+        # spelled in pieces so that this file does not itself match a search for them
+        for needle in ("import pickle", "torch." + "load(", "pickle." + "load"):
             if needle in text:
                 hits.append(f"{path.relative_to(root)}: {needle}")
     assert hits == []
