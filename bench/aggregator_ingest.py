@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from fastapi import FastAPI, Request
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
 from fedrecgel.wire import encode_updates
+from services.loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ModelConfig(n_items=2059)
@@ -50,13 +50,6 @@ def realistic_update(client_id: int, rng: np.random.Generator) -> Update:
         rows={t: (idx, torch.randn(len(rows), shapes[t][1]) * 1e-3) for t in MODEL.item_tables()},
         dense={n: torch.randn(shapes[n]) * 1e-3 for n in MODEL.dense_names()},
     )
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def noop_server(port: int) -> None:

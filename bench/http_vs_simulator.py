@@ -21,12 +21,8 @@ import contextlib
 import json
 import os
 import platform
-import shutil
-import socket
-import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,52 +33,9 @@ from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
 from services.launcher import UpOptions, cluster, worker_torch_threads
+from services.loopback import free_port, redis_server
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[str | None]:
-    """A throw-away redis-server on a free port (None when the binary is missing)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        yield None
-        return
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(workdir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def http_run(
@@ -181,7 +134,7 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
         contextlib.ExitStack() as stack,
     ):
-        redis_url = None if args.no_redis else stack.enter_context(redis_server(Path(tmp)))
+        redis_url = None if args.no_redis else stack.enter_context(redis_server(Path(tmp))).url
         http = http_run(train, args.dataset, args.workers, args.poll_max_s, Path(tmp), redis_url)
     # timing: the simulator at its best, all of this machine's cores in one process
     result = Simulator(load_split(args.dataset), train).run()

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedrecgel.model import ModelConfig, init_shared  # noqa: E402
 from fedrecgel.wire import encode_model  # noqa: E402
+from services.loopback import free_port  # noqa: E402
 from services.recommend_api.schemas import RecommendationRequest  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_load.json"
@@ -82,13 +82,6 @@ def serve(kind: str, port: int, model_path: str | None, ann_threshold: int) -> N
             raise SystemExit("model failed to load")
         app = create_app(settings, holder=holder)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(

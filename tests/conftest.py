@@ -10,85 +10,30 @@ import glob
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_for_port(port: int, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.settimeout(0.2)
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return True
-        time.sleep(0.05)
-    return False
-
+from services.loopback import RedisServer, RedisUnavailable, free_port
+from services.loopback import redis_server as start_redis
 
 # ----------------------------------------------------------------------------- redis
-
-
-@dataclass(frozen=True)
-class RedisServer:
-    """A running redis-server: its port and URL."""
-
-    port: int
-    url: str
-    process: subprocess.Popen[bytes]
 
 
 @pytest.fixture
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server (no persistence) on a free port, stopped after the test."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
-    workdir = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(workdir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        if not _wait_for_port(port):
-            pytest.fail(f"redis-server did not start on port {port}")
-        yield RedisServer(port=port, url=f"redis://127.0.0.1:{port}/0", process=proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with start_redis(tmp_path_factory.mktemp("redis")) as server:
+            yield server
+    except RedisUnavailable as err:
+        pytest.fail(str(err))
 
 
 @pytest.fixture

@@ -21,15 +21,9 @@ from fedrecgel.data import load_split
 from fedrecgel.model import Scorer
 from fedrecgel.wire import decode_model
 from services.client_sim.store import WorkerStore
+from services.loopback import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:

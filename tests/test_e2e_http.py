@@ -19,7 +19,6 @@ import contextlib
 import json
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from fedrecgel.wire import decode_model
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker, WorkerSettings
 from services.launcher import Cluster, UpOptions, cluster, run_config, worker_torch_threads
+from services.loopback import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +50,6 @@ TOL = 1e-5  # on parameters and metrics
 # shards=2: the simulator batches each round as the two workers do (see TrainConfig.shards)
 TRAIN = TrainConfig(rounds=ROUNDS, fraction=0.1, seed=0, rho_sh=0.02, rho_ns=0.02, shards=2)
 RUN_TIMEOUT_S = 400.0
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ----------------------------------------------------------------------------- reference

@@ -1,0 +1,84 @@
+"""Loopback helpers shared by the launcher's users, the tests and the benchmarks: a free port,
+waiting for a port to accept connections, and a throw-away redis-server."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0) -> bool:
+    """Whether 127.0.0.1:``port`` accepts connections within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+class RedisUnavailable(RuntimeError):
+    """redis-server is not installed, or did not start."""
+
+
+@dataclass(frozen=True)
+class RedisServer:
+    """A running redis-server: its port and URL."""
+
+    port: int
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server (no persistence) on a free loopback port, stopped at the end."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RedisUnavailable("redis-server is not installed (apt-get install -y redis-server)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        if not wait_for_port(port):
+            raise RedisUnavailable(f"redis-server did not start on port {port}")
+        yield RedisServer(port=port, url=f"redis://127.0.0.1:{port}/0", process=proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
