@@ -10,7 +10,6 @@ import json
 import logging
 import statistics
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedrecgel.data import DATASETS, DataError, Split, load_csv, load_split, stats
-from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig
+from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig, with_seed
 
 app = typer.Typer(
     help="FedRecGEL: sharpness-aware federated recommendation.",
@@ -184,7 +183,7 @@ def train(
     )
     results: list[RunResult] = []
     for seed in seed_list:
-        cfg = TrainConfig(**{**asdict(base), "seed": seed})
+        cfg = with_seed(base, seed)
         sim = Simulator(split, cfg)
         with Progress(
             TextColumn(f"seed {seed}"),
