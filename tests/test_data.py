@@ -10,7 +10,6 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pytest
 
-from fedrecgel import data as D
 from fedrecgel.data import (
     DATASETS,
     DataError,
@@ -25,6 +24,7 @@ from fedrecgel.data import (
     stats,
     write_ncf,
 )
+from fedrecgel.data.raw import _madrid_midnight_ms
 
 
 def _shared_datasets() -> Path:
@@ -169,7 +169,7 @@ def test_madrid_midnight_matches_zoneinfo() -> None:
     y = np.array([d.year for d in days])
     m = np.array([d.month for d in days])
     dd = np.array([d.day for d in days])
-    got = D._madrid_midnight_ms(y, m, dd, Path("x"), np.arange(len(days)))
+    got = _madrid_midnight_ms(y, m, dd, Path("x"), np.arange(len(days)))
     tz = ZoneInfo("Europe/Madrid")
     want = [round(datetime(d.year, d.month, d.day, tzinfo=tz).timestamp() * 1000) for d in days]
     np.testing.assert_array_equal(got, want)

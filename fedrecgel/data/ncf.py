@@ -1,0 +1,167 @@
+"""NCF interchange: the ``<name>.train.csv`` / ``<name>.test.negative`` layout of the NCF code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedrecgel.data.raw import id_column, int_column, read_fields
+from fedrecgel.data.types import DataError, Split
+
+
+def _write_negative_file(path: Path, items: np.ndarray, negatives: np.ndarray) -> None:
+    n_users = len(items)
+    heads = np.char.add(
+        np.char.add(np.char.add("(", np.arange(n_users).astype(str)), ","),
+        np.char.add(np.asarray(items).astype(str), ")"),
+    )
+    with path.open("w", encoding="utf-8", newline="\n") as fh:
+        for u in range(n_users):
+            if negatives.shape[1]:
+                fh.write(heads[u] + "\t" + "\t".join(map(str, negatives[u].tolist())) + "\n")
+            else:
+                fh.write(heads[u] + "\n")
+
+
+def write_ncf(split: Split, out_dir: Path) -> None:
+    """Write ``<name>.train.csv`` (``user,item``) and ``<name>.test.negative`` in NCF layout.
+
+    With validation, ``<name>.val.negative`` is written too (same format); the original ids go to
+    ``<name>.users.txt`` / ``<name>.items.txt`` (one per line, index order) so that ``read_ncf``
+    restores the split exactly.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train = pd.DataFrame({"user": split.train_user_of_rows(), "item": split.train_items})
+    train.to_csv(
+        out_dir / f"{split.name}.train.csv", header=False, index=False, lineterminator="\n"
+    )
+    _write_negative_file(
+        out_dir / f"{split.name}.test.negative", split.test_items, split.test_negatives
+    )
+    if split.val_items is not None and split.val_negatives is not None:
+        _write_negative_file(
+            out_dir / f"{split.name}.val.negative", split.val_items, split.val_negatives
+        )
+    for suffix, labels in (("users", split.user_labels), ("items", split.item_labels)):
+        with (out_dir / f"{split.name}.{suffix}.txt").open(
+            "w", encoding="utf-8", newline="\n"
+        ) as fh:
+            fh.writelines(f"{x}\n" for x in np.asarray(labels).tolist())
+
+
+_HEAD = re.compile(r"^\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)$")
+
+
+def _read_negative_file(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    users: list[int] = []
+    items: list[int] = []
+    negs: list[list[int]] = []
+    width: int | None = None
+    with path.open("r", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            m = _HEAD.match(parts[0].strip())
+            if not m:
+                raise DataError(
+                    f"{path}, line {lineno}: expected '(user,item)' first, got {parts[0]!r}"
+                )
+            try:
+                row = [int(p) for p in parts[1:]]
+            except ValueError:
+                raise DataError(
+                    f"{path}, line {lineno}: negative item ids must be integers"
+                ) from None
+            if width is None:
+                width = len(row)
+            elif len(row) != width:
+                raise DataError(
+                    f"{path}, line {lineno}: expected {width} negatives, saw {len(row)}"
+                )
+            users.append(int(m.group(1)))
+            items.append(int(m.group(2)))
+            negs.append(row)
+    if not users:
+        raise DataError(f"{path}: file is empty (no data rows)")
+    u = np.asarray(users, dtype=np.int64)
+    if not np.array_equal(u, np.arange(len(u))):
+        raise DataError(f"{path}: expected one line per user, users 0..n-1 in order")
+    return (
+        u,
+        np.asarray(items, dtype=np.int64),
+        np.asarray(negs, dtype=np.int32).reshape(len(u), width or 0),
+    )
+
+
+def _read_labels(path: Path, n: int) -> np.ndarray:
+    if not path.is_file():
+        return np.arange(n, dtype=np.int64)
+    with path.open("r", encoding="utf-8") as fh:
+        values = [line.rstrip("\r\n") for line in fh]
+    if len(values) != n:
+        raise DataError(f"{path}: expected {n} labels, found {len(values)}")
+    return id_column(pd.Series(values, dtype=object))
+
+
+def read_ncf(out_dir: Path, name: str) -> Split:
+    """Read a split written in NCF layout (``<name>.train.csv`` and ``<name>.test.negative``)."""
+    out_dir = Path(out_dir)
+    _, test_items, test_neg = _read_negative_file(out_dir / f"{name}.test.negative")
+    n_users = len(test_items)
+    val_items: np.ndarray | None = None
+    val_neg: np.ndarray | None = None
+    val_path = out_dir / f"{name}.val.negative"
+    if val_path.is_file():
+        _, val_items, val_neg = _read_negative_file(val_path)
+        if len(val_items) != n_users:
+            raise DataError(f"{val_path}: {len(val_items)} users, the test file has {n_users}")
+    train_path = out_dir / f"{name}.train.csv"
+    df, lines = read_fields(train_path, ",", 2, header=False)
+    tu = int_column(df[0], train_path, lines, "user id")
+    ti = int_column(df[1], train_path, lines, "item id")
+    bad = (tu < 0) | (tu >= n_users)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(
+            f"{train_path}, line {lines[row]}: user {tu[row]} is not in the test file "
+            f"(users 0..{n_users - 1})"
+        )
+    order = np.argsort(tu, kind="stable")
+    tu, ti = tu[order], ti[order]
+    indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(tu, minlength=n_users), out=indptr[1:])
+    user_labels = _read_labels(out_dir / f"{name}.users.txt", n_users)
+    items_path = out_dir / f"{name}.items.txt"
+    if items_path.is_file():
+        with items_path.open("r", encoding="utf-8") as fh:
+            n_items = sum(1 for _ in fh)
+    else:
+        parts = [ti, test_items, test_neg.reshape(-1)]
+        if val_items is not None and val_neg is not None:
+            parts += [val_items, val_neg.reshape(-1)]
+        n_items = int(max(int(p.max()) for p in parts if len(p))) + 1
+    item_labels = _read_labels(items_path, n_items)
+    for what, arr in (("train", ti), ("test", test_items), ("negative", test_neg)):
+        if arr.size and (arr.min() < 0 or arr.max() >= n_items):
+            raise DataError(f"{out_dir / name}: {what} item ids outside 0..{n_items - 1}")
+    return Split(
+        name=name,
+        n_users=n_users,
+        n_items=n_items,
+        train_indptr=indptr,
+        train_items=ti,
+        test_items=test_items,
+        test_negatives=test_neg,
+        val_items=val_items,
+        val_negatives=val_neg,
+        user_labels=user_labels,
+        item_labels=item_labels,
+    )

@@ -1,0 +1,288 @@
+"""The data protocol: user filter, re-indexing, leave-one-out split and test negatives.
+
+The protocol (see ``docs/ALGORITHM.md``, "Data protocol", and ``docs/DATASETS.md``):
+
+1. every raw row is a positive interaction;
+2. users with fewer than ``min_interactions`` rows are dropped (items are not filtered);
+3. users and items are re-indexed to ``0..n-1`` in sorted order of their ids (integer ids sort by
+   value; string ids are first factorised in order of first appearance in the raw file, and those
+   codes are sorted), then rows are sorted by ``(user, item)`` (stable, duplicates kept);
+4. leave-one-out: each user's latest row by timestamp is the test item, ties going to the row that
+   comes first in ``(user, item)`` order; with ``validation=True`` the latest of the remaining rows
+   (same tie rule) becomes the validation item; everything else is training data;
+5. for each user ``n_test_negatives`` items drawn uniformly without replacement from the items the
+   user never interacted with (in any row), with ``numpy.random.default_rng(seed)``; validation
+   negatives are a separate, later draw from the same generator, so the test negatives do not depend
+   on ``validation``.
+
+Everything is vectorised: the negative sampler is rejection sampling over all users at once (in
+fixed-size blocks of users) and never materialises a users x items matrix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedrecgel.data.raw import load_raw
+from fedrecgel.data.types import DataError, Interactions, Split
+
+#: users per block in the negative sampler (fixed, so results depend only on the seed)
+_NEG_BLOCK = 1 << 13
+#: rejection rounds before falling back to exact per-user sampling of the leftovers
+_NEG_MAX_ROUNDS = 64
+
+
+def _encode(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes whose sorted order is the protocol's id order, and the label of each code.
+
+    Integer ids are their own codes; anything else is factorised in order of first appearance.
+    Returns ``(codes, code_labels)`` where ``code_labels[c]`` is the label of code ``c`` (for
+    integer ids ``code_labels`` is empty: the code itself is the label).
+    """
+    arr = np.asarray(labels)
+    if arr.dtype.kind in "iub" or (
+        arr.dtype == object and len(arr) and pd.api.types.infer_dtype(arr) == "integer"
+    ):
+        return arr.astype(np.int64), np.empty(0, dtype=object)
+    codes, uniques = pd.factorize(arr, use_na_sentinel=False)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
+
+
+def _labels_of(kept_codes: np.ndarray, code_labels: np.ndarray, original: np.ndarray) -> np.ndarray:
+    if len(code_labels) == 0:
+        return kept_codes.astype(np.asarray(original).dtype, copy=False)
+    return code_labels[kept_codes]
+
+
+def _check_holdouts(min_interactions: int, validation: bool) -> None:
+    need = 3 if validation else 2
+    if min_interactions < need:
+        held = "a test and a validation item" if validation else "a test item"
+        raise DataError(
+            f"min_interactions={min_interactions} is too small: holding out {held} needs at "
+            f"least {need} interactions per user (one must stay in training)"
+        )
+
+
+def apply_protocol(
+    raw: Interactions,
+    min_interactions: int = 5,
+    n_test_negatives: int = 99,
+    validation: bool = False,
+    seed: int = 42,
+) -> Split:
+    """Filter users, re-index, leave-one-out (test and optional validation) and draw negatives."""
+    _check_holdouts(min_interactions, validation)
+    if n_test_negatives < 0:
+        raise DataError(f"n_test_negatives must be >= 0, got {n_test_negatives}")
+    if len(raw) == 0:
+        raise DataError(f"{raw.name}: no interactions")
+    u_codes, u_code_labels = _encode(raw.user_labels)
+    i_codes, i_code_labels = _encode(raw.item_labels)
+    ts = np.asarray(raw.timestamps, dtype=np.int64)
+
+    uniq_u, inv_u, cnt_u = np.unique(u_codes, return_inverse=True, return_counts=True)
+    keep = cnt_u[inv_u.reshape(-1)] >= min_interactions
+    if not keep.any():
+        raise DataError(
+            f"{raw.name}: no user has at least {min_interactions} interactions "
+            f"({len(uniq_u)} users, {len(raw)} rows): the split would be empty"
+        )
+    users_kept, users = np.unique(u_codes[keep], return_inverse=True)
+    items_kept, items = np.unique(i_codes[keep], return_inverse=True)
+    return build_split(
+        name=raw.name,
+        users=users.reshape(-1).astype(np.int64),
+        items=items.reshape(-1).astype(np.int64),
+        timestamps=ts[keep],
+        n_users=len(users_kept),
+        n_items=len(items_kept),
+        user_labels=_labels_of(users_kept, u_code_labels, raw.user_labels),
+        item_labels=_labels_of(items_kept, i_code_labels, raw.item_labels),
+        n_test_negatives=n_test_negatives,
+        validation=validation,
+        rng=np.random.default_rng(seed),
+    )
+
+
+def build_split(
+    name: str,
+    users: np.ndarray,
+    items: np.ndarray,
+    timestamps: np.ndarray,
+    n_users: int,
+    n_items: int,
+    user_labels: np.ndarray,
+    item_labels: np.ndarray,
+    n_test_negatives: int,
+    validation: bool,
+    rng: np.random.Generator,
+    presorted: bool = False,
+) -> Split:
+    """Leave-one-out and negatives on rows already re-indexed to ``0..n_users-1``/``0..n_items-1``.
+
+    Every user in ``0..n_users-1`` must have at least 2 rows (3 with validation). With
+    ``presorted=True`` the rows must already be sorted by ``(user, item)``.
+    """
+    users = np.asarray(users, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    timestamps = np.asarray(timestamps, dtype=np.int64)
+    if not presorted:
+        order = np.lexsort((items, users))  # stable: equal (user, item) keep row order
+        users, items, timestamps = users[order], items[order], timestamps[order]
+        del order
+    counts = np.bincount(users, minlength=n_users)
+    need = 3 if validation else 2
+    if len(counts) != n_users or counts.min(initial=need) < need:
+        u = int(np.argmin(counts))
+        raise DataError(
+            f"{name}: user {np.asarray(user_labels)[u].item()!r} has {counts[u]} interactions, "
+            f"fewer than the {need} needed for the held-out items"
+        )
+    indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+
+    # leave-one-out, vectorised over users (rows are grouped by user, ties -> first row)
+    held = np.zeros(len(users), dtype=bool)
+    test_rows = _latest_rows(timestamps, indptr, held)
+    held[test_rows] = True
+    test_items = items[test_rows]
+    val_items: np.ndarray | None = None
+    if validation:
+        val_rows = _latest_rows(timestamps, indptr, held)
+        held[val_rows] = True
+        val_items = items[val_rows]
+
+    train_items = items[~held]
+    train_indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(counts - (2 if validation else 1), out=train_indptr[1:])
+
+    test_neg = sample_negatives(
+        indptr, items, n_items, n_test_negatives, rng, user_labels=user_labels, name=name
+    )
+    val_neg: np.ndarray | None = None
+    if validation:
+        val_neg = sample_negatives(
+            indptr, items, n_items, n_test_negatives, rng, user_labels=user_labels, name=name
+        )
+    return Split(
+        name=name,
+        n_users=int(n_users),
+        n_items=int(n_items),
+        train_indptr=train_indptr,
+        train_items=train_items,
+        test_items=test_items,
+        test_negatives=test_neg,
+        val_items=val_items,
+        val_negatives=val_neg,
+        user_labels=np.asarray(user_labels),
+        item_labels=np.asarray(item_labels),
+    )
+
+
+def _latest_rows(timestamps: np.ndarray, indptr: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """Per user, the first row (in row order) with the latest timestamp among rows not held."""
+    starts = indptr[:-1]
+    counts = np.diff(indptr)
+    alive = ~held
+    t = np.where(alive, timestamps, np.iinfo(np.int64).min)
+    latest = np.maximum.reduceat(t, starts)
+    is_latest = alive & (t == np.repeat(latest, counts))
+    idx = np.where(is_latest, np.arange(len(t), dtype=np.int64), len(t))
+    return np.asarray(np.minimum.reduceat(idx, starts), dtype=np.int64)
+
+
+def _row_duplicates(cand: np.ndarray) -> np.ndarray:
+    """Mask of entries equal to an earlier entry of the same row."""
+    if cand.shape[1] < 2:
+        return np.zeros(cand.shape, dtype=bool)
+    order = np.argsort(cand, axis=1, kind="stable")
+    s = np.take_along_axis(cand, order, axis=1)
+    dup_sorted = np.zeros(cand.shape, dtype=bool)
+    dup_sorted[:, 1:] = s[:, 1:] == s[:, :-1]
+    dup = np.zeros(cand.shape, dtype=bool)
+    np.put_along_axis(dup, order, dup_sorted, axis=1)
+    return dup
+
+
+def _in_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    if len(sorted_keys) == 0:
+        return np.zeros(keys.shape, dtype=bool)
+    idx = np.searchsorted(sorted_keys, keys)
+    np.minimum(idx, len(sorted_keys) - 1, out=idx)
+    return np.asarray(sorted_keys[idx] == keys)
+
+
+def sample_negatives(
+    indptr: np.ndarray,
+    items: np.ndarray,
+    n_items: int,
+    n_neg: int,
+    rng: np.random.Generator,
+    user_labels: np.ndarray | None = None,
+    name: str = "data",
+) -> np.ndarray:
+    """Per user, ``n_neg`` distinct items uniformly from those absent from the user's rows.
+
+    ``items[indptr[u]:indptr[u+1]]`` are user u's items, sorted within the user (duplicates ok).
+    Vectorised rejection sampling in fixed blocks of users; returns int32 ``(n_users, n_neg)``.
+    """
+    n_users = len(indptr) - 1
+    out = np.empty((n_users, n_neg), dtype=np.int32)
+    if n_neg == 0 or n_users == 0:
+        return out
+    if n_items > np.iinfo(np.int32).max:
+        raise DataError(f"{name}: {n_items} items do not fit the int32 negatives")
+    users = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
+    # distinct items per user (items sorted within user, so a change marks a new item)
+    new = np.ones(len(items), dtype=bool)
+    new[1:] = (items[1:] != items[:-1]) | (users[1:] != users[:-1])
+    distinct = np.bincount(users[new], minlength=n_users)
+    free = n_items - distinct
+    if free.min() < n_neg:
+        u = int(np.argmin(free))
+        label = np.asarray(user_labels)[u].item() if user_labels is not None else u
+        raise DataError(
+            f"{name}: user {label!r} interacted with {distinct[u]} of {n_items} items, leaving "
+            f"{free[u]} candidates for {n_neg} negatives"
+        )
+    for u0 in range(0, n_users, _NEG_BLOCK):
+        u1 = min(u0 + _NEG_BLOCK, n_users)
+        r0, r1 = int(indptr[u0]), int(indptr[u1])
+        pos = (users[r0:r1] - u0) * n_items + items[r0:r1]  # sorted: rows are (user, item)
+        base = np.arange(u1 - u0, dtype=np.int64)[:, None] * n_items
+        cand = rng.integers(0, n_items, size=(u1 - u0, n_neg), dtype=np.int64)
+        rows = np.arange(u1 - u0)
+        sub = cand
+        for _ in range(_NEG_MAX_ROUNDS):
+            bad = _in_sorted(pos, base[rows] + sub) | _row_duplicates(sub)
+            if not bad.any():
+                rows = rows[:0]
+                break
+            keep_rows = bad.any(axis=1)
+            rows, sub, bad = rows[keep_rows], sub[keep_rows], bad[keep_rows]
+            sub[bad] = rng.integers(0, n_items, size=int(bad.sum()), dtype=np.int64)
+            cand[rows] = sub
+        else:
+            bad = _in_sorted(pos, base[rows] + sub) | _row_duplicates(sub)
+            keep_rows = bad.any(axis=1)
+            rows, sub, bad = rows[keep_rows], sub[keep_rows], bad[keep_rows]
+        # exact fallback for the few rows rejection did not settle (users with few free items)
+        for j, r in enumerate(rows):
+            u = u0 + int(r)
+            taken = np.union1d(items[indptr[u] : indptr[u + 1]], sub[j][~bad[j]])
+            allowed = np.setdiff1d(np.arange(n_items, dtype=np.int64), taken, assume_unique=True)
+            sub[j][bad[j]] = rng.choice(allowed, size=int(bad[j].sum()), replace=False)
+            cand[r] = sub[j]
+        out[u0:u1] = cand
+    return out
+
+
+def load_split(
+    name: str, data_dir: Path | None = None, validation: bool = False, seed: int = 42
+) -> Split:
+    """``load_raw`` followed by ``apply_protocol`` with the default protocol settings."""
+    return apply_protocol(load_raw(name, data_dir), validation=validation, seed=seed)

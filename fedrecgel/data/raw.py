@@ -1,0 +1,287 @@
+"""Raw dataset files: FilmTrust, Amazon-Video, Lastfm-2K and ``user,item[,timestamp]`` CSV.
+
+Every loader returns ``Interactions`` (one row per raw line); malformed input raises ``DataError``
+naming the file and the 1-based line.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedrecgel.data.types import DataError, Interactions
+
+DATASETS: tuple[str, ...] = ("filmtrust", "amazon-video", "lastfm-2k")
+
+#: raw file of each dataset, relative to ``<data_dir>/<name>/``
+RAW_FILES: dict[str, str] = {
+    "filmtrust": "ratings.txt",
+    "amazon-video": "ratings.dat",
+    "lastfm-2k": "user_taggedartists.dat",
+}
+
+DATA_DIR_ENV = "FEDREC_DATA_DIR"
+FILMTRUST_SEED = 42
+LASTFM_TZ = "Europe/Madrid"
+LASTFM_HEADER = ("userID", "artistID", "tagID", "day", "month", "year")
+
+_WHERE_TO_GET = (
+    "Set {env} or pass a data directory laid out as "
+    "<dir>/filmtrust/ratings.txt, <dir>/amazon-video/ratings.dat, "
+    "<dir>/lastfm-2k/user_taggedartists.dat. Sources: FilmTrust (Guo et al., IJCAI 2013; a copy "
+    "ships with this package), Amazon-Video 'ratings.dat' from the PFedRec repository "
+    "(Zhangcx19/IJCAI-23-PFedRec, data/amazon/ratings.dat), Lastfm-2K from the HetRec 2011 "
+    "'hetrec2011-lastfm-2k.zip' (grouplens.org/datasets/hetrec-2011, non-commercial use)."
+)
+
+
+def read_fields(
+    path: Path, sep: str, n_fields: int | tuple[int, ...], header: bool
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """Read a delimited file as strings; return the table and each row's 1-based line number.
+
+    Blank lines are skipped; a row with a wrong number of fields raises DataError.
+    """
+    allowed = (n_fields,) if isinstance(n_fields, int) else n_fields
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        df = pd.read_csv(
+            path,
+            sep=sep,
+            header=None,
+            skiprows=1 if header else 0,
+            dtype=str,
+            skip_blank_lines=False,
+            keep_default_na=False,
+            na_values=[],
+            quoting=csv.QUOTE_NONE,
+            engine="c",
+        )
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: file is empty (no data rows)") from None
+    except pd.errors.ParserError as e:
+        m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
+        if m:
+            raise DataError(
+                f"{path}, line {m.group(2)}: expected {m.group(1)} fields, saw {m.group(3)}"
+            ) from None
+        raise DataError(f"{path}: cannot parse file ({e})") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a text file ({e})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read file ({e})") from None
+    offset = 2 if header else 1
+    lines = np.arange(len(df), dtype=np.int64) + offset
+    cells = df.to_numpy(dtype=object)
+    if cells.size:
+        empty = cells == ""
+        blank = empty.all(axis=1)
+        if blank.any():
+            keep = ~blank
+            df, cells, empty, lines = df[keep], cells[keep], empty[keep], lines[keep]
+        n_cols = df.shape[1]
+        if empty.any():
+            row = int(np.flatnonzero(empty.any(axis=1))[0])
+            got = int((~empty[row]).sum())
+            raise DataError(
+                f"{path}, line {lines[row]}: expected {_fmt_counts(allowed)} fields, saw {got}"
+            )
+        if n_cols not in allowed:
+            raise DataError(
+                f"{path}, line {lines[0] if len(lines) else offset}: expected "
+                f"{_fmt_counts(allowed)} fields, saw {n_cols}"
+            )
+    if len(df) == 0:
+        raise DataError(f"{path}: file is empty (no data rows)")
+    df = df.reset_index(drop=True)
+    df.columns = list(range(df.shape[1]))
+    return df, lines
+
+
+def _fmt_counts(allowed: tuple[int, ...]) -> str:
+    return " or ".join(str(a) for a in allowed)
+
+
+def int_column(col: pd.Series, path: Path, lines: np.ndarray, what: str) -> np.ndarray:
+    """Parse a string column as int64, raising DataError naming the first bad line."""
+    values = col.to_numpy(dtype=object)
+    try:
+        return np.asarray(values.astype(np.int64), dtype=np.int64)
+    except (ValueError, OverflowError, TypeError):
+        pass
+    num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    ok = np.isfinite(num)
+    ok[ok] = num[ok] == np.round(num[ok])
+    if ok.all():
+        # integral floats such as "5.0"
+        return num.astype(np.int64)
+    row = int(np.flatnonzero(~ok)[0])
+    raise DataError(f"{path}, line {lines[row]}: {what} must be an integer, got {values[row]!r}")
+
+
+def _check_numeric(col: pd.Series, path: Path, lines: np.ndarray, what: str) -> None:
+    num = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    bad = ~np.isfinite(num)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{path}, line {lines[row]}: {what} must be numeric, got {col.iloc[row]!r}")
+
+
+def id_column(col: pd.Series) -> np.ndarray:
+    """Ids as int64 when every one is an integer literal, else as str objects."""
+    values = col.to_numpy(dtype=object)
+    try:
+        return np.asarray(values.astype(np.int64), dtype=np.int64)
+    except (ValueError, OverflowError, TypeError):
+        return values.astype(str).astype(object)
+
+
+def _running_index(keys: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... per distinct key, in row order (like pandas groupby().cumcount())."""
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    start = np.r_[True, sk[1:] != sk[:-1]]
+    group_start = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+    out = np.empty(n, dtype=np.int64)
+    out[order] = np.arange(n) - group_start
+    return out
+
+
+def _filmtrust_timestamps(users: np.ndarray) -> np.ndarray:
+    base = np.random.default_rng(FILMTRUST_SEED).integers(0, 10**9, size=len(users))
+    return base.astype(np.int64) * 10**6 + _running_index(users)
+
+
+def _load_filmtrust(path: Path) -> Interactions:
+    df, lines = read_fields(path, r"\s+", 3, header=False)
+    users = int_column(df[0], path, lines, "user id")
+    items = int_column(df[1], path, lines, "item id")
+    _check_numeric(df[2], path, lines, "rating")
+    return Interactions("filmtrust", users, items, _filmtrust_timestamps(users))
+
+
+def _load_amazon(path: Path) -> Interactions:
+    df, lines = read_fields(path, ",", 4, header=False)
+    users = df[0].str.strip().to_numpy(dtype=object)
+    items = df[1].str.strip().to_numpy(dtype=object)
+    _check_numeric(df[2], path, lines, "rating")
+    ts = int_column(df[3].str.strip(), path, lines, "timestamp")
+    return Interactions("amazon-video", users, items, ts)
+
+
+def _madrid_midnight_ms(
+    year: np.ndarray, month: np.ndarray, day: np.ndarray, path: Path, lines: np.ndarray
+) -> np.ndarray:
+    """Local midnight in Europe/Madrid of each date, as Unix milliseconds (vectorised).
+
+    Ambiguous wall times take the earlier (summer-time) instant and non-existent ones are shifted
+    forward, which is what ``datetime(y, m, d, tzinfo=ZoneInfo(...)).timestamp()`` gives.
+    """
+    dates = pd.to_datetime(
+        pd.DataFrame({"year": year, "month": month, "day": day}), errors="coerce"
+    )
+    bad = dates.isna().to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise DataError(
+            f"{path}, line {lines[row]}: invalid date "
+            f"(day={day[row]}, month={month[row]}, year={year[row]})"
+        )
+    # localise only the distinct dates (a few thousand), then map back
+    uniq, inv = np.unique(dates.to_numpy(dtype="datetime64[s]"), return_inverse=True)
+    local = pd.DatetimeIndex(uniq).tz_localize(
+        LASTFM_TZ, ambiguous=np.ones(len(uniq), dtype=bool), nonexistent="shift_forward"
+    )
+    ms = np.asarray(local.as_unit("ms").asi8, dtype=np.int64)
+    return ms[inv.reshape(-1)]
+
+
+def _load_lastfm(path: Path) -> Interactions:
+    if path.is_file():
+        with path.open("r", encoding="utf-8", errors="replace") as fh:
+            first = fh.readline().strip().split("\t")
+        if tuple(s.strip() for s in first) != LASTFM_HEADER:
+            raise DataError(
+                f"{path}, line 1: expected the header {' '.join(LASTFM_HEADER)!r} (tab separated),"
+                f" got {' '.join(first)!r}"
+            )
+    df, lines = read_fields(path, "\t", 6, header=True)
+    cols = [int_column(df[i], path, lines, LASTFM_HEADER[i]) for i in range(6)]
+    users, items, _tags, day, month, year = cols
+    ts = _madrid_midnight_ms(year, month, day, path, lines)
+    return Interactions("lastfm-2k", users, items, ts)
+
+
+_LOADERS = {
+    "filmtrust": _load_filmtrust,
+    "amazon-video": _load_amazon,
+    "lastfm-2k": _load_lastfm,
+}
+
+
+def default_data_dir() -> Path | None:
+    """The data directory from the environment variable FEDREC_DATA_DIR, or None if unset."""
+    value = os.environ.get(DATA_DIR_ENV, "").strip()
+    return Path(value).expanduser() if value else None
+
+
+def packaged_filmtrust() -> Path:
+    """Path of the FilmTrust copy shipped inside the package."""
+    return (
+        Path(__file__).resolve().parent.parent / "datasets" / "filmtrust" / RAW_FILES["filmtrust"]
+    )
+
+
+def raw_path(name: str, data_dir: Path | None = None) -> Path:
+    """Where the raw file of dataset ``name`` is looked up (see ``load_raw``)."""
+    if name not in RAW_FILES:
+        raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+    if data_dir is None:
+        data_dir = default_data_dir()
+    if data_dir is None:
+        if name == "filmtrust":
+            return packaged_filmtrust()
+        raise DataError(
+            f"dataset {name!r} needs a data directory (none given and {DATA_DIR_ENV} is unset). "
+            + _WHERE_TO_GET.format(env=DATA_DIR_ENV)
+        )
+    data_dir = Path(data_dir)
+    nested = data_dir / name / RAW_FILES[name]
+    flat = data_dir / RAW_FILES[name]
+    if nested.is_file():
+        return nested
+    if data_dir.name == name and flat.is_file():
+        return flat
+    raise DataError(
+        f"{nested}: file not found for dataset {name!r}. " + _WHERE_TO_GET.format(env=DATA_DIR_ENV)
+    )
+
+
+def load_raw(name: str, data_dir: Path | None = None) -> Interactions:
+    """Load the raw rows of a known dataset (FilmTrust falls back to the packaged copy)."""
+    path = raw_path(name, data_dir)
+    return _LOADERS[name](path)
+
+
+def load_csv(
+    path: Path, sep: str = ",", header: bool = False, name: str | None = None
+) -> Interactions:
+    """Load ``user,item[,timestamp]`` rows; without a timestamp column row order is the time."""
+    path = Path(path)
+    df, lines = read_fields(path, sep, (2, 3), header=header)
+    users = id_column(df[0].str.strip())
+    items = id_column(df[1].str.strip())
+    if df.shape[1] == 3:
+        ts = int_column(df[2].str.strip(), path, lines, "timestamp")
+    else:
+        ts = np.arange(len(df), dtype=np.int64)
+    return Interactions(name if name is not None else path.stem, users, items, ts)
