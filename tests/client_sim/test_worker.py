@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fake_aggregator import FakeAggregator
+from tests.fake_aggregator import FakeAggregator
 
 from fedrecgel.metrics import means
 from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step

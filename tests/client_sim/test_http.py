@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from fake_aggregator import FakeAggregator
+from tests.fake_aggregator import FakeAggregator
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState
