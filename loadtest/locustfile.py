@@ -8,8 +8,16 @@ unchanged model is a 304) and, when its client is in the round's cohort, uploads
 encoded with ``fedrecgel.wire.encode_updates`` (sparse item rows, dense tower gradients).
 Its host is ``FEDREC_LOAD_AGGREGATOR`` (default: ``--host``). Pick classes by name, e.g.
 ``locust -f loadtest/locustfile.py RecommendUser``. Model shape for the request vectors:
-``FEDREC_LOAD_N_ITEMS`` (default 2071, FilmTrust), ``FEDREC_LOAD_FACTOR`` (32),
+``FEDREC_LOAD_N_ITEMS`` (default 2059, FilmTrust), ``FEDREC_LOAD_FACTOR`` (32),
 ``FEDREC_LOAD_LAYERS`` (3), ``FEDREC_LOAD_ROWS`` (sparse rows per update, default 140 x 5).
+An ``AggregatorClient`` uploads only with the shape of the model it downloaded, so its updates
+always match the served model whatever these are set to.
+
+Against a live aggregator (``tests/test_loadtest.py`` runs this headless and checks that the
+uploads were stored with no failure)::
+
+    locust -f loadtest/locustfile.py AggregatorClient --headless -u 50 -r 10 -t 30s \
+        --host http://127.0.0.1:8700
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from fedrecgel.sam import Update
 from fedrecgel.wire import decode_model, encode_updates
 
 CFG = ModelConfig(
-    n_items=int(os.environ.get("FEDREC_LOAD_N_ITEMS", "2071")),
+    n_items=int(os.environ.get("FEDREC_LOAD_N_ITEMS", "2059")),
     factor=int(os.environ.get("FEDREC_LOAD_FACTOR", "32")),
     layers=int(os.environ.get("FEDREC_LOAD_LAYERS", "3")),
 )
@@ -89,11 +97,18 @@ class AggregatorClient(HttpUser):
         self.client_id = _next_client_id()
         self.token: str | None = None
         self.etag: str | None = None
-        self.cfg = CFG
+        self.cfg: ModelConfig | None = None
         self.uploaded: set[int] = set()
-        r = self.client.post("/v1/clients", json={"client_ids": [self.client_id]}, name="register")
-        if r.status_code == 201:
-            self.token = r.json()["token"]
+        with self.client.post(
+            "/v1/clients",
+            json={"client_ids": [self.client_id]},
+            name="register",
+            catch_response=True,
+        ) as r:
+            if r.status_code == 201:
+                self.token = r.json()["token"]
+            else:
+                r.failure(f"{r.status_code}: {r.text[:200]}")
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -120,6 +135,9 @@ class AggregatorClient(HttpUser):
         """GET /v1/models/latest with If-None-Match (304 when unchanged)."""
         if self.token is None:
             return
+        self._download()
+
+    def _download(self) -> None:
         headers = self._auth()
         if self.etag:
             headers["If-None-Match"] = self.etag
@@ -130,18 +148,24 @@ class AggregatorClient(HttpUser):
                 self.etag = r.headers.get("ETag")
                 self.cfg = decode_model(r.content)[0]
                 r.success()
-            elif r.status_code == 304:
+            elif r.status_code in (304, 404):
+                # 304: unchanged; 404: no run has published a model yet
                 r.success()
             else:
                 r.failure(f"{r.status_code}")
 
     def upload(self, round_id: int) -> None:
-        """POST one sparse update for this client."""
+        """POST one sparse update for this client, shaped like the model it downloaded."""
+        if self.cfg is None:
+            self._download()
+            if self.cfg is None:
+                return
         body = encode_updates(round_id, [random_update(self.cfg, self.client_id, ROWS)])
         headers = {**self._auth(), "Content-Type": "application/octet-stream"}
+        # locust's HttpSession is a requests session: the body goes in ``data``
         with self.client.post(
             f"/v1/rounds/{round_id}/updates",
-            content=body,
+            data=body,
             headers=headers,
             name="upload",
             catch_response=True,
