@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
 from fedrecgel.reference import reference_client_step
 from fedrecgel.sam import PrivateState, cohort_step
-from fedrecgel.simulate import Simulator, TrainConfig, select_cohort
+from fedrecgel.simulate import Simulator, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,8 +1,8 @@
 """The fast in-process federated simulator.
 
-One round: draw the cohort, build each client's samples from its own keyed random stream,
-run the batched hierarchical SAM step for the whole cohort (:func:`fedrecgel.sam.cohort_step`),
-aggregate the uploads with the strategy, step the server optimizer, evaluate.
+One round: draw the cohort (:func:`fedrecgel.cohort.select_cohort`), run the client round of
+the whole cohort (:class:`fedrecgel.client_round.ClientRound`: keyed samples, batched
+hierarchical SAM step, private-state update), aggregate the uploads with the strategy, step the server optimizer, evaluate.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import Tensor
 
+from fedrecgel.client_round import ClientRound
+from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
-from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
+from fedrecgel.private_store import PrivateStore
+from fedrecgel.sam import SAMConfig
 from fedrecgel.strategy import OptimizerName, Strategy, Weighting, make_strategy
 
 log = logging.getLogger(__name__)
@@ -116,87 +118,6 @@ class TrainConfig:
                 raise ValueError(msg)
 
 
-def cohort_size(n_candidates: int, fraction: float) -> int:
-    """m = int(fraction * n), at least 1."""
-    return max(1, int(fraction * n_candidates))
-
-
-def select_cohort(
-    candidates: np.ndarray, fraction: float, seed: int, round_id: int, attempt: int = 0
-) -> np.ndarray:
-    """The round's clients: uniform without replacement from ``candidates``, sorted.
-
-    ``candidates`` is taken in sorted order, so the draw depends only on the set of ids, the
-    seed, the round and the attempt (a retried round draws a new cohort).
-    """
-    ids = np.sort(np.asarray(candidates, dtype=np.int64))
-    rng = np.random.default_rng([int(seed), int(round_id), int(attempt), 0xC0]).permutation(
-        len(ids)
-    )
-    return np.sort(ids[rng[: cohort_size(len(ids), fraction)]])
-
-
-class PrivateStore:
-    """Private state of every user in one process, allocated lazily on first use.
-
-    Nothing of size users x anything is allocated up front, so a 1e6-user population costs
-    memory only for the users that have taken part.
-    """
-
-    def __init__(self, cfg: ModelConfig, seed: int, n_users: int) -> None:
-        self.cfg = cfg
-        self.seed = seed
-        self.slot = np.full(n_users, -1, dtype=np.int64)
-        self.size = 0
-        self.data = PrivateState.fresh(cfg, seed, np.zeros(0, dtype=np.int64))
-
-    def _ensure(self, user_ids: np.ndarray) -> np.ndarray:
-        new = np.unique(user_ids[self.slot[user_ids] < 0])
-        if len(new):
-            fresh = PrivateState.fresh(self.cfg, self.seed, new)
-            need = self.size + len(new)
-            cap = self.data.step.shape[0]
-            if need > cap:
-                grow = max(need, 2 * cap, 1024)
-                self.data = _grow(self.data, grow)
-            rows = np.arange(self.size, need)
-            self.data.assign(rows, fresh)
-            self.slot[new] = rows
-            self.size = need
-        return self.slot[user_ids]
-
-    def get(self, user_ids: np.ndarray) -> PrivateState:
-        """The state of ``user_ids`` (copies), initialising users seen for the first time."""
-        rows = self._ensure(np.asarray(user_ids, dtype=np.int64))
-        return self.data.select(rows)
-
-    def put(self, user_ids: np.ndarray, state: PrivateState) -> None:
-        """Store the new state of ``user_ids``."""
-        rows = self._ensure(np.asarray(user_ids, dtype=np.int64))
-        self.data.assign(rows, state)
-
-    def params(self, user_ids: np.ndarray) -> dict[str, Tensor]:
-        """Current private parameters of ``user_ids``: name -> (U, d)."""
-        rows = torch.from_numpy(self._ensure(np.asarray(user_ids, dtype=np.int64)))
-        return {k: v[rows] for k, v in self.data.params.items()}
-
-
-def _grow(state: PrivateState, capacity: int) -> PrivateState:
-    n = state.step.shape[0]
-
-    def pad(t: Tensor) -> Tensor:
-        out = torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype)
-        out[:n] = t
-        return out
-
-    return PrivateState(
-        params={k: pad(v) for k, v in state.params.items()},
-        exp_avg={k: pad(v) for k, v in state.exp_avg.items()},
-        exp_avg_sq={k: pad(v) for k, v in state.exp_avg_sq.items()},
-        step=pad(state.step),
-    )
-
-
 @dataclass
 class RoundRecord:
     """What one round produced."""
@@ -259,21 +180,14 @@ class Simulator:
         self.strategy = config.strategy()
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
+        self.clients = ClientRound(self.model_cfg, self.hp, config.seed)
         self.round_id = 0
 
     def samples_for(
         self, user_ids: np.ndarray, round_id: int
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each client's samples for ``round_id`` (keyed by seed, round and user)."""
-        return [
-            client_samples(
-                self.split.user_train(int(u)),
-                self.split.n_items,
-                self.hp.n_negatives,
-                client_rng(self.config.seed, round_id, int(u)),
-            )
-            for u in user_ids
-        ]
+        return self.clients.samples(round_id, user_ids, self.split.user_train)
 
     def step(self) -> RoundRecord:
         """Run one round."""
@@ -283,11 +197,7 @@ class Simulator:
         cohort = select_cohort(self.users, self.config.fraction, self.config.seed, r)
         uploads, losses = [], []
         for part in self._shards(cohort):
-            samples = self.samples_for(part, r)
-            result = cohort_step(
-                self.model_cfg, self.shared, part, self.store.get(part), samples, self.hp
-            )
-            self.store.put(part, result.state)
+            result = self.clients.step_in(self.store, self.shared, r, part, self.split.user_train)
             uploads += result.uploads
             losses.append(result.losses)
         self.strategy.round(self.shared, uploads)

@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.simulate import select_cohort
+from fedrecgel.cohort import select_cohort
 from fedrecgel.wire import encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.scenario import (

@@ -8,7 +8,9 @@ import torch
 
 from fedrecgel.reference import reference_client_step
 from fedrecgel.sam import PrivateState
-from fedrecgel.simulate import PrivateStore, Simulator, TrainConfig, select_cohort
+from fedrecgel.cohort import select_cohort
+from fedrecgel.private_store import PrivateStore
+from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.strategy import aggregate_gradients
 from fedrecgel.synthetic import synthetic_split
 

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import Update
-from fedrecgel.simulate import select_cohort
+from fedrecgel.cohort import select_cohort
 from fedrecgel.strategy import Strategy, make_strategy
 from fedrecgel.wire import (
     WireError,
