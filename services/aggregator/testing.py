@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update, client_rng, client_samples, cohort_step
-from fedrecgel.simulate import PrivateStore, TrainConfig
+from fedrecgel.private_store import PrivateStore
+from fedrecgel.sam import Update
+from fedrecgel.simulate import TrainConfig
 from services.aggregator.models import utcnow
 from services.aggregator.schemas import RunConfig
 from services.aggregator.settings import Settings
@@ -121,24 +123,13 @@ class FederatedDriver:
         self.split = split
         self.config = config
         self.model_cfg = config.model()
-        self.hp = config.sam()
+        self.clients = ClientRound(self.model_cfg, config.sam(), config.seed)
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
 
     def uploads(
         self, shared: dict[str, torch.Tensor], round_id: int, cohort: np.ndarray
     ) -> list[Update]:
         """The cohort's SAM-gradient uploads for ``round_id`` (commits their private state)."""
-        cohort = np.asarray(cohort, dtype=np.int64)
-        samples = [
-            client_samples(
-                self.split.user_train(int(u)),
-                self.split.n_items,
-                self.hp.n_negatives,
-                client_rng(self.config.seed, round_id, int(u)),
-            )
-            for u in cohort
-        ]
-        state = self.store.get(cohort)
-        result = cohort_step(self.model_cfg, shared, cohort, state, samples, self.hp)
-        self.store.put(cohort, result.state)
-        return result.uploads
+        return self.clients.step_in(
+            self.store, shared, round_id, cohort, self.split.user_train
+        ).uploads
