@@ -1,17 +1,24 @@
-"""One-shot operator: wait for the aggregator and the workers, then start a run.
+"""One-shot operator: wait for the aggregator and the workers, start a run, optionally follow it.
 
 ``POST /v1/runs`` with the operator token (docs/API.md). Configured by the environment:
 
-* ``FEDREC_AGG_OPERATOR_TOKEN`` (required): the aggregator's operator token;
+* ``FEDREC_AGG_OPERATOR_TOKEN`` or ``FEDREC_AGG_OPERATOR_TOKEN_FILE`` (one is required);
 * ``AGGREGATOR_URL`` (default ``http://aggregator:8700``);
-* ``RUN_CONFIG``: a JSON object of RunConfig fields (default ``{"rounds": 100}``); ``n_items``
-  is taken from the dataset (``dataset``, default filmtrust) when it is not given;
+* ``RUN_CONFIG``: a JSON object of RunConfig fields (default ``{"rounds": 100}``);
+  ``RUN_ROUNDS`` and ``RUN_DATASET``, when set, override its ``rounds`` and ``dataset``;
+  ``n_items`` is taken from the dataset (default filmtrust) when it is not given;
 * ``WAIT_FOR``: comma-separated worker ``/healthz`` URLs that must report ``registered`` first
   (the first round's cohort is drawn from the clients registered when the run starts);
 * ``WAIT_TIMEOUT_S`` (default 600).
 
-Exit status 0 when the run started or one is already active (so re-running it is harmless),
-1 otherwise. The same request by hand::
+With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
+until every round is closed and evaluated, waits until recommend-api (``RECOMMEND_URL``) serves
+the final model, and prints the top-10 of the first ``SHOW_USERS`` users (default 3), asked
+from their workers (``WORKER_URLS``, comma-separated, user ``u`` on worker ``u % n``) as their
+devices would.
+
+Exit status 0 when the run started (and, with ``--follow``, finished) or one is already active
+(which is then followed), 1 otherwise. The same request by hand::
 
     curl -X POST http://127.0.0.1:8700/v1/runs -H "Authorization: Bearer $FEDREC_AGG_OPERATOR_TOKEN" \\
          -H 'Content-Type: application/json' -d '{"n_items": 2059, "rounds": 100}'
@@ -19,6 +26,7 @@ Exit status 0 when the run started or one is already active (so re-running it is
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -28,80 +36,246 @@ import urllib.request
 from typing import Any
 
 
-def _get_json(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
-    """Status and JSON body of ``GET url`` (status 0 when nothing answered)."""
+class DemoError(RuntimeError):
+    """The run could not be started or followed; the message says why."""
+
+
+def _request(
+    url: str, token: str | None = None, data: Any = None, timeout_s: float = 10.0
+) -> tuple[int, Any]:
+    """Status and JSON body of a GET (or a POST of ``data``); status 0 when nothing answered."""
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    body = json.dumps(data).encode() if data is not None else None
+    req = urllib.request.Request(url, data=body, headers=headers)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return int(resp.status), json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as err:
-        return err.code, None
+        try:
+            return err.code, json.loads(err.read() or b"null")
+        except ValueError:
+            return err.code, None
     except (urllib.error.URLError, OSError, ValueError):
         return 0, None
 
 
-def wait_until(what: str, ready: Any, timeout_s: float, every_s: float = 2.0) -> None:
-    """Poll ``ready()`` until it is true; SystemExit(1) after ``timeout_s``."""
+def _get_json(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
+    return _request(url, timeout_s=timeout_s)
+
+
+def wait_until(what: str, ready: Any, timeout_s: float, every_s: float = 1.0) -> None:
+    """Poll ``ready()`` until it is true; DemoError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not ready():
         if time.monotonic() > deadline:
-            sys.stderr.write(f"timed out waiting for {what}\n")
-            raise SystemExit(1)
+            raise DemoError(f"timed out waiting for {what}")
         time.sleep(every_s)
-    print(f"ready: {what}", flush=True)
+    say(f"ready: {what}")
+
+
+def say(line: str) -> None:
+    """One log line (docker logs shows it as it comes)."""
+    print(line, flush=True)
+
+
+def operator_token() -> str:
+    """The operator token from the environment or the file it names."""
+    token = os.environ.get("FEDREC_AGG_OPERATOR_TOKEN", "").strip()
+    path = os.environ.get("FEDREC_AGG_OPERATOR_TOKEN_FILE", "").strip()
+    if not token and path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as err:
+            raise DemoError(f"cannot read FEDREC_AGG_OPERATOR_TOKEN_FILE {path}: {err}") from None
+    if not token:
+        raise DemoError("set FEDREC_AGG_OPERATOR_TOKEN or FEDREC_AGG_OPERATOR_TOKEN_FILE")
+    return token
 
 
 def run_config() -> dict[str, Any]:
-    """The RunConfig to post: ``$RUN_CONFIG`` with ``n_items`` filled in from the dataset."""
-    cfg: dict[str, Any] = json.loads(os.environ.get("RUN_CONFIG") or '{"rounds": 100}')
+    """The RunConfig to post: ``$RUN_CONFIG`` with overrides and ``n_items`` filled in."""
+    try:
+        cfg = json.loads(os.environ.get("RUN_CONFIG") or '{"rounds": 100}')
+    except ValueError as err:
+        raise DemoError(f"RUN_CONFIG is not JSON: {err}") from None
     if not isinstance(cfg, dict):
-        raise SystemExit("RUN_CONFIG must be a JSON object")
+        raise DemoError("RUN_CONFIG must be a JSON object")
+    rounds = os.environ.get("RUN_ROUNDS", "").strip()
+    if rounds:
+        if not rounds.isdigit() or int(rounds) < 1:
+            raise DemoError(f"RUN_ROUNDS must be a positive integer, got {rounds!r}")
+        cfg["rounds"] = int(rounds)
+    dataset = os.environ.get("RUN_DATASET", "").strip()
+    if dataset:
+        cfg["dataset"] = dataset
     cfg.setdefault("rounds", 100)
     if "n_items" not in cfg:
         from fedrecgel.data import load_split
 
-        cfg["n_items"] = int(load_split(str(cfg.get("dataset", "filmtrust"))).n_items)
+        name = str(cfg.get("dataset", "filmtrust"))
+        try:
+            cfg["n_items"] = int(load_split(name).n_items)
+        except (OSError, ValueError, KeyError) as err:
+            raise DemoError(f"cannot load dataset {name!r}: {err}") from None
     return cfg
 
 
-def start_run(base_url: str, token: str, cfg: dict[str, Any]) -> int:
-    """POST the run; 0 when it started (201) or one is already active (409 run_active)."""
-    req = urllib.request.Request(
-        f"{base_url.rstrip('/')}/v1/runs",
-        data=json.dumps(cfg).encode(),
-        method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
+def start_run(base_url: str, token: str, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """POST the run; its description when it started, None when one is already active."""
+    status, body = _request(f"{base_url}/v1/runs", token, cfg, timeout_s=60)
+    if status == 201:
+        say(
+            f"run {body['run_id']} started: {cfg['rounds']} rounds of {cfg.get('dataset')}, "
+            f"{body['cohort_size']} clients a round"
+        )
+        return dict(body)
+    if status == 409 and isinstance(body, dict) and body.get("error") == "run_active":
+        say("a run is already active: following it")
+        return None
+    raise DemoError(f"POST /v1/runs -> {status}: {json.dumps(body)}")
+
+
+def _hr(metrics: dict[str, float] | None) -> str:
+    if not metrics or "hr@10" not in metrics:
+        return ""
+    return f"HR@10 {metrics['hr@10']:.4f}  NDCG@10 {metrics.get('ndcg@10', 0.0):.4f}"
+
+
+def follow(base: str, token: str, poll_s: float = 0.5) -> dict[str, Any]:
+    """Print progress until every round of the current run is closed and evaluated; returns
+    ``{"run_id", "rounds", "history", "first_round_s", "seconds"}``."""
+    t0 = time.monotonic()
+    status, cur = _request(f"{base}/v1/rounds/current", token)
+    if status != 200 or not isinstance(cur, dict) or cur.get("config") is None:
+        raise DemoError(f"no run to follow (GET /v1/rounds/current -> {status})")
+    run_id, total = cur["run_id"], int(cur["config"]["rounds"])
+    printed: set[int] = set()
+    shown: tuple[int, int] | None = None
+    last_show = 0.0
+    first_round_s: float | None = None
+    while True:
+        status, hist = _request(f"{base}/v1/runs/current/history")
+        if status == 200 and isinstance(hist, dict) and hist.get("run_id") not in (None, run_id):
+            raise DemoError(f"run {run_id} was replaced by run {hist['run_id']}")
+        rounds = hist.get("rounds", []) if status == 200 and isinstance(hist, dict) else []
+        if rounds and first_round_s is None:
+            first_round_s = time.monotonic() - t0
+        for r in rounds:
+            rid = int(r["round_id"])
+            # a round is shown with its evaluation, or without once two later rounds closed
+            ready = bool(r.get("metrics")) or (rid < total and len(rounds) - rid >= 2)
+            if rid in printed or not ready:
+                continue
+            printed.add(rid)
+            say(
+                f"round {rid:>3}/{total} closed: {r['n_updates']} updates, "
+                f"loss {r['loss'] if r['loss'] is not None else float('nan'):.4f}, "
+                f"{_hr(r.get('metrics')) or 'not evaluated yet'}  ({r['seconds']:.1f} s)"
+            )
+        if len(rounds) >= total and all(r.get("metrics") for r in rounds[:total]):
+            return {
+                "run_id": run_id,
+                "rounds": total,
+                "history": hist,
+                "first_round_s": first_round_s,
+                "seconds": time.monotonic() - t0,
+            }
+        nxt = len(rounds) + 1
+        if nxt <= total:
+            status, info = _request(f"{base}/v1/rounds/{nxt}")
+            if status == 200 and isinstance(info, dict):
+                now = (int(info["updates_received"]), int(info["cohort_size"]))
+                if now != shown and time.monotonic() - last_show >= 2.0:
+                    say(f"round {nxt:>3}/{total}: {now[0]}/{now[1]} updates in")
+                    shown, last_show = now, time.monotonic()
+        status, cur = _request(f"{base}/v1/rounds/current", token)
+        if status == 200 and isinstance(cur, dict):
+            if cur.get("run_id") != run_id:
+                raise DemoError(f"run {run_id} was replaced by run {cur.get('run_id')}")
+            if cur.get("state") in ("finished", "idle"):
+                # read the history again: the last round may have closed since
+                _, again = _request(f"{base}/v1/runs/current/history")
+                closed = len(again.get("rounds", [])) if isinstance(again, dict) else 0
+                if closed < total:
+                    raise DemoError(f"run {run_id} ended after {closed} of {total} rounds")
+        time.sleep(poll_s)
+
+
+def show_recommendations(
+    rec_url: str, worker_urls: list[str], version: int, users: int, timeout_s: float
+) -> bool:
+    """Wait until recommend-api serves ``version``, then print the first users' top-10 as their
+    workers answer them; True when every user got an answer."""
+
+    def serving() -> bool:
+        status, body = _get_json(f"{rec_url}/healthz")
+        return (
+            status == 200 and isinstance(body, dict) and (body.get("model_version") or 0) >= version
+        )
+
+    wait_until(f"recommend-api serving model v{version}", serving, timeout_s, every_s=0.5)
+    columns: dict[int, list[str]] = {}
+    ok = True
+    for user in range(users):
+        url = f"{worker_urls[user % len(worker_urls)]}/v1/users/{user}/recommendations?k=10"
+        status, body = _get_json(url, timeout_s=30)
+        if status != 200 or not isinstance(body, dict):
+            say(f"user {user}: {url} -> {status} {json.dumps(body)}")
+            ok = False
+            continue
+        columns[user] = [f"{it['item']} ({it['score']:+.2f})" for it in body["items"]]
+        version = int(body["model_version"])
+    if columns:
+        width = max(len(x) for col in columns.values() for x in col) + 2
+        say(f"top-10 recommendations, model v{version} (item id (logit)), asked via the workers:")
+        say("rank  " + "".join(f"user {u}".ljust(width) for u in columns))
+        for rank in range(10):
+            cells = [col[rank] if rank < len(col) else "" for col in columns.values()]
+            say(f"{rank + 1:>4}  " + "".join(c.ljust(width) for c in cells))
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Wait for the aggregator and the workers, start the run, follow it when asked."""
+    parser = argparse.ArgumentParser(prog="start_run.py", description="start (and follow) a run")
+    parser.add_argument("--follow", action="store_true", help="print progress until the end")
+    args = parser.parse_args(argv)
+    base = os.environ.get("AGGREGATOR_URL", "http://aggregator:8700").rstrip("/")
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            print(f"run started: {resp.read().decode()}", flush=True)
+        timeout_s = float(os.environ.get("WAIT_TIMEOUT_S", "600"))
+        token = operator_token()
+        cfg = run_config()
+        wait_until("aggregator", lambda: _get_json(f"{base}/healthz")[0] == 200, timeout_s)
+        for url in filter(None, (u.strip() for u in os.environ.get("WAIT_FOR", "").split(","))):
+
+            def registered(url: str = url) -> bool:
+                status, body = _get_json(url)
+                return status == 200 and isinstance(body, dict) and body.get("registered") is True
+
+            wait_until(f"worker {url}", registered, timeout_s)
+        start_run(base, token, cfg)
+        if not args.follow:
             return 0
-    except urllib.error.HTTPError as err:
-        body = err.read().decode(errors="replace")
-        if err.code == 409 and '"run_active"' in body:
-            print(f"a run is already active: {body}", flush=True)
-            return 0
-        sys.stderr.write(f"POST /v1/runs -> {err.code}: {body}\n")
+        done = follow(base, token)
+        say(
+            f"run {done['run_id']}: {done['rounds']} rounds closed and evaluated in "
+            f"{done['seconds']:.1f} s (first round closed after {done['first_round_s']:.1f} s)"
+        )
+        workers = [u.strip().rstrip("/") for u in os.environ.get("WORKER_URLS", "").split(",")]
+        workers = [u for u in workers if u]
+        rec_url = os.environ.get("RECOMMEND_URL", "").rstrip("/")
+        users = int(os.environ.get("SHOW_USERS", "3"))
+        if workers and rec_url and users > 0:
+            return (
+                0 if show_recommendations(rec_url, workers, done["rounds"], users, timeout_s) else 1
+            )
+        return 0
+    except DemoError as err:
+        sys.stderr.write(f"{err}\n")
         return 1
-
-
-def main() -> int:
-    """Wait for the aggregator and the workers, then start the run."""
-    token = os.environ.get("FEDREC_AGG_OPERATOR_TOKEN", "")
-    if not token:
-        sys.stderr.write("FEDREC_AGG_OPERATOR_TOKEN is not set\n")
-        return 1
-    base = os.environ.get("AGGREGATOR_URL", "http://aggregator:8700")
-    timeout_s = float(os.environ.get("WAIT_TIMEOUT_S", "600"))
-    cfg = run_config()
-    wait_until("aggregator", lambda: _get_json(f"{base}/healthz")[0] == 200, timeout_s)
-    for url in filter(None, (u.strip() for u in os.environ.get("WAIT_FOR", "").split(","))):
-
-        def registered(url: str = url) -> bool:
-            status, body = _get_json(url)
-            return status == 200 and isinstance(body, dict) and body.get("registered") is True
-
-        wait_until(f"worker {url}", registered, timeout_s)
-    return start_run(base, token, cfg)
 
 
 if __name__ == "__main__":

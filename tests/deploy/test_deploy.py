@@ -26,13 +26,13 @@ from pydantic_settings import BaseSettings
 from fedrecgel.cli import app as fedrec_cli
 from services.aggregator.app import create_app as create_aggregator_app
 from services.aggregator.settings import Settings as AggregatorSettings
-from services.client_sim.http import create_app as create_worker_app
+from services.client_sim.server import create_app as create_worker_app
+from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import WorkerStore
-from services.client_sim.worker import WorkerSettings
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.settings import Settings as RecommendSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
@@ -54,6 +54,8 @@ CLI_MODULE["recommend"] = "services.recommend_api"
 PLACEHOLDERS = {"REPLACE_ME", "changethis"}
 SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|SECRET|API_KEY|PRIVATE_KEY)", re.IGNORECASE)
 COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
+COMPOSE_DEFAULT = re.compile(r"^\$\{\w+:-([^}]*)\}$")
+SECRETS_MOUNT = "/run/fedrec-secrets/"
 K8S_VAR = re.compile(r"\$\((\w+)\)")
 
 # ---------------------------------------------------------------- loading
@@ -421,8 +423,16 @@ def _dockerfile_app_files() -> set[str]:
 
 
 def _fake_compose_env(value: str) -> str:
-    """A compose value with ``${VAR...}`` replaced by a realistic non-placeholder."""
-    return COMPOSE_VAR.sub(lambda m: f"test-{m.group(1).lower().replace('_', '-')}", value)
+    """A compose value with ``${VAR:-default}`` replaced by its default and any other
+    ``${VAR...}`` by a realistic non-placeholder (what compose gives without a .env)."""
+
+    def sub(m: re.Match[str]) -> str:
+        default = COMPOSE_DEFAULT.match(m.group(0))
+        if default is not None and default.group(1):
+            return default.group(1)
+        return f"test-{m.group(1).lower().replace('_', '-')}"
+
+    return COMPOSE_VAR.sub(sub, value)
 
 
 def _compose_service_port(name: str, svc: dict[str, Any]) -> int | None:
@@ -588,7 +598,7 @@ def test_fedrec_variables_are_found_at_all():
 
 def test_every_command_is_a_real_entry_point():
     commands = [svc["command"] for svc in _compose()["services"].values() if "command" in svc]
-    commands = [c for c in commands if c[0] not in ("redis-server",)]
+    commands = [c for c in commands if c[0] not in ("redis-server", "postgres")]
     commands += [c["command"] for _, c in _containers() if c["image"] == IMAGE]
     assert len(commands) >= 8
     for command in commands:
@@ -610,13 +620,27 @@ def _compose_services_running(module: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def _secret_files_in(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with every file under the compose secrets volume moved to ``tmp_path``, where
+    it holds a realistic secret (what deploy/init_secrets.py writes)."""
+    out = {}
+    for k, v in env.items():
+        if v.startswith(SECRETS_MOUNT):
+            path = tmp_path / v.removeprefix(SECRETS_MOUNT)
+            path.write_text(f"generated-{path.name}-0123456789abcdef\n")
+            v = str(path)
+        out[k] = v
+    return out
+
+
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
-def test_compose_environment_validates_into_the_settings(module, monkeypatch):
-    """Each service's whole environment (secrets filled in) builds its settings class."""
+def test_compose_environment_validates_into_the_settings(module, monkeypatch, tmp_path):
+    """Each service's whole environment (secret files in place) builds its settings class."""
     services = _compose_services_running(module)
     assert services
     for name, svc in services:
         env = {k: _fake_compose_env(v) for k, v in svc.get("environment", {}).items()}
+        env = _secret_files_in(tmp_path, env)
         prefix = MODULE_PREFIX[module]
         assert all(not k.startswith("FEDREC_") or k.startswith(prefix) for k in env), name
         for k in list(os.environ):
@@ -675,9 +699,22 @@ def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path):
         assert url is not None, f"{name}: healthcheck names no URL"
         host, url_port, path = _url_path_port(url)
         assert (host, url_port) == ("127.0.0.1", port), f"{name}: {url}"
-        assert path == "/healthz" and path in routes[module], f"{name}: {path}"
+        # recommend-api's /healthz is readiness (503 before the first model): liveness there
+        want = "/livez" if module == "services.recommend_api" else "/healthz"
+        assert path == want and path in routes[module], f"{name}: {path}"
         checked += 1
     assert checked == 4  # aggregator, two workers, recommend-api
+
+
+def test_recommend_api_is_live_but_not_ready_before_the_first_model():
+    """The compose healthcheck route answers 200 while no run has published a model, so the
+    container is healthy; the readiness route (k8s) still says 503 no_model."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_recommend_app(RecommendSettings(aggregator_url=None, workers=1))) as c:
+        live, ready = c.get("/livez"), c.get("/healthz")
+    assert live.status_code == 200 and live.json()["model_version"] is None
+    assert ready.status_code == 503 and ready.json()["status"] == "no_model"
 
 
 def test_compose_service_urls_point_at_real_services_and_ports():
@@ -750,8 +787,17 @@ def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
     assert edges >= 8
     for name in ("aggregator", "worker-0", "worker-1", "recommend-api", "postgres", "redis"):
         assert "healthcheck" in services[name], name
-    assert set(services["aggregator"]["depends_on"]) == {"postgres", "redis"}
+    assert set(services["aggregator"]["depends_on"]) == {"secrets", "postgres", "redis"}
     assert {"aggregator", "redis"} <= set(services["recommend-api"]["depends_on"])
+    # every service that reads a generated secret starts after the secrets exist
+    for name, svc in services.items():
+        if any(v.startswith(SECRETS_MOUNT) for v in svc.get("environment", {}).values()):
+            deps = svc["depends_on"]
+            assert "secrets" in deps or "aggregator" in deps, name
+        if any(v.startswith("secrets:") for v in svc.get("volumes", [])) and name != "secrets":
+            assert all(v.endswith(":ro") for v in svc["volumes"] if v.startswith("secrets:"))
+    assert services["secrets"]["restart"] == "no"
+    assert services["demo"]["restart"] == "no" and "profiles" not in services["demo"]
 
 
 # ---------------------------------------------------------------- shards
@@ -767,8 +813,13 @@ def test_compose_workers_cover_every_shard_with_their_own_store():
     assert indices == list(range(n))
     volumes = [v for w in workers.values() for v in w["volumes"]]
     assert len(set(volumes)) == len(volumes) == n  # one store volume per shard
-    wait_for = services["trainer"]["environment"]["WAIT_FOR"].split(",")
+    demo = services["demo"]["environment"]
+    wait_for = demo["WAIT_FOR"].split(",")
     assert sorted(_url_path_port(u)[0] for u in wait_for) == sorted(workers)
+    # the demo asks user u's recommendations from worker u % shards: in shard order
+    urls = demo["WORKER_URLS"].split(",")
+    owner = {int(w["environment"]["FEDREC_WORKER_SHARD"]): name for name, w in workers.items()}
+    assert [_url_path_port(u)[0] for u in urls] == [owner[i] for i in range(n)]
 
 
 def test_k8s_worker_ordinals_are_the_shards():
@@ -841,9 +892,16 @@ def test_no_container_runs_as_root():
 
 
 def _is_secret_free(value: str) -> bool:
-    """A value that carries no committed secret: a placeholder or a reference."""
+    """A value that carries no committed secret: a placeholder, a reference, or a URL whose
+    user has no password in it."""
     stripped = COMPOSE_VAR.sub("", K8S_VAR.sub("", value))
-    return value in PLACEHOLDERS or (stripped != value and not re.search(r":[^/@]+@", stripped))
+    if value in PLACEHOLDERS:
+        return True
+    if re.search(r"://[^/@]*:[^/@]+@", stripped):
+        return False  # a literal password in a URL
+    if re.match(r"^[a-z+]+://[^/@:]+@", value):
+        return True  # a user without a password
+    return stripped != value
 
 
 def test_no_secret_literal_is_committed():
@@ -851,7 +909,11 @@ def test_no_secret_literal_is_committed():
     checked = 0
     for name, svc in compose["services"].items():
         for var, value in svc.get("environment", {}).items():
-            if SECRET_NAME.search(var) or "@" in value:
+            if var.endswith(("_FILE", "_DIR")):
+                # a secret read from (or a folder of) the generated volume, never a value
+                assert f"{value.rstrip('/')}/".startswith(SECRETS_MOUNT), f"{name}.{var}"
+                checked += 1
+            elif SECRET_NAME.search(var) or "@" in value:
                 assert _is_secret_free(value), f"{name}.{var}"
                 checked += 1
     for secret in _k8s_objects("Secret"):
@@ -867,11 +929,14 @@ def test_no_secret_literal_is_committed():
         for var, value in cm["data"].items():
             assert not SECRET_NAME.search(var), f"secret {var} belongs in the Secret"
             assert "@" not in value, f"{var}: credentials in a ConfigMap"
+    # the example sets nothing: copying it must not put a placeholder in force
     example = (DEPLOY / "compose.env.example").read_text()
     for line in example.splitlines():
         if line and not line.startswith("#"):
-            assert line.split("=", 1)[1] in PLACEHOLDERS, line
+            assert line.split("=", 1)[1] == "", line
             checked += 1
+    for var in ("POSTGRES_PASSWORD", "FEDREC_AGG_OPERATOR_TOKEN", "FEDREC_AGG_READER_TOKEN"):
+        assert f"\n# {var}=" in example or f"\n{var}=\n" in example, var
     assert checked >= 8
     assert not re.search(r"(TOKEN|PASSWORD)\s*=\s*\S", DOCKERFILE.read_text())
 
@@ -879,5 +944,8 @@ def test_no_secret_literal_is_committed():
 def test_secret_check_can_fail():
     assert _is_secret_free("${FEDREC_AGG_OPERATOR_TOKEN:?set it}")
     assert _is_secret_free("postgresql+psycopg://fedrec:$(POSTGRES_PASSWORD)@postgres:5432/x")
+    assert _is_secret_free("postgresql+psycopg://fedrec@postgres:5432/fedrec")
+    assert _is_secret_free("${POSTGRES_PASSWORD:-}")
     assert not _is_secret_free("hunter2")
     assert not _is_secret_free("postgresql+psycopg://fedrec:hunter2@postgres:5432/${DB}")
+    assert not _is_secret_free("postgresql://fedrec:hunter2@postgres:5432/fedrec")

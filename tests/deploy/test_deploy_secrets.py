@@ -1,0 +1,165 @@
+"""Secrets of the compose deployment: generated once, taken from the environment when given,
+placeholders refused, and read by the services through their ``*_FILE`` settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from pydantic import ValidationError
+
+from services.aggregator.settings import Settings as AggregatorSettings
+from services.recommend_api.settings import Settings as RecommendSettings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, DEPLOY / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+init_secrets = _load("init_secrets")
+start_run = _load("start_run")
+
+
+def _read(d: Path) -> dict[str, str]:
+    return {p.name: p.read_text().strip() for p in sorted(d.iterdir())}
+
+
+def test_first_start_generates_every_secret_and_a_restart_keeps_them(tmp_path):
+    report = init_secrets.ensure_secrets(tmp_path, {})
+    first = _read(tmp_path)
+    assert set(first) == {"postgres_password", "operator_token", "reader_token"}
+    assert all(line.endswith("generated") for line in report)
+    assert len(set(first.values())) == 3 and all(len(v) >= 32 for v in first.values())
+    for p in tmp_path.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+    assert sorted(init_secrets.ensure_secrets(tmp_path, {})) == [f"{n}: kept" for n in first]
+    assert _read(tmp_path) == first
+    # a second deployment gets other secrets
+    other = tmp_path / "other"
+    other.mkdir()
+    init_secrets.ensure_secrets(other, {})
+    assert set(_read(other).values()).isdisjoint(first.values())
+
+
+def test_values_from_the_environment_replace_the_generated_ones(tmp_path):
+    init_secrets.ensure_secrets(tmp_path, {})
+    before = _read(tmp_path)
+    token = "a-real-operator-token-0123456789"
+    report = init_secrets.ensure_secrets(tmp_path, {"FEDREC_AGG_OPERATOR_TOKEN": token})
+    after = _read(tmp_path)
+    assert after["operator_token"] == token
+    assert after["reader_token"] == before["reader_token"]
+    assert "operator_token: from FEDREC_AGG_OPERATOR_TOKEN" in report
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "why"),
+    [
+        ("FEDREC_AGG_OPERATOR_TOKEN", "changethis", "placeholder"),
+        ("FEDREC_AGG_READER_TOKEN", "REPLACE_ME", "placeholder"),
+        ("FEDREC_AGG_READER_TOKEN", "short", "shorter than 16"),
+        ("POSTGRES_PASSWORD", "p@ss:word/0123456789", "URL-safe"),
+    ],
+)
+def test_placeholders_and_unusable_values_are_refused_and_nothing_is_written(
+    tmp_path, var, value, why
+):
+    with pytest.raises(ValueError, match=why):
+        init_secrets.ensure_secrets(tmp_path, {var: value})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_script_exits_1_with_a_message_and_never_prints_a_secret(tmp_path):
+    env = {"SECRETS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    bad = subprocess.run(
+        [sys.executable, str(DEPLOY / "init_secrets.py")],
+        env={**env, "FEDREC_AGG_OPERATOR_TOKEN": "changethis"},
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and "placeholder" in bad.stderr and "Traceback" not in bad.stderr
+    ok = subprocess.run(
+        [sys.executable, str(DEPLOY / "init_secrets.py")], env=env, capture_output=True, text=True
+    )
+    assert ok.returncode == 0, ok.stderr
+    for secret in _read(tmp_path).values():
+        assert secret not in ok.stdout + ok.stderr
+
+
+def test_aggregator_reads_its_secrets_from_files(tmp_path):
+    init_secrets.ensure_secrets(tmp_path, {})
+    s = _read(tmp_path)
+    settings = AggregatorSettings(
+        environment="production",
+        database_url="postgresql+psycopg://fedrec@postgres:5432/fedrec",
+        operator_token_file=tmp_path / "operator_token",
+        reader_token_file=tmp_path / "reader_token",
+        database_password_file=tmp_path / "postgres_password",
+    )
+    assert settings.operator_token == s["operator_token"]
+    assert settings.reader_token == s["reader_token"]
+    assert settings.database_url == (
+        f"postgresql+psycopg://fedrec:{s['postgres_password']}@postgres:5432/fedrec"
+    )
+
+
+def test_aggregator_secret_files_that_cannot_be_used_are_refused(tmp_path):
+    with pytest.raises(ValidationError, match="FEDREC_AGG_OPERATOR_TOKEN_FILE: cannot read"):
+        AggregatorSettings(operator_token_file=tmp_path / "missing")
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValidationError, match="is empty"):
+        AggregatorSettings(operator_token_file=tmp_path / "empty")
+    (tmp_path / "t").write_text("a-real-token-0123456789\n")
+    with pytest.raises(ValidationError, match="not both"):
+        AggregatorSettings(operator_token="x" * 20, operator_token_file=tmp_path / "t")
+    # the placeholder is refused in production whether it comes from a file or not
+    (tmp_path / "placeholder").write_text("changethis\n")
+    with pytest.raises(ValidationError, match="real secret"):
+        AggregatorSettings(environment="production", operator_token_file=tmp_path / "placeholder")
+
+
+def test_aggregator_secret_files_come_from_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "t").write_text("env-file-token-0123456789\n")
+    monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN_FILE", str(tmp_path / "t"))
+    monkeypatch.delenv("FEDREC_AGG_OPERATOR_TOKEN", raising=False)
+    assert AggregatorSettings(environment="production").operator_token == (
+        "env-file-token-0123456789"
+    )
+
+
+def test_recommend_api_reads_its_token_from_a_file(tmp_path):
+    (tmp_path / "reader").write_text("reader-token-0123456789\n")
+    settings = RecommendSettings(aggregator_token_file=tmp_path / "reader", workers=1)
+    assert settings.aggregator_token is not None
+    assert settings.aggregator_token.get_secret_value() == "reader-token-0123456789"
+    with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN_FILE"):
+        RecommendSettings(aggregator_token_file=tmp_path / "missing", workers=1)
+
+
+def test_demo_reads_the_operator_token_file_and_run_settings(tmp_path, monkeypatch):
+    (tmp_path / "op").write_text("operator-token-0123456789\n")
+    monkeypatch.delenv("FEDREC_AGG_OPERATOR_TOKEN", raising=False)
+    monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN_FILE", str(tmp_path / "op"))
+    assert start_run.operator_token() == "operator-token-0123456789"
+    monkeypatch.setenv("RUN_CONFIG", '{"fraction": 0.1, "seed": 0}')
+    monkeypatch.setenv("RUN_ROUNDS", "3")
+    monkeypatch.setenv("RUN_DATASET", "filmtrust")
+    cfg = start_run.run_config()
+    assert cfg == {"fraction": 0.1, "seed": 0, "rounds": 3, "dataset": "filmtrust", "n_items": 2059}
+    monkeypatch.setenv("RUN_ROUNDS", "three")
+    with pytest.raises(start_run.DemoError, match="RUN_ROUNDS"):
+        start_run.run_config()
+    monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(start_run.DemoError, match="cannot read"):
+        start_run.operator_token()
