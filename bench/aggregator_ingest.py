@@ -32,9 +32,11 @@ from fastapi import FastAPI, Request
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
 from fedrecgel.wire import encode_updates
-from services.loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/)
+from tests.support.loopback import free_port  # noqa: E402
+
 MODEL = ModelConfig(n_items=2059)
 TOKEN = "bench-operator-token"
 

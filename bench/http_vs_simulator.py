@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +34,9 @@ from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
 from services.launcher import UpOptions, cluster, worker_torch_threads
-from services.loopback import free_port, redis_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+from tests.support.loopback import free_port, redis_server
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
 

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from fedrecgel.model import ModelConfig, init_shared  # noqa: E402
 from fedrecgel.wire import encode_model  # noqa: E402
-from services.loopback import free_port  # noqa: E402
-from services.recommend_api.schemas import RecommendationRequest  # noqa: E402
+from services.contract import RecommendationRequest  # noqa: E402
+from tests.support.loopback import free_port  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_load.json"
 

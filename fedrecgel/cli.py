@@ -324,9 +324,11 @@ def up(
     seed: Annotated[int, typer.Option()] = 0,
     rho_sh: Annotated[float, typer.Option()] = 0.02,
     rho_ns: Annotated[float, typer.Option()] = 0.02,
-    aggregator_port: Annotated[int, typer.Option()] = 8700,
-    recommend_port: Annotated[int, typer.Option()] = 8702,
-    worker_http_port: Annotated[int, typer.Option(help="First worker's HTTP port.")] = 8710,
+    aggregator_port: Annotated[int, typer.Option(min=1, max=65535)] = 8700,
+    recommend_port: Annotated[int, typer.Option(min=1, max=65535)] = 8702,
+    worker_http_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
+    ] = 8710,
     workdir: Annotated[Path, typer.Option(help="SQLite files and logs.")] = Path("runs/up"),
     redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
     recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
@@ -335,7 +337,7 @@ def up(
     ] = False,
 ) -> None:
     """Start the aggregator, N workers and the recommendation API locally and train."""
-    from services.launcher import LaunchError, UpOptions
+    from services.launcher import LaunchError, Stopped, UpOptions
     from services.launcher import up as launch
 
     opts = UpOptions(
@@ -359,6 +361,9 @@ def up(
         launch(opts)
     except (LaunchError, DataError) as err:
         raise fail(str(err)) from None
+    except Stopped as stop:
+        console.print(f"stopped by {stop.name}; every service was stopped")
+        raise typer.Exit(128 + stop.signum) from None
 
 
 def main() -> None:

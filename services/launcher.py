@@ -3,21 +3,31 @@
 Everything runs on loopback with embedded defaults (SQLite files under the work directory, no
 Redis unless ``--redis-url`` is given). The launcher starts the processes, waits until every
 user of the dataset is registered, starts a training run through the operator API, shows
-live progress (round, updates in, global HR@10) and stops everything on Ctrl-C or at the end.
+live progress (round, updates in, global HR@10) and stops everything on Ctrl-C, SIGTERM or
+SIGHUP, or at the end.
+
+It cannot hurt a neighbour: every port is checked before anything starts, and the work directory
+is locked for the life of the instance (a second ``fedrec up`` on the same directory is refused
+before it touches a file there).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import fcntl
 import logging
 import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +43,160 @@ console = Console(stderr=True)
 
 class LaunchError(RuntimeError):
     """A process did not start or the run could not be driven; the message says which."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: stop everything, as Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        """The signal's name (``SIGTERM``)."""
+        return signal.Signals(self.signum).name
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+LOCK_FILE = "fedrec-up.lock"
+TOKEN_FILE = "operator.token"
+# what a launcher leaves in its work directory; only these are cleared by the next one
+OWN_FILES = ("aggregator.db*", "worker-*.db*", "*.log", TOKEN_FILE)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Stopped` in the main thread for the block, so that
+    the cleanup of an interrupted ``with`` runs as it does on Ctrl-C (whether or not SIGINT is
+    ignored, as it is for a background job of a script). Previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP for the block (a cleanup that must not be cut short)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, *STOP_SIGNALS)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def locked_workdir(workdir: Path) -> Iterator[Path]:
+    """Hold an exclusive lock on ``workdir`` (created if needed) for the block.
+
+    The lock is an ``flock`` on ``workdir/fedrec-up.lock``, which holds the owner's pid; the
+    kernel drops it when the owner exits, however it exits. Raises LaunchError, having changed
+    nothing, when another process holds it.
+    """
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(workdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise LaunchError(f"cannot use work directory {workdir}: {err.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                raise LaunchError(f"cannot lock work directory {workdir}: {err}") from None
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise LaunchError(
+                f"work directory {workdir} is in use by another `fedrec up` (pid {owner}); "
+                "stop that one first or choose another --workdir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield workdir
+    finally:
+        os.close(fd)
+
+
+def clear_workdir(workdir: Path) -> None:
+    """Remove what an earlier launcher left in ``workdir`` (databases, stores, logs, token);
+    other files are left alone."""
+    for pattern in OWN_FILES:
+        for path in workdir.glob(pattern):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def wanted_ports(opts: UpOptions) -> dict[int, str]:
+    """Every port ``fedrec up`` will listen on, with what listens there (its option)."""
+    named: list[tuple[int, str]] = [(opts.aggregator_port, "aggregator, --aggregator-port")]
+    if opts.recommend:
+        named.append((opts.recommend_port, "recommendation API, --recommend-port"))
+        named += [
+            (opts.worker_http_port + i, f"worker-{i} HTTP API, --worker-http-port + {i}")
+            for i in range(opts.workers)
+        ]
+    out: dict[int, str] = {}
+    for port, who in named:
+        if port in out:
+            raise LaunchError(f"port {port} is asked for twice: {out[port]} and {who}")
+        if not 0 < port < 65536:
+            raise LaunchError(f"port {port} ({who}) is not a TCP port")
+        out[port] = who
+    return out
+
+
+def check_ports(opts: UpOptions) -> None:
+    """Raise LaunchError naming every port that is already taken on ``opts.host``."""
+    busy = []
+    for port, who in wanted_ports(opts).items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            # as the servers bind: a port left in TIME_WAIT is free, a listening one is not
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((opts.host, port))
+            except OSError as err:
+                busy.append(f"{port} ({who}): {err.strerror}")
+    if busy:
+        raise LaunchError(
+            f"cannot listen on {opts.host}, port "
+            + "; port ".join(busy)
+            + ". Stop what uses it, or choose other ports."
+        )
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux SIGTERM the child when the launcher dies (also by
+    SIGKILL); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 @dataclass
@@ -120,6 +284,7 @@ class Cluster:
                 stderr=subprocess.STDOUT,
                 env=full_env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
@@ -146,7 +311,12 @@ class Cluster:
         raise LaunchError(f"{name} did not become healthy at {url} in time")
 
     def stop(self) -> None:
-        """SIGTERM every child, then SIGKILL what is left after a grace period."""
+        """SIGTERM every child, then SIGKILL what is left after a grace period (Ctrl-C, SIGTERM
+        and SIGHUP are ignored meanwhile, so a second one cannot cut the cleanup short)."""
+        with _uninterrupted():
+            self._stop()
+
+    def _stop(self) -> None:
         for p in reversed(self.procs):
             if p.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -246,6 +416,15 @@ class Cluster:
             f"worker-{shard}", self.worker_args(shard), {"FEDREC_WORKER_TORCH_THREADS": threads}
         )
 
+    def write_operator_token(self) -> Path:
+        """Write the operator token to ``workdir/operator.token`` (mode 0600); its path."""
+        path = self.opts.workdir / TOKEN_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), 0o600)
+            fh.write(self.operator_token + "\n")
+        return path
+
     def operator_headers(self) -> dict[str, str]:
         """Authorization header with the operator token."""
         return {"Authorization": f"Bearer {self.operator_token}"}
@@ -255,6 +434,7 @@ class Cluster:
         deadline = time.monotonic() + self.opts.startup_timeout_s
         while time.monotonic() < deadline:
             self.check_alive()
+            self.check_workers()
             with contextlib.suppress(httpx.HTTPError):
                 r = httpx.get(f"{self.agg_url}/v1/clients/count", timeout=2.0)
                 if r.status_code == 200 and r.json()["registered"] >= n_users:
@@ -361,34 +541,41 @@ def run_config(opts: UpOptions, n_items: int) -> dict[str, Any]:
 
 
 def up(opts: UpOptions) -> dict[str, Any]:
-    """Start everything, train, show progress; returns the run history."""
+    """Start everything, train, show progress; returns the run history.
+
+    Refuses (LaunchError) before starting anything when the work directory is in use by
+    another instance or a port is taken. SIGTERM and SIGHUP raise :class:`Stopped` after
+    every child is stopped, as Ctrl-C raises KeyboardInterrupt; with ``keep_running``, any of
+    them ends the wait normally.
+    """
     from fedrecgel.data import load_split
 
-    split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
-    if opts.workdir.exists():
-        shutil.rmtree(opts.workdir)
-    opts.workdir.mkdir(parents=True)
-    with cluster(opts) as c:
-        c.start_aggregator()
-        console.print(f"aggregator up at {c.agg_url}")
-        if opts.recommend:
-            c.start_recommend()
-        for i in range(opts.workers):
-            c.start_worker(i)
-        c.wait_registered(split.n_users)
-        console.print(f"{split.n_users} clients registered by {opts.workers} workers")
-        c.start_run(split.n_items)
-        history = _follow(c, opts)
-        if opts.recommend:
-            _wait_serving(c, len(history.get("rounds", [])))
-            _show_recommendations(opts, split.n_users)
-        if opts.keep_running:
-            _print_try_it(c, opts)
-            with contextlib.suppress(KeyboardInterrupt):
-                while True:
-                    c.check_alive()
-                    time.sleep(1.0)
-        return history
+    with stop_on_signals(), locked_workdir(opts.workdir):
+        check_ports(opts)
+        split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
+        clear_workdir(opts.workdir)
+        with cluster(opts) as c:
+            token_file = c.write_operator_token()
+            c.start_aggregator()
+            console.print(f"aggregator up at {c.agg_url}")
+            if opts.recommend:
+                c.start_recommend()
+            for i in range(opts.workers):
+                c.start_worker(i)
+            c.wait_registered(split.n_users)
+            console.print(f"{split.n_users} clients registered by {opts.workers} workers")
+            c.start_run(split.n_items)
+            history = _follow(c, opts)
+            if opts.recommend:
+                _wait_serving(c, len(history.get("rounds", [])))
+                _show_recommendations(opts, split.n_users)
+            if opts.keep_running:
+                _print_try_it(c, opts, token_file)
+                with contextlib.suppress(KeyboardInterrupt, Stopped):
+                    while True:
+                        c.check_alive()
+                        time.sleep(1.0)
+            return history
 
 
 def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
@@ -493,10 +680,17 @@ def _show_recommendations(opts: UpOptions, n_users: int) -> None:
     Console().print(table)
 
 
-def _print_try_it(c: Cluster, opts: UpOptions) -> None:
-    console.print(
-        "\nServices are running; Ctrl-C stops them. Try:\n"
-        f"  curl -s {c.agg_url}/v1/runs/current/history\n"
-        f"  curl -s 'http://{opts.host}:{opts.worker_http_port}/v1/users/0/recommendations?k=5'\n"
-        f"  curl -s {c.rec_url}/healthz\n"
-    )
+def _print_try_it(c: Cluster, opts: UpOptions, token_file: Path) -> None:
+    lines = [
+        f"\nServices are running; Ctrl-C (or `kill {os.getpid()}`) stops them.",
+        f"The operator token is in {token_file} (mode 0600). Try:",
+        f"  curl -s {c.agg_url}/v1/runs/current/history",
+        f'  curl -s -H "Authorization: Bearer $(cat {token_file})" '
+        f"{c.agg_url}/v1/models/latest -o model.safetensors",
+    ]
+    if opts.recommend:
+        lines += [
+            f"  curl -s 'http://{opts.host}:{opts.worker_http_port}/v1/users/0/recommendations?k=5'",
+            f"  curl -s {c.rec_url}/healthz",
+        ]
+    console.print("\n".join(lines) + "\n")

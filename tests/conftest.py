@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from services.loopback import RedisServer, RedisUnavailable, free_port
-from services.loopback import redis_server as start_redis
+from tests.support.loopback import RedisServer, RedisUnavailable, free_port
+from tests.support.loopback import redis_server as start_redis
 
 # ----------------------------------------------------------------------------- redis
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
+import stat
 from pathlib import Path
 
 import httpx
@@ -21,7 +19,8 @@ from fedrecgel.data import load_split
 from fedrecgel.model import Scorer
 from fedrecgel.wire import decode_model
 from services.client_sim.store import WorkerStore
-from services.loopback import free_port
+from tests.support.loopback import free_port
+from tests.support.procs import alive, descendants, fedrec_up, spawned, wait_for_text
 
 pytestmark = pytest.mark.slow
 
@@ -30,46 +29,46 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
     agg, rec, http0 = free_port(), free_port(), free_port()
     http1 = http0 + 1
     workdir = tmp_path / "up"
-    log = (tmp_path / "up.log").open("w+")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fedrecgel.cli",
-            "up",
-            "--rounds",
-            "2",
-            "--workdir",
-            str(workdir),
-            "--aggregator-port",
-            str(agg),
-            "--recommend-port",
-            str(rec),
-            "--worker-http-port",
-            str(http0),
-            "--keep-running",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    try:
-        deadline = time.monotonic() + 400
-        text = ""
-        while "Services are running" not in text:
-            assert proc.poll() is None, f"fedrec up exited early:\n{text}"
-            assert time.monotonic() < deadline, f"demo did not finish training:\n{text}"
-            time.sleep(1.0)
-            log.seek(0)
-            text = log.read()
+    log_path = tmp_path / "up.log"
+    with (
+        log_path.open("w") as log,
+        spawned(
+            fedrec_up(
+                "--rounds",
+                "2",
+                "--workdir",
+                str(workdir),
+                "--aggregator-port",
+                str(agg),
+                "--recommend-port",
+                str(rec),
+                "--worker-http-port",
+                str(http0),
+                "--keep-running",
+            ),
+            log,
+            env={**os.environ, "COLUMNS": "200"},
+        ) as proc,
+    ):
+        text = wait_for_text(log_path, "Services are running", proc, timeout_s=400)
         assert "top-10 from recommend_api, model v2" in text
         assert "final round 2: HR@10" in text
+        # the operator token is shown as a file only its owner can read
+        token_file = workdir / "operator.token"
+        assert str(token_file) in text
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        token = token_file.read_text().strip()
+        assert token not in text
 
         split = load_split("filmtrust")
         blob = httpx.get(
             f"http://127.0.0.1:{agg}/v1/models/2", headers={"Authorization": "Bearer x"}
         ).status_code
         assert blob == 401  # the aggregator's models are not public
+        blob = httpx.get(
+            f"http://127.0.0.1:{agg}/v1/models/2", headers={"Authorization": f"Bearer {token}"}
+        ).status_code
+        assert blob == 200  # ... but the operator's token in the file opens them
         for user, port in ((0, http0), (3, http1)):
             r = httpx.get(
                 f"http://127.0.0.1:{port}/v1/users/{user}/recommendations?k=10", timeout=30
@@ -92,12 +91,14 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
         # another shard's user is refused by this worker
         r = httpx.get(f"http://127.0.0.1:{http0}/v1/users/1/recommendations?k=10")
         assert r.status_code == 404
-    finally:
-        proc.send_signal(signal.SIGINT)
+        children = descendants(proc.pid)
+        assert len(children) >= 4  # aggregator, recommend_api, two workers
+        # SIGTERM ends a --keep-running instance as Ctrl-C does
+        proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
-        log.close()
-    assert code == 0
-    # everything it started is gone: the ports are free again
+    assert code == 0, log_path.read_text()
+    # everything it started is gone: no process left, the ports are free again
+    assert [pid for pid in children if alive(pid)] == []
     for port in (agg, rec, http0, http1):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0

@@ -36,10 +36,11 @@ from torch import Tensor
 from fedrecgel.data import Split, load_split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
+from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import WorkerStore
-from services.client_sim.worker import Worker, WorkerSettings
+from services.client_sim.worker import Worker
 from services.launcher import Cluster, UpOptions, cluster, run_config, worker_torch_threads
-from services.loopback import free_port
+from tests.support.loopback import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""Loopback helpers shared by the launcher's users, the tests and the benchmarks: a free port,
-waiting for a port to accept connections, and a throw-away redis-server."""
+"""Loopback helpers of the tests and the benchmarks: a free port, waiting for a port to accept
+connections, and a throw-away redis-server."""
 
 from __future__ import annotations
 

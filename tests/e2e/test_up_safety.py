@@ -1,0 +1,189 @@
+"""`fedrec up` cannot hurt its neighbours: busy ports are named before anything starts, a second
+instance on the same work directory is refused without touching it, and SIGTERM, SIGHUP or the
+death of the launcher leave no child process behind (also when SIGINT is ignored, as for a
+background job of a script)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.launcher import Stopped, locked_workdir, stop_on_signals
+from tests.support.loopback import free_port
+from tests.support.procs import alive, descendants, fedrec_up, spawned, wait_for_text
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _ports() -> tuple[int, int, int]:
+    """Free aggregator, recommend_api and first worker ports (the second worker's is +1)."""
+    while True:
+        agg, rec, http0 = free_port(), free_port(), free_port()
+        if len({agg, rec, http0, http0 + 1}) == 4 and _free(http0 + 1):
+            return agg, rec, http0
+
+
+def _free(port: int) -> bool:
+    """Whether a server could listen on ``port`` (a port left in TIME_WAIT is free)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _up_args(workdir: Path, ports: tuple[int, int, int], *extra: str) -> list[str]:
+    agg, rec, http0 = ports
+    return fedrec_up(
+        "--workdir",
+        str(workdir),
+        "--aggregator-port",
+        str(agg),
+        "--recommend-port",
+        str(rec),
+        "--worker-http-port",
+        str(http0),
+        *extra,
+    )
+
+
+WIDE = {**os.environ, "COLUMNS": "500"}  # messages on one line
+
+
+def _run(args: list[str], log_path: Path, timeout_s: float = 120) -> tuple[int, str]:
+    """Run a command to its end (killed with everything it started at the end)."""
+    with log_path.open("w") as log, spawned(args, log, env=WIDE) as proc:
+        code = proc.wait(timeout_s)
+    return code, log_path.read_text()
+
+
+@pytest.fixture
+def listening() -> Iterator[socket.socket]:
+    """A socket listening on a free loopback port (a neighbour's server)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s
+
+
+@pytest.mark.parametrize("which", ["aggregator", "recommendation API", "worker-1"])
+def test_a_busy_port_is_named_before_anything_starts(
+    tmp_path: Path, listening: socket.socket, which: str
+) -> None:
+    busy = listening.getsockname()[1]
+    agg, rec, http0 = _ports()
+    if which == "aggregator":
+        agg = busy
+    elif which == "recommendation API":
+        rec = busy
+    else:
+        http0 = busy - 1
+    workdir = tmp_path / "up"
+    code, out = _run(_up_args(workdir, (agg, rec, http0)), tmp_path / "up.log")
+    assert code == 2, out
+    assert f"port {busy} ({which}" in out, out
+    assert "Traceback" not in out
+    # nothing was started: no log, no database
+    assert sorted(p.name for p in workdir.iterdir()) == ["fedrec-up.lock"]
+
+
+def test_a_second_instance_is_refused_without_touching_the_first_workdir(tmp_path: Path) -> None:
+    """Another process (this test) holds the work directory: `fedrec up` refuses, naming it,
+    and leaves every file there as it was."""
+    workdir = tmp_path / "demo"
+    workdir.mkdir()
+    files = {"aggregator.db": b"the first's database", "worker-0.db": b"store", "x.log": b"log"}
+    for name, data in files.items():
+        (workdir / name).write_bytes(data)
+    with locked_workdir(workdir):
+        before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()}
+        code, out = _run(_up_args(workdir, _ports()), tmp_path / "up.log")
+        assert code == 2, out
+        assert f"work directory {workdir} is in use" in out and f"pid {os.getpid()}" in out, out
+        assert "Traceback" not in out
+        for name, data in files.items():
+            assert (workdir / name).read_bytes() == data
+        assert {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()} == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signals_raise_stopped_like_ctrl_c(sig: signal.Signals) -> None:
+    previous = signal.getsignal(sig)
+    with pytest.raises(Stopped) as info, stop_on_signals():
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the handler interrupts this
+    assert info.value.signum == sig and info.value.name == sig.name
+    assert signal.getsignal(sig) == previous
+
+
+@pytest.mark.slow
+def test_running_instance_is_safe_from_a_second_one_and_sigterm_stops_everything(
+    tmp_path: Path,
+) -> None:
+    """A real instance trains (SIGINT ignored, as a background job of a script): a second one
+    on its work directory and a third on its ports are refused and change nothing; SIGTERM then
+    stops it and every process it started."""
+    ports = _ports()
+    workdir = tmp_path / "demo"
+    log_path = tmp_path / "first.log"
+    with (
+        log_path.open("w") as log,
+        spawned(
+            _up_args(workdir, ports, "--rounds", "20"), log, env=WIDE, preexec_fn=_ignore_sigint
+        ) as first,
+    ):
+        wait_for_text(log_path, "clients registered", first, timeout_s=300)
+        children = descendants(first.pid)
+        assert len(children) >= 4, children  # aggregator, recommend_api, two workers
+        db = workdir / "aggregator.db"
+        inode, logs = db.stat().st_ino, sorted(p.name for p in workdir.glob("*.log"))
+
+        code, out = _run(_up_args(workdir, _ports()), tmp_path / "second.log")
+        assert code == 2 and f"pid {first.pid}" in out and "Traceback" not in out, out
+        code, out = _run(_up_args(tmp_path / "third", ports), tmp_path / "third.log")
+        assert code == 2 and f"port {ports[0]} (aggregator" in out, out
+
+        assert db.stat().st_ino == inode and db.stat().st_size > 0
+        assert sorted(p.name for p in workdir.glob("*.log")) == logs
+        agg = f"http://127.0.0.1:{ports[0]}"
+        assert httpx.get(f"{agg}/healthz", timeout=10).status_code == 200
+        assert httpx.get(f"{agg}/v1/clients/count", timeout=10).json()["registered"] > 0
+
+        first.send_signal(signal.SIGINT)  # ignored: nothing happens
+        time.sleep(1.0)
+        assert first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        code = first.wait(60)
+    text = log_path.read_text()
+    assert code == 128 + signal.SIGTERM, text
+    assert "stopped by SIGTERM" in text and "Traceback" not in text
+    assert [pid for pid in children if alive(pid)] == []
+    for port in (ports[0], ports[1], ports[2], ports[2] + 1):
+        assert _free(port), port
+
+
+@pytest.mark.slow
+def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught: the children still go, as the kernel signals them."""
+    log_path = tmp_path / "up.log"
+    with log_path.open("w") as log, spawned(_up_args(tmp_path / "w", _ports()), log) as proc:
+        wait_for_text(log_path, "aggregator up", proc, timeout_s=300)
+        children = descendants(proc.pid)
+        assert children
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [pid for pid in children if alive(pid)] == []

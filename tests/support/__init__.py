@@ -1,0 +1,1 @@
+"""Helpers for the tests and the benchmarks (not part of the installed packages)."""
