@@ -83,22 +83,70 @@ def _check_negatives(split: Split, negatives: np.ndarray, items_of: list[set[int
 # ----------------------------------------------------------------------------- real data
 
 
+def _reference_split(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The original's split of ``name``: its training (user, item) rows and test items."""
+    ref = SHARED / name / "reference-split"
+    train = np.loadtxt(ref / "train_interactions.csv", delimiter=",", dtype=np.int64)
+    tests = []
+    with (ref / "test_neg_interactions").open() as fh:
+        for line in fh:
+            user, item = line.split("\t", 1)[0].strip("()").split(",")
+            tests.append((int(user), int(item)))
+    heads = np.asarray(tests, dtype=np.int64)
+    np.testing.assert_array_equal(heads[:, 0], np.arange(len(heads)))
+    return train, heads[:, 1]
+
+
 @needs_shared
 @pytest.mark.parametrize("name", DATASETS)
 def test_real_counts(name: str) -> None:
     split = load_split(name, SHARED)
-    users, items, inter = EXPECTED[name]
-    assert (split.n_users, split.n_items, split.n_interactions) == (users, items, inter)
-    assert split.n_train == inter - users
+    users, items, rows = EXPECTED[name]
+    assert (split.n_users, split.n_items) == (users, items)
     assert split.test_negatives.shape == (users, 99)
     assert split.train_indptr[-1] == split.n_train
+    # clients train on their distinct items: no (user, item) pair repeats in training
+    pairs = split.train_user_of_rows() * split.n_items + split.train_items
+    assert len(np.unique(pairs)) == split.n_train < rows - users + 1
     st = stats(split)
-    assert (st["users"], st["items"], st["interactions"]) == (users, items, inter)
+    assert (st["users"], st["items"], st["interactions"]) == (users, items, split.n_interactions)
     v = load_split(name, SHARED, validation=True)
-    assert v.n_interactions == inter and v.n_train == inter - 2 * users
     np.testing.assert_array_equal(v.test_items, split.test_items)
     np.testing.assert_array_equal(v.test_negatives, split.test_negatives)
+    assert v.n_train < split.n_train
     assert v.val_negatives is not None and v.val_negatives.shape == (users, 99)
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["filmtrust", "amazon-video"])
+def test_split_equals_the_originals(name: str) -> None:
+    """Same user and item indices, the same test item per user and the same distinct training
+    pairs as the original's split (first-appearance numbering and its tie rule)."""
+    split = load_split(name, SHARED)
+    train, test_items = _reference_split(name)
+    np.testing.assert_array_equal(split.test_items, test_items)
+    ref_pairs = np.unique(train[:, 0] * split.n_items + train[:, 1])
+    ours = split.train_user_of_rows() * split.n_items + split.train_items
+    np.testing.assert_array_equal(np.sort(ours), ref_pairs)
+
+
+@needs_shared
+def test_lastfm_distinct_training_pairs_and_clean_protocol() -> None:
+    """Lastfm-2K trains on distinct pairs (about 70k, not 184k rows); the clean protocol never
+    holds out an item that is also a training item, which the paper protocol does for most
+    users."""
+    train, _ = _reference_split("lastfm-2k")
+    split = load_split("lastfm-2k", SHARED)
+    assert len(train) == 184_050
+    assert abs(split.n_train - len(np.unique(train[:, 0] * split.n_items + train[:, 1]))) <= 1
+
+    def leaked(s: Split) -> int:
+        return sum(int(s.test_items[u]) in set(s.user_train(u).tolist()) for u in range(s.n_users))
+
+    assert leaked(split) > 900
+    clean = load_split("lastfm-2k", SHARED, protocol="clean")
+    assert leaked(clean) == 0
+    assert clean.n_users <= split.n_users
 
 
 @needs_shared
@@ -122,9 +170,16 @@ def test_packaged_filmtrust_is_default(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_packaged_filmtrust_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FEDREC_DATA_DIR", raising=False)
     split = load_split("filmtrust")
-    assert (split.n_users, split.n_items, split.n_interactions) == EXPECTED["filmtrust"]
+    assert (split.n_users, split.n_items) == EXPECTED["filmtrust"][:2]
     assert split.user_labels.dtype == np.int64
-    assert np.all(np.diff(split.user_labels) > 0) and np.all(np.diff(split.item_labels) > 0)
+    # indices follow the order of first appearance in the whole raw file (before the user
+    # filter), restricted to the users kept and the items they touched
+    raw = load_raw("filmtrust")
+    kept = np.isin(raw.user_labels, split.user_labels)
+    assert split.user_labels.tolist() == list(dict.fromkeys(raw.user_labels[kept].tolist()))
+    touched = set(raw.item_labels[kept].tolist())
+    order = [i for i in dict.fromkeys(raw.item_labels.tolist()) if i in touched]
+    assert split.item_labels.tolist() == order
 
 
 def test_default_data_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -209,13 +264,13 @@ def test_load_csv_row_order_and_header(tmp_path: Path) -> None:
 
 def test_leave_one_out_latest_and_ties() -> None:
     rows = [
-        # user 10: latest t=9 on items 7 and 3 (tie) -> item 3 (first in (user, item) order)
+        # user 10: latest t=9 on items 7 and 3 (tie) -> item 7 (first in the raw file)
         (10, 7, 9),
         (10, 3, 9),
         (10, 5, 1),
         (10, 8, 2),
         (10, 1, 8),
-        # user 20: unique latest item 4; second latest: items 6 and 2 tie at 5 -> 2
+        # user 20: unique latest item 4; second latest: items 6 and 2 tie at 5 -> 6
         (20, 6, 5),
         (20, 4, 7),
         (20, 2, 5),
@@ -230,31 +285,44 @@ def test_leave_one_out_latest_and_ties() -> None:
     split, _ = _split_from_rows(rows, n_test_negatives=0)
     assert split.user_labels.tolist() == [10, 20]
     labels = split.item_labels
-    assert labels[split.test_items].tolist() == [3, 4]
-    assert labels[split.user_train(0)].tolist() == [1, 5, 7, 8]
+    # item indices in order of first appearance: 7 3 5 8 1 6 4 2 9
+    assert labels.tolist() == [7, 3, 5, 8, 1, 6, 4, 2, 9]
+    assert labels[split.test_items].tolist() == [7, 4]
+    assert labels[split.user_train(0)].tolist() == [3, 5, 8, 1]
     v, _ = _split_from_rows(rows, n_test_negatives=0, validation=True)
     assert v.val_items is not None
-    assert labels[v.test_items].tolist() == [3, 4]
-    assert labels[v.val_items].tolist() == [7, 2]
-    assert labels[v.user_train(1)].tolist() == [1, 6, 9]
+    assert labels[v.test_items].tolist() == [7, 4]
+    assert labels[v.val_items].tolist() == [3, 6]
+    assert labels[v.user_train(1)].tolist() == [1, 2, 9]
     assert v.train_indptr.tolist() == [0, 3, 6]
 
 
-def test_duplicate_rows_kept() -> None:
+def test_duplicate_rows_merged_in_training_and_clean_protocol() -> None:
     rows = [(1, 2, 1), (1, 2, 5), (1, 3, 2), (1, 4, 3), (1, 2, 0), (1, 6, 4)]
     split, _ = _split_from_rows(rows, n_test_negatives=0)
+    # paper protocol: the latest row of item 2 is held out, its earlier rows train (once)
     assert split.item_labels[split.test_items].tolist() == [2]
-    assert split.item_labels[split.user_train(0)].tolist() == [2, 2, 3, 4, 6]
-    assert split.n_interactions == 6
+    assert split.item_labels[split.user_train(0)].tolist() == [2, 3, 4, 6]
+    assert split.n_interactions == 5
+    # clean: one row per pair (latest time) first, so the held-out item is not a training item
+    clean, _ = _split_from_rows(rows, n_test_negatives=0, min_interactions=2, protocol="clean")
+    assert clean.item_labels[clean.test_items].tolist() == [2]
+    assert clean.item_labels[clean.user_train(0)].tolist() == [3, 4, 6]
+    with pytest.raises(DataError, match="no user has at least 5"):
+        _split_from_rows(rows, n_test_negatives=0, protocol="clean")
 
 
 def _brute_force_loo(rows: list[tuple[int, int, int]], validation: bool) -> list[list[int]]:
+    first_seen: dict[int, int] = {}
     by_user: dict[int, list[tuple[int, int, int]]] = {}
     for pos, (u, i, t) in enumerate(rows):
+        first_seen.setdefault(u, pos)
         by_user.setdefault(u, []).append((i, pos, t))
     out = []
-    for u in sorted(by_user):
-        rs = sorted(by_user[u])  # (item, file position): the (user, item) stable order
+    item_rank = {i: k for k, i in enumerate(dict.fromkeys(i for _, i, _ in rows))}
+    for u in sorted(by_user, key=first_seen.__getitem__):
+        # (item's first appearance, file position): the protocol's stable (user, item) order
+        rs = sorted(by_user[u], key=lambda r: (item_rank[r[0]], r[1]))
         picks = []
         for _ in range(2 if validation else 1):
             best = max(range(len(rs)), key=lambda k: (rs[k][2], -k))
@@ -338,11 +406,12 @@ def test_stats_values() -> None:
     rows = [(0, i, i) for i in range(5)] + [(1, i, i) for i in range(2, 9)] + [(1, 2, 0)]
     split, _ = _split_from_rows(rows, n_test_negatives=0)
     st = stats(split)
-    assert st["users"] == 2 and st["items"] == 9 and st["interactions"] == 13
-    assert st["train"] == 11 and st["distinct_pairs"] == 12
-    assert st["interactions_per_user_max"] == 8 and st["interactions_per_user_median"] == 6.5
-    assert st["sparsity"] == pytest.approx(1 - 13 / 18)
-    assert st["users_per_item_max"] == 2 and st["interactions_per_item_max"] == 3
+    # the repeated (1, 2) row trains once: 12 interactions, 10 of them training pairs
+    assert st["users"] == 2 and st["items"] == 9 and st["interactions"] == 12
+    assert st["train"] == 10 and st["distinct_pairs"] == 12
+    assert st["interactions_per_user_max"] == 7 and st["interactions_per_user_median"] == 6
+    assert st["sparsity"] == pytest.approx(1 - 12 / 18)
+    assert st["users_per_item_max"] == 2 and st["interactions_per_item_max"] == 2
 
 
 # ----------------------------------------------------------------------------- NCF

@@ -1,27 +1,38 @@
 """The data protocol: user filter, re-indexing, leave-one-out split and test negatives.
 
-The protocol (see ``docs/ALGORITHM.md``, "Data protocol", and ``docs/DATASETS.md``):
+The paper's protocol, as the original notebook builds it (``ALGORITHM.md``, "Data protocol";
+``DATASETS.md``). On FilmTrust and Amazon-Video the tests check that user and item indices, test
+items and distinct training pairs equal the original's split (``shared/datasets/*/reference-split``);
+on Lastfm-2K the item numbering still differs from the original's for most users.
 
 1. every raw row is a positive interaction;
-2. users with fewer than ``min_interactions`` rows are dropped (items are not filtered);
-3. users and items are re-indexed to ``0..n-1`` in sorted order of their ids (integer ids sort by
-   value; string ids are first factorised in order of first appearance in the raw file, and those
-   codes are sorted), then rows are sorted by ``(user, item)`` (stable, duplicates kept);
-4. leave-one-out: each user's latest row by timestamp is the test item, ties going to the row that
-   comes first in ``(user, item)`` order; with ``validation=True`` the latest of the remaining rows
-   (same tie rule) becomes the validation item; everything else is training data;
-5. for each user ``n_test_negatives`` items drawn uniformly without replacement from the items the
+2. users and items are numbered in order of first appearance in the raw file (integer ids too);
+   users with fewer than ``min_interactions`` rows are dropped (items are not filtered); both are
+   re-indexed to ``0..n-1`` in sorted order of those first-appearance numbers, then rows are sorted
+   by ``(user, item)`` (stable, duplicates kept);
+3. leave-one-out: each user's latest row by timestamp is the test item, ties going to the row that
+   comes first in ``(user, item)`` order (the item that appeared first in the raw file); with
+   ``validation=True`` the latest of the remaining rows (same tie rule) becomes the validation
+   item; everything else is training data. Clients train on their *distinct* training items (the
+   original builds positives from a 0/1 user x item matrix), so repeated rows of one pair are
+   merged in ``Split.train_items``;
+4. for each user ``n_test_negatives`` items drawn uniformly without replacement from the items the
    user never interacted with (in any row), with ``numpy.random.default_rng(seed)``; validation
-   negatives are a separate, later draw from the same generator, so the test negatives do not depend
-   on ``validation``.
+   negatives are a separate, later draw from the same generator, so the test negatives do not
+   depend on ``validation``. (The original draws them with Python's ``random``; its candidate
+   sets are not reproduced yet, so figures on our candidates are comparable with the original's
+   in distribution, not draw for draw.) The sampler is vectorised rejection sampling over all
+   users at once and never materialises a users x items matrix.
 
-Everything is vectorised: the negative sampler is rejection sampling over all users at once (in
-fixed-size blocks of users) and never materialises a users x items matrix.
+``protocol="clean"`` first merges repeated user-item pairs into one row with their latest
+timestamp, so a held-out item is never also a training item (on Lastfm-2K the paper protocol
+holds out an earlier-tagged artist for most users).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -29,32 +40,19 @@ import pandas as pd
 from fedrecgel.data.raw import load_raw
 from fedrecgel.data.types import DataError, Interactions, Split
 
+Protocol = Literal["paper", "clean"]
+PROTOCOLS: tuple[str, ...] = ("paper", "clean")
+
 #: users per block in the negative sampler (fixed, so results depend only on the seed)
 _NEG_BLOCK = 1 << 13
 #: rejection rounds before falling back to exact per-user sampling of the leftovers
 _NEG_MAX_ROUNDS = 64
 
 
-def _encode(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Integer codes whose sorted order is the protocol's id order, and the label of each code.
-
-    Integer ids are their own codes; anything else is factorised in order of first appearance.
-    Returns ``(codes, code_labels)`` where ``code_labels[c]`` is the label of code ``c`` (for
-    integer ids ``code_labels`` is empty: the code itself is the label).
-    """
-    arr = np.asarray(labels)
-    if arr.dtype.kind in "iub" or (
-        arr.dtype == object and len(arr) and pd.api.types.infer_dtype(arr) == "integer"
-    ):
-        return arr.astype(np.int64), np.empty(0, dtype=object)
-    codes, uniques = pd.factorize(arr, use_na_sentinel=False)
-    return np.asarray(codes, dtype=np.int64), np.asarray(uniques, dtype=object)
-
-
-def _labels_of(kept_codes: np.ndarray, code_labels: np.ndarray, original: np.ndarray) -> np.ndarray:
-    if len(code_labels) == 0:
-        return kept_codes.astype(np.asarray(original).dtype, copy=False)
-    return code_labels[kept_codes]
+def _first_appearance(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes ``0..n-1`` in order of first appearance, and the label of each code."""
+    codes, uniques = pd.factorize(np.asarray(labels), use_na_sentinel=False)
+    return np.asarray(codes, dtype=np.int64), np.asarray(uniques)
 
 
 def _check_holdouts(min_interactions: int, validation: bool) -> None:
@@ -67,29 +65,47 @@ def _check_holdouts(min_interactions: int, validation: bool) -> None:
         )
 
 
+def _latest_per_pair(
+    users: np.ndarray, items: np.ndarray, ts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row per (user, item) pair, with its latest timestamp, in first-appearance row order."""
+    key = users * (int(items.max()) + 1) + items
+    frame = pd.DataFrame({"key": key, "ts": ts, "row": np.arange(len(key))})
+    agg = frame.groupby("key", sort=False).agg(ts=("ts", "max"), row=("row", "min"))
+    rows = agg["row"].to_numpy()
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    return users[rows], items[rows], agg["ts"].to_numpy()[order]
+
+
 def apply_protocol(
     raw: Interactions,
     min_interactions: int = 5,
     n_test_negatives: int = 99,
     validation: bool = False,
     seed: int = 42,
+    protocol: Protocol = "paper",
 ) -> Split:
     """Filter users, re-index, leave-one-out (test and optional validation) and draw negatives."""
     _check_holdouts(min_interactions, validation)
     if n_test_negatives < 0:
         raise DataError(f"n_test_negatives must be >= 0, got {n_test_negatives}")
+    if protocol not in PROTOCOLS:
+        raise DataError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
     if len(raw) == 0:
         raise DataError(f"{raw.name}: no interactions")
-    u_codes, u_code_labels = _encode(raw.user_labels)
-    i_codes, i_code_labels = _encode(raw.item_labels)
+    u_codes, u_labels = _first_appearance(raw.user_labels)
+    i_codes, i_labels = _first_appearance(raw.item_labels)
     ts = np.asarray(raw.timestamps, dtype=np.int64)
+    if protocol == "clean":
+        u_codes, i_codes, ts = _latest_per_pair(u_codes, i_codes, ts)
 
-    uniq_u, inv_u, cnt_u = np.unique(u_codes, return_inverse=True, return_counts=True)
-    keep = cnt_u[inv_u.reshape(-1)] >= min_interactions
+    counts = np.bincount(u_codes)
+    keep = counts[u_codes] >= min_interactions
     if not keep.any():
         raise DataError(
             f"{raw.name}: no user has at least {min_interactions} interactions "
-            f"({len(uniq_u)} users, {len(raw)} rows): the split would be empty"
+            f"({len(counts)} users, {len(u_codes)} rows): the split would be empty"
         )
     users_kept, users = np.unique(u_codes[keep], return_inverse=True)
     items_kept, items = np.unique(i_codes[keep], return_inverse=True)
@@ -100,8 +116,8 @@ def apply_protocol(
         timestamps=ts[keep],
         n_users=len(users_kept),
         n_items=len(items_kept),
-        user_labels=_labels_of(users_kept, u_code_labels, raw.user_labels),
-        item_labels=_labels_of(items_kept, i_code_labels, raw.item_labels),
+        user_labels=u_labels[users_kept],
+        item_labels=i_labels[items_kept],
         n_test_negatives=n_test_negatives,
         validation=validation,
         rng=np.random.default_rng(seed),
@@ -156,9 +172,14 @@ def build_split(
         held[val_rows] = True
         val_items = items[val_rows]
 
-    train_items = items[~held]
+    # training: the distinct items of each user's remaining rows (sorted: rows are (user, item))
+    rest = ~held
+    t_users, t_items = users[rest], items[rest]
+    first = np.ones(len(t_items), dtype=bool)
+    first[1:] = (t_items[1:] != t_items[:-1]) | (t_users[1:] != t_users[:-1])
+    train_items = t_items[first]
     train_indptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(counts - (2 if validation else 1), out=train_indptr[1:])
+    np.cumsum(np.bincount(t_users[first], minlength=n_users), out=train_indptr[1:])
 
     test_neg = sample_negatives(
         indptr, items, n_items, n_test_negatives, rng, user_labels=user_labels, name=name
@@ -282,7 +303,13 @@ def sample_negatives(
 
 
 def load_split(
-    name: str, data_dir: Path | None = None, validation: bool = False, seed: int = 42
+    name: str,
+    data_dir: Path | None = None,
+    validation: bool = False,
+    seed: int = 42,
+    protocol: Protocol = "paper",
 ) -> Split:
     """``load_raw`` followed by ``apply_protocol`` with the default protocol settings."""
-    return apply_protocol(load_raw(name, data_dir), validation=validation, seed=seed)
+    return apply_protocol(
+        load_raw(name, data_dir), validation=validation, seed=seed, protocol=protocol
+    )
