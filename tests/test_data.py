@@ -17,10 +17,12 @@ from fedrecgel.data import (
     Split,
     apply_protocol,
     default_data_dir,
+    hold_out_validation,
     load_csv,
     load_raw,
     load_split,
     read_ncf,
+    read_split_dir,
     stats,
     write_ncf,
 )
@@ -257,6 +259,32 @@ def test_load_csv_row_order_and_header(tmp_path: Path) -> None:
     raw2 = load_csv(p2, sep="\t", name="why")
     assert raw2.name == "why" and raw2.user_labels.dtype == np.int64
     assert apply_protocol(raw2, min_interactions=2, n_test_negatives=0).test_items.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("first", "header"),
+    [
+        ("user,item,timestamp\n", True),
+        ("userId,movieId\n", True),
+        ("user_id,item_id,time\n", True),
+        ("u,i,when\n", True),  # timestamp field not an integer, the next row's is
+        ("uid,iid\n", True),
+        ("", False),
+    ],
+)
+def test_load_csv_detects_a_header_row(tmp_path: Path, first: str, header: bool) -> None:
+    n_fields = first.count(",") + 1 if first else 3
+    rows = "".join(f"{k % 2},{k}{',' + str(k) if n_fields == 3 else ''}\n" for k in range(12))
+    p = _write(tmp_path / "h.csv", first + rows)
+    raw = load_csv(p)
+    assert len(raw) == 12
+    assert raw.user_labels.dtype == np.int64 and raw.item_labels.dtype == np.int64
+    assert raw.item_labels.tolist() == list(range(12))
+    # forcing it either way still works
+    assert len(load_csv(p, header=header)) == 12
+    # string ids with a header of names: detected by the names
+    q = _write(tmp_path / "s.csv", "user,item\n" + "".join(f"u{k % 2},i{k}\n" for k in range(6)))
+    assert load_csv(q).item_labels.tolist() == [f"i{k}" for k in range(6)]
 
 
 # ----------------------------------------------------------------------------- protocol
@@ -544,3 +572,51 @@ def test_empty_result(tmp_path: Path) -> None:
 def test_interactions_length_mismatch() -> None:
     with pytest.raises(DataError, match="differ in length"):
         Interactions("bad", np.zeros(3), np.zeros(2), np.zeros(3, dtype=np.int64))
+
+
+# ----------------------------------------------------------------------------- ready splits
+
+
+@needs_shared
+def test_read_split_dir_reads_the_originals_files() -> None:
+    ref = SHARED / "filmtrust" / "reference-split"
+    split = read_split_dir(ref)
+    train, test_items = _reference_split("filmtrust")
+    assert split.n_users == 1227 and split.n_items == 2059
+    np.testing.assert_array_equal(split.test_items, test_items)
+    pairs = split.train_user_of_rows() * split.n_items + split.train_items
+    np.testing.assert_array_equal(pairs, np.unique(train[:, 0] * 2059 + train[:, 1]))
+    with (ref / "test_neg_interactions").open() as fh:
+        first = [int(x) for x in fh.readline().rstrip("\n").split("\t")[1:]]
+    assert split.test_negatives[0].tolist() == first
+    # the same split as our protocol builds, but for the negatives
+    ours = load_split("filmtrust", SHARED)
+    np.testing.assert_array_equal(ours.train_items, split.train_items)
+    np.testing.assert_array_equal(ours.train_indptr, split.train_indptr)
+
+
+def test_read_split_dir_ncf_layout_and_validation(tmp_path: Path) -> None:
+    split, _ = _split_from_rows(
+        [(u, (u * 7 + k) % 40, k) for u in range(30) for k in range(8)], n_test_negatives=9
+    )
+    write_ncf(split, tmp_path / "ncf")
+    back = read_split_dir(tmp_path / "ncf")
+    assert back == split
+    v = hold_out_validation(back, seed=1)
+    assert v.val_items is not None and v.val_negatives is not None
+    np.testing.assert_array_equal(v.test_items, split.test_items)
+    np.testing.assert_array_equal(v.test_negatives, split.test_negatives)
+    for u in range(v.n_users):
+        before = set(split.user_train(u).tolist())
+        after = set(v.user_train(u).tolist())
+        assert before - after == {int(v.val_items[u])} and after < before
+        negs = set(v.val_negatives[u].tolist())
+        assert len(negs) == 9 and not negs & (before | {int(split.test_items[u])})
+    assert hold_out_validation(back, seed=1) == v
+    with pytest.raises(DataError, match="already has a validation"):
+        hold_out_validation(v)
+    with pytest.raises(DataError, match="not a directory"):
+        read_split_dir(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="found 0"):
+        read_split_dir(tmp_path / "empty")

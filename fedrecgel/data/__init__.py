@@ -11,12 +11,20 @@ The package is split along its seams:
 Everything public is importable from ``fedrecgel.data`` itself.
 """
 
-from fedrecgel.data.ncf import read_ncf, write_ncf
-from fedrecgel.data.protocol import apply_protocol, build_split, load_split, sample_negatives
+from fedrecgel.data.ncf import read_ncf, read_split_dir, write_ncf
+from fedrecgel.data.protocol import (
+    PROTOCOLS,
+    apply_protocol,
+    build_split,
+    hold_out_validation,
+    load_split,
+    sample_negatives,
+)
 from fedrecgel.data.raw import (
     DATA_DIR_ENV,
     DATASETS,
     RAW_FILES,
+    csv_has_header,
     default_data_dir,
     load_csv,
     load_raw,
@@ -29,19 +37,23 @@ from fedrecgel.data.types import DataError, Interactions, Split
 __all__ = [
     "DATASETS",
     "DATA_DIR_ENV",
+    "PROTOCOLS",
     "RAW_FILES",
     "DataError",
     "Interactions",
     "Split",
     "apply_protocol",
     "build_split",
+    "csv_has_header",
     "default_data_dir",
+    "hold_out_validation",
     "load_csv",
     "load_raw",
     "load_split",
     "packaged_filmtrust",
     "raw_path",
     "read_ncf",
+    "read_split_dir",
     "sample_negatives",
     "stats",
     "write_ncf",

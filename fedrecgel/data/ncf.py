@@ -111,19 +111,62 @@ def _read_labels(path: Path, n: int) -> np.ndarray:
     return id_column(pd.Series(values, dtype=object))
 
 
+#: the layout of the original FedRecGEL notebook's split files
+REFERENCE_TRAIN, REFERENCE_TEST = "train_interactions.csv", "test_neg_interactions"
+
+
+def read_split_dir(path: Path, name: str | None = None) -> Split:
+    """Read a ready split from a directory in either interchange layout.
+
+    * ``<name>.train.csv`` + ``<name>.test.negative`` (+ ``<name>.val.negative``): what
+      ``write_ncf`` writes and NCF-family code reads; ``name`` may be omitted when the directory
+      holds one such split;
+    * ``train_interactions.csv`` + ``test_neg_interactions``: the original notebook's files.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"{path}: not a directory")
+    if name is None and (path / REFERENCE_TEST).is_file():
+        return _read_layout(
+            path / REFERENCE_TRAIN, path / REFERENCE_TEST, None, path, path.name or "split"
+        )
+    if name is None:
+        found = sorted(p.name[: -len(".test.negative")] for p in path.glob("*.test.negative"))
+        if len(found) != 1:
+            raise DataError(
+                f"{path}: expected one <name>.test.negative (or {REFERENCE_TEST}), found "
+                f"{len(found)}{': ' + ', '.join(found) if found else ''}"
+            )
+        name = found[0]
+    return read_ncf(path, name)
+
+
 def read_ncf(out_dir: Path, name: str) -> Split:
     """Read a split written in NCF layout (``<name>.train.csv`` and ``<name>.test.negative``)."""
     out_dir = Path(out_dir)
-    _, test_items, test_neg = _read_negative_file(out_dir / f"{name}.test.negative")
+    return _read_layout(
+        out_dir / f"{name}.train.csv",
+        out_dir / f"{name}.test.negative",
+        out_dir / f"{name}.val.negative",
+        out_dir,
+        name,
+    )
+
+
+def _read_layout(
+    train_path: Path, test_path: Path, val_path: Path | None, out_dir: Path, name: str
+) -> Split:
+    """A split from its train pairs, test (and validation) negative files and label files.
+
+    Repeated training pairs are merged: clients train on their distinct items."""
+    _, test_items, test_neg = _read_negative_file(test_path)
     n_users = len(test_items)
     val_items: np.ndarray | None = None
     val_neg: np.ndarray | None = None
-    val_path = out_dir / f"{name}.val.negative"
-    if val_path.is_file():
+    if val_path is not None and val_path.is_file():
         _, val_items, val_neg = _read_negative_file(val_path)
         if len(val_items) != n_users:
             raise DataError(f"{val_path}: {len(val_items)} users, the test file has {n_users}")
-    train_path = out_dir / f"{name}.train.csv"
     df, lines = read_fields(train_path, ",", 2, header=False)
     tu = int_column(df[0], train_path, lines, "user id")
     ti = int_column(df[1], train_path, lines, "item id")
@@ -134,8 +177,11 @@ def read_ncf(out_dir: Path, name: str) -> Split:
             f"{train_path}, line {lines[row]}: user {tu[row]} is not in the test file "
             f"(users 0..{n_users - 1})"
         )
-    order = np.argsort(tu, kind="stable")
+    order = np.lexsort((ti, tu))
     tu, ti = tu[order], ti[order]
+    first = np.ones(len(tu), dtype=bool)
+    first[1:] = (tu[1:] != tu[:-1]) | (ti[1:] != ti[:-1])
+    tu, ti = tu[first], ti[first]
     indptr = np.zeros(n_users + 1, dtype=np.int64)
     np.cumsum(np.bincount(tu, minlength=n_users), out=indptr[1:])
     user_labels = _read_labels(out_dir / f"{name}.users.txt", n_users)

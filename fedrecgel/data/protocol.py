@@ -31,6 +31,7 @@ holds out an earlier-tagged artist for most users).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -312,4 +313,51 @@ def load_split(
     """``load_raw`` followed by ``apply_protocol`` with the default protocol settings."""
     return apply_protocol(
         load_raw(name, data_dir), validation=validation, seed=seed, protocol=protocol
+    )
+
+
+def hold_out_validation(split: Split, seed: int = 42) -> Split:
+    """A validation item per user taken out of a ready split's training items.
+
+    For splits read from another codebase's files, which carry no timestamps: each user's
+    validation item is drawn uniformly (seeded) from their distinct training items, and its
+    negatives are drawn like the test negatives (never an item of the user). Test items and test
+    negatives are untouched. Every user needs at least 2 distinct training items.
+    """
+    if split.has_validation:
+        raise DataError(f"{split.name}: the split already has a validation item")
+    rng = np.random.default_rng(seed)
+    counts = np.diff(split.train_indptr)
+    if counts.min(initial=2) < 2:
+        u = int(np.argmin(counts))
+        raise DataError(
+            f"{split.name}: user {u} has {counts[u]} training item(s); holding out a validation "
+            "item needs at least 2"
+        )
+    pick = split.train_indptr[:-1] + (rng.random(split.n_users) * counts).astype(np.int64)
+    keep = np.ones(split.n_train, dtype=bool)
+    keep[pick] = False
+    train_indptr = np.zeros_like(split.train_indptr)
+    np.cumsum(counts - 1, out=train_indptr[1:])
+    # every item of a user (train, validation, test), grouped by user and sorted, for the sampler
+    users = np.concatenate([split.train_user_of_rows(), np.arange(split.n_users)])
+    items = np.concatenate([split.train_items, split.test_items])
+    order = np.lexsort((items, users))
+    indptr = np.zeros(split.n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(users, minlength=split.n_users), out=indptr[1:])
+    val_neg = sample_negatives(
+        indptr,
+        items[order],
+        split.n_items,
+        split.test_negatives.shape[1],
+        rng,
+        user_labels=split.user_labels,
+        name=split.name,
+    )
+    return replace(
+        split,
+        train_indptr=train_indptr,
+        train_items=split.train_items[keep],
+        val_items=split.train_items[pick],
+        val_negatives=val_neg,
     )

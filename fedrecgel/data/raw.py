@@ -272,11 +272,59 @@ def load_raw(name: str, data_dir: Path | None = None) -> Interactions:
     return _LOADERS[name](path)
 
 
-def load_csv(
-    path: Path, sep: str = ",", header: bool = False, name: str | None = None
-) -> Interactions:
-    """Load ``user,item[,timestamp]`` rows; without a timestamp column row order is the time."""
+#: column names that mark a first row as a header (compared lower-case, without ``_`` and ``-``)
+HEADER_NAMES = frozenset(
+    {"user", "userid", "uid", "users", "item", "itemid", "iid", "items", "movieid", "artistid"}
+    | {"timestamp", "time", "ts", "date", "rating", "ratings", "score"}
+)
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
+def csv_has_header(path: Path, sep: str = ",") -> bool:
+    """Whether the first row of a ``user,item[,timestamp]`` file is a header.
+
+    It is when every field of it is a known column name (``user,item,timestamp``,
+    ``userId,movieId``, ...), or when its timestamp field is not an integer while the second row's
+    is, or when its ids are not integers while the second row's are.
+    """
     path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with path.open("r", encoding="utf-8") as fh:
+            first = fh.readline().rstrip("\r\n").split(sep)
+            second = fh.readline().rstrip("\r\n").split(sep)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a text file ({e})") from None
+    names = [f.strip().lower().replace("_", "").replace("-", "") for f in first]
+    if names and all(n in HEADER_NAMES for n in names):
+        return True
+    if len(second) != len(first):
+        return False
+    return any(
+        not _is_int(a) and _is_int(b)
+        for k, (a, b) in enumerate(zip(first, second, strict=True))
+        if k != 2 or len(first) == 3
+    )
+
+
+def load_csv(
+    path: Path, sep: str = ",", header: bool | None = None, name: str | None = None
+) -> Interactions:
+    """Load ``user,item[,timestamp]`` rows; without a timestamp column row order is the time.
+
+    ``header=None`` detects a header row (``csv_has_header``); True / False force it.
+    """
+    path = Path(path)
+    if header is None:
+        header = csv_has_header(path, sep)
     df, lines = read_fields(path, sep, (2, 3), header=header)
     users = id_column(df[0].str.strip())
     items = id_column(df[1].str.strip())
