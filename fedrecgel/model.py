@@ -127,14 +127,20 @@ def forward_batched(
     item_rows: dict[str, Tensor],
     dense: dict[str, Tensor],
     per_client_dense: bool,
+    item_first: Tensor | None = None,
 ) -> Tensor:
-    """Logits for C clients x S samples each.
+    """Logits for C clients x S samples each: the one forward pass of the model (training,
+    evaluation and :meth:`Scorer.score` all run it).
 
-    private:   name -> (C, d)           one row per client
-    item_rows: name -> (C, S, d)        the item embedding of every sample
-    dense:     name -> (C, *shape) when ``per_client_dense`` (each client its own copy,
-               e.g. a SAM-perturbed tower), else name -> shape (one tower for all).
-    returns    (C, S) logits
+    private:    name -> (C, d)           one row per client
+    item_rows:  name -> (C, S, d)        the item embedding of every sample; ``item_mlp`` may
+                be left out when ``item_first`` is given
+    dense:      name -> (C, *shape) when ``per_client_dense`` (each client its own copy,
+                e.g. a SAM-perturbed tower), else name -> shape (one tower for all).
+    item_first: (C, S, H) the item half of the first tower layer of every sample, when it was
+                computed beforehand (:class:`Scorer` does it once per catalogue); shared dense
+                parameters only
+    returns     (C, S) logits
     """
     ugmf = private["user_gmf"][:, None, :]
     gmf = ugmf * item_rows["item_gmf"]
@@ -144,25 +150,34 @@ def forward_batched(
     # client, added to every sample, instead of being recomputed for each sample.
     e = cfg.mlp_dim
     w0, b0 = dense["tower.0.weight"], dense["tower.0.bias"]
-    umlp, imlp = private["user_mlp"], item_rows["item_mlp"]
+    umlp = private["user_mlp"]
     if per_client_dense:
         user_half = torch.bmm(w0[:, :, :e], umlp[:, :, None]).squeeze(-1) + b0  # (C, H)
-        h = torch.bmm(imlp, w0[:, :, e:].transpose(1, 2))  # (C, S, H)
+        h = torch.bmm(item_rows["item_mlp"], w0[:, :, e:].transpose(1, 2))  # (C, S, H)
     else:
         user_half = torch.nn.functional.linear(umlp, w0[:, :e], b0)
-        h = torch.nn.functional.linear(imlp, w0[:, e:])
-    h = torch.relu(h + user_half[:, None, :])
+        if item_first is None:
+            item_first = torch.nn.functional.linear(item_rows["item_mlp"], w0[:, e:])
+        h = item_first
+    h = _hidden_layers(cfg, torch.relu(h + user_half[:, None, :]), dense, per_client_dense)
+    z = torch.cat([gmf, h], dim=-1)
+    wp, bp = dense["predict.weight"], dense["predict.bias"]
+    if per_client_dense:
+        return torch.baddbmm(bp[:, None, :], z, wp.transpose(1, 2)).squeeze(-1)
+    return torch.nn.functional.linear(z, wp, bp).squeeze(-1)
+
+
+def _hidden_layers(
+    cfg: ModelConfig, h: Tensor, dense: dict[str, Tensor], per_client_dense: bool
+) -> Tensor:
+    """The tower after its first layer: (C, S, H) activations -> (C, S, F)."""
     for k in range(1, cfg.layers):
         w, b = dense[f"tower.{k}.weight"], dense[f"tower.{k}.bias"]
         if per_client_dense:
             h = torch.relu(torch.baddbmm(b[:, None, :], h, w.transpose(1, 2)))
         else:
             h = torch.relu(torch.nn.functional.linear(h, w, b))
-    z = torch.cat([gmf, h], dim=-1)
-    wp, bp = dense["predict.weight"], dense["predict.bias"]
-    if per_client_dense:
-        return torch.baddbmm(bp[:, None, :], z, wp.transpose(1, 2)).squeeze(-1)
-    return torch.nn.functional.linear(z, wp, bp).squeeze(-1)
+    return h
 
 
 class Scorer:
@@ -187,23 +202,21 @@ class Scorer:
     def score(self, private: dict[str, Tensor], items: Tensor) -> Tensor:
         """Logits of U users for their own candidates: private (U, d), items (U, K) -> (U, K)."""
         s = self.shared
-        gmf = private["user_gmf"][:, None, :] * s["item_gmf"][items]
-        if self.cfg.kind == "mf":
-            return gmf.sum(-1)
-        assert self.item_first is not None
-        user_first = torch.addmm(s["tower.0.bias"], private["user_mlp"], self.user_w0.T)  # (U, H)
-        h = self.item_first[items]  # (U, K, H), a fresh tensor: update it in place
-        h.add_(user_first[:, None, :]).relu_()
-        for k in range(1, self.cfg.layers):
-            h = torch.relu(
-                torch.nn.functional.linear(h, s[f"tower.{k}.weight"], s[f"tower.{k}.bias"])
-            )
-        z = torch.cat([gmf, h], dim=-1)
-        return torch.nn.functional.linear(z, s["predict.weight"], s["predict.bias"]).squeeze(-1)
+        item_first = None if self.item_first is None else self.item_first[items]
+        rows = {"item_gmf": s["item_gmf"][items]}
+        return forward_batched(self.cfg, private, rows, s, False, item_first)
 
     @torch.no_grad()
     def score_all(self, private: dict[str, Tensor]) -> Tensor:
-        """Logits of U users against the whole catalogue: private (U, d) -> (U, I)."""
+        """Logits of U users against the whole catalogue: private (U, d) -> (U, I).
+
+        The same model as :func:`forward_batched`, arranged for a whole catalogue: the GMF
+        half of the predict layer is folded into the item table (one (U, F) x (F, I) matmul
+        instead of an (U, I, F) product and a concatenation), and items go in chunks so that
+        the (U, chunk, H) activations stay small. That is what keeps a full ranking of a large
+        catalogue fast, so this arrangement stays next to the general one; a test holds the
+        two to the same logits.
+        """
         s = self.shared
         if self.cfg.kind == "mf":
             return private["user_gmf"] @ s["item_gmf"].T
@@ -216,10 +229,7 @@ class Scorer:
         for start in range(0, self.cfg.n_items, 8192):
             sl = slice(start, min(start + 8192, self.cfg.n_items))
             h = torch.relu(user_first[:, None, :] + self.item_first[sl] + s["tower.0.bias"])
-            for k in range(1, self.cfg.layers):
-                h = torch.relu(
-                    torch.nn.functional.linear(h, s[f"tower.{k}.weight"], s[f"tower.{k}.bias"])
-                )
+            h = _hidden_layers(self.cfg, h, s, False)
             gmf_part = private["user_gmf"] @ (s["item_gmf"][sl] * wp[:f]).T
             out[:, sl] = gmf_part + h @ wp[f:] + s["predict.bias"]
         return out

@@ -1,62 +1,249 @@
-"""The run contract shared by the aggregator and the client workers.
+"""The wire contract between the services (docs/API.md).
+
+One definition of every body both sides of an endpoint read or write: the aggregator and
+recommend_api answer with these types, the client workers (and recommend_api, for the model
+download) send and parse them.
+Type names follow the endpoints:
+
+* ``POST /v1/clients``: :class:`RegisterRequest` -> :class:`RegisterResponse`
+* ``GET /v1/rounds/current``: :class:`CurrentRound` (the run's config read as an
+  :class:`AnnouncedRunConfig`)
+* ``GET /v1/rounds/{round_id}``: :class:`RoundInfo`
+* ``GET /v1/models/{version|latest}``: a :class:`ModelBlob` (safetensors bytes of
+  :func:`fedrecgel.wire.encode_model`, ``ETag`` and :data:`MODEL_VERSION_HEADER` headers)
+* ``POST /v1/rounds/{round_id}/updates``: a :func:`fedrecgel.wire.encode_updates` body ->
+  :class:`UploadResponse`
+* ``POST /v1/evaluations``: :class:`EvaluationRequest` -> :class:`EvaluationAck`
+* ``POST /v1/runs``: :class:`RunConfig`
+* ``POST /v1/recommendations`` (recommend_api, called by devices and by the worker's device
+  API): :class:`RecommendationRequest` -> :class:`RecommendationResponse`
+* every refusal, of every service: :class:`ErrorBody`, raised as a :class:`ServiceError`.
 
 The aggregator validates a run's configuration strictly when an operator starts it; workers
-read the same model back from ``GET /v1/rounds/current`` (tolerating fields added later).
+read it back tolerating fields added later (:class:`AnnouncedRunConfig`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedrecgel.model import ModelConfig
-from fedrecgel.sam import SAMConfig
-from fedrecgel.strategy import OptimizerName, Weighting
+from fedrecgel.config import RunConfig as RunConfig  # re-exported: the body of POST /v1/runs
+
+RoundState = Literal["open", "closed", "paused", "finished", "idle"]
+#: response header of a model download: the version in the body
+MODEL_VERSION_HEADER = "X-Model-Version"
 
 
-class RunConfig(BaseModel):
-    """Everything that defines a federated run; workers read it from ``/v1/rounds/current``."""
+# ----------------------------------------------------------------------------- errors
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx body of every service."""
+
+    error: str
+    detail: str
+
+
+class ServiceError(Exception):
+    """A refusal answered as :class:`ErrorBody` ``{"error": code, "detail": detail}``.
+
+    Subclasses fix ``status_code`` and ``code``; an instance may override either.
+    """
+
+    status_code: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, detail: str, code: str | None = None, status_code: int | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        if code is not None:
+            self.code = code
+        if status_code is not None:
+            self.status_code = status_code
+
+    def body(self) -> ErrorBody:
+        """The answer's body."""
+        return ErrorBody(error=self.code, detail=self.detail)
+
+
+# ----------------------------------------------------------------------------- runs
+
+# ``POST /v1/runs``: :class:`RunConfig`, the run configuration defined (fields, defaults and
+# bounds) once in the core, :mod:`fedrecgel.config`.
+
+
+class AnnouncedRunConfig(RunConfig):
+    """The run configuration as ``/v1/rounds/current`` announces it: fields unknown to this
+    version are ignored (a worker keeps working with an aggregator that added some)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+class RegisterRequest(BaseModel):
+    """``POST /v1/clients``: clients (user indices) to register under one new credential."""
 
     model_config = ConfigDict(extra="forbid")
 
-    n_items: int = Field(ge=1)
-    kind: Literal["ncf", "mf"] = "ncf"
-    factor: int = Field(default=32, ge=1)
-    layers: int = Field(default=3, ge=1)
-    rounds: int = Field(ge=1)
-    fraction: float = Field(default=0.1, gt=0.0, le=1.0)
-    seed: int = 0
-    optimizer: OptimizerName = "adam"
-    server_lr: float = Field(default=0.001, gt=0.0)
-    weighting: Weighting = "mean"
-    clip: float | None = Field(default=None, gt=0.0)
-    rho_sh: float = Field(default=0.02, ge=0.0)
-    rho_ns: float = Field(default=0.02, ge=0.0)
-    client_lr: float = Field(default=0.1, gt=0.0)
-    n_negatives: int = Field(default=4, ge=1)
-    chunk_size: int = Field(default=128, ge=1)
-    deadline_s: float = Field(default=60.0, gt=0.0)
-    quorum: float = Field(default=1.0, ge=0.0, le=1.0)
-    dataset: str = "filmtrust"
+    client_ids: list[int] = Field(min_length=1)
 
-    def model(self) -> ModelConfig:
-        """The model shape of this run."""
-        return ModelConfig(
-            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
-        )
+    @field_validator("client_ids")
+    @classmethod
+    def _distinct_non_negative(cls, ids: list[int]) -> list[int]:
+        if any(i < 0 for i in ids):
+            raise ValueError("client ids must be >= 0")
+        if len(set(ids)) != len(ids):
+            raise ValueError("client ids must be distinct")
+        return sorted(ids)
 
-    def sam(self) -> SAMConfig:
-        """The client hyperparameters of this run."""
-        return SAMConfig(
-            rho_sh=self.rho_sh,
-            rho_ns=self.rho_ns,
-            client_lr=self.client_lr,
-            n_negatives=self.n_negatives,
-            chunk_size=self.chunk_size,
-        )
 
-    def quorum_count(self, cohort_size: int) -> int:
-        """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""
-        return max(1, math.ceil(self.quorum * cohort_size - 1e-9))
+class RegisterResponse(BaseModel):
+    """The credential (shown once) and the clients it holds."""
+
+    token: str
+    client_ids: list[int]
+
+
+# ----------------------------------------------------------------------------- rounds
+
+
+class CurrentRound(BaseModel):
+    """``GET /v1/rounds/current``: what a client needs to take part in the current round
+    (``state`` ``idle`` and nulls when no run exists)."""
+
+    # the defaults are the idle answer's: a reader takes a body without them as idle
+    run_id: int | None = None
+    round_id: int | None = None
+    attempt: int | None = None
+    state: RoundState
+    deadline: datetime | None = None
+    model_version: int | None = None
+    cohort: list[int] = Field(default_factory=list)
+    cohort_size: int = 0
+    config: RunConfig | None = None
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _tolerant_config(cls, v: object) -> object:
+        # read from JSON: an AnnouncedRunConfig, which ignores fields added later
+        return AnnouncedRunConfig.model_validate(v) if isinstance(v, dict) else v
+
+
+class RoundInfo(BaseModel):
+    """``GET /v1/rounds/{round_id}``: public state of one round (its latest attempt)."""
+
+    round_id: int
+    attempt: int
+    state: Literal["open", "closed", "paused", "failed", "aborted"]
+    cohort_size: int
+    updates_received: int
+    metrics: dict[str, float] | None
+    model_version: int | None
+    base_version: int
+    deadline: datetime
+    loss: float | None
+
+
+@dataclass(frozen=True)
+class ModelBlob:
+    """``GET /v1/models/{version}``: one model version of a run as served, the safetensors
+    bytes of :func:`fedrecgel.wire.encode_model` and their ETag (the bytes' sha256)."""
+
+    run_id: int
+    version: int
+    blob: bytes
+    etag: str
+
+
+class UploadResult(BaseModel):
+    """Outcome of one update of an upload body."""
+
+    client_id: int
+    status: Literal["accepted", "duplicate"]
+
+
+class UploadResponse(BaseModel):
+    """``POST /v1/rounds/{round_id}/updates``: outcome of every update of an accepted body."""
+
+    results: list[UploadResult]
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+class EvaluationRequest(BaseModel):
+    """``POST /v1/evaluations``: metric sums over the listed clients, for one model version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_version: int = Field(ge=0)
+    sums: dict[str, float]
+    count: int = Field(ge=1)
+    client_ids: list[int] = Field(min_length=1)
+
+    @field_validator("sums")
+    @classmethod
+    def _finite(cls, sums: dict[str, float]) -> dict[str, float]:
+        if not all(math.isfinite(v) for v in sums.values()):
+            raise ValueError("metric sums must be finite")
+        return sums
+
+    @field_validator("client_ids")
+    @classmethod
+    def _distinct(cls, ids: list[int]) -> list[int]:
+        if len(set(ids)) != len(ids):
+            raise ValueError("client ids must be distinct")
+        return ids
+
+
+class EvaluationAck(BaseModel):
+    """What an evaluation report did: newly covered clients, repeats ignored, completeness."""
+
+    model_version: int
+    accepted: int
+    ignored: int
+    complete: bool
+
+
+# ----------------------------------------------------------------------------- recommendations
+
+
+class UserVector(BaseModel):
+    """The device's own user embedding; used for one answer, never stored or logged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_gmf: list[float]
+    user_mlp: list[float] | None = None
+
+
+class RecommendationRequest(BaseModel):
+    """``POST /v1/recommendations`` (recommend_api): top-``k`` items for ``user``, leaving out
+    the item ids in ``exclude``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: UserVector
+    k: int = 10
+    exclude: list[str] = Field(default_factory=list)
+
+
+class ScoredItem(BaseModel):
+    """One recommended item: its id as recommend_api names it, and its model logit."""
+
+    item: str
+    score: float
+
+
+class RecommendationResponse(BaseModel):
+    """The ranking and the model version that produced it."""
+
+    model_version: int
+    items: list[ScoredItem]

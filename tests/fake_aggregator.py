@@ -14,16 +14,26 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
 
+from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import Update
-from fedrecgel.cohort import select_cohort
 from fedrecgel.strategy import Strategy, make_strategy
 from fedrecgel.wire import WireError, decode_updates, encode_model
+from services.contract import (
+    MODEL_VERSION_HEADER,
+    CurrentRound,
+    ErrorBody,
+    RegisterResponse,
+    RoundState,
+    RunConfig,
+    UploadResponse,
+    UploadResult,
+)
 
 _UPDATES = re.compile(r"^/v1/rounds/(\d+)/updates$")
 _MODEL = re.compile(r"^/v1/models/(latest|\d+)$")
@@ -44,12 +54,12 @@ class Recorded:
 class FakeAggregator:
     """A minimal, deterministic aggregator; ``transport()`` gives the httpx transport."""
 
-    run_id: str = "run-1"
+    run_id: int = 1
     registered: dict[int, str] = field(default_factory=dict)  # client id -> token
     config: dict[str, Any] | None = None
     round_id: int | None = None
     attempt: int = 0
-    state: str = "idle"
+    state: RoundState = "idle"
     version: int = 0
     cohort: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     accepted: dict[tuple[int, int], tuple[str, Update]] = field(default_factory=dict)
@@ -158,7 +168,8 @@ class FakeAggregator:
                 return _error(409, "already_registered", "a client id is already registered")
             token = secrets.token_hex(8)
             self.registered.update(dict.fromkeys(ids, token))
-            return httpx.Response(201, json={"token": token, "client_ids": ids})
+            answer = RegisterResponse(token=token, client_ids=ids)
+            return httpx.Response(201, json=answer.model_dump())
         owned = self._owner(request)
         if owned is None:
             return _error(401, "unauthorized", "no or bad token")
@@ -170,7 +181,7 @@ class FakeAggregator:
                 return _error(404, "not_found", f"no model version {v}")
             blob = self.models[v]
             etag = f'"{hashlib.sha256(blob).hexdigest()}"'
-            headers = {"ETag": etag, "X-Model-Version": str(v)}
+            headers = {"ETag": etag, MODEL_VERSION_HEADER: str(v)}
             if request.headers.get("If-None-Match") == etag:
                 return httpx.Response(304, headers=headers)
             return httpx.Response(200, content=blob, headers=headers)
@@ -183,29 +194,19 @@ class FakeAggregator:
 
     def _current(self, owned: set[int]) -> dict[str, Any]:
         if self.config is None:
-            return {
-                "run_id": None,
-                "round_id": None,
-                "attempt": 0,
-                "state": "idle",
-                "deadline": None,
-                "model_version": None,
-                "cohort": [],
-                "cohort_size": 0,
-                "config": None,
-            }
+            return CurrentRound(state="idle").model_dump(mode="json")
         mine = [int(c) for c in self.cohort if int(c) in owned] if self.state == "open" else []
-        return {
-            "run_id": self.run_id,
-            "round_id": self.round_id,
-            "attempt": self.attempt,
-            "state": self.state,
-            "deadline": None,
-            "model_version": self.version,
-            "cohort": mine,
-            "cohort_size": len(self.cohort),
-            "config": self.config,
-        }
+        body = CurrentRound(
+            run_id=self.run_id,
+            round_id=self.round_id,
+            attempt=self.attempt,
+            state=self.state,
+            model_version=self.version,
+            cohort=mine,
+            cohort_size=len(self.cohort),
+            config=RunConfig.model_validate(self.config),
+        )
+        return body.model_dump(mode="json")
 
     def _upload(self, round_id: int, body: bytes, owned: set[int]) -> httpx.Response:
         try:
@@ -221,8 +222,10 @@ class FakeAggregator:
                 prev is not None and prev[0] == d
                 for prev, d in zip(stored, decoded.digests, strict=True)
             ):
-                dup = [{"client_id": u.client_id, "status": "duplicate"} for u in decoded.updates]
-                return httpx.Response(200, json={"results": dup})
+                dup = [
+                    UploadResult(client_id=u.client_id, status="duplicate") for u in decoded.updates
+                ]
+                return httpx.Response(200, json=UploadResponse(results=dup).model_dump())
             return _error(409, "round_not_open", f"round {round_id} is not open")
         cohort = {int(c) for c in self.cohort}
         results = []
@@ -234,14 +237,16 @@ class FakeAggregator:
                 return _error(409, "conflict", f"client {u.client_id} sent another update")
         for u, digest in zip(decoded.updates, decoded.digests, strict=True):
             key = (round_id, u.client_id)
-            status = "duplicate" if key in self.accepted else "accepted"
+            status: Literal["accepted", "duplicate"] = (
+                "duplicate" if key in self.accepted else "accepted"
+            )
             self.accepted[key] = (digest, u)
-            results.append({"client_id": u.client_id, "status": status})
+            results.append(UploadResult(client_id=u.client_id, status=status))
         self.uploads.append((round_id, [u.client_id for u in decoded.updates], body))
         if all((round_id, int(c)) in self.accepted for c in self.cohort):
             self._close()
-        return httpx.Response(200, json={"results": results})
+        return httpx.Response(200, json=UploadResponse(results=results).model_dump())
 
 
 def _error(status: int, error: str, detail: str) -> httpx.Response:
-    return httpx.Response(status, json={"error": error, "detail": detail})
+    return httpx.Response(status, json=ErrorBody(error=error, detail=detail).model_dump())

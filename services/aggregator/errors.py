@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
+from services.contract import ServiceError
 
-class AggregatorError(Exception):
+
+class AggregatorError(ServiceError):
     """Base of every refusal; ``status_code`` is the HTTP status, ``code`` the machine code."""
-
-    status_code: int = 400
-    code: str = "bad_request"
-
-    def __init__(self, detail: str, code: str | None = None) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        if code is not None:
-            self.code = code
 
 
 class Unauthorized(AggregatorError):

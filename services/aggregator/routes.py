@@ -22,7 +22,8 @@ from services.aggregator.schemas import (
     RunStatus,
     UploadResponse,
 )
-from services.aggregator.service import AggregatorService, Caller, ModelBlob
+from services.aggregator.service import AggregatorService, Caller
+from services.contract import MODEL_VERSION_HEADER, ModelBlob
 
 UPLOAD_PATH = "/v1/rounds/{round_id}/updates"
 
@@ -107,7 +108,7 @@ def current_round(caller: CallerDep, service: ServiceDep) -> CurrentRound:
 
 def _model_response(blob: ModelBlob, if_none_match: str | None) -> Response:
     etag = f'"{blob.etag}"'
-    headers = {"ETag": etag, "X-Model-Version": str(blob.version), "Cache-Control": "no-cache"}
+    headers = {"ETag": etag, MODEL_VERSION_HEADER: str(blob.version), "Cache-Control": "no-cache"}
     if if_none_match is not None:
         tags = {t.strip().removeprefix("W/") for t in if_none_match.split(",")}
         if etag in tags or "*" in tags:

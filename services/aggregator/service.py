@@ -72,6 +72,7 @@ from services.aggregator.schemas import (
     UploadResult,
 )
 from services.aggregator.settings import Settings
+from services.contract import ModelBlob
 
 log = logging.getLogger(__name__)
 
@@ -93,16 +94,6 @@ class Caller:
 
     client_ids: frozenset[int]
     operator: bool = False
-
-
-@dataclass(frozen=True)
-class ModelBlob:
-    """An encoded model version as served: safetensors bytes and their sha256."""
-
-    run_id: int
-    version: int
-    blob: bytes
-    etag: str
 
 
 @dataclass

@@ -1,11 +1,12 @@
-"""A synchronous client of the aggregator's HTTP API (docs/API.md).
+"""The worker's outbound side: a synchronous client of the aggregator's HTTP API (docs/API.md).
 
-Every call goes through :meth:`AggregatorClient._request`, which retries connection errors,
-timeouts, 429 and 5xx with exponential backoff and maps any other non-2xx answer to
-:class:`AggregatorError` carrying the server's ``{"error", "detail"}``. An upload retry re-sends
-exactly the same bytes, so the server's idempotency (same (round, client) digest ->
-``"duplicate"``) makes it safe. The transport is swappable (``transport=``), so tests can run a
-whole round in one process against a mock or the real app.
+Bodies are the wire contract's types (:mod:`services.contract`). Every call goes through
+:meth:`AggregatorClient._request`, which retries connection errors, timeouts, 429 and 5xx with
+exponential backoff and maps any other non-2xx answer to :class:`AggregatorCallError` carrying
+the server's :class:`~services.contract.ErrorBody`. An upload retry re-sends exactly the same
+bytes, so the server's idempotency (same (round, client) digest -> ``"duplicate"``) makes it
+safe. The transport is swappable (``transport=``), so tests can run a whole round in one
+process against a mock or the real app.
 """
 
 from __future__ import annotations
@@ -17,31 +18,36 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, field_validator
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
 from fedrecgel.wire import decode_model, encode_updates
-from services import contract
+from services.contract import (
+    MODEL_VERSION_HEADER,
+    CurrentRound,
+    EvaluationRequest,
+    RegisterRequest,
+    RegisterResponse,
+    RoundInfo,
+    ServiceError,
+    UploadResponse,
+)
 
 log = logging.getLogger(__name__)
 
-RoundState = Literal["open", "closed", "paused", "finished", "idle"]
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
-class AggregatorError(Exception):
-    """A refused or failed request: HTTP ``status`` (0 when no answer came) and the server's
-    ``error`` code and ``detail``."""
+class AggregatorCallError(ServiceError):
+    """A refused or failed call to the aggregator: HTTP ``status_code`` (0 when no answer
+    came) and the server's :class:`~services.contract.ErrorBody` ``code`` and ``detail``."""
 
     def __init__(
-        self, status: int, error: str, detail: str, method: str = "", url: str = ""
+        self, status_code: int, code: str, detail: str, method: str = "", url: str = ""
     ) -> None:
-        super().__init__(f"{method} {url} -> {status} {error}: {detail}".strip())
-        self.status = status
-        self.error = error
-        self.detail = detail
+        super().__init__(detail, code, status_code)
+        self.args = (f"{method} {url} -> {status_code} {code}: {detail}".strip(),)
         self.method = method
         self.url = url
         #: for a split upload: client id -> status of the bodies accepted before the refusal
@@ -50,39 +56,12 @@ class AggregatorError(Exception):
     @property
     def retryable(self) -> bool:
         """Whether waiting and trying again may help (no answer, 429 or 5xx)."""
-        return self.status == 0 or self.status in RETRY_STATUS
-
-
-class RunConfig(contract.RunConfig):
-    """The run configuration as the aggregator announces it (unknown fields are ignored)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class RoundInfo(BaseModel):
-    """``GET /v1/rounds/current``: the run's current round as seen by the caller."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    @field_validator("attempt", mode="before")
-    @classmethod
-    def _attempt_default(cls, v: object) -> object:
-        return 0 if v is None else v
-
-    run_id: str | int | None = None
-    round_id: int | None = None
-    attempt: int = 0
-    state: RoundState = "idle"
-    deadline: str | None = None
-    model_version: int | None = None
-    cohort: list[int] = []
-    cohort_size: int = 0
-    config: RunConfig | None = None
+        return self.status_code == 0 or self.status_code in RETRY_STATUS
 
 
 @dataclass(frozen=True)
-class ModelBlob:
-    """A downloaded model version: its shape, shared parameters, version and ETag."""
+class DownloadedModel:
+    """A downloaded model version, decoded: its shape, shared parameters, version and ETag."""
 
     cfg: ModelConfig
     shared: dict[str, Tensor]
@@ -104,8 +83,8 @@ class RetryPolicy:
         return min(self.max_backoff_s, self.backoff_s * 2**attempt)
 
 
-def _error_from(resp: httpx.Response) -> AggregatorError:
-    """Map a non-2xx answer to an AggregatorError with the server's code and detail."""
+def _error_from(resp: httpx.Response) -> AggregatorCallError:
+    """Map a non-2xx answer to an AggregatorCallError with the server's code and detail."""
     error, detail = "http_error", resp.reason_phrase or ""
     try:
         body = resp.json()
@@ -117,7 +96,7 @@ def _error_from(resp: httpx.Response) -> AggregatorError:
         detail = raw if isinstance(raw, str) else str(raw)
     elif resp.content:
         detail = resp.text[:500]
-    return AggregatorError(resp.status_code, error, detail, resp.request.method, str(resp.url))
+    return AggregatorCallError(resp.status_code, error, detail, resp.request.method, str(resp.url))
 
 
 class AggregatorClient:
@@ -136,7 +115,7 @@ class AggregatorClient:
         self.token = token
         self.retry = retry or RetryPolicy()
         self.max_body_bytes = max_body_bytes
-        self._models: dict[str, ModelBlob] = {}
+        self._models: dict[str, DownloadedModel] = {}
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             transport=transport,
@@ -174,7 +153,7 @@ class AggregatorClient:
             try:
                 resp = self._http.request(method, path, json=json, content=content, headers=hdrs)
             except httpx.TransportError as err:
-                failure = AggregatorError(
+                failure = AggregatorCallError(
                     0, "unreachable", f"{type(err).__name__}: {err}", method, path
                 )
             else:
@@ -192,23 +171,21 @@ class AggregatorClient:
 
     def register(self, client_ids: Sequence[int]) -> str:
         """Register ``client_ids`` under one credential; remember and return its token."""
-        resp = self._request(
-            "POST", "/v1/clients", json={"client_ids": [int(c) for c in client_ids]}
-        )
-        token = resp.json()["token"]
-        self.token = str(token)
+        # built unchecked: the aggregator is the one that refuses a bad list (422)
+        body = RegisterRequest.model_construct(client_ids=[int(c) for c in client_ids])
+        resp = self._request("POST", "/v1/clients", json=body.model_dump())
+        self.token = RegisterResponse.model_validate(resp.json()).token
         return self.token
 
-    def current_round(self) -> RoundInfo:
+    def current_round(self) -> CurrentRound:
         """The current round (state ``idle`` when no run exists)."""
-        return RoundInfo.model_validate(self._request("GET", "/v1/rounds/current").json())
+        return CurrentRound.model_validate(self._request("GET", "/v1/rounds/current").json())
 
-    def round_status(self, round_id: int) -> dict[str, Any]:
-        """Public status of one round."""
-        body: dict[str, Any] = self._request("GET", f"/v1/rounds/{int(round_id)}").json()
-        return body
+    def round_info(self, round_id: int) -> RoundInfo:
+        """Public state of one round."""
+        return RoundInfo.model_validate(self._request("GET", f"/v1/rounds/{int(round_id)}").json())
 
-    def download_model(self, version: int | Literal["latest"] = "latest") -> ModelBlob:
+    def download_model(self, version: int | Literal["latest"] = "latest") -> DownloadedModel:
         """A model version; an unchanged one (304 on ``If-None-Match``) comes from the cache."""
         path = f"/v1/models/{version if version == 'latest' else int(version)}"
         cached = self._models.get(path)
@@ -216,14 +193,14 @@ class AggregatorClient:
         resp = self._request("GET", path, headers=headers, ok=(304,))
         if resp.status_code == 304:
             if cached is None:
-                raise AggregatorError(
+                raise AggregatorCallError(
                     304, "not_modified", "304 without a cached model", "GET", path
                 )
             return cached
         cfg, shared, blob_version = decode_model(resp.content)
-        header_version = resp.headers.get("X-Model-Version")
+        header_version = resp.headers.get(MODEL_VERSION_HEADER)
         if header_version is not None and int(header_version) != blob_version:
-            raise AggregatorError(
+            raise AggregatorCallError(
                 resp.status_code,
                 "version_mismatch",
                 f"header says {header_version}, body says {blob_version}",
@@ -231,14 +208,14 @@ class AggregatorClient:
                 path,
             )
         if version != "latest" and blob_version != int(version):
-            raise AggregatorError(
+            raise AggregatorCallError(
                 resp.status_code,
                 "version_mismatch",
                 f"asked for {version}, got {blob_version}",
                 "GET",
                 path,
             )
-        model = ModelBlob(cfg, shared, blob_version, resp.headers.get("ETag"))
+        model = DownloadedModel(cfg, shared, blob_version, resp.headers.get("ETag"))
         # keep only the newest few paths: a worker needs the current version and "latest"
         self._models[path] = model
         while len(self._models) > 4:
@@ -269,7 +246,7 @@ class AggregatorClient:
 
     def upload(self, round_id: int, updates: Sequence[Update]) -> dict[int, str]:
         """Upload updates of one round (split to the byte budget): client id -> status
-        (``accepted`` or ``duplicate``). Raises AggregatorError on the first refused body, with
+        (``accepted`` or ``duplicate``). Raises AggregatorCallError on the first refused body, with
         the statuses of the bodies accepted before it in ``err.partial``."""
         results: dict[int, str] = {}
         for _, body in self.split_bodies(round_id, updates):
@@ -280,21 +257,22 @@ class AggregatorClient:
                     content=body,
                     headers={"Content-Type": "application/octet-stream"},
                 )
-            except AggregatorError as err:
+            except AggregatorCallError as err:
                 err.partial = dict(results)
                 raise
-            for entry in resp.json().get("results", []):
-                results[int(entry["client_id"])] = str(entry["status"])
+            for entry in UploadResponse.model_validate(resp.json()).results:
+                results[entry.client_id] = entry.status
         return results
 
     def report_evaluation(
         self, version: int, sums: Mapping[str, float], count: int, client_ids: Sequence[int]
     ) -> None:
         """Report metric sums of ``client_ids`` on model ``version`` (federated evaluation)."""
-        payload = {
-            "model_version": int(version),
-            "sums": {k: float(v) for k, v in sums.items() if k != "count"},
-            "count": int(count),
-            "client_ids": [int(c) for c in client_ids],
-        }
-        self._request("POST", "/v1/evaluations", json=payload)
+        # built unchecked: the aggregator is the one that refuses a bad report (422)
+        body = EvaluationRequest.model_construct(
+            model_version=int(version),
+            sums={k: float(v) for k, v in sums.items() if k != "count"},
+            count=int(count),
+            client_ids=[int(c) for c in client_ids],
+        )
+        self._request("POST", "/v1/evaluations", json=body.model_dump())

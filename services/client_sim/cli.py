@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import StoreError
-from services.client_sim.worker import WorkerError, WorkerSettings, run_worker
+from services.client_sim.worker import run_worker
 
 log = logging.getLogger(__name__)
 

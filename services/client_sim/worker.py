@@ -9,8 +9,9 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
    the state after round v), and report metric sums (federated evaluation);
 3. if the round is open and some owned users are in its cohort and have not committed this
    (round, attempt): download that round's model, draw their samples from
-   ``client_rng(seed, round, user)``, run :func:`fedrecgel.sam.cohort_step` for them together,
-   upload, and only after the 2xx commit their new private state (one transaction).
+   ``client_rng(seed, round, user)`` and take the SAM step for them together (the core's
+   :class:`fedrecgel.client_round.ClientRound`, as the simulator does), upload, and only after
+   the 2xx commit their new private state (one transaction).
 
 A crash between the upload and the commit leaves the old state in the store, so the restarted
 worker recomputes the same update for the same users, which the server answers as a duplicate.
@@ -20,165 +21,30 @@ from __future__ import annotations
 
 import json
 import logging
-import re
-import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import httpx
 import numpy as np
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
-from fedrecgel.sam import PrivateState, StepResult, client_rng, client_samples, cohort_step
-from services.client_sim.api import (
+from fedrecgel.sam import PrivateState, StepResult
+from services.client_sim.aggregator_client import (
+    AggregatorCallError,
     AggregatorClient,
-    AggregatorError,
     RetryPolicy,
-    RoundInfo,
-    RunConfig,
 )
+from services.client_sim.server import DeviceApiServer, serve_in_thread
+from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore, model_key
+from services.client_sim.waiters import RedisWaiter, SleepWaiter, Waiter
+from services.contract import CurrentRound, RunConfig
 
 log = logging.getLogger(__name__)
-
-VERSIONS_CHANNEL = "fedrec:versions"
-_ORDINAL = re.compile(r"-(\d+)$")
-
-
-def hostname_ordinal(hostname: str) -> int:
-    """The trailing ordinal of a host name (``fedrec-worker-2`` -> 2; a FQDN's first label).
-
-    A StatefulSet's pod ``<name>-<ordinal>`` gets that host name, so each replica owns a
-    stable shard across restarts and rescheduling.
-    """
-    label = hostname.split(".", 1)[0]
-    match = _ORDINAL.search(label)
-    if match is None:
-        raise ValueError(f"host name {hostname!r} does not end in -<ordinal>")
-    return int(match.group(1))
-
-
-class WorkerSettings(BaseSettings):
-    """Worker configuration; every field can be set from the env as ``FEDREC_WORKER_<NAME>``."""
-
-    model_config = SettingsConfigDict(env_prefix="FEDREC_WORKER_", extra="ignore")
-
-    aggregator: str = "http://127.0.0.1:8700"
-    shard: int = 0
-    shards: int = 1
-    dataset: str = "filmtrust"
-    data_dir: Path | None = None
-    validation: bool = False
-    store: str = "worker-0.db"
-    redis_url: str | None = None
-    max_rounds: int | None = None
-    exit_when_finished: bool = True
-    poll_min_s: float = 0.2
-    poll_max_s: float = 5.0
-    timeout_s: float = 30.0
-    retries: int = 4
-    backoff_s: float = 0.2
-    max_body_bytes: int = 8 * 1024 * 1024
-    log_level: str = "INFO"
-    # Intra-op threads of torch in the worker process (None: torch's default, one per core).
-    # Workers sharing a machine should split its cores: oversubscribed threads spin-wait.
-    torch_threads: int | None = Field(default=None, ge=1)
-    # Take ``shard`` from the trailing ordinal of the host name (``worker-3`` -> 3), as a
-    # Kubernetes StatefulSet names its pods; overrides ``shard``.
-    shard_from_hostname: bool = False
-    # The demo HTTP API (services.client_sim.http): off unless a port is given.
-    http_port: int | None = Field(default=None, ge=0, le=65535)
-    http_host: str = "127.0.0.1"
-    recommend_url: str = "http://127.0.0.1:8702"
-    # How recommend_api names items: the dataset's own ids (it runs with FEDREC_REC_DATASET)
-    # or catalogue indices as strings (it runs without labels).
-    recommend_item_ids: Literal["dataset", "index"] = "dataset"
-
-    @model_validator(mode="after")
-    def _check(self) -> WorkerSettings:
-        if self.shard_from_hostname:
-            self.shard = hostname_ordinal(socket.gethostname())
-        # ``{shard}`` in the store path: one file per shard on a shared volume
-        self.store = self.store.replace("{shard}", str(self.shard))
-        if self.shards < 1 or not 0 <= self.shard < self.shards:
-            raise ValueError(
-                f"need 0 <= shard < shards, got shard={self.shard}, shards={self.shards}"
-            )
-        if self.poll_min_s <= 0 or self.poll_max_s < self.poll_min_s:
-            raise ValueError("need 0 < poll_min_s <= poll_max_s")
-        if self.max_rounds is not None and self.max_rounds < 1:
-            raise ValueError("max_rounds must be >= 1")
-        return self
-
-
-class WorkerError(RuntimeError):
-    """The worker cannot take part (wrong dataset, store of another shard, ...)."""
-
-
-class Waiter(Protocol):
-    """Waits between polls; may return early when something happened."""
-
-    def wait(self, seconds: float) -> None:
-        """Block for at most ``seconds``."""
-
-    def close(self) -> None:
-        """Release resources."""
-
-
-class SleepWaiter:
-    """Plain polling: sleep the whole interval."""
-
-    def __init__(self, sleep: Callable[[float], None] = time.sleep) -> None:
-        self._sleep = sleep
-
-    def wait(self, seconds: float) -> None:
-        """Sleep ``seconds``."""
-        self._sleep(seconds)
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class RedisWaiter:
-    """Wakes up on a version event on ``fedrec:versions`` (or after the timeout)."""
-
-    def __init__(self, url: str, channel: str = VERSIONS_CHANNEL) -> None:
-        import redis
-
-        self._redis = redis.Redis.from_url(url)
-        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        self._pubsub.subscribe(channel)
-        self._error = redis.RedisError
-
-    def wait(self, seconds: float) -> None:
-        """Return on the first version event, or after ``seconds``."""
-        deadline = time.monotonic() + seconds
-        try:
-            while (left := deadline - time.monotonic()) > 0:
-                msg = self._pubsub.get_message(timeout=left)
-                if msg is not None and msg.get("type") == "message":
-                    log.debug("version event %r", msg.get("data"))
-                    # drain what else is queued: one poll answers them all
-                    while self._pubsub.get_message(timeout=0) is not None:
-                        pass
-                    return
-        except self._error as err:
-            log.warning("redis unavailable (%s); polling instead", err)
-            time.sleep(max(0.0, deadline - time.monotonic()))
-
-    def close(self) -> None:
-        """Unsubscribe and close the connection."""
-        try:
-            self._pubsub.close()
-            self._redis.close()
-        except self._error:  # pragma: no cover - closing a dead connection
-            pass
 
 
 class Worker:
@@ -213,7 +79,7 @@ class Worker:
             waiter = RedisWaiter(settings.redis_url) if settings.redis_url else SleepWaiter(sleep)
         self.waiter = waiter
         self.run_cfg: RunConfig | None = None
-        self.last_info: RoundInfo | None = None
+        self.last_info: CurrentRound | None = None
         self._refused: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------ set-up
@@ -259,7 +125,7 @@ class Worker:
         self.store.set_meta(token=token)
         log.info("registered %d clients", len(self.users))
 
-    def _ensure_run(self, info: RoundInfo) -> RunConfig:
+    def _ensure_run(self, info: CurrentRound) -> RunConfig:
         """Adopt the run of ``info``: check it fits this worker; fresh states on a new run."""
         cfg = info.config
         assert cfg is not None
@@ -338,7 +204,7 @@ class Worker:
             sums.update({f"val/{k}": v for k, v in val.items()})
         try:
             self.client.report_evaluation(version, sums, count, self.users.tolist())
-        except AggregatorError as err:
+        except AggregatorCallError as err:
             if err.retryable:
                 raise
             log.warning("evaluation of version %d refused: %s", version, err)
@@ -351,7 +217,7 @@ class Worker:
         )
         return sums
 
-    def pending(self, info: RoundInfo) -> list[int]:
+    def pending(self, info: CurrentRound) -> list[int]:
         """Owned cohort members of the open round that have not committed its (round, attempt)."""
         assert info.round_id is not None
         cohort = sorted(int(u) for u in info.cohort if int(u) in self._row)
@@ -359,7 +225,8 @@ class Worker:
         return [
             u
             for u in cohort
-            if (progress[u].last_round, progress[u].last_attempt) != (info.round_id, info.attempt)
+            if (progress[u].last_round, progress[u].last_attempt)
+            != (info.round_id, info.attempt or 0)
         ]
 
     def _compute(self, cfg: RunConfig, version: int, round_id: int, todo: list[int]) -> StepResult:
@@ -369,20 +236,15 @@ class Worker:
             raise WorkerError(
                 f"model version {version} has shape {model.cfg}, the run announces {cfg.model()}"
             )
-        hp = cfg.sam()
-        samples = [
-            client_samples(
-                self.data.train[self._row[u]],
-                cfg.n_items,
-                hp.n_negatives,
-                client_rng(cfg.seed, round_id, u),
-            )
-            for u in todo
-        ]
-        state = self.store.load_states(todo)
-        return cohort_step(
-            model.cfg, model.shared, np.asarray(todo, dtype=np.int64), state, samples, hp
+        clients = ClientRound(model.cfg, cfg.sam(), cfg.seed)
+        return clients.step(
+            model.shared, round_id, todo, self._train_items, self.store.load_states(todo)
         )
+
+    def _train_items(self, user_id: int) -> np.ndarray:
+        """The local training items of an owned user."""
+        items: np.ndarray = self.data.train[self._row[user_id]]
+        return items
 
     def _upload_and_commit(
         self, r: int, a: int, version: int, todo: list[int], result: StepResult
@@ -398,7 +260,7 @@ class Worker:
         self.store.set_meta(pending_upload=json.dumps(note))
         try:
             statuses = self.client.upload(r, result.uploads)
-        except AggregatorError as err:
+        except AggregatorCallError as err:
             if err.retryable:
                 raise
             # round closed meanwhile, not in the cohort after all, ...: keep the old state,
@@ -422,14 +284,14 @@ class Worker:
         self.store.set_meta(pending_upload=None)
         return statuses
 
-    def recover(self, info: RoundInfo, cfg: RunConfig) -> bool:
+    def recover(self, info: CurrentRound, cfg: RunConfig) -> bool:
         """Finish an upload a crash interrupted, if its round has moved on since."""
         raw = self.store.get_meta("pending_upload")
         if raw is None:
             return False
         note = json.loads(raw)
         r, a, version = int(note["round"]), int(note["attempt"]), int(note["version"])
-        if info.state == "open" and (info.round_id, info.attempt) == (r, a):
+        if info.state == "open" and (info.round_id, info.attempt or 0) == (r, a):
             return False  # still open: train() recomputes and re-sends the same update
         progress = self.store.progress([int(u) for u in note["users"]])
         todo = [
@@ -444,16 +306,16 @@ class Worker:
         try:
             self._upload_and_commit(r, a, version, todo, result)
             log.info("round %d: recovered the interrupted upload of %d users", r, len(todo))
-        except AggregatorError as err:
+        except AggregatorCallError as err:
             if err.retryable:
                 raise
             log.warning("round %d: the interrupted upload was never stored; its users miss it", r)
         return True
 
-    def train(self, info: RoundInfo, cfg: RunConfig, version: int) -> bool:
+    def train(self, info: CurrentRound, cfg: RunConfig, version: int) -> bool:
         """Train, upload and commit the pending cohort members of the open round."""
         assert info.round_id is not None
-        r, a = info.round_id, info.attempt
+        r, a = info.round_id, info.attempt or 0
         if (r, a) in self._refused:
             return False
         todo = self.pending(info)
@@ -463,7 +325,7 @@ class Worker:
         result = self._compute(cfg, version, r, todo)
         try:
             statuses = self._upload_and_commit(r, a, version, todo, result)
-        except AggregatorError as err:
+        except AggregatorCallError as err:
             if err.retryable:
                 raise
             self._refused.add((r, a))
@@ -505,7 +367,7 @@ class Worker:
         while True:
             try:
                 did = self.step()
-            except AggregatorError as err:
+            except AggregatorCallError as err:
                 if not err.retryable:
                     raise
                 log.warning("aggregator unavailable: %s", err)
@@ -531,7 +393,7 @@ class Worker:
             try:
                 self.register()
                 return
-            except AggregatorError as err:
+            except AggregatorCallError as err:
                 if not err.retryable:
                     raise
                 log.warning("cannot register yet: %s", err)
@@ -548,15 +410,13 @@ class Worker:
 def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:
     """Run a worker until the run finishes (or ``max_rounds``); kwargs go to :class:`Worker`.
 
-    With ``http_port`` set, the demo HTTP API (:mod:`services.client_sim.http`) is served from a
+    With ``http_port`` set, the device API (:mod:`services.client_sim.server`) is served from a
     background thread over the worker's own store for as long as the worker runs.
     """
     worker = Worker(settings, **kwargs)
-    server = None
+    server: DeviceApiServer | None = None
     try:
         if settings.http_port is not None:
-            from services.client_sim.http import serve_in_thread
-
             server = serve_in_thread(settings, worker.store, split=kwargs.get("split"))
         worker.run()
     finally:

@@ -1,26 +1,22 @@
-"""The recommendation API: ``create_app(settings)`` with a typed lifespan."""
+"""The recommendation API: ``create_app(settings)`` with a typed lifespan; the routes are in
+:mod:`services.recommend_api.routes`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.recommend_api.errors import RecommendError
+from services.error_handlers import install_error_handlers
 from services.recommend_api.follow import ModelFollower
 from services.recommend_api.ranking import (
     ModelHolder,
@@ -28,33 +24,10 @@ from services.recommend_api.ranking import (
     dataset_labels,
     read_labels_file,
 )
-from services.recommend_api.schemas import (
-    ErrorBody,
-    RecommendationRequest,
-    RecommendationResponse,
-    ScoredItem,
-)
+from services.recommend_api.routes import AppState, router
 from services.recommend_api.settings import Settings
 
 log = logging.getLogger(__name__)
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    422: {"model": ErrorBody},
-    503: {"model": ErrorBody},
-}
-
-
-@dataclass
-class AppState:
-    """What the lifespan opens and the routes use."""
-
-    settings: Settings
-    holder: ModelHolder
-    pool: ThreadPoolExecutor
-    registry: CollectorRegistry
-    latency: Histogram
-    client: httpx.AsyncClient | None = None
-    follower: ModelFollower | None = None
 
 
 class _HolderCollector(Collector):
@@ -128,15 +101,6 @@ def holder_from_settings(settings: Settings) -> ModelHolder:
     return ModelHolder(cfg, labels_from_settings(settings))
 
 
-def get_state(request: Request) -> AppState:
-    """The application state opened by the lifespan."""
-    state: AppState = request.app.state.rec
-    return state
-
-
-StateDep = Annotated[AppState, Depends(get_state)]
-
-
 def create_app(
     settings: Settings | None = None,
     holder: ModelHolder | None = None,
@@ -201,63 +165,10 @@ def create_app(
             pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="FedRecGEL recommendations", version="0.1.0", lifespan=lifespan)
-
     app.add_middleware(_LatencyMiddleware)
-
-    @app.exception_handler(RecommendError)
-    async def domain_error(request: Request, exc: RecommendError) -> JSONResponse:
-        return JSONResponse({"error": exc.code, "detail": exc.detail}, exc.status_code)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Only locations and messages: pydantic's "input" would echo the user vector back.
-        parts = []
-        for e in exc.errors():
-            loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
-            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
-        return JSONResponse({"error": "invalid_request", "detail": "; ".join(parts)}, 422)
-
-    @app.post("/v1/recommendations", responses=ERRORS)
-    async def recommend(body: RecommendationRequest, state: StateDep) -> RecommendationResponse:
-        """Top-K items for the user vector in the body (used for this answer only)."""
-        loop = asyncio.get_running_loop()
-        ranked = await loop.run_in_executor(
-            state.pool,
-            state.holder.recommend,
-            body.user.user_gmf,
-            body.user.user_mlp,
-            body.k,
-            body.exclude,
-        )
-        return RecommendationResponse(
-            model_version=ranked.version,
-            items=[ScoredItem(item=i, score=s) for i, s in ranked.items],
-        )
-
-    @app.get("/healthz")
-    async def healthz(state: StateDep) -> JSONResponse:
-        """200 when a model is loaded (aggregator reachability reported); 503 otherwise."""
-        version = state.holder.version
-        aggregator = "disabled"
-        if state.client is not None:
-            try:
-                resp = await state.client.get("/healthz", timeout=2.0)
-                aggregator = "ok" if resp.status_code < 500 else f"error {resp.status_code}"
-            except httpx.HTTPError:
-                aggregator = "unreachable"
-        body = {
-            "status": "ok" if version is not None else "no_model",
-            "model": "loaded" if version is not None else "none",
-            "model_version": version,
-            "aggregator": aggregator,
-        }
-        if version is not None and aggregator not in ("ok", "disabled"):
-            body["status"] = "degraded"  # still serving the last good model
-        return JSONResponse(body, 200 if version is not None else 503)
-
-    @app.get("/metrics")
-    async def metrics(state: StateDep) -> Response:
-        """Prometheus metrics of this app."""
-        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
-
+    # only locations and messages: pydantic's "input" would echo the user vector back
+    install_error_handlers(
+        app, validation_code="invalid_request", skip_body=True, http_errors=False
+    )
+    app.include_router(router)
     return app

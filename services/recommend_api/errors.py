@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
+from services.contract import ServiceError
 
-class RecommendError(Exception):
-    """Base of every error this service reports as ``{"error", "detail"}``."""
 
-    status_code = 400
-    code = "bad_request"
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
+class RecommendError(ServiceError):
+    """Base of every error this service reports as an :class:`~services.contract.ErrorBody`."""
 
 
 class InvalidUserVector(RecommendError):

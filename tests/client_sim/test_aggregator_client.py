@@ -11,7 +11,7 @@ import pytest
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
 from fedrecgel.wire import decode_updates, encode_model, update_digest
-from services.client_sim.api import AggregatorClient, AggregatorError, RetryPolicy
+from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient, RetryPolicy
 
 CFG = ModelConfig(n_items=50, factor=4, layers=2)
 
@@ -90,7 +90,7 @@ def test_model_download_uses_the_etag_cache():
 def test_model_download_refuses_a_version_other_than_asked():
     blob = encode_model(CFG, init_shared(CFG, 0), 3)
     client, _ = _client(Recorder(httpx.Response(200, content=blob)))
-    with pytest.raises(AggregatorError, match="version_mismatch"):
+    with pytest.raises(AggregatorCallError, match="version_mismatch"):
         client.download_model(4)
     assert client.download_model("latest").version == 3
 
@@ -112,35 +112,35 @@ def test_retries_give_up_with_the_last_error():
     client, waits = _client(
         Recorder(httpx.Response(503, json={"error": "busy", "detail": "x"})), retries=2
     )
-    with pytest.raises(AggregatorError) as info:
+    with pytest.raises(AggregatorCallError) as info:
         client.current_round()
-    assert info.value.status == 503 and info.value.error == "busy" and info.value.retryable
+    assert info.value.status_code == 503 and info.value.code == "busy" and info.value.retryable
     assert len(waits) == 2
 
 
 def test_unreachable_server_is_a_retryable_error_with_status_0():
     client, _ = _client(Recorder(httpx.ConnectTimeout("slow")), retries=1)
-    with pytest.raises(AggregatorError) as info:
+    with pytest.raises(AggregatorCallError) as info:
         client.current_round()
-    assert info.value.status == 0 and info.value.retryable
+    assert info.value.status_code == 0 and info.value.retryable
 
 
 @pytest.mark.parametrize("status", [401, 403, 409, 413, 422])
 def test_4xx_is_not_retried_and_carries_the_server_error(status):
     rec = Recorder(httpx.Response(status, json={"error": "nope", "detail": "because"}))
     client, waits = _client(rec)
-    with pytest.raises(AggregatorError) as info:
+    with pytest.raises(AggregatorCallError) as info:
         client.upload(1, _updates(2))
     err = info.value
-    assert (err.status, err.error, err.detail) == (status, "nope", "because")
+    assert (err.status_code, err.code, err.detail) == (status, "nope", "because")
     assert not err.retryable and waits == [] and len(rec.requests) == 1
 
 
 def test_error_without_json_body_keeps_the_text():
     client, _ = _client(Recorder(httpx.Response(400, text="plain failure")))
-    with pytest.raises(AggregatorError) as info:
+    with pytest.raises(AggregatorCallError) as info:
         client.current_round()
-    assert info.value.detail == "plain failure" and info.value.error == "http_error"
+    assert info.value.detail == "plain failure" and info.value.code == "http_error"
 
 
 def test_upload_retry_resends_the_same_bytes():
@@ -210,7 +210,7 @@ def test_report_evaluation_sends_only_sums_count_and_ids():
 
 def test_current_round_parses_the_run_config():
     body = {
-        "run_id": "r",
+        "run_id": 3,
         "round_id": 2,
         "attempt": 1,
         "state": "open",

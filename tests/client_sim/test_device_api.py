@@ -15,18 +15,20 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from tests.fake_aggregator import FakeAggregator
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState
 from fedrecgel.synthetic import synthetic_split
 from services.client_sim.cli import settings_from_args
-from services.client_sim.http import HttpServer, create_app, device_request, item_labels
+from services.client_sim.routes import device_request
+from services.client_sim.server import DeviceApiServer, create_app, item_labels
+from services.client_sim.settings import WorkerSettings, hostname_ordinal
 from services.client_sim.store import WorkerStore
-from services.client_sim.worker import Worker, WorkerSettings, hostname_ordinal
+from services.client_sim.worker import Worker
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.ranking import ModelHolder
 from services.recommend_api.settings import Settings as RecommendSettings
+from tests.fake_aggregator import FakeAggregator
 
 CFG = ModelConfig(n_items=30, factor=4, layers=2)
 SEED = 7
@@ -229,7 +231,7 @@ def test_healthz_reports_the_shard(tmp_path, split):
 def test_http_server_thread_serves_and_stops(tmp_path, split):
     store = _store(tmp_path, split)
     app = create_app(_settings(tmp_path), store, LABELS)
-    server = HttpServer(app, "127.0.0.1", 0, "warning")
+    server = DeviceApiServer(app, "127.0.0.1", 0, "warning")
     server.start()
     try:
         r = httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=5.0)

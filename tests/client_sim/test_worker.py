@@ -8,15 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.fake_aggregator import FakeAggregator
 
 from fedrecgel.metrics import means
 from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_updates, update_digest
+from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
-from services.client_sim.worker import Worker, WorkerError, WorkerSettings
+from services.client_sim.worker import Worker
+from tests.fake_aggregator import FakeAggregator
 
 FACTOR, LAYERS, SEED = 8, 2, 3
 
@@ -301,13 +302,13 @@ def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path):
 
 
 def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path, split):
-    fake = FakeAggregator(run_id="old")
+    fake = FakeAggregator(run_id=1)
     w = _worker(tmp_path, fake, split, shard=0, shards=1)
     w.register()
     fake.start_run(n_items=split.n_items + 1, dataset="other")  # would be refused if adopted
     fake.state = "finished"
     assert w.step() is False and not w.finished()
-    fake.run_id = "new"
+    fake.run_id = 2
     _start(fake, split, rounds=1)
     assert w.step() is True and fake.version == 1
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from services.client_sim.cli import main, settings_from_args
-from services.client_sim.worker import RedisWaiter, WorkerSettings
+from services.client_sim.settings import WorkerSettings
+from services.client_sim.waiters import RedisWaiter
 
 
 def test_flags_override_the_environment(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
-import services.client_sim.api as api_module
+import services.client_sim.aggregator_client as client_module
 import services.client_sim.store as store_module
 import services.client_sim.worker as worker_module
 from fedrecgel.model import ModelConfig
@@ -128,14 +128,14 @@ def test_loading_a_user_without_state_fails_clearly(tmp_path, split):
 
 
 def test_worker_modules_never_pickle_or_torch_load():
-    for mod in (store_module, api_module, worker_module):
+    for mod in (store_module, client_module, worker_module):
         src = inspect.getsource(mod)
         assert "import pickle" not in src and "torch.load" not in src, mod.__name__
 
 
 def test_aggregator_client_takes_no_private_state():
     """The client's public surface has no parameter that could carry private state."""
-    client_cls = api_module.AggregatorClient
+    client_cls = client_module.AggregatorClient
     for name, fn in inspect.getmembers(client_cls, inspect.isfunction):
         if name.startswith("_"):
             continue

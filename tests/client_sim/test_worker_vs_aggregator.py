@@ -21,7 +21,8 @@ app_module = pytest.importorskip("services.aggregator.app")
 settings_module = pytest.importorskip("services.aggregator.settings")
 uvicorn = pytest.importorskip("uvicorn")
 
-from services.client_sim.worker import Worker, WorkerSettings  # noqa: E402
+from services.client_sim.settings import WorkerSettings  # noqa: E402
+from services.client_sim.worker import Worker  # noqa: E402
 
 OPERATOR = "operator-secret-for-tests"
 FACTOR, LAYERS, SEED, ROUNDS = 8, 2, 4, 3

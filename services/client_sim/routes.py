@@ -1,0 +1,149 @@
+"""Routes of the worker's device API: recommendations for the users of its shard, asked as a
+device would, and the health check.
+
+``GET /v1/users/{user_id}/recommendations?k=10`` reads the user's private vector from this
+worker's own store, leaves out the user's training items and sends recommend_api exactly the
+request a device sends (``POST /v1/recommendations``); the answer (model version, item ids,
+scores) comes back unchanged. The vector goes to recommend_api only, never into an answer or a
+log line here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import anyio
+import httpx
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from services.client_sim.settings import WorkerSettings
+from services.client_sim.store import StoreError, WorkerStore
+from services.contract import (
+    ErrorBody,
+    RecommendationRequest,
+    RecommendationResponse,
+    ServiceError,
+    UserVector,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_K = 1000
+RECOMMEND_PATH = "/v1/recommendations"
+
+router = APIRouter()
+
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (404, 422, 502, 503)}
+
+
+@dataclass
+class AppState:
+    """What the lifespan opens and the routes use."""
+
+    settings: WorkerSettings
+    store: WorkerStore
+    labels: Sequence[str] | None
+    users: frozenset[int]
+    client: httpx.AsyncClient
+
+
+def get_state(request: Request) -> AppState:
+    """The state opened by the lifespan."""
+    state: AppState = request.app.state.worker_http
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def device_request(
+    store: WorkerStore, labels: Sequence[str] | None, user_id: int, k: int
+) -> dict[str, Any]:
+    """The body a user's device sends to recommend_api: its vector, k, its training items."""
+    try:
+        state = store.load_states([user_id])
+    except StoreError as err:
+        raise ServiceError(
+            f"user {user_id} has no private state yet (no run joined)", "no_private_state", 503
+        ) from err
+    train = store.train_items(user_id)
+    if train is None:  # pragma: no cover - the user set is checked before
+        raise ServiceError(f"user {user_id} is not in this worker's store", "unknown_user", 404)
+    seen = sorted({int(i) for i in train.tolist()})
+    exclude = [str(i) if labels is None else labels[i] for i in seen]
+    user = UserVector(**{name: t[0].tolist() for name, t in state.params.items()})
+    body = RecommendationRequest(user=user, k=k, exclude=exclude)
+    return body.model_dump(exclude_none=True)
+
+
+def _upstream_error(resp: httpx.Response) -> ServiceError:
+    """Map a non-200 answer of recommend_api: 503 passes through, anything else is a 502."""
+    code, detail = "http_error", resp.reason_phrase or ""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        code = str(body.get("error", code))
+        detail = str(body.get("detail", detail))
+    if resp.status_code == 503:
+        return ServiceError(f"recommend_api: {detail}", code, 503)
+    return ServiceError(
+        f"recommend_api answered {resp.status_code} {code}: {detail}", "recommend_error", 502
+    )
+
+
+@router.get("/v1/users/{user_id}/recommendations", responses=ERRORS)
+async def recommendations(
+    user_id: int,
+    state: StateDep,
+    k: Annotated[int, Query(ge=1, le=MAX_K, description="how many items")] = 10,
+) -> RecommendationResponse:
+    """Top-``k`` items for one user of this shard, from recommend_api."""
+    s = state.settings
+    if user_id not in state.users:
+        raise ServiceError(
+            f"user {user_id} is not in shard {s.shard} of {s.shards}", "unknown_user", 404
+        )
+    body = await anyio.to_thread.run_sync(device_request, state.store, state.labels, user_id, k)
+    try:
+        resp = await state.client.post(RECOMMEND_PATH, json=body)
+    except httpx.HTTPError as err:
+        raise ServiceError(
+            f"recommend_api: {type(err).__name__}: {err}", "recommend_unavailable", 502
+        ) from err
+    if resp.status_code != 200:
+        raise _upstream_error(resp)
+    try:
+        return RecommendationResponse.model_validate(resp.json())
+    except (ValueError, ValidationError) as err:
+        raise ServiceError(
+            "recommend_api answered an unexpected body", "recommend_error", 502
+        ) from err
+
+
+@router.get("/healthz")
+async def healthz(state: StateDep) -> JSONResponse:
+    """200 while the store answers (the worker loop's health is the process's), else 503;
+    ``registered`` tells an operator whether this shard's users can join a run yet."""
+    s = state.settings
+    try:
+        token = await anyio.to_thread.run_sync(state.store.get_meta, "token")
+        store_ok = True
+    except Exception:  # any database failure means "not healthy", whatever its type
+        log.exception("store check failed")
+        token, store_ok = None, False
+    body = {
+        "status": "ok" if store_ok else "error",
+        "store": "ok" if store_ok else "error",
+        "registered": token is not None,
+        "shard": s.shard,
+        "shards": s.shards,
+        "users": len(state.users),
+    }
+    return JSONResponse(body, 200 if store_ok else 503)

@@ -1,0 +1,83 @@
+"""The worker's settings: flags and ``FEDREC_WORKER_*`` environment values, checked."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_ORDINAL = re.compile(r"-(\d+)$")
+
+
+class WorkerError(RuntimeError):
+    """The worker cannot take part (wrong dataset, store of another shard, ...)."""
+
+
+def hostname_ordinal(hostname: str) -> int:
+    """The trailing ordinal of a host name (``fedrec-worker-2`` -> 2; a FQDN's first label).
+
+    A StatefulSet's pod ``<name>-<ordinal>`` gets that host name, so each replica owns a
+    stable shard across restarts and rescheduling.
+    """
+    label = hostname.split(".", 1)[0]
+    match = _ORDINAL.search(label)
+    if match is None:
+        raise ValueError(f"host name {hostname!r} does not end in -<ordinal>")
+    return int(match.group(1))
+
+
+class WorkerSettings(BaseSettings):
+    """Worker configuration; every field can be set from the env as ``FEDREC_WORKER_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="FEDREC_WORKER_", extra="ignore")
+
+    aggregator: str = "http://127.0.0.1:8700"
+    shard: int = 0
+    shards: int = 1
+    dataset: str = "filmtrust"
+    data_dir: Path | None = None
+    validation: bool = False
+    store: str = "worker-0.db"
+    redis_url: str | None = None
+    max_rounds: int | None = None
+    exit_when_finished: bool = True
+    poll_min_s: float = 0.2
+    poll_max_s: float = 5.0
+    timeout_s: float = 30.0
+    retries: int = 4
+    backoff_s: float = 0.2
+    max_body_bytes: int = 8 * 1024 * 1024
+    log_level: str = "INFO"
+    # Intra-op threads of torch in the worker process (None: torch's default, one per core).
+    # Workers sharing a machine should split its cores: oversubscribed threads spin-wait.
+    torch_threads: int | None = Field(default=None, ge=1)
+    # Take ``shard`` from the trailing ordinal of the host name (``worker-3`` -> 3), as a
+    # Kubernetes StatefulSet names its pods; overrides ``shard``.
+    shard_from_hostname: bool = False
+    # The device API (services.client_sim.server): off unless a port is given.
+    http_port: int | None = Field(default=None, ge=0, le=65535)
+    http_host: str = "127.0.0.1"
+    recommend_url: str = "http://127.0.0.1:8702"
+    # How recommend_api names items: the dataset's own ids (it runs with FEDREC_REC_DATASET)
+    # or catalogue indices as strings (it runs without labels).
+    recommend_item_ids: Literal["dataset", "index"] = "dataset"
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkerSettings:
+        if self.shard_from_hostname:
+            self.shard = hostname_ordinal(socket.gethostname())
+        # ``{shard}`` in the store path: one file per shard on a shared volume
+        self.store = self.store.replace("{shard}", str(self.shard))
+        if self.shards < 1 or not 0 <= self.shard < self.shards:
+            raise ValueError(
+                f"need 0 <= shard < shards, got shard={self.shard}, shards={self.shards}"
+            )
+        if self.poll_min_s <= 0 or self.poll_max_s < self.poll_min_s:
+            raise ValueError("need 0 < poll_min_s <= poll_max_s")
+        if self.max_rounds is not None and self.max_rounds < 1:
+            raise ValueError("max_rounds must be >= 1")
+        return self
