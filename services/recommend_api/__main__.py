@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import uvicorn
+from pydantic import ValidationError
 
 from services.recommend_api.app import create_app
 from services.recommend_api.settings import Settings
@@ -43,7 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     if str(opts.get("aggregator_url", "")).lower() == "none":
         opts["aggregator_url"] = None
-    settings = Settings(**opts)
+    try:
+        settings = Settings(**opts)
+    except ValidationError as err:
+        raise SystemExit(f"invalid recommend_api settings:\n{err}") from None
     # process-wide, so set here and not in create_app (tests build apps in a shared process)
     torch.set_num_threads(settings.torch_threads)
     app = create_app(settings)

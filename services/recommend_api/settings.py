@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.secret_files import secret_from_file
 
 
 class Settings(BaseSettings):
@@ -19,6 +21,8 @@ class Settings(BaseSettings):
     # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
     aggregator_url: str | None = "http://127.0.0.1:8700"
     aggregator_token: SecretStr | None = None
+    # the token read from a file instead (services/secret_files.py)
+    aggregator_token_file: Path | None = None
     redis_url: str | None = None
     versions_channel: str = "fedrec:versions"
     # Seconds between ETag polls of the aggregator when Redis is not configured; with Redis
@@ -39,3 +43,9 @@ class Settings(BaseSettings):
     # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     torch_threads: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _read_secret_files(self) -> Settings:
+        if (token := secret_from_file(self, "aggregator_token")) is not None:
+            self.aggregator_token = SecretStr(token)
+        return self
