@@ -23,9 +23,9 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from fedrecgel.cli import app as fedrec_cli
 from services.aggregator.app import create_app as create_aggregator_app
 from services.aggregator.settings import Settings as AggregatorSettings
+from services.cli import app as fedrec_cli
 from services.client_sim.server import create_app as create_worker_app
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import WorkerStore
@@ -54,6 +54,7 @@ CLI_MODULE["recommend"] = "services.recommend_api"
 PLACEHOLDERS = {"REPLACE_ME", "changethis"}
 SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|SECRET|API_KEY|PRIVATE_KEY)", re.IGNORECASE)
 COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
+HOST_PORT = r"(\d+|\$\{\w+:-\d+\})"  # a port, or a variable with a port as its default
 COMPOSE_DEFAULT = re.compile(r"^\$\{\w+:-([^}]*)\}$")
 SECRETS_MOUNT = "/run/fedrec-secrets/"
 K8S_VAR = re.compile(r"\$\((\w+)\)")
@@ -130,7 +131,10 @@ COMPOSE_SCHEMA: dict[str, Any] = {
                 "environment": ENV_MAP,  # strings only: no YAML 1.1 bool/number surprises
                 "ports": {
                     "type": "array",
-                    "items": {"type": "string", "pattern": r"^(\d+\.\d+\.\d+\.\d+:)?\d+:\d+$"},
+                    "items": {
+                        "type": "string",
+                        "pattern": rf"^(\d+\.\d+\.\d+\.\d+:)?{HOST_PORT}:\d+$",
+                    },
                 },
                 "volumes": {"type": "array", "items": {"type": "string", "pattern": r"^.+:/.*$"}},
                 "depends_on": {
@@ -152,7 +156,10 @@ COMPOSE_SCHEMA: dict[str, Any] = {
                 },
                 "healthcheck": {
                     "type": "object",
-                    "required": ["test"],
+                    "oneOf": [
+                        {"required": ["test"], "not": {"required": ["disable"]}},
+                        {"required": ["disable"], "not": {"required": ["test"]}},
+                    ],
                     "properties": {
                         "test": {
                             "type": "array",
@@ -164,6 +171,7 @@ COMPOSE_SCHEMA: dict[str, Any] = {
                         "timeout": DURATION,
                         "start_period": DURATION,
                         "retries": {"type": "integer", "minimum": 1},
+                        "disable": {"const": True},
                     },
                     "additionalProperties": False,
                 },
@@ -781,7 +789,7 @@ def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
     for name, svc in services.items():
         for dep, cond in svc.get("depends_on", {}).items():
             assert dep in services, f"{name} depends on unknown {dep}"
-            if "healthcheck" in services[dep]:
+            if "test" in services[dep].get("healthcheck", {}):
                 assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
             edges += 1
     assert edges >= 8
@@ -851,7 +859,8 @@ def test_dockerfile_builds_the_project_on_cpu_torch_and_runs_unprivileged():
     text = DOCKERFILE.read_text()
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
     assert re.search(r"pip install --index-url \S+ torch==2\.13\.0", text)
-    assert re.search(r"^RUN pip install \. ", text, re.MULTILINE)
+    assert re.search(r"^RUN pip install --no-deps \. ", text, re.MULTILINE)
+    assert "pip install -r /tmp/requirements.txt" in text  # the dependencies, then the project
     final = _dockerfile_final_stage()
     users = [ln.split()[1] for ln in final if ln.startswith("USER ")]
     assert users, "the runtime stage sets no USER"
