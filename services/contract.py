@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedrecgel.config import RunConfig as RunConfig  # re-exported: the body of POST /v1/runs
@@ -47,6 +48,23 @@ class ErrorBody(BaseModel):
 
     error: str
     detail: str
+
+
+def read_error(resp: httpx.Response) -> ErrorBody:
+    """The :class:`ErrorBody` of a refusal; for any other body, ``http_error`` and the reason
+    phrase (or the start of a body that is not JSON)."""
+    error, detail = "http_error", resp.reason_phrase or ""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = str(body.get("error", error))
+        raw = body.get("detail", detail)
+        detail = raw if isinstance(raw, str) else str(raw)
+    elif resp.content:
+        detail = resp.text[:500]
+    return ErrorBody(error=error, detail=detail)
 
 
 class ServiceError(Exception):

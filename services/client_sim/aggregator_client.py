@@ -32,6 +32,7 @@ from services.contract import (
     RoundInfo,
     ServiceError,
     UploadResponse,
+    read_error,
 )
 
 log = logging.getLogger(__name__)
@@ -85,18 +86,10 @@ class RetryPolicy:
 
 def _error_from(resp: httpx.Response) -> AggregatorCallError:
     """Map a non-2xx answer to an AggregatorCallError with the server's code and detail."""
-    error, detail = "http_error", resp.reason_phrase or ""
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        error = str(body.get("error", error))
-        raw = body.get("detail", detail)
-        detail = raw if isinstance(raw, str) else str(raw)
-    elif resp.content:
-        detail = resp.text[:500]
-    return AggregatorCallError(resp.status_code, error, detail, resp.request.method, str(resp.url))
+    body = read_error(resp)
+    return AggregatorCallError(
+        resp.status_code, body.error, body.detail, resp.request.method, str(resp.url)
+    )
 
 
 class AggregatorClient:

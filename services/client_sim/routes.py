@@ -29,6 +29,7 @@ from services.contract import (
     RecommendationResponse,
     ServiceError,
     UserVector,
+    read_error,
 )
 
 log = logging.getLogger(__name__)
@@ -83,18 +84,13 @@ def device_request(
 
 def _upstream_error(resp: httpx.Response) -> ServiceError:
     """Map a non-200 answer of recommend_api: 503 passes through, anything else is a 502."""
-    code, detail = "http_error", resp.reason_phrase or ""
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict):
-        code = str(body.get("error", code))
-        detail = str(body.get("detail", detail))
+    body = read_error(resp)
     if resp.status_code == 503:
-        return ServiceError(f"recommend_api: {detail}", code, 503)
+        return ServiceError(f"recommend_api: {body.detail}", body.error, 503)
     return ServiceError(
-        f"recommend_api answered {resp.status_code} {code}: {detail}", "recommend_error", 502
+        f"recommend_api answered {resp.status_code} {body.error}: {body.detail}",
+        "recommend_error",
+        502,
     )
 
 

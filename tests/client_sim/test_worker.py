@@ -53,6 +53,16 @@ def _start(fake: FakeAggregator, split, rounds: int = 3) -> None:
     )
 
 
+def _two_workers(tmp_path: Path, split, rounds: int = 3) -> tuple[FakeAggregator, list[Worker]]:
+    """Two registered workers (shards 0 and 1) of a fake aggregator with a started run."""
+    fake = FakeAggregator()
+    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
+    for w in workers:
+        w.register()
+    _start(fake, split, rounds=rounds)
+    return fake, workers
+
+
 def _worker(
     tmp_path: Path, fake: FakeAggregator, split, shard: int, shards: int, **settings
 ) -> Worker:
@@ -101,11 +111,7 @@ def test_uploads_equal_cohort_step_computed_directly(tmp_path, split):
 
 
 def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
-    fake = FakeAggregator()
-    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
-    for w in workers:
-        w.register()
-    _start(fake, split)
+    fake, workers = _two_workers(tmp_path, split)
     _drive(workers, fake)
 
     sim, result = sim3
@@ -128,11 +134,7 @@ def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
 
 
 def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, split, sim3):
-    fake = FakeAggregator()
-    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
-    for w in workers:
-        w.register()
-    _start(fake, split)
+    fake, workers = _two_workers(tmp_path, split)
     crashing = workers[0]
 
     real_save = crashing.store.save_states
@@ -237,11 +239,7 @@ def test_store_of_another_shard_is_refused(tmp_path, split):
 
 
 def test_nothing_private_leaves_the_worker(tmp_path, split):
-    fake = FakeAggregator()
-    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
-    for w in workers:
-        w.register()
-    _start(fake, split, rounds=2)
+    fake, workers = _two_workers(tmp_path, split, rounds=2)
     _drive(workers, fake)
     cfg = fake.model_cfg()
     for req in fake.requests:
