@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from fedrecgel.model import ModelConfig
 from fedrecgel.cohort import select_cohort
+from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.scenario import (

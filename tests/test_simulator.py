@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedrecgel.reference import reference_client_step
-from fedrecgel.sam import PrivateState
 from fedrecgel.cohort import select_cohort
 from fedrecgel.private_store import PrivateStore
+from fedrecgel.reference import reference_client_step
+from fedrecgel.sam import PrivateState
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.strategy import aggregate_gradients
 from fedrecgel.synthetic import synthetic_split
