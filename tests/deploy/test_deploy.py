@@ -783,13 +783,19 @@ def test_k8s_ports_probes_and_service_urls_agree(tmp_path):
         assert url_port == listening[name], url
 
 
+# (dependent, dependency) pairs that need not wait for health: the dependent waits by itself
+# (a worker retries its registration until the aggregator answers; the demo waits until
+# recommend-api serves the final model), so they start side by side.
+PATIENT = {("worker-0", "aggregator"), ("worker-1", "aggregator"), ("demo", "recommend-api")}
+
+
 def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
     services = _compose()["services"]
     edges = 0
     for name, svc in services.items():
         for dep, cond in svc.get("depends_on", {}).items():
             assert dep in services, f"{name} depends on unknown {dep}"
-            if "test" in services[dep].get("healthcheck", {}):
+            if "test" in services[dep].get("healthcheck", {}) and (name, dep) not in PATIENT:
                 assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
             edges += 1
     assert edges >= 8
