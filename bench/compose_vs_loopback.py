@@ -1,0 +1,279 @@
+"""The same federated run under `docker compose` and under `fedrec up`, on the same machine.
+
+Both runs: FilmTrust, 20 rounds, fraction 0.1, seed 0, two client workers with one torch thread
+each (what ``fedrec up`` gives each of two workers on this machine is printed too), Redis for
+version events.
+
+* compose: ``docker compose up`` of the repository's compose file under its own project name
+  and free host ports (PostgreSQL, Redis, aggregator, two workers, recommend-api, and the demo
+  service, which starts the run), images built beforehand (``docker compose build`` or
+  ``scripts/compose-smoke.sh``); ``docker compose down -v`` at the end;
+* loopback: ``fedrec up`` as a user runs it (SQLite, local processes), with ``--redis-url`` to a
+  throw-away redis-server.
+
+Both are measured the same way, from outside, by polling the aggregator every 0.1 s: the run
+starts when ``GET /v1/rounds/1`` first answers, it ends when every round is closed and has its
+global metrics. The round time is the steady state from the aggregator's own clock:
+``(closed_at[last] - closed_at[first]) / (rounds - 1)``. For compose, the time from
+``docker compose up`` to the first closed round is recorded too (images already built).
+Writes ``bench/results/compose_vs_loopback.json`` (target: compose round <= 1.5x loopback).
+
+    python bench/compose_vs_loopback.py [--rounds 20] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests/support/
+from tests.support.loopback import free_port, redis_server  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "compose_vs_loopback.json"
+TARGET = 1.5
+PROJECT = "fedrecgel-bench"
+
+
+def _complete(history: dict[str, Any], rounds: int) -> bool:
+    closed = history.get("rounds", [])
+    return len(closed) >= rounds and all(r.get("metrics") for r in closed[:rounds])
+
+
+def watch_run(
+    agg_url: str, rounds: int, alive: Callable[[], None], timeout_s: float = 1800.0
+) -> dict[str, Any]:
+    """Poll the aggregator until the run's ``rounds`` are closed and evaluated; timings on the
+    monotonic clock (``started``, ``first_closed``, ``done``) and the history."""
+    started = first_closed = None
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=agg_url, timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            alive()
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                if started is None:
+                    if client.get("/v1/rounds/1").status_code == 200:
+                        started = time.monotonic()
+                else:
+                    history = client.get("/v1/runs/current/history").json()
+                    if history.get("rounds") and first_closed is None:
+                        first_closed = time.monotonic()
+                    if _complete(history, rounds):
+                        return {
+                            "started": started,
+                            "first_closed": first_closed,
+                            "done": time.monotonic(),
+                            "history": history,
+                        }
+            time.sleep(0.1)
+    raise RuntimeError(f"the run did not complete within {timeout_s:.0f} s")
+
+
+def summarise(watch: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """Round times from the aggregator's timestamps, and the wall times seen from outside."""
+    closed = [datetime.fromisoformat(r["closed_at"]) for r in watch["history"]["rounds"][:rounds]]
+    steady = (closed[-1] - closed[0]).total_seconds() / max(1, rounds - 1)
+    return {
+        "round_seconds": steady,
+        "round_seconds_each": [r["seconds"] for r in watch["history"]["rounds"][:rounds]],
+        "run_wall_seconds": watch["done"] - watch["started"],
+        "first_round_seconds": watch["first_closed"] - watch["started"],
+        "final_metrics": watch["history"]["rounds"][rounds - 1]["metrics"],
+    }
+
+
+# ---------------------------------------------------------------- compose
+
+
+def _compose(*args: str, env: dict[str, str], check: bool = True) -> str:
+    cmd = ["docker", "compose", "-p", PROJECT, *args]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} -> {out.returncode}:\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+@contextlib.contextmanager
+def compose_stack(env: dict[str, str]) -> Iterator[None]:
+    """The compose project, always taken down with its volumes."""
+    _compose("down", "-v", "--remove-orphans", env=env, check=False)
+    try:
+        yield
+    finally:
+        _compose("down", "-v", "--remove-orphans", env=env, check=False)
+
+
+def compose_run(rounds: int, threads: int) -> dict[str, Any]:
+    """``docker compose up`` with the demo training ``rounds`` rounds."""
+    ports = {
+        "FEDREC_AGGREGATOR_PORT": free_port(),
+        "FEDREC_RECOMMEND_PORT": free_port(),
+        "FEDREC_WORKER0_PORT": free_port(),
+        "FEDREC_WORKER1_PORT": free_port(),
+    }
+    env = {
+        **os.environ,
+        **{k: str(v) for k, v in ports.items()},
+        "FEDREC_DEMO_ROUNDS": str(rounds),
+        "FEDREC_WORKER_THREADS": str(threads),
+    }
+    agg_url = f"http://127.0.0.1:{ports['FEDREC_AGGREGATOR_PORT']}"
+    with compose_stack(env):
+        t_up = time.monotonic()
+        # detached: returns once the demo has started (after every service is healthy)
+        _compose("up", "-d", "--no-build", "--quiet-pull", env=env)
+        t_healthy = time.monotonic()
+
+        def alive() -> None:
+            if time.monotonic() - t_up > 1800:
+                raise RuntimeError("compose run took too long")
+
+        watch = watch_run(agg_url, rounds, alive)
+        demo = _compose("logs", "--no-color", "--no-log-prefix", "demo", env=env)
+    out = summarise(watch, rounds)
+    out.update(
+        {
+            "up_to_healthy_seconds": t_healthy - t_up,
+            "up_to_run_start_seconds": watch["started"] - t_up,
+            "up_to_first_closed_round_seconds": watch["first_closed"] - t_up,
+            "demo_log_tail": demo.strip().splitlines()[-3:],
+        }
+    )
+    return out
+
+
+# ---------------------------------------------------------------- loopback
+
+
+def loopback_run(rounds: int) -> dict[str, Any]:
+    """``fedrec up`` (SQLite, local processes) with a throw-away redis-server for events."""
+    fedrec = Path(sys.executable).with_name("fedrec")
+    with (
+        tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
+        redis_server(Path(tmp)) as redis,
+    ):
+        agg_port = free_port()
+        cmd = [
+            str(fedrec),
+            "up",
+            "--rounds",
+            str(rounds),
+            "--workers",
+            "2",
+            "--aggregator-port",
+            str(agg_port),
+            "--recommend-port",
+            str(free_port()),
+            "--worker-http-port",
+            str(free_port()),
+            "--workdir",
+            str(Path(tmp) / "up"),
+            "--redis-url",
+            redis.url,
+        ]
+        log = open(Path(tmp) / "fedrec-up.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+
+            def alive() -> None:
+                if proc.poll() is not None and proc.returncode != 0:
+                    raise RuntimeError(f"fedrec up exited with {proc.returncode}")
+
+            watch = watch_run(f"http://127.0.0.1:{agg_port}", rounds, alive)
+            proc.wait(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=60)
+            log.close()
+    return summarise(watch, rounds)
+
+
+def main() -> None:
+    """Alternate compose and loopback runs; write medians and every run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    threads = max(1, (os.cpu_count() or 1) // 2)  # what `fedrec up` gives each of 2 workers
+    runs: dict[str, list[dict[str, Any]]] = {"compose": [], "loopback": []}
+    for i in range(args.repeats):
+        for kind in ("compose", "loopback"):
+            run = (
+                compose_run(args.rounds, threads)
+                if kind == "compose"
+                else loopback_run(args.rounds)
+            )
+            runs[kind].append(run)
+            print(
+                f"[{i + 1}/{args.repeats}] {kind}: {run['round_seconds']:.2f} s a round, "
+                f"run {run['run_wall_seconds']:.1f} s"
+                + (
+                    f", up -> first closed round {run['up_to_first_closed_round_seconds']:.1f} s"
+                    if kind == "compose"
+                    else ""
+                ),
+                flush=True,
+            )
+    compose_round = statistics.median(r["round_seconds"] for r in runs["compose"])
+    loop_round = statistics.median(r["round_seconds"] for r in runs["loopback"])
+    ratio = compose_round / loop_round
+    up_first = statistics.median(r["up_to_first_closed_round_seconds"] for r in runs["compose"])
+    docker = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
+    ).stdout.strip()
+    compose_version = subprocess.run(
+        ["docker", "compose", "version", "--short"], capture_output=True, text=True
+    ).stdout.strip()
+    out = {
+        "dataset": "filmtrust",
+        "config": {
+            "rounds": args.rounds,
+            "fraction": 0.1,
+            "seed": 0,
+            "workers": 2,
+            "worker_torch_threads": threads,
+            "compose": "postgres + redis + aggregator + 2 workers + recommend-api (+ demo)",
+            "loopback": "fedrec up: sqlite + 2 workers + recommend-api, redis for events",
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "docker_engine": docker,
+            "compose": compose_version,
+            "load_avg_1m_at_end": os.getloadavg()[0],
+        },
+        "compose_round_seconds": compose_round,
+        "loopback_round_seconds": loop_round,
+        "round_ratio": ratio,
+        "round_ratio_target": TARGET,
+        "round_ratio_within_target": ratio <= TARGET,
+        "compose_up_to_first_closed_round_seconds": up_first,
+        "up_to_first_closed_round_target_seconds": 60.0,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(
+        f"compose {compose_round:.2f} s a round, loopback {loop_round:.2f} s, ratio {ratio:.2f} "
+        f"(target <= {TARGET}); up -> first closed round {up_first:.1f} s -> {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()
