@@ -33,7 +33,7 @@ def _shared_datasets() -> Path:
     env = os.environ.get("FEDREC_SHARED_DATASETS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    return Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 
 SHARED = _shared_datasets()
