@@ -117,6 +117,43 @@ def speed() -> list[str]:
     return lines
 
 
+def aggregator_storage() -> list[str]:
+    """Database size over a long run: a table per backend, then the size of each table."""
+    data = _load(RES / "aggregator_storage.json")
+    if data is None:
+        return []
+    st = data["settings"]
+    lines = [
+        "## Aggregator storage (`bench/aggregator_storage.py`)",
+        "",
+        f"{data['rounds']} {data['dataset']} rounds over HTTP ({data['workers']} workers), "
+        "default settings: the newest "
+        f"{st['keep_latest_versions']} model versions and every {st['keep_every_versions']}th "
+        "keep their params, update bodies are deleted once their round is over, compaction at "
+        f"most every {st['compact_interval_s']:g} s. SQLite: bytes of the database, WAL and "
+        "shared-memory files; PostgreSQL: `pg_database_size`. *Peak* is the largest size seen "
+        "as rounds closed.",
+        "",
+        "| backend | peak MB | end of run MB | after compaction MB | target | wall s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for b in data["backends"]:
+        lines.append(
+            f"| {b['backend']} | {b['peak_mb']:.1f} | {b['end_of_run_mb']:.1f} | "
+            f"{b['after_compaction_mb']:.1f} | < {data['target_mb']:g} MB | {b['wall_s']:.0f} |"
+        )
+    for b in data["backends"]:
+        lines += [
+            "",
+            f"Size by table after the run, {b['backend']} (MB, indexes included):",
+            "",
+            "| table | MB |",
+            "|---|---|",
+        ]
+        lines += [f"| {name} | {mb:.2f} |" for name, mb in b["tables_mb"].items() if mb >= 0.005]
+    return lines
+
+
 def other(name: str, title: str) -> list[str]:
     """Any other benchmark JSON, shown as it is."""
     data = _load(RES / name)
@@ -145,6 +182,8 @@ def main() -> None:
         *speed(),
         "",
         *other("aggregator_ingest.json", "Aggregator ingest"),
+        "",
+        *aggregator_storage(),
         "",
         *other("recommend_load.json", "Recommendation API load"),
         "",

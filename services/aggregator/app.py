@@ -137,6 +137,7 @@ def create_app(
             await anyio.to_thread.run_sync(service.warm)
             app.state.service = service
             task = asyncio.create_task(_deadline_loop(service, settings.deadline_poll_s))
+            service.storage.start(settings.deadline_poll_s)
             log.info(
                 "aggregator ready (database %s, redis %s)",
                 db.engine.dialect.name,
@@ -148,6 +149,7 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                await anyio.to_thread.run_sync(service.storage.stop)
             if bus is not None:
                 bus.close()
             db.dispose()

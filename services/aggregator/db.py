@@ -21,8 +21,13 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK_KEY = 0x0FEDEC
 
 
+# Bytes of WAL file SQLite keeps after a checkpoint reset it (larger transactions grow it).
+_SQLITE_WAL_KEEP_BYTES = 16 * 1024 * 1024
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, full sync, a busy timeout and BEGIN IMMEDIATE."""
+    """An engine for ``url``; SQLite gets WAL, full sync, a busy timeout, BEGIN IMMEDIATE and
+    incremental auto-vacuum (a new file; :func:`ensure_incremental_vacuum` converts old ones)."""
     u = make_url(url)
     if u.get_backend_name() != "sqlite":
         return create_engine(u, pool_pre_ping=True)
@@ -34,10 +39,13 @@ def make_engine(url: str) -> Engine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         for pragma in (
+            # Only takes effect on a file without tables (or at the next VACUUM): first.
+            "PRAGMA auto_vacuum=INCREMENTAL",
             "PRAGMA journal_mode=WAL",
             "PRAGMA synchronous=FULL",
             "PRAGMA foreign_keys=ON",
             "PRAGMA busy_timeout=30000",
+            f"PRAGMA journal_size_limit={_SQLITE_WAL_KEEP_BYTES}",
         ):
             cur.execute(pragma)
         cur.close()
@@ -70,6 +78,22 @@ def run_migrations(engine: Engine) -> None:
     log.info("database schema at head (%s)", engine.dialect.name)
 
 
+def ensure_incremental_vacuum(engine: Engine) -> None:
+    """SQLite files created without incremental auto-vacuum are converted by one VACUUM
+    (a rewrite of the file, once), so that compaction can shrink them afterwards."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        (mode,) = raw.execute("PRAGMA auto_vacuum").fetchone()
+        if int(mode) == 2:
+            return
+        log.info("converting the SQLite file to incremental auto-vacuum (one VACUUM)")
+        raw.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        raw.execute("VACUUM")
+
+
 class Database:
     """The engine and session factory of one app instance."""
 
@@ -89,8 +113,9 @@ class Database:
             conn.execute(text("SELECT 1"))
 
     def migrate(self) -> None:
-        """Bring the schema to the latest revision."""
+        """Bring the schema to the latest revision (and SQLite to incremental auto-vacuum)."""
         run_migrations(self.engine)
+        ensure_incremental_vacuum(self.engine)
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -30,6 +30,13 @@ class NotFound(AggregatorError):
     code = "not_found"
 
 
+class Gone(AggregatorError):
+    """The thing asked for existed but was removed for good (410)."""
+
+    status_code = 410
+    code = "gone"
+
+
 class Conflict(AggregatorError):
     """The request conflicts with the current state (409)."""
 

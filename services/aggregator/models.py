@@ -103,9 +103,10 @@ class Round(Base):
 
 
 class StoredUpdate(Base):
-    """One acknowledged client update as a one-update ``wire.encode_updates`` body.
+    """One acknowledged client update.
 
-    That is the client's own body when it held only this update, else a re-encoding of it.
+    The row is the update's metadata, kept for good (the digest answers a retried upload);
+    the body itself is an :class:`UpdateBlob`, deleted once the round attempt is over.
     """
 
     __tablename__ = "updates"
@@ -121,12 +122,29 @@ class StoredUpdate(Base):
     digest: Mapped[str] = mapped_column(String(64))
     n_samples: Mapped[int] = mapped_column(Integer)
     loss: Mapped[float] = mapped_column(Float)
-    blob: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class UpdateBlob(Base):
+    """The body of a stored update (a one-update ``wire.encode_updates`` body: the client's own
+    body when it held only this update, else a re-encoding of it), needed only while its
+    round attempt is live (to rebuild it after a restart); ``storage.StorageKeeper`` deletes
+    it once the attempt is over."""
+
+    __tablename__ = "update_blobs"
+
+    round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    client_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 class ModelVersion(Base):
-    """An immutable model version: shared params, server-optimizer state, round result."""
+    """An immutable model version: shared params, server-optimizer state, round result.
+
+    The retention policy (``storage.RetentionPolicy``) prunes old versions: their ``params``
+    become NULL and ``pruned_at`` is set, the rest of the row (digest, loss, metrics) stays.
+    ``optimizer_state`` is kept on the newest version only (what the next round steps from).
+    """
 
     __tablename__ = "model_versions"
     __table_args__ = (UniqueConstraint("run_id", "version", name="uq_model_versions_version"),)
@@ -135,14 +153,15 @@ class ModelVersion(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     version: Mapped[int] = mapped_column(Integer)
     round_id: Mapped[int] = mapped_column(Integer)
-    params: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
-    optimizer_state: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+    params: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True, nullable=True)
+    optimizer_state: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True, nullable=True)
     digest: Mapped[str] = mapped_column(String(64))
     n_updates: Mapped[int] = mapped_column(Integer)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Federated-evaluation means; written once, when the reports cover every registered client.
     metrics: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    pruned_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class EvaluationReport(Base):

@@ -18,6 +18,7 @@ from services.aggregator.models import (
     Round,
     Run,
     StoredUpdate,
+    UpdateBlob,
 )
 
 LIVE_ROUND_STATES = ("open", "paused")
@@ -199,12 +200,21 @@ class Repository:
         return {int(c): d for c, d in self.session.execute(stmt)}
 
     def add_updates(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Store acknowledged updates: one executemany INSERT of ``StoredUpdate`` column dicts.
+        """Store acknowledged updates: ``StoredUpdate`` column dicts plus their ``blob``, in
+        one executemany INSERT per table.
 
         The caller also counts them on their round with :meth:`add_received`.
         """
-        if rows:
-            self.session.execute(insert(StoredUpdate), list(rows))
+        if not rows:
+            return
+        blobs = [
+            {"round_pk": r["round_pk"], "client_id": r["client_id"], "blob": r["blob"]}
+            for r in rows
+        ]
+        self.session.execute(
+            insert(StoredUpdate), [{k: v for k, v in r.items() if k != "blob"} for r in rows]
+        )
+        self.session.execute(insert(UpdateBlob), blobs)
 
     def update_meta(self, round_pk: int) -> list[tuple[int, str]]:
         """(client id, digest) of every update of a round attempt, by client id."""
@@ -216,9 +226,9 @@ class Repository:
         return [(int(c), d) for c, d in self.session.execute(stmt)]
 
     def update_blobs(self, round_pk: int, client_ids: Iterable[int]) -> dict[int, bytes]:
-        """Stored bodies of some clients' updates of a round attempt: client -> blob."""
-        stmt = select(StoredUpdate.client_id, StoredUpdate.blob).where(
-            StoredUpdate.round_pk == round_pk, StoredUpdate.client_id.in_(list(client_ids))
+        """Stored bodies of some clients' updates of a live round attempt: client -> blob."""
+        stmt = select(UpdateBlob.client_id, UpdateBlob.blob).where(
+            UpdateBlob.round_pk == round_pk, UpdateBlob.client_id.in_(list(client_ids))
         )
         return {int(c): b for c, b in self.session.execute(stmt)}
 
@@ -229,8 +239,21 @@ class Repository:
         )
         return int(self.session.scalar(stmt) or 0)
 
+    def release_finished_update_blobs(self) -> int:
+        """Delete the bodies of the updates of every attempt that is over (closed, failed or
+        aborted); their metadata rows stay. Returns how many were deleted."""
+        finished = select(Round.id).where(Round.state.not_in(LIVE_ROUND_STATES))
+        result = self.session.execute(
+            delete(UpdateBlob)
+            .where(UpdateBlob.round_pk.in_(finished))
+            .execution_options(synchronize_session=False)
+        )
+        assert isinstance(result, CursorResult)
+        return int(result.rowcount)
+
     def delete_updates(self, round_pk: int) -> None:
         """Drop the updates of a failed attempt (and zero its counter)."""
+        self.session.execute(delete(UpdateBlob).where(UpdateBlob.round_pk == round_pk))
         self.session.execute(delete(StoredUpdate).where(StoredUpdate.round_pk == round_pk))
         self.session.execute(
             update(Round)
@@ -275,6 +298,13 @@ class Repository:
         value = self.session.scalar(stmt)
         return None if value is None else int(value)
 
+    def latest_versions(self) -> dict[int, int]:
+        """Every run's newest version: run id -> version."""
+        stmt = select(ModelVersion.run_id, func.max(ModelVersion.version)).group_by(
+            ModelVersion.run_id
+        )
+        return {int(r): int(v) for r, v in self.session.execute(stmt)}
+
     def version_meta(
         self, run_id: int, version: int, for_update: bool = False
     ) -> ModelVersion | None:
@@ -295,6 +325,38 @@ class Repository:
             .options(undefer(ModelVersion.params), undefer(ModelVersion.optimizer_state))
         )
         return self.session.scalars(stmt).first()
+
+    def prune_versions(
+        self, run_id: int, latest: int, keep_latest: int, keep_every: int, now: datetime
+    ) -> list[int]:
+        """Prune the versions a retention policy no longer keeps; returns their numbers.
+
+        Every version older than ``latest`` loses its optimizer state; those below the newest
+        ``keep_latest`` that are not a multiple of ``keep_every`` (0: none) lose their params.
+        """
+        old = (ModelVersion.run_id == run_id, ModelVersion.version < latest)
+        self.session.execute(
+            update(ModelVersion)
+            .where(*old, ModelVersion.optimizer_state.is_not(None))
+            .values(optimizer_state=None)
+            .execution_options(synchronize_session=False)
+        )
+        doomed = [
+            *old,
+            ModelVersion.pruned_at.is_(None),
+            ModelVersion.version <= latest - keep_latest,
+        ]
+        if keep_every > 0:
+            doomed.append(ModelVersion.version % keep_every != 0)
+        pruned = list(self.session.scalars(select(ModelVersion.version).where(*doomed)))
+        if pruned:
+            self.session.execute(
+                update(ModelVersion)
+                .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(pruned))
+                .values(params=None, pruned_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        return sorted(int(v) for v in pruned)
 
     def version_metrics(self, run_id: int) -> dict[int, dict[str, float] | None]:
         """version -> federated-evaluation means (None until complete)."""

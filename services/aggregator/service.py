@@ -31,9 +31,9 @@ import torch
 from sqlalchemy.exc import IntegrityError
 from torch import Tensor
 
+from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import Update
-from fedrecgel.cohort import select_cohort
 from fedrecgel.strategy import Strategy, make_strategy
 from fedrecgel.wire import (
     WireError,
@@ -49,6 +49,7 @@ from services.aggregator.errors import (
     AggregatorError,
     Conflict,
     Forbidden,
+    Gone,
     Malformed,
     NotFound,
     Unauthorized,
@@ -72,6 +73,7 @@ from services.aggregator.schemas import (
     UploadResult,
 )
 from services.aggregator.settings import Settings
+from services.aggregator.storage import RetentionPolicy, StorageKeeper
 from services.contract import ModelBlob
 
 log = logging.getLogger(__name__)
@@ -298,6 +300,12 @@ class AggregatorService:
         self._open_rounds: dict[tuple[int, int], _LiveRound] = {}
         # Uploads arriving together are stored in one transaction (see GroupCommit).
         self._writer: GroupCommit[_PendingUpload, _Stored] = GroupCommit(self._store_batch)
+        self.storage = StorageKeeper(
+            db,
+            RetentionPolicy(settings.keep_latest_versions, settings.keep_every_versions),
+            settings.compact_interval_s,
+            on_pruned=self._forget_versions,
+        )
 
     # ------------------------------------------------------------------ auth & clients
 
@@ -574,10 +582,19 @@ class AggregatorService:
             row = repo.version_with_blobs(run.id, v)
             if row is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
+            if row.params is None:
+                raise Gone(
+                    f"model version {v} was pruned by the retention policy", "version_pruned"
+                )
             blob = ModelBlob(run.id, v, row.params, row.digest)
         with self._lock:
             self._remember_blob(blob)
         return blob
+
+    def _forget_versions(self, run_id: int, versions: list[int]) -> None:
+        with self._lock:
+            for v in versions:
+                self._blobs.pop((run_id, v), None)
 
     def _remember_blob(self, blob: ModelBlob) -> None:
         self._blobs[(blob.run_id, blob.version)] = blob
@@ -821,6 +838,8 @@ class AggregatorService:
             if event is not None:
                 self._model, blob = event
                 self._remember_blob(blob)
+        if event is not None:
+            self.storage.notify()
         if kind == "retried":
             self.metrics.rounds_retried.inc()
             log.warning(
@@ -921,7 +940,7 @@ class AggregatorService:
         if cached is not None and (cached.run_id, cached.version) == (run_id, version):
             return cached
         row = repo.version_with_blobs(run_id, version)
-        if row is None:
+        if row is None or row.params is None or row.optimizer_state is None:
             raise RuntimeError(f"model version {version} of run {run_id} is missing")
         stored_cfg, params, stored_version = decode_model(row.params)
         if stored_cfg != cfg.model() or stored_version != version:

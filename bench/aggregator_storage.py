@@ -1,0 +1,202 @@
+"""Size of the aggregator's database over a long federated run, with the default settings.
+
+Starts the aggregator and two client workers as local processes through the launcher's helpers
+(what ``fedrec up`` runs), trains ``--rounds`` FilmTrust rounds over HTTP, and records the
+database's size as every round closes: for SQLite the bytes of the database file with its WAL
+and shared-memory files, for PostgreSQL ``pg_database_size``. After the last round it waits
+until the aggregator's compaction ran (at most ``compact_interval_s`` after a close), then
+stops the services and writes, per backend, the peak and final size and the final size of each
+table (SQLite ``dbstat``; PostgreSQL ``pg_total_relation_size``, TOAST and indexes included)
+to ``bench/results/aggregator_storage.json``.
+
+    python bench/aggregator_storage.py [--rounds 100] [--backend sqlite --backend postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+from fedrecgel.config import RunParams
+from fedrecgel.data import load_split
+from services.aggregator.settings import Settings
+from services.launcher import UpOptions, cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+from tests.support.loopback import free_port
+from tests.support.postgres import postgres_cluster
+
+RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_storage.json"
+TARGET_MB = 150.0
+MB = 1024 * 1024
+
+
+def sqlite_files_bytes(path: Path) -> int:
+    """The database file plus its ``-wal`` and ``-shm`` files, as on disk now."""
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if p.is_file())
+
+
+def sqlite_tables(path: Path) -> dict[str, int]:
+    """Bytes of every table (its indexes included) and of the free pages."""
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(
+            "SELECT COALESCE(m.tbl_name, d.name), SUM(d.pgsize) FROM dbstat d "
+            "LEFT JOIN sqlite_master m ON m.name = d.name GROUP BY 1"
+        ).fetchall()
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    out = {str(name): int(size) for name, size in rows}
+    out["(free pages)"] = int(page * free)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def postgres_sizes(url: str) -> tuple[int, dict[str, int]]:
+    """``pg_database_size`` and every public table's total size."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            total = int(
+                conn.execute(text("SELECT pg_database_size(current_database())")).scalar_one()
+            )
+            rows = conn.execute(
+                text(
+                    "SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables "
+                    "ORDER BY 2 DESC"
+                )
+            ).fetchall()
+    finally:
+        engine.dispose()
+    return total, {str(name): int(size) for name, size in rows}
+
+
+def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> dict[str, Any]:
+    """One run of ``rounds`` FilmTrust rounds; the sizes seen."""
+    split = load_split("filmtrust")
+    defaults = Settings()
+    opts = UpOptions(
+        run=RunParams(dataset="filmtrust", rounds=rounds, deadline_s=3600.0),
+        workers=2,
+        aggregator_port=free_port(),
+        workdir=workdir,
+        recommend=False,
+        database_url=database_url,
+        worker_poll_max_s=0.5,
+        startup_timeout_s=300.0,
+    )
+    db_path = workdir / "aggregator.db"
+
+    def measure() -> int:
+        if database_url is None:
+            return sqlite_files_bytes(db_path)
+        return postgres_sizes(database_url)[0]
+
+    per_round: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with cluster(opts) as c:
+        c.start_aggregator()
+        for i in range(opts.workers):
+            c.start_worker(i)
+        c.wait_registered(split.n_users)
+        c.start_run(split.n_items)
+        seen = 0
+        deadline = time.monotonic() + 3600.0
+        while seen < rounds:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {seen} of {rounds} rounds closed in an hour")
+            c.check_alive()
+            c.check_workers()
+            closed = len(
+                httpx.get(f"{c.agg_url}/v1/runs/current/history", timeout=10).json()["rounds"]
+            )
+            if closed > seen:
+                seen = closed
+                sample = {"round": seen, "bytes": measure()}
+                if database_url is None:
+                    wal = db_path.parent / (db_path.name + "-wal")
+                    sample["wal_bytes"] = wal.stat().st_size if wal.exists() else 0
+                per_round.append(sample)
+            time.sleep(0.05)
+        c.wait_complete(timeout_s=600.0, poll_s=0.2)
+        train_s = time.perf_counter() - t0
+        at_end = measure()
+        # the background task compacts at most compact_interval_s after the last close
+        settle = defaults.compact_interval_s + 3 * defaults.deadline_poll_s + 2.0
+        time.sleep(settle)
+        compacted = measure()
+        version = httpx.get(
+            f"{c.agg_url}/v1/models/latest", headers=c.operator_headers(), timeout=30
+        ).headers["X-Model-Version"]
+    if database_url is None:
+        after_stop, tables = sqlite_files_bytes(db_path), sqlite_tables(db_path)
+    else:
+        after_stop, tables = postgres_sizes(database_url)
+    peak = max([r["bytes"] for r in per_round] + [at_end, compacted])
+    return {
+        "backend": backend,
+        "rounds": rounds,
+        "final_model_version": int(version),
+        "wall_s": train_s,
+        "peak_mb": peak / MB,
+        "end_of_run_mb": at_end / MB,
+        "after_compaction_mb": compacted / MB,
+        "after_stop_mb": after_stop / MB,
+        "within_target": peak / MB < TARGET_MB,
+        "tables_mb": {k: v / MB for k, v in tables.items()},
+        "per_round_mb": [
+            {k: (v if k == "round" else round(v / MB, 2)) for k, v in r.items()} for r in per_round
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark for every requested backend and write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument(
+        "--backend", action="append", choices=["sqlite", "postgres"], dest="backends"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    backends = args.backends or ["sqlite", "postgres"]
+    defaults = Settings()
+    results: list[dict[str, Any]] = []
+    for backend in backends:
+        with tempfile.TemporaryDirectory(prefix=f"fedrec-storage-{backend}-") as tmp:
+            if backend == "sqlite":
+                res = run(backend, args.rounds, Path(tmp), None)
+            else:
+                with postgres_cluster() as pg:
+                    res = run(backend, args.rounds, Path(tmp), pg.url())
+        print(json.dumps({k: v for k, v in res.items() if k != "per_round_mb"}, indent=1))
+        results.append(res)
+    out = {
+        "dataset": "filmtrust",
+        "rounds": args.rounds,
+        "workers": 2,
+        "target_mb": TARGET_MB,
+        "settings": {
+            "keep_latest_versions": defaults.keep_latest_versions,
+            "keep_every_versions": defaults.keep_every_versions,
+            "compact_interval_s": defaults.compact_interval_s,
+        },
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "backends": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

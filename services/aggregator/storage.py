@@ -1,0 +1,207 @@
+"""Bounded storage: what the aggregator keeps once a round is closed, and compaction.
+
+Once a round's model version is committed its updates are needed as metadata only (client,
+digest, ``n_samples``, loss: enough to answer a retried upload), and old model versions are
+pruned by :class:`RetentionPolicy`. :class:`StorageKeeper` frees both in a background thread,
+woken when a round closes (and every poll interval, for rounds that a replica closed): never
+in the closing transaction, whose time is on the critical path of the run (freeing a round's
+blobs costs SQLite a walk over every overflow page). The freed space is reused by the next
+rounds' rows at once; :class:`Compactor` also hands it back to the file system.
+
+Nothing here is needed for correctness: a crash before a pass only leaves blobs that the next
+pass (after the restart) frees.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import text
+
+from services.aggregator.db import Database
+from services.aggregator.models import utcnow
+from services.aggregator.repository import Repository
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Which model versions keep their params: the newest ``keep_latest`` ones and every
+    multiple of ``keep_every`` (0: no such extra versions). The newest version is always kept
+    (``keep_latest >= 1``), and it alone keeps the server-optimizer state."""
+
+    keep_latest: int = 5
+    keep_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.keep_latest < 1:
+            raise ValueError("keep_latest must be >= 1: the newest version is always kept")
+        if self.keep_every < 0:
+            raise ValueError("keep_every must be >= 0")
+
+    def keeps(self, version: int, latest: int) -> bool:
+        """Whether ``version`` keeps its params while ``latest`` is the newest version."""
+        if version > latest - self.keep_latest:
+            return True
+        return self.keep_every > 0 and version % self.keep_every == 0
+
+    def oldest_recent(self, latest: int) -> int:
+        """The oldest version kept for being among the newest ones."""
+        return latest - self.keep_latest + 1
+
+
+class Compactor:
+    """Hands space freed by pruning back to the file system, at most every ``interval_s``.
+
+    SQLite: the database runs with ``auto_vacuum=INCREMENTAL`` (see ``db.make_engine``), so
+    ``PRAGMA incremental_vacuum`` truncates the file by its free pages, and a ``TRUNCATE``
+    checkpoint resets the WAL file. PostgreSQL: a plain ``VACUUM`` of the two tables that hold
+    blobs (it locks no reader or writer out) makes the freed TOAST space reusable and gives
+    trailing empty pages back. Thread-safe; only one compaction runs at a time.
+    """
+
+    TABLES = ("updates", "model_versions")
+
+    def __init__(self, db: Database, interval_s: float) -> None:
+        self.db = db
+        self.interval_s = interval_s
+        self._lock = threading.Lock()  # guards _due and _last
+        self._running = threading.Lock()
+        self._due = False
+        self._last = time.monotonic()  # the first compaction comes an interval after start
+
+    def mark_due(self) -> None:
+        """Something was freed (a round closed): compact at the next chance."""
+        with self._lock:
+            self._due = True
+
+    def run_if_due(self) -> bool:
+        """Compact when something was freed and the interval has passed; whether it ran."""
+        now = time.monotonic()
+        with self._lock:
+            if not self._due or now - self._last < self.interval_s:
+                return False
+            self._due, self._last = False, now
+        self.run()
+        return True
+
+    def run(self) -> None:
+        """Compact now (blocks while another compaction runs)."""
+        with self._running:
+            t0 = time.perf_counter()
+            if self.db.engine.dialect.name == "sqlite":
+                self._sqlite()
+            elif self.db.engine.dialect.name == "postgresql":
+                self._postgres()
+            log.info("storage compacted in %.1f ms", (time.perf_counter() - t0) * 1e3)
+
+    def _sqlite(self) -> None:
+        with self.db.engine.connect() as conn:
+            # On the driver's connection: outside the engine's BEGIN IMMEDIATE hook (the
+            # checkpoint must not run inside a transaction), each pragma its own statement.
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            # Each step of this pragma frees one page, and ``execute`` steps a statement that
+            # returns no rows only once; ``executescript`` steps it to the end.
+            raw.executescript("PRAGMA incremental_vacuum;")
+            raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def _postgres(self) -> None:
+        with self.db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            for table in self.TABLES:
+                conn.execute(text(f"VACUUM {table}"))
+
+
+PrunedHook = Callable[[int, list[int]], None]
+
+
+class StorageKeeper:
+    """Frees the blobs of finished rounds and prunes model versions, off the request path.
+
+    ``notify`` (after a round closed) wakes the background thread started by ``start``; the
+    thread also wakes every ``poll_s``. Each pass is one transaction (:meth:`free`), then a
+    compaction when one is due. ``on_pruned(run_id, versions)`` is told what was pruned, after
+    the commit (the model cache drops them). Passes never overlap (one lock).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        policy: RetentionPolicy,
+        compact_interval_s: float,
+        on_pruned: PrunedHook | None = None,
+    ) -> None:
+        self.db = db
+        self.policy = policy
+        self.compactor = Compactor(db, compact_interval_s)
+        self.on_pruned = on_pruned
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._pass = threading.Lock()  # one pass at a time
+        self._thread: threading.Thread | None = None
+
+    def notify(self) -> None:
+        """A round closed here: run a pass now."""
+        self._wake.set()
+
+    def free(self) -> dict[int, list[int]]:
+        """One transaction: release the blobs of every finished round attempt and prune the
+        versions of every run that the policy no longer keeps; run -> pruned versions."""
+        now = utcnow()
+        with self._pass, self.db.transaction() as s:
+            repo = Repository(s)
+            released = repo.release_finished_update_blobs()
+            pruned = {}
+            for run_id, latest in repo.latest_versions().items():
+                versions = repo.prune_versions(
+                    run_id, latest, self.policy.keep_latest, self.policy.keep_every, now
+                )
+                if versions:
+                    pruned[run_id] = versions
+        if released or pruned:
+            self.compactor.mark_due()
+            log.debug("released %d update blobs; pruned versions %s", released, pruned)
+        if self.on_pruned is not None:
+            for run_id, versions in pruned.items():
+                self.on_pruned(run_id, versions)
+        return pruned
+
+    def maintain(self) -> bool:
+        """A pass: :meth:`free`, then compact if due; whether it compacted."""
+        self.free()
+        return self.compactor.run_if_due()
+
+    def start(self, poll_s: float) -> None:
+        """Run passes in a daemon thread until :meth:`stop` (one pass at once)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._wake.set()
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self._wake.wait(poll_s)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                try:
+                    self.maintain()
+                except Exception:
+                    log.exception("storage pass failed")
+
+        self._thread = threading.Thread(target=loop, name="aggregator-storage", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread (a running pass ends first)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        self._thread = None

@@ -1,0 +1,277 @@
+"""Bounded storage: closed rounds keep update metadata only, old model versions are pruned by
+the retention policy (410 when read), and the SQLite file really shrinks after compaction."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from alembic import command
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.wire import decode_model, encode_updates
+from services.aggregator.app import create_app
+from services.aggregator.db import Database, alembic_config
+from services.aggregator.service import AggregatorService
+from services.aggregator.settings import Settings
+from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeeper
+from services.aggregator.testing import (
+    bearer,
+    make_settings,
+    operator_headers,
+    random_update,
+    sqlite_url,
+)
+
+MODEL = ModelConfig(n_items=300, kind="ncf", factor=8, layers=2)
+RUN = {"n_items": 300, "factor": 8, "layers": 2, "rounds": 9, "fraction": 0.25, "seed": 5}
+KEEP = {"keep_latest_versions": 2, "keep_every_versions": 3}
+
+
+def service_of(client: TestClient) -> AggregatorService:
+    service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
+    return service
+
+
+def play_round(client: TestClient, token: str, rng: np.random.Generator) -> tuple[int, bytes]:
+    """Upload the whole cohort of the open round (it closes); the round and one body."""
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["state"] == "open", cur
+    round_id = int(cur["round_id"])
+    bodies = [
+        encode_updates(round_id, [random_update(MODEL, c, rng, n_rows=60)]) for c in cur["cohort"]
+    ]
+    for body in bodies:
+        r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+        assert r.status_code == 200, r.text
+    assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
+    return round_id, bodies[0]
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path)
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+@pytest.fixture
+def started(database_url: str) -> Iterator[tuple[TestClient, str]]:
+    with TestClient(create_app(make_settings(database_url, **KEEP))) as client:
+        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        r = client.post("/v1/runs", json=RUN, headers=operator_headers())
+        assert r.status_code == 201, r.text
+        yield client, token
+
+
+def stored(client: TestClient, sql: str) -> list[tuple[object, ...]]:
+    with service_of(client).db.transaction() as s:
+        return [tuple(row) for row in s.execute(text(sql))]
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+def test_retention_policy_keeps_the_latest_and_every_kth() -> None:
+    policy = RetentionPolicy(keep_latest=3, keep_every=10)
+    kept = [v for v in range(0, 35) if policy.keeps(v, latest=34)]
+    assert kept == [0, 10, 20, 30, 32, 33, 34]
+    assert [v for v in range(6) if RetentionPolicy(1, 0).keeps(v, latest=5)] == [5]
+    with pytest.raises(ValueError):
+        RetentionPolicy(keep_latest=0)
+
+
+def test_settings_refuse_a_policy_that_drops_the_latest_version() -> None:
+    with pytest.raises(ValueError):
+        Settings(keep_latest_versions=0)
+
+
+# ----------------------------------------------------------------------------- rounds
+
+
+def test_closed_rounds_keep_metadata_and_versions_follow_the_policy(
+    started: tuple[TestClient, str],
+) -> None:
+    client, token = started
+    rng = np.random.default_rng(0)
+    for _ in range(7):
+        play_round(client, token, rng)
+    service_of(client).storage.free()  # what the background thread does after a close
+    # every update row is there (digests answer retries), only the open round keeps bodies
+    rows = stored(
+        client,
+        "SELECT r.state, COUNT(*) FROM updates u JOIN rounds r ON r.id = u.round_pk "
+        "GROUP BY r.state",
+    )
+    assert rows == [("closed", 7 * 5)]
+    assert stored(client, "SELECT COUNT(*) FROM update_blobs") == [(0,)]
+    versions = stored(
+        client,
+        "SELECT version, params IS NOT NULL, optimizer_state IS NOT NULL, pruned_at IS NOT NULL"
+        " FROM model_versions ORDER BY version",
+    )
+    policy = RetentionPolicy(2, 3)
+    assert [v for v, *_ in versions] == list(range(8))
+    for v, has_params, has_state, pruned in versions:
+        assert bool(has_params) == policy.keeps(v, 7) == (not pruned), v
+        assert bool(has_state) == (v == 7), v
+    for v in range(8):
+        r = client.get(f"/v1/models/{v}", headers=bearer(token))
+        if policy.keeps(v, 7):
+            assert r.status_code == 200 and decode_model(r.content)[2] == v
+        else:
+            assert r.status_code == 410, v
+            assert r.json()["error"] == "version_pruned"
+    # pruned versions keep their round's result in the history
+    history = client.get("/v1/runs/current/history").json()["rounds"]
+    assert [h["model_version"] for h in history] == list(range(1, 8))
+
+
+def test_retry_after_close_is_still_a_duplicate(started: tuple[TestClient, str]) -> None:
+    client, token = started
+    rng = np.random.default_rng(1)
+    round_id, body = play_round(client, token, rng)
+    for _ in range(3):  # a few more rounds: the first round's versions get pruned too
+        play_round(client, token, rng)
+    service_of(client).storage.free()
+    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+    assert r.status_code == 200, r.text
+    assert [x["status"] for x in r.json()["results"]] == ["duplicate"]
+
+
+def test_a_restart_resumes_from_the_kept_state(database_url: str) -> None:
+    settings = make_settings(database_url, **KEEP)
+    rng = np.random.default_rng(2)
+    with TestClient(create_app(settings)) as client:
+        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
+        for _ in range(4):
+            play_round(client, token, rng)
+        service_of(client).storage.free()
+    with TestClient(create_app(settings)) as client:
+        for _ in range(5):
+            play_round(client, token, rng)
+        cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+        assert cur["state"] == "finished" and cur["model_version"] == 9
+
+
+# ----------------------------------------------------------------------------- SQLite file
+
+
+def _file_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+def test_sqlite_file_shrinks_after_compaction(tmp_path: Path) -> None:
+    path = tmp_path / "aggregator.db"
+    settings = make_settings(
+        sqlite_url(tmp_path), keep_latest_versions=1, keep_every_versions=0, compact_interval_s=3600
+    )
+    rng = np.random.default_rng(3)
+    with TestClient(create_app(settings)) as client:
+        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
+        for _ in range(6):
+            play_round(client, token, rng)
+        service = service_of(client)
+        service.storage.free()  # (the background thread may have done it already)
+        with service.db.transaction() as s:
+            assert s.execute(text("PRAGMA auto_vacuum")).scalar_one() == 2  # incremental
+            free_before = s.execute(text("PRAGMA freelist_count")).scalar_one()
+        assert free_before > 0  # the released blobs
+        before = _file_bytes(path)
+        service.storage.compactor.run()
+        with service.db.transaction() as s:
+            assert s.execute(text("PRAGMA freelist_count")).scalar_one() == 0
+        after = _file_bytes(path)
+        assert after < before, (before, after)
+        assert (path.parent / (path.name + "-wal")).stat().st_size == 0
+
+
+def test_an_old_sqlite_file_is_converted_and_pruned_by_the_migration(tmp_path: Path) -> None:
+    """A file made by revision 0002 without auto-vacuum: the upgrade keeps the bodies of the
+    open round only, frees the old version's optimizer state, and the file turns incremental;
+    the downgrade puts the kept body back."""
+    path = tmp_path / "old.db"
+    engine = create_engine(f"sqlite:///{path}")
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, config, state, active, created_at) "
+                "VALUES (1, '{}', 'running', 1, '2025-01-01')"
+            )
+        )
+        for pk, state in ((1, "closed"), (2, "open")):
+            conn.execute(
+                text(
+                    "INSERT INTO rounds (id, run_id, round_id, attempt, state, cohort, "
+                    "base_version, opened_at, deadline) VALUES (:pk, 1, :pk, 0, :state, '[1]', "
+                    ":v, '2025-01-01', '2025-01-02')"
+                ),
+                {"pk": pk, "state": state, "v": pk - 1},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO updates (round_pk, run_id, round_id, client_id, digest, "
+                    "n_samples, loss, blob, created_at) VALUES (:pk, 1, :pk, 1, 'd', 1, 0, "
+                    ":blob, '2025-01-01')"
+                ),
+                {"pk": pk, "blob": b"\x01" * 100_000},
+            )
+        for v in (0, 1):
+            conn.execute(
+                text(
+                    "INSERT INTO model_versions (run_id, version, round_id, params, "
+                    "optimizer_state, digest, n_updates, created_at) VALUES (1, :v, :v, :p, :p, "
+                    "'d', 1, '2025-01-01')"
+                ),
+                {"v": v, "p": b"\x02" * 100_000},
+            )
+    engine.dispose()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+    size_before = path.stat().st_size
+    db = Database(f"sqlite:///{path}")
+    db.migrate()
+    db.dispose()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+        kept = raw.execute("SELECT round_pk, length(blob) FROM update_blobs").fetchall()
+        assert kept == [(2, 100_000)]  # the open round's body only
+        assert raw.execute("SELECT COUNT(*) FROM updates").fetchone() == (2,)
+        states = raw.execute(
+            "SELECT version, optimizer_state IS NULL, params IS NULL FROM model_versions"
+        )
+        assert states.fetchall() == [(0, 1, 0), (1, 0, 0)]
+    assert path.stat().st_size < size_before - 150_000
+    engine = create_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0002")
+        rows = conn.execute(text("SELECT round_pk, length(blob) FROM updates ORDER BY 1"))
+        assert rows.fetchall() == [(1, 0), (2, 100_000)]
+        command.upgrade(cfg, "head")
+    engine.dispose()
+
+
+def test_compaction_runs_only_after_something_was_freed(tmp_path: Path) -> None:
+    db = Database(sqlite_url(tmp_path))
+    db.migrate()
+    keeper = StorageKeeper(db, RetentionPolicy(), compact_interval_s=0)
+    assert not keeper.maintain()  # nothing freed yet
+    keeper.compactor.mark_due()
+    assert keeper.compactor.run_if_due()
+    assert not keeper.compactor.run_if_due()
+    slow = Compactor(db, interval_s=3600)
+    slow.mark_due()
+    assert not slow.run_if_due()  # due, but not before the interval
+    db.dispose()
