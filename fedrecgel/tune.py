@@ -1,0 +1,164 @@
+"""Hyperparameter search that cannot see the test set, with Optuna.
+
+The objective of a trial is the **validation** HR@10 of the round selected on validation (the
+best validation HR@10 over the run's rounds), averaged over the tuning seeds; the search never
+reads a test metric: each trial trains on a split whose test items and test negatives are
+replaced by the validation ones, so no test figure is even computed. Tuning seeds are held
+out from the seeds the results tables use (default: tune on seed 100, report seeds 0, 1, 2).
+
+A study lives in an SQLite file and resumes: running the same command again continues with the
+trials still to do, and a trial that an interruption left running is marked failed and tried
+again with the same parameters. One process tunes a study at a time.
+
+Searched: server lr and client lr (log scale), the two SAM radii (FedRecGEL only), the number
+of rounds and the server optimizer. Pruning (median of earlier trials at the same round) stops
+trials that fall clearly behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import TrialState
+
+from fedrecgel.data import Split
+from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
+
+#: the validation metric a study maximises
+OBJECTIVE = "hr@10"
+#: rounds a trial may choose (the validation-selected round is within them)
+ROUND_CHOICES: tuple[int, ...] = (100, 200, 300)
+SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "fedadam", "fedyogi", "sgd")
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    """One study: where it is stored, what it tunes and on which seeds."""
+
+    storage: Path
+    study: str
+    base: TrainConfig
+    n_trials: int = 30
+    seeds: tuple[int, ...] = (100,)
+    round_choices: tuple[int, ...] = ROUND_CHOICES
+    sampler_seed: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if self.n_trials < 1:
+            raise ValueError(f"n_trials must be >= 1, got {self.n_trials}")
+        if not self.seeds:
+            raise ValueError("at least one tuning seed is needed")
+        if not self.round_choices or min(self.round_choices) < 1:
+            raise ValueError(f"round choices must be >= 1, got {self.round_choices}")
+
+
+def validation_only(split: Split) -> Split:
+    """``split`` with its test candidates replaced by the validation ones, so that nothing a
+    trial computes involves a test item."""
+    if split.val_items is None or split.val_negatives is None:
+        raise ValueError(
+            f"{split.name}: tuning needs a validation item per user (load the split with "
+            "validation=True)"
+        )
+    return replace(
+        split,
+        test_items=split.val_items,
+        test_negatives=split.val_negatives,
+        val_items=None,
+        val_negatives=None,
+    )
+
+
+def suggest(trial: optuna.Trial, base: TrainConfig, round_choices: Sequence[int]) -> TrainConfig:
+    """The trial's config: ``base`` with the searched settings drawn by ``trial``."""
+    values: dict[str, Any] = {
+        "server_lr": trial.suggest_float("server_lr", 1e-4, 0.1, log=True),
+        "client_lr": trial.suggest_float("client_lr", 1e-3, 1.0, log=True),
+        "rounds": trial.suggest_categorical("rounds", list(round_choices)),
+        "server_optimizer": trial.suggest_categorical("server_optimizer", SERVER_OPTIMIZERS),
+    }
+    if base.method == "fedrecgel":
+        values["rho_sh"] = trial.suggest_float("rho_sh", 1e-3, 0.5, log=True)
+        values["rho_ns"] = trial.suggest_float("rho_ns", 1e-3, 1.0, log=True)
+    return replace(base, **values)
+
+
+def _objective(
+    split: Split, spec: TuneSpec, progress: Callable[[str], None] | None
+) -> Callable[[optuna.Trial], float]:
+    tuning_split = validation_only(split)
+
+    def run(trial: optuna.Trial) -> float:
+        cfg = suggest(trial, spec.base, spec.round_choices)
+        per_seed: list[float] = []
+        for k, seed in enumerate(spec.seeds):
+            best = 0.0
+
+            def seen(rec: RoundRecord, k: int = k) -> None:
+                nonlocal best
+                if rec.test:  # the validation candidates (see validation_only)
+                    best = max(best, rec.test[OBJECTIVE])
+                    step = k * max(spec.round_choices) + rec.round
+                    trial.report(best, step)
+                    if trial.should_prune():
+                        raise optuna.TrialPruned()
+
+            Simulator(tuning_split, replace(cfg, seed=seed)).run(on_round=seen)
+            per_seed.append(best)
+        value = float(np.mean(per_seed))
+        trial.set_user_attr("validation_per_seed", per_seed)
+        if progress is not None:
+            progress(f"trial {trial.number}: validation {OBJECTIVE} {value:.4f} {trial.params}")
+        return value
+
+    return run
+
+
+def open_study(spec: TuneSpec) -> optuna.Study:
+    """Create the study or load it from its SQLite file; a trial an interruption left
+    RUNNING is marked failed and queued again with its parameters."""
+    spec.storage.parent.mkdir(parents=True, exist_ok=True)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{spec.storage.resolve()}")
+    study = optuna.create_study(
+        storage=storage,
+        study_name=spec.study,
+        direction="maximize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=spec.sampler_seed, n_startup_trials=8),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=20),
+    )
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        study.enqueue_trial(t.params, skip_if_exists=False)
+    return study
+
+
+def finished(study: optuna.Study) -> int:
+    """Trials that count towards the budget: completed or pruned."""
+    states = (TrialState.COMPLETE, TrialState.PRUNED)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def tune(
+    split: Split, spec: TuneSpec, progress: Callable[[str], None] | None = None
+) -> optuna.Study:
+    """Run the study until ``spec.n_trials`` trials have finished (resuming a stored one)."""
+    spec.validate()
+    spec.base.validate()
+    study = open_study(spec)
+    todo = spec.n_trials - finished(study)
+    if todo > 0:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study.optimize(_objective(split, spec, progress), n_trials=todo, gc_after_trial=True)
+    return study
+
+
+def best_settings(study: optuna.Study) -> dict[str, Any]:
+    """The best trial's settings, as :class:`TrainConfig` field values."""
+    return dict(study.best_trial.params)

@@ -1,0 +1,86 @@
+"""Tuning: validation only, resumable, presets learned across datasets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from optuna.trial import TrialState
+
+from fedrecgel import presets
+from fedrecgel.simulate import TrainConfig
+from fedrecgel.synthetic import synthetic_split
+from fedrecgel.tune import TuneSpec, best_settings, finished, open_study, tune, validation_only
+
+
+def _split():  # type: ignore[no-untyped-def]
+    return synthetic_split(
+        60, 80, interactions_per_user=8, seed=1, n_test_negatives=20, validation=True
+    )
+
+
+def _spec(tmp_path: Path, n_trials: int) -> TuneSpec:
+    base = TrainConfig(factor=4, layers=1, fraction=0.5)
+    return TuneSpec(tmp_path / "study.db", "t", base, n_trials=n_trials, round_choices=(2, 3))
+
+
+def test_tuning_never_touches_the_test_candidates(tmp_path: Path) -> None:
+    split = _split()
+    # test candidates that cannot even be scored: any use of them would fail
+    broken = replace(split, test_negatives=np.full_like(split.test_negatives, split.n_items + 7))
+    study = tune(broken, _spec(tmp_path, 2))
+    assert finished(study) == 2
+    assert 0.0 <= study.best_value <= 1.0
+    tuned = validation_only(split)
+    assert tuned.val_items is None and np.array_equal(tuned.test_items, split.val_items)
+    with pytest.raises(ValueError, match="validation"):
+        validation_only(synthetic_split(30, 40, seed=1, n_test_negatives=5))
+
+
+def test_an_interrupted_study_resumes(tmp_path: Path) -> None:
+    split = _split()
+    spec = _spec(tmp_path, 2)
+    tune(split, spec)
+    # an interruption in the middle of a trial leaves it RUNNING in the stored study
+    interrupted = open_study(spec).ask()
+    interrupted.suggest_float("server_lr", 1e-4, 0.1, log=True)
+    del interrupted
+    more = replace(spec, n_trials=3)
+    study = tune(split, more)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.FAIL) == 1 and finished(study) == 3
+    assert TrialState.RUNNING not in states
+    # running it again does nothing more: the budget is reached
+    assert len(tune(split, more).get_trials()) == len(states)
+    assert set(best_settings(study)) >= {"server_lr", "client_lr", "rounds", "rho_sh"}
+
+
+def test_presets_paper_tuned_and_learned_default(tmp_path: Path) -> None:
+    path = tmp_path / "presets.json"
+    assert presets.resolve("paper", "x", path) == {}
+    with pytest.raises(presets.PresetError, match="no tuned preset"):
+        presets.resolve("tuned", "x", path)
+    presets.save(
+        "tuned-a",
+        {"server_lr": 0.01, "rounds": 100, "server_optimizer": "adam"},
+        {"value": 0.5},
+        path,
+    )
+    presets.save(
+        "tuned-b",
+        {"server_lr": 0.0001, "rounds": 300, "server_optimizer": "adam"},
+        {"value": 0.6},
+        path,
+    )
+    assert presets.resolve("tuned", "a", path)["server_lr"] == 0.01
+    learned = presets.resolve("tuned", "new-data", path)
+    assert learned["server_lr"] == pytest.approx(0.001)
+    assert learned["rounds"] == 100 and learned["server_optimizer"] == "adam"
+    assert json.loads(path.read_text())["tuned-b"]["study"] == {"value": 0.6}
+    with pytest.raises(presets.PresetError, match="unknown preset"):
+        presets.resolve("nope", "a", path)
+    with pytest.raises(presets.PresetError, match="tuned-<dataset>"):
+        presets.save("mine", {}, {}, path)
