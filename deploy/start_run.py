@@ -144,9 +144,12 @@ def _hr(metrics: dict[str, float] | None) -> str:
     return f"HR@10 {metrics['hr@10']:.4f}  NDCG@10 {metrics.get('ndcg@10', 0.0):.4f}"
 
 
-def follow(base: str, token: str, poll_s: float = 0.5) -> dict[str, Any]:
+def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
     """Print progress until every round of the current run is closed and evaluated; returns
-    ``{"run_id", "rounds", "history", "first_round_s", "seconds"}``."""
+    ``{"run_id", "rounds", "history", "first_round_s", "seconds"}``.
+
+    Two requests a poll (the history, the open round's count), the run's state every tenth:
+    the demo shares the machine with the run it shows."""
     t0 = time.monotonic()
     status, cur = _request(f"{base}/v1/rounds/current", token)
     if status != 200 or not isinstance(cur, dict) or cur.get("config") is None:
@@ -156,7 +159,9 @@ def follow(base: str, token: str, poll_s: float = 0.5) -> dict[str, Any]:
     shown: tuple[int, int] | None = None
     last_show = 0.0
     first_round_s: float | None = None
+    polls = 0
     while True:
+        polls += 1
         status, hist = _request(f"{base}/v1/runs/current/history")
         if status == 200 and isinstance(hist, dict) and hist.get("run_id") not in (None, run_id):
             raise DemoError(f"run {run_id} was replaced by run {hist['run_id']}")
@@ -191,7 +196,7 @@ def follow(base: str, token: str, poll_s: float = 0.5) -> dict[str, Any]:
                 if now != shown and time.monotonic() - last_show >= 2.0:
                     say(f"round {nxt:>3}/{total}: {now[0]}/{now[1]} updates in")
                     shown, last_show = now, time.monotonic()
-        status, cur = _request(f"{base}/v1/rounds/current", token)
+        status, cur = _request(f"{base}/v1/rounds/current", token) if polls % 10 == 0 else (0, None)
         if status == 200 and isinstance(cur, dict):
             if cur.get("run_id") != run_id:
                 raise DemoError(f"run {run_id} was replaced by run {cur.get('run_id')}")

@@ -714,6 +714,14 @@ def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path):
     assert checked == 4  # aggregator, two workers, recommend-api
 
 
+def test_compose_healthchecks_use_the_image_probe():
+    for name, svc in _compose()["services"].items():
+        test = svc.get("healthcheck", {}).get("test")
+        if test and svc.get("image") == IMAGE:
+            assert test[:3] == ["CMD", "bash", "/app/healthcheck.sh"], name
+            assert "healthcheck.sh" in _dockerfile_app_files()
+
+
 def test_recommend_api_is_live_but_not_ready_before_the_first_model():
     """The compose healthcheck route answers 200 while no run has published a model, so the
     container is healthy; the readiness route (k8s) still says 503 no_model."""
@@ -873,8 +881,8 @@ def test_dockerfile_builds_the_project_on_cpu_torch_and_runs_unprivileged():
     assert users[-1].split(":")[0] not in ("root", "0")
     joined = " ".join(final).replace("\\ ", "")  # continuation lines into one instruction
     (health,) = re.findall(r"HEALTHCHECK .*?CMD (\[[^\]]*\])", joined)
-    assert yaml.safe_load(health)[0] == "python", health  # slim has no curl
-    assert "/app/healthcheck.py" in health and "healthcheck.py" in _dockerfile_app_files()
+    assert yaml.safe_load(health)[0] == "bash", health  # slim has no curl
+    assert "/app/healthcheck.sh" in health and "healthcheck.sh" in _dockerfile_app_files()
     assert "HEALTHCHECK_URL=http://127.0.0.1:8700/healthz" in joined
     assert not re.search(r"\bcurl\b|\bwget\b", "\n".join(final))
 
