@@ -144,12 +144,17 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
 
         watch = watch_run(agg_url, rounds, alive)
         demo = _compose("logs", "--no-color", "--no-log-prefix", "demo", env=env)
+        sql = "select pg_database_size('fedrec')"
+        db_bytes = _compose(
+            "exec", "-T", "postgres", "psql", "-U", "fedrec", "-d", "fedrec", "-tAc", sql, env=env
+        )
     out = summarise(watch, rounds)
     out.update(
         {
             "up_to_healthy_seconds": t_healthy - t_up,
             "up_to_run_start_seconds": watch["started"] - t_up,
             "up_to_first_closed_round_seconds": watch["first_closed"] - t_up,
+            "database_bytes_after_run": int(db_bytes.strip()),
             "demo_log_tail": demo.strip().splitlines()[-3:],
         }
     )

@@ -154,6 +154,40 @@ def aggregator_storage() -> list[str]:
     return lines
 
 
+def compose() -> list[str]:
+    """The same FilmTrust run under docker compose and under ``fedrec up``."""
+    data = _load(RES / "compose_vs_loopback.json")
+    if data is None:
+        return []
+    cfg, machine = data["config"], data["machine"]
+    ok = "yes" if data["round_ratio_within_target"] else "no"
+    first_ok = (
+        data["compose_up_to_first_closed_round_seconds"]
+        <= data["up_to_first_closed_round_target_seconds"]
+    )
+    return [
+        "## Docker compose vs `fedrec up` (`bench/results/compose_vs_loopback.json`)",
+        "",
+        f"FilmTrust, {cfg['rounds']} rounds, fraction {cfg['fraction']}, {cfg['workers']} workers "
+        f"with {cfg['worker_torch_threads']} torch thread(s) each; compose: {cfg['compose']}; "
+        f"loopback: {cfg['loopback']}. Engine {machine['docker_engine']}, Compose "
+        f"{machine['compose']}, {machine['cpus']} cores (1-min load at the end "
+        f"{machine['load_avg_1m_at_end']:.1f}); medians of {len(data['runs']['compose'])} "
+        "alternating runs each. Round time: steady state from the aggregator's clock.",
+        "",
+        "| measure | value | target | met |",
+        "|---|---|---|---|",
+        f"| round under compose | {data['compose_round_seconds']:.2f} s | | |",
+        f"| round under `fedrec up` | {data['loopback_round_seconds']:.2f} s | | |",
+        f"| compose / `fedrec up` | {data['round_ratio']:.2f}x | <= "
+        f"{data['round_ratio_target']}x | {ok} |",
+        f"| `docker compose up` to first closed round (images built) | "
+        f"{data['compose_up_to_first_closed_round_seconds']:.1f} s | <= "
+        f"{data['up_to_first_closed_round_target_seconds']:.0f} s | "
+        f"{'yes' if first_ok else 'no'} |",
+    ]
+
+
 def other(name: str, title: str) -> list[str]:
     """Any other benchmark JSON, shown as it is."""
     data = _load(RES / name)
@@ -188,6 +222,8 @@ def main() -> None:
         *other("recommend_load.json", "Recommendation API load"),
         "",
         *other("http_vs_simulator.json", "Federated run over HTTP vs the simulator"),
+        "",
+        *compose(),
     ]
     (ROOT / "docs" / "RESULTS.md").write_text("\n".join(parts).rstrip() + "\n")
 
