@@ -52,18 +52,12 @@ def http_run(
     """The run over HTTP: timings, history and the final model's shared parameters."""
     split = load_split(dataset)
     opts = UpOptions(
-        dataset=dataset,
+        run=train.run_params(dataset=dataset, deadline_s=3600.0),
         workers=workers,
-        rounds=train.rounds,
-        fraction=train.fraction,
-        seed=train.seed,
-        rho_sh=train.rho_sh,
-        rho_ns=train.rho_ns,
         aggregator_port=free_port(),
         workdir=workdir,
         recommend=False,
         redis_url=redis_url,
-        deadline_s=3600.0,
         worker_poll_max_s=poll_max_s,
         startup_timeout_s=300.0,
     )
@@ -130,9 +124,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
-    train = TrainConfig(
-        rounds=args.rounds, fraction=0.1, seed=0, rho_sh=0.02, rho_ns=0.02, shards=args.workers
-    )
+    train = TrainConfig(rounds=args.rounds, shards=args.workers)
     with (
         tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
         contextlib.ExitStack() as stack,

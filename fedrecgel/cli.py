@@ -1,23 +1,31 @@
-"""The ``fedrec`` command line: training runs, dataset statistics, and the services.
+"""The ``fedrec`` command line of the core: training runs with the simulator and dataset tools.
 
-Service commands import their packages lazily, so the core library never pulls in HTTP,
-database or Redis code.
+The services add their commands (worker, aggregator, recommend, up) to :data:`app` in
+:mod:`services.cli`, the installed ``fedrec`` command; this module imports nothing of them.
+The options of a run's settings are built from :class:`fedrecgel.config.RunParams`
+(:func:`run_options`), so their defaults, bounds and help are defined once.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import logging
 import statistics
 import sys
+import types
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedrecgel.config import DEFAULTS, ConfigError, RunParams, bounds, check
 from fedrecgel.data import DATASETS, DataError, Split, load_csv, load_split, stats
 from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig, with_seed
 
@@ -36,6 +44,89 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a clear error and return the exit to raise."""
     console.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _option_type(annotation: Any) -> Any:
+    """The command-line type of a field: Literals are strings (checked by the model)."""
+    if get_origin(annotation) is Literal:
+        return str
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return _option_type(inner[0]) | None
+    return annotation
+
+
+def _option_help(name: str, text: str | None) -> str:
+    field = RunParams.model_fields[name]
+    parts = [text or field.description or ""]
+    if get_origin(field.annotation) is Literal:
+        parts.append("One of " + ", ".join(map(str, get_args(field.annotation))) + ".")
+    limits = bounds(name)
+    if limits:
+        signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        parts.append("[" + ", ".join(f"{signs[k]} {v:g}" for k, v in limits.items()) + "]")
+    return " ".join(p for p in parts if p)
+
+
+def option_flag(name: str) -> str:
+    """The command-line flag of a :class:`RunParams` field (``rho_sh`` -> ``--rho-sh``)."""
+    return "--" + name.replace("_", "-")
+
+
+def run_options(
+    exclude: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
+    aliases: dict[str, tuple[str, ...]] | None = None,
+    helps: dict[str, str] | None = None,
+) -> Callable[[F], F]:
+    """Give a command one option per :class:`RunParams` field (but ``exclude``), with the
+    field's default (or ``defaults``), help and bounds; the command receives their values as
+    the dict ``run`` (to check with :func:`fedrecgel.config.check`)."""
+    names = [n for n in RunParams.model_fields if n not in exclude]
+
+    def decorate(func: F) -> F:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "run"]
+        added = []
+        for name in names:
+            field = RunParams.model_fields[name]
+            option = typer.Option(
+                option_flag(name),
+                *(aliases or {}).get(name, ()),
+                help=_option_help(name, (helps or {}).get(name)),
+                rich_help_panel="Run settings",
+            )
+            added.append(
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=(defaults or {}).get(name, field.default),
+                    annotation=Annotated[_option_type(field.annotation), option],
+                )
+            )
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            run = {n: kwargs.pop(n) for n in names}
+            return func(run=run, **kwargs)
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def checked(values: dict[str, Any]) -> RunParams:
+    """The run settings of a command, or a clear error naming the option."""
+    try:
+        return check(values, RunParams)
+    except ConfigError as err:
+        raise fail(f"{option_flag(err.field)}: {err.reason}") from None
 
 
 def _load(dataset: str, data_dir: Path | None, validation: bool) -> Split:
@@ -110,10 +201,15 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
 
 
 @app.command()
+@run_options(
+    exclude=("kind", "seed", "dataset", "deadline_s", "quorum"),
+    aliases={"optimizer": ("--server-optimizer",)},
+)
 def train(
+    run: dict[str, Any],
     dataset: Annotated[
         str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
-    ] = "filmtrust",
+    ] = DEFAULTS.dataset,
     data_dir: Annotated[
         Path | None,
         typer.Option(
@@ -121,22 +217,6 @@ def train(
         ),
     ] = None,
     method: Annotated[str, typer.Option(help=f"One of {', '.join(METHODS)}.")] = "fedrecgel",
-    rounds: Annotated[int, typer.Option(min=1)] = 100,
-    fraction: Annotated[
-        float, typer.Option(help="Clients per round, as a fraction of users.")
-    ] = 0.1,
-    rho_sh: Annotated[float, typer.Option(help="SAM radius of the shared part.")] = 0.02,
-    rho_ns: Annotated[float, typer.Option(help="SAM radius of the private part.")] = 0.02,
-    client_lr: Annotated[float, typer.Option()] = 0.1,
-    server_lr: Annotated[float, typer.Option()] = 0.001,
-    server_optimizer: Annotated[
-        str, typer.Option(help="adam, sgd, fedadam, fedyogi or fedadagrad.")
-    ] = "adam",
-    weighting: Annotated[str, typer.Option(help="mean (faithful) or samples.")] = "mean",
-    n_negatives: Annotated[int, typer.Option(min=1)] = 4,
-    chunk_size: Annotated[int, typer.Option(min=1)] = 128,
-    factor: Annotated[int, typer.Option(min=1)] = 32,
-    layers: Annotated[int, typer.Option(min=1)] = 3,
     seeds: Annotated[str, typer.Option(help="One seed or several, comma-separated.")] = "0",
     validation: Annotated[
         bool,
@@ -150,27 +230,11 @@ def train(
 ) -> None:
     """Train with the in-process simulator; write results.json and hr_ndcg.png to --out."""
     seed_list = _parse_seeds(seeds)
-    base = TrainConfig(
-        method=method,  # type: ignore[arg-type]
-        rounds=rounds,
-        fraction=fraction,
-        rho_sh=rho_sh,
-        rho_ns=rho_ns,
-        client_lr=client_lr,
-        server_lr=server_lr,
-        server_optimizer=server_optimizer,  # type: ignore[arg-type]
-        weighting=weighting,  # type: ignore[arg-type]
-        n_negatives=n_negatives,
-        chunk_size=chunk_size,
-        factor=factor,
-        layers=layers,
-        seed=seed_list[0],
-        eval_every=eval_every,
-    )
-    if server_optimizer not in ("adam", "sgd", "fedadam", "fedyogi", "fedadagrad"):
-        raise fail(f"unknown --server-optimizer {server_optimizer!r}")
-    if weighting not in ("mean", "samples"):
-        raise fail(f"--weighting must be mean or samples, got {weighting!r}")
+    params = checked({**run, "seed": seed_list[0]})
+    for seed in seed_list[1:]:
+        checked({**run, "seed": seed})
+    base = TrainConfig.from_params(params, method=method, eval_every=eval_every)
+    rounds = base.rounds
     try:
         base.validate()
         split = _load(dataset, data_dir, validation)
@@ -287,87 +351,8 @@ def data_export(
     console.print(f"wrote {split.name} split to {out}")
 
 
-PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
-
-
-@app.command(context_settings=PASSTHROUGH, add_help_option=False)
-def worker(ctx: typer.Context) -> None:
-    """Run a client worker (options: `fedrec worker --help`)."""
-    from services.client_sim.cli import main as worker_main
-
-    raise typer.Exit(worker_main(ctx.args))
-
-
-@app.command(context_settings=PASSTHROUGH, add_help_option=False)
-def aggregator(ctx: typer.Context) -> None:
-    """Run the aggregator service (settings: FEDREC_AGG_* variables; --host, --port)."""
-    from services.aggregator.__main__ import main as aggregator_main
-
-    aggregator_main(ctx.args)
-
-
-@app.command(context_settings=PASSTHROUGH, add_help_option=False)
-def recommend(ctx: typer.Context) -> None:
-    """Run the recommendation API (settings: FEDREC_REC_* variables)."""
-    from services.recommend_api.__main__ import main as recommend_main
-
-    recommend_main(ctx.args)
-
-
-@app.command()
-def up(
-    dataset: Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}.")] = "filmtrust",
-    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Client worker processes.")] = 2,
-    rounds: Annotated[int, typer.Option(min=1)] = 20,
-    fraction: Annotated[float, typer.Option()] = 0.1,
-    seed: Annotated[int, typer.Option()] = 0,
-    rho_sh: Annotated[float, typer.Option()] = 0.02,
-    rho_ns: Annotated[float, typer.Option()] = 0.02,
-    aggregator_port: Annotated[int, typer.Option(min=1, max=65535)] = 8700,
-    recommend_port: Annotated[int, typer.Option(min=1, max=65535)] = 8702,
-    worker_http_port: Annotated[
-        int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
-    ] = 8710,
-    workdir: Annotated[Path, typer.Option(help="SQLite files and logs.")] = Path("runs/up"),
-    redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
-    recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
-    keep_running: Annotated[
-        bool, typer.Option(help="Leave the services running after training (Ctrl-C stops them).")
-    ] = False,
-) -> None:
-    """Start the aggregator, N workers and the recommendation API locally and train."""
-    from services.launcher import LaunchError, Stopped, UpOptions
-    from services.launcher import up as launch
-
-    opts = UpOptions(
-        dataset=dataset,
-        data_dir=data_dir,
-        workers=workers,
-        rounds=rounds,
-        fraction=fraction,
-        seed=seed,
-        rho_sh=rho_sh,
-        rho_ns=rho_ns,
-        aggregator_port=aggregator_port,
-        recommend_port=recommend_port,
-        worker_http_port=worker_http_port,
-        workdir=workdir,
-        redis_url=redis_url,
-        recommend=recommend,
-        keep_running=keep_running,
-    )
-    try:
-        launch(opts)
-    except (LaunchError, DataError) as err:
-        raise fail(str(err)) from None
-    except Stopped as stop:
-        console.print(f"stopped by {stop.name}; every service was stopped")
-        raise typer.Exit(128 + stop.signum) from None
-
-
 def main() -> None:
-    """Entry point of the ``fedrec`` command."""
+    """Run :data:`app` (with whatever commands were added to it)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     try:
         app()

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-ModelKind = Literal["ncf", "mf"]
+from fedrecgel.config import DEFAULTS
+from fedrecgel.config import ModelKind as ModelKind  # re-exported
+
 ITEM_TABLES = ("item_gmf", "item_mlp")
 
 
@@ -32,9 +33,9 @@ class ModelConfig:
     """Model shape: kind, catalogue size, GMF factor and number of MLP layers."""
 
     n_items: int
-    kind: ModelKind = "ncf"
-    factor: int = 32
-    layers: int = 3
+    kind: ModelKind = DEFAULTS.kind
+    factor: int = DEFAULTS.factor
+    layers: int = DEFAULTS.layers
 
     @property
     def mlp_dim(self) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrecgel.config import DEFAULTS
 from fedrecgel.model import ModelConfig, forward_batched, init_private
 
 
@@ -37,11 +38,11 @@ from fedrecgel.model import ModelConfig, forward_batched, init_private
 class SAMConfig:
     """Client-side hyperparameters (defaults: what the reference code actually does)."""
 
-    rho_sh: float = 0.02
-    rho_ns: float = 0.02
-    client_lr: float = 0.1
-    n_negatives: int = 4
-    chunk_size: int = 128
+    rho_sh: float = DEFAULTS.rho_sh
+    rho_ns: float = DEFAULTS.rho_ns
+    client_lr: float = DEFAULTS.client_lr
+    n_negatives: int = DEFAULTS.n_negatives
+    chunk_size: int = DEFAULTS.chunk_size
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     # Cap on padded samples per batched group (memory knob; does not change results).

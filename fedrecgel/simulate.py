@@ -18,6 +18,7 @@ import torch
 
 from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import select_cohort
+from fedrecgel.config import DEFAULTS, RunConfig, RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
@@ -41,28 +42,81 @@ METHODS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run (defaults: the reference code's real behaviour)."""
+    """Everything that defines a simulated run. The settings a federated run shares take their
+    defaults and bounds from :mod:`fedrecgel.config`; ``method``, ``eval_every`` and
+    ``shards`` are the simulator's own."""
 
     method: Method = "fedrecgel"
-    rounds: int = 100
-    fraction: float = 0.1
-    rho_sh: float = 0.02
-    rho_ns: float = 0.02
-    client_lr: float = 0.1
-    server_lr: float = 0.001
-    server_optimizer: OptimizerName = "adam"
-    weighting: Weighting = "mean"
-    clip: float | None = None
-    n_negatives: int = 4
-    chunk_size: int = 128
-    factor: int = 32
-    layers: int = 3
-    seed: int = 0
+    rounds: int = DEFAULTS.rounds
+    fraction: float = DEFAULTS.fraction
+    rho_sh: float = DEFAULTS.rho_sh
+    rho_ns: float = DEFAULTS.rho_ns
+    client_lr: float = DEFAULTS.client_lr
+    server_lr: float = DEFAULTS.server_lr
+    server_optimizer: OptimizerName = DEFAULTS.optimizer
+    weighting: Weighting = DEFAULTS.weighting
+    clip: float | None = DEFAULTS.clip
+    n_negatives: int = DEFAULTS.n_negatives
+    chunk_size: int = DEFAULTS.chunk_size
+    factor: int = DEFAULTS.factor
+    layers: int = DEFAULTS.layers
+    seed: int = DEFAULTS.seed
     eval_every: int = 1
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a
     # batch, so set it to the worker count to reproduce a federated run bit for bit.
     shards: int = 1
+
+    @classmethod
+    def from_params(cls, params: RunParams, **own: Any) -> TrainConfig:
+        """The simulator's config of a federated run's ``params`` (the method follows the
+        model kind; ``own``: method, eval_every, shards)."""
+        own.setdefault("method", "fedmf" if params.kind == "mf" else "fedrecgel")
+        return cls(
+            rounds=params.rounds,
+            fraction=params.fraction,
+            rho_sh=params.rho_sh,
+            rho_ns=params.rho_ns,
+            client_lr=params.client_lr,
+            server_lr=params.server_lr,
+            server_optimizer=params.optimizer,
+            weighting=params.weighting,
+            clip=params.clip,
+            n_negatives=params.n_negatives,
+            chunk_size=params.chunk_size,
+            factor=params.factor,
+            layers=params.layers,
+            seed=params.seed,
+            **own,
+        )
+
+    def run_params(self, **overrides: Any) -> RunParams:
+        """The federated run that computes what this simulation does (``overrides``: other
+        :class:`~fedrecgel.config.RunParams` fields, e.g. dataset, deadline_s)."""
+        rho_sh, rho_ns = self.effective_rho()
+        values: dict[str, Any] = {
+            "kind": self.model_kind(),
+            "factor": self.factor,
+            "layers": self.layers,
+            "rounds": self.rounds,
+            "fraction": self.fraction,
+            "seed": self.seed,
+            "optimizer": self.server_optimizer,
+            "server_lr": self.server_lr,
+            "weighting": self.weighting,
+            "clip": self.clip,
+            "rho_sh": rho_sh,
+            "rho_ns": rho_ns,
+            "client_lr": self.client_lr,
+            "n_negatives": self.n_negatives,
+            "chunk_size": self.chunk_size,
+            **overrides,
+        }
+        return check(values, RunParams)
+
+    def run_config(self, n_items: int, **overrides: Any) -> RunConfig:
+        """:meth:`run_params` over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
+        return check({"n_items": n_items, **self.run_params(**overrides).model_dump()}, RunConfig)
 
     def model_kind(self) -> ModelKind:
         """NCF for every method except the MF baseline."""
@@ -100,22 +154,18 @@ class TrainConfig:
         return make_strategy(self.server_optimizer, self.server_lr, self.weighting, self.clip)
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad option."""
+        """Raise ValueError naming the first bad option (the shared ones against the bounds of
+        :class:`~fedrecgel.config.RunParams`)."""
         checks = [
             (self.method in METHODS, f"method must be one of {', '.join(METHODS)}"),
-            (self.rounds >= 1, "rounds must be >= 1"),
-            (0 < self.fraction <= 1, "fraction must be in (0, 1]"),
-            (self.rho_sh >= 0 and self.rho_ns >= 0, "rho_sh and rho_ns must be >= 0"),
-            (self.client_lr > 0 and self.server_lr > 0, "learning rates must be > 0"),
-            (self.n_negatives >= 1, "n_negatives must be >= 1"),
-            (self.chunk_size >= 1, "chunk_size must be >= 1"),
-            (self.factor >= 1 and self.layers >= 1, "factor and layers must be >= 1"),
             (self.eval_every >= 0, "eval_every must be >= 0"),
             (self.shards >= 1, "shards must be >= 1"),
         ]
         for ok, msg in checks:
             if not ok:
                 raise ValueError(msg)
+        # the raw radii: an ablation zeroes them, but what was asked must be in bounds
+        self.run_params(rho_sh=self.rho_sh, rho_ns=self.rho_ns)
 
 
 @dataclass

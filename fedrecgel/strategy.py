@@ -12,19 +12,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from fedrecgel.config import DEFAULTS
+from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
+from fedrecgel.config import Weighting as Weighting  # re-exported
 from fedrecgel.sam import Update
-
-Weighting = Literal["mean", "samples"]
-OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
 
 
 def aggregate_gradients(
-    updates: Sequence[Update], shapes: dict[str, tuple[int, ...]], weighting: Weighting = "mean"
+    updates: Sequence[Update],
+    shapes: dict[str, tuple[int, ...]],
+    weighting: Weighting = DEFAULTS.weighting,
 ) -> dict[str, Tensor]:
     """Weighted mean of the clients' gradients, densified: name -> tensor of ``shapes[name]``.
 
@@ -162,7 +163,9 @@ class Strategy:
 class FedAvgGradients(Strategy):
     """Mean of the clients' SAM gradients, then one server-optimizer step (FedRecGEL's server)."""
 
-    def __init__(self, opt: ServerOptConfig | None = None, weighting: Weighting = "mean") -> None:
+    def __init__(
+        self, opt: ServerOptConfig | None = None, weighting: Weighting = DEFAULTS.weighting
+    ) -> None:
         self.weighting: Weighting = weighting
         self.optimizer = ServerOptimizer(opt or ServerOptConfig())
 
@@ -228,10 +231,10 @@ class ClipUpdates(Strategy):
 
 
 def make_strategy(
-    optimizer: OptimizerName = "adam",
-    lr: float = 0.001,
-    weighting: Weighting = "mean",
-    clip: float | None = None,
+    optimizer: OptimizerName = DEFAULTS.optimizer,
+    lr: float = DEFAULTS.server_lr,
+    weighting: Weighting = DEFAULTS.weighting,
+    clip: float | None = DEFAULTS.clip,
 ) -> Strategy:
     """Build the server strategy from plain options (CLI and services use this)."""
     s: Strategy = FedAvgGradients(ServerOptConfig.preset(optimizer, lr), weighting)

@@ -37,6 +37,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedrecgel.config import RunConfig, RunParams
+
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
 
@@ -203,14 +205,10 @@ def _die_with_parent() -> Callable[[], None] | None:
 class UpOptions:
     """What ``fedrec up`` starts and runs."""
 
-    dataset: str = "filmtrust"
+    # the federated run: dataset, rounds, hyperparameters, round deadline
+    run: RunParams = field(default_factory=RunParams)
     data_dir: Path | None = None
     workers: int = 2
-    rounds: int = 20
-    fraction: float = 0.1
-    seed: int = 0
-    rho_sh: float = 0.02
-    rho_ns: float = 0.02
     validation: bool = False
     host: str = "127.0.0.1"
     aggregator_port: int = 8700
@@ -225,12 +223,20 @@ class UpOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     # SQLAlchemy URL of the aggregator's database; None = ``aggregator.db`` in ``workdir``.
     database_url: str | None = None
-    # Round deadline of the run (RunConfig.deadline_s).
-    deadline_s: float = 60.0
     # Longest idle poll interval of the workers (None: the worker's default).
     worker_poll_max_s: float | None = None
     worker_log_level: str = "WARNING"
     aggregator_log_level: str = "warning"
+
+    @property
+    def dataset(self) -> str:
+        """The run's dataset (the workers and recommend_api load it)."""
+        return self.run.dataset
+
+    @property
+    def rounds(self) -> int:
+        """The run's rounds."""
+        return self.run.rounds
 
 
 @dataclass
@@ -527,17 +533,8 @@ def _data_args(opts: UpOptions) -> list[str]:
 
 
 def run_config(opts: UpOptions, n_items: int) -> dict[str, Any]:
-    """The RunConfig body for ``POST /v1/runs``."""
-    return {
-        "n_items": n_items,
-        "rounds": opts.rounds,
-        "fraction": opts.fraction,
-        "seed": opts.seed,
-        "rho_sh": opts.rho_sh,
-        "rho_ns": opts.rho_ns,
-        "deadline_s": opts.deadline_s,
-        "dataset": opts.dataset,
-    }
+    """The RunConfig body for ``POST /v1/runs``: the run's settings over ``n_items``."""
+    return RunConfig(n_items=n_items, **opts.run.model_dump()).model_dump(mode="json")
 
 
 def up(opts: UpOptions) -> dict[str, Any]:

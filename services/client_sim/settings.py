@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fedrecgel.config import DEFAULTS
+
 _ORDINAL = re.compile(r"-(\d+)$")
 
 
@@ -38,7 +40,7 @@ class WorkerSettings(BaseSettings):
     aggregator: str = "http://127.0.0.1:8700"
     shard: int = 0
     shards: int = 1
-    dataset: str = "filmtrust"
+    dataset: str = DEFAULTS.dataset
     data_dir: Path | None = None
     validation: bool = False
     store: str = "worker-0.db"

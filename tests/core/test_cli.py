@@ -80,7 +80,10 @@ def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
         (["--fraction", "0"], "fraction"),
         (["--method", "fedavg"], "method must be one of"),
         (["--seeds", "a,b"], "--seeds"),
-        (["--server-optimizer", "rmsprop"], "server-optimizer"),
+        (["--server-optimizer", "rmsprop"], "--optimizer: Input should be 'adam'"),
+        (["--layers", "9"], "--layers: Input should be less than or equal to 8"),
+        (["--seeds", "0,-1"], "--seed: Input should be greater than or equal to 0"),
+        (["--clip", "0"], "--clip: Input should be greater than 0"),
     ):
         r = runner.invoke(app, ["train", "--rounds", "1", "--out", str(tmp_path), *args])
         assert r.exit_code == 2, (args, r.output)
@@ -97,7 +100,9 @@ def test_data_stats_prints_the_protocol_counts() -> None:
     r = runner.invoke(app, ["data", "stats", "filmtrust", "--json"])
     assert r.exit_code == 0
     st = json.loads(r.output)
-    assert (st["users"], st["items"], st["interactions"]) == (1227, 2059, 34889)
+    # 34,889 raw rows of the users kept; two repeat a (user, item) pair and train once
+    assert (st["users"], st["items"], st["interactions"]) == (1227, 2059, 34887)
+    assert st["train"] == 33660 and st["test"] == 1227
 
 
 def test_data_export_writes_the_ncf_layout(tmp_path: Path) -> None:

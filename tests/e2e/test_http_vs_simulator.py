@@ -49,7 +49,7 @@ ROUNDS = 20  # the full run (cases 1 and 2)
 SHORT = 6  # crash and privacy runs
 TOL = 1e-5  # on parameters and metrics
 # shards=2: the simulator batches each round as the two workers do (see TrainConfig.shards)
-TRAIN = TrainConfig(rounds=ROUNDS, fraction=0.1, seed=0, rho_sh=0.02, rho_ns=0.02, shards=2)
+TRAIN = TrainConfig(rounds=ROUNDS, shards=2)  # the default settings
 RUN_TIMEOUT_S = 400.0
 
 
@@ -178,21 +178,15 @@ def services(
 ) -> Iterator[Cluster]:
     """A started aggregator process (no workers yet); everything is stopped at the end."""
     opts = UpOptions(
-        dataset=DATASET,
+        # the simulator's run over HTTP; a round must never hit its deadline on a slow CI
+        # machine (a retried round draws another cohort, which the simulator does not)
+        run=TRAIN.run_params(dataset=DATASET, rounds=rounds, deadline_s=3600.0),
         workers=2,
-        rounds=rounds,
-        fraction=TRAIN.fraction,
-        seed=TRAIN.seed,
-        rho_sh=TRAIN.rho_sh,
-        rho_ns=TRAIN.rho_ns,
         aggregator_port=free_port(),
         workdir=workdir,
         redis_url=redis_url,
         database_url=database_url,
         recommend=False,
-        # a round must never hit its deadline on a slow CI machine (a retried round draws
-        # another cohort, which the simulator does not)
-        deadline_s=3600.0,
         worker_poll_max_s=0.5,
         startup_timeout_s=300.0,
         worker_log_level="INFO",

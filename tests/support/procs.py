@@ -106,4 +106,4 @@ def fedrec_up(*args: str) -> list[str]:
 
 
 # the module whose ``python -m`` is the ``fedrec`` command
-FEDREC_MODULE = "fedrecgel.cli"
+FEDREC_MODULE = "services.cli"

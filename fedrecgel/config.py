@@ -1,0 +1,145 @@
+"""The run configuration: every setting of a federated run, its default and its bounds, once.
+
+:class:`RunParams` is what an operator chooses; :class:`RunConfig` adds the catalogue size and
+is the body of ``POST /v1/runs`` (the HTTP contract re-exports it, so the aggregator refuses an
+out-of-bound config with 422). The simulator's :class:`~fedrecgel.simulate.TrainConfig` and
+:class:`~fedrecgel.sam.SAMConfig` take their defaults from :data:`DEFAULTS`, and the command
+line builds its options from the fields (:func:`fedrecgel.cli.run_options`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+if TYPE_CHECKING:
+    from fedrecgel.model import ModelConfig
+    from fedrecgel.sam import SAMConfig
+
+ModelKind = Literal["ncf", "mf"]
+Weighting = Literal["mean", "samples"]
+OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
+
+#: the largest seed (numpy's seed sequences and torch take any 32-bit value)
+MAX_SEED = 2**32 - 1
+
+
+class RunParams(BaseModel):
+    """Everything an operator chooses for a federated run (defaults: the reference code's real
+    behaviour; bounds: what this project can run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: ModelKind = Field(default="ncf", description="Model: NCF (paper) or MF.")
+    factor: int = Field(default=32, ge=1, le=1024, description="Embedding size.")
+    layers: int = Field(default=3, ge=1, le=8, description="MLP tower layers.")
+    rounds: int = Field(default=100, ge=1, le=100_000, description="Federated rounds.")
+    fraction: float = Field(
+        default=0.1, gt=0.0, le=1.0, description="Clients per round, as a fraction of users."
+    )
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed of the run.")
+    optimizer: OptimizerName = Field(default="adam", description="Server optimizer.")
+    server_lr: float = Field(default=0.001, gt=0.0, le=10.0, description="Server step size.")
+    weighting: Weighting = Field(
+        default="mean", description="Mean of updates (faithful) or weighted by samples."
+    )
+    clip: float | None = Field(
+        default=None, gt=0.0, le=1e6, description="Clip each update to this L2 norm."
+    )
+    rho_sh: float = Field(
+        default=0.02, ge=0.0, le=10.0, description="SAM radius of the shared part."
+    )
+    rho_ns: float = Field(
+        default=0.02, ge=0.0, le=10.0, description="SAM radius of the private part."
+    )
+    client_lr: float = Field(default=0.1, gt=0.0, le=10.0, description="Client step size.")
+    n_negatives: int = Field(
+        default=4, ge=1, le=1000, description="Sampled negatives per positive."
+    )
+    chunk_size: int = Field(
+        default=128, ge=1, le=1 << 20, description="Samples per client mini-batch."
+    )
+    deadline_s: float = Field(
+        default=60.0, gt=0.0, le=7 * 86400.0, description="Round deadline (seconds)."
+    )
+    quorum: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of the cohort needed to close a round at its deadline.",
+    )
+    dataset: str = Field(
+        default="filmtrust",
+        min_length=1,
+        max_length=200,
+        description="Dataset of the run (a label the workers check).",
+    )
+
+    def sam(self) -> SAMConfig:
+        """The client hyperparameters of this run."""
+        from fedrecgel.sam import SAMConfig
+
+        return SAMConfig(
+            rho_sh=self.rho_sh,
+            rho_ns=self.rho_ns,
+            client_lr=self.client_lr,
+            n_negatives=self.n_negatives,
+            chunk_size=self.chunk_size,
+        )
+
+    def quorum_count(self, cohort_size: int) -> int:
+        """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""
+        return max(1, math.ceil(self.quorum * cohort_size - 1e-9))
+
+
+class RunConfig(RunParams):
+    """A run over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
+
+    n_items: int = Field(ge=1, le=10_000_000, description="Items in the catalogue.")
+
+    def model(self) -> ModelConfig:
+        """The model shape of this run."""
+        from fedrecgel.model import ModelConfig
+
+        return ModelConfig(
+            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
+        )
+
+
+#: the default of every field of :class:`RunParams`
+DEFAULTS = RunParams()
+
+
+class ConfigError(ValueError):
+    """A setting out of its bounds (or unknown): ``field`` and the reason."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+M = TypeVar("M", bound=RunParams)
+
+
+def check(values: dict[str, Any], model: type[M]) -> M:
+    """``model(**values)``; :class:`ConfigError` naming the first bad field otherwise."""
+    try:
+        return model(**values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "config"
+        raise ConfigError(field, first["msg"]) from None
+
+
+def bounds(name: str, model: type[RunParams] = RunParams) -> dict[str, float]:
+    """The numeric bounds of field ``name``: keys among ``ge``, ``gt``, ``le``, ``lt``."""
+    out: dict[str, float] = {}
+    for meta in model.model_fields[name].metadata:
+        for key in ("ge", "gt", "le", "lt"):
+            value = getattr(meta, key, None)
+            if value is not None:
+                out[key] = value
+    return out

@@ -1,0 +1,102 @@
+"""The ``fedrec`` command: the core's commands (:mod:`fedrecgel.cli`) and the services'.
+
+Importing this module adds ``worker``, ``aggregator``, ``recommend`` and ``up`` to the core's
+:data:`~fedrecgel.cli.app`; the core imports nothing of the services.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from fedrecgel.cli import app, checked, console, fail, run_options
+from fedrecgel.cli import main as _run_app
+from fedrecgel.data import DATASETS, DataError
+
+__all__ = ["app", "main"]
+
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+#: rounds of ``fedrec up`` unless --rounds says otherwise (a demo, not a paper run)
+UP_ROUNDS = 20
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def worker(ctx: typer.Context) -> None:
+    """Run a client worker (options: `fedrec worker --help`)."""
+    from services.client_sim.cli import main as worker_main
+
+    raise typer.Exit(worker_main(ctx.args))
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def aggregator(ctx: typer.Context) -> None:
+    """Run the aggregator service (settings: FEDREC_AGG_* variables; --host, --port)."""
+    from services.aggregator.__main__ import main as aggregator_main
+
+    aggregator_main(ctx.args)
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def recommend(ctx: typer.Context) -> None:
+    """Run the recommendation API (settings: FEDREC_REC_* variables)."""
+    from services.recommend_api.__main__ import main as recommend_main
+
+    recommend_main(ctx.args)
+
+
+@app.command()
+@run_options(
+    defaults={"rounds": UP_ROUNDS},
+    helps={"dataset": f"One of {', '.join(DATASETS)}."},
+)
+def up(
+    run: dict[str, Any],
+    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Client worker processes.")] = 2,
+    aggregator_port: Annotated[int, typer.Option(min=1, max=65535)] = 8700,
+    recommend_port: Annotated[int, typer.Option(min=1, max=65535)] = 8702,
+    worker_http_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
+    ] = 8710,
+    workdir: Annotated[Path, typer.Option(help="SQLite files and logs.")] = Path("runs/up"),
+    redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
+    recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
+    keep_running: Annotated[
+        bool, typer.Option(help="Leave the services running after training (Ctrl-C stops them).")
+    ] = False,
+) -> None:
+    """Start the aggregator, N workers and the recommendation API locally and train."""
+    from services.launcher import LaunchError, Stopped, UpOptions
+    from services.launcher import up as launch
+
+    opts = UpOptions(
+        run=checked(run),
+        data_dir=data_dir,
+        workers=workers,
+        aggregator_port=aggregator_port,
+        recommend_port=recommend_port,
+        worker_http_port=worker_http_port,
+        workdir=workdir,
+        redis_url=redis_url,
+        recommend=recommend,
+        keep_running=keep_running,
+    )
+    try:
+        launch(opts)
+    except (LaunchError, DataError) as err:
+        raise fail(str(err)) from None
+    except Stopped as stop:
+        console.print(f"stopped by {stop.name}; every service was stopped")
+        raise typer.Exit(128 + stop.signum) from None
+
+
+def main() -> None:
+    """Entry point of the ``fedrec`` command."""
+    _run_app()
+
+
+if __name__ == "__main__":
+    main()
