@@ -18,6 +18,16 @@ global metrics. The round time is the steady state from the aggregator's own clo
 ``docker compose up`` to the first closed round is recorded too (images already built).
 Writes ``bench/results/compose_vs_loopback.json`` (target: compose round <= 1.5x loopback).
 
+Where the time went, on our machines: not events, polling, DNS or PostgreSQL commits (a round
+closes within a second of its last upload, and the workers start the next at once), but CPU.
+There the other processes sit in the root CPU cgroup (cgroup v1, no systemd), and the engine put
+every container under one ``/docker`` group that weighs as much as ONE process: under load all
+containers together got the CPU of one process, so training in a container ran 2-3x slower.
+``scripts/compose-smoke.sh`` starts the engine with ``--cgroup-parent=/`` on such machines (each
+container a top-level cgroup, weighing as much as one process); the JSON records the CPU cgroup
+of the aggregator's container (``/docker/<id>`` or ``/<id>``). Smaller costs removed on the way:
+health probes in Python every few seconds (now bash builtins), and the demo's polling.
+
     python bench/compose_vs_loopback.py [--rounds 20] [--repeats 1]
 """
 
@@ -144,6 +154,18 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
 
         watch = watch_run(agg_url, rounds, alive)
         demo = _compose("logs", "--no-color", "--no-log-prefix", "demo", env=env)
+        pid = _compose("ps", "-q", "aggregator", env=env).strip()
+        pid = subprocess.run(
+            ["docker", "inspect", "-f", "{{.State.Pid}}", pid], capture_output=True, text=True
+        ).stdout.strip()
+        cgroup = next(
+            (
+                ln.split(":", 2)[2]
+                for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                if "cpu" in ln.split(":")[1].split(",")
+            ),
+            "?",
+        )
         sql = "select pg_database_size('fedrec')"
         db_bytes = _compose(
             "exec", "-T", "postgres", "psql", "-U", "fedrec", "-d", "fedrec", "-tAc", sql, env=env
@@ -155,6 +177,8 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
             "up_to_run_start_seconds": watch["started"] - t_up,
             "up_to_first_closed_round_seconds": watch["first_closed"] - t_up,
             "database_bytes_after_run": int(db_bytes.strip()),
+            # "/docker/<id>": every container under one group; "/<id>": one at the top each
+            "container_cpu_cgroup": cgroup,
             "demo_log_tail": demo.strip().splitlines()[-3:],
         }
     )

@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# Compose smoke test: the `docker compose up` demo, for real, on this machine.
+#
+#   bash scripts/compose-smoke.sh          (as root, or a user of the docker group with an engine)
+#
+# 1. a Docker engine: Debian's docker.io is installed when there is none, and `dockerd` is
+#    started when none runs (and stopped again at the end when this script started it);
+# 2. a Compose v2 CLI (see install_compose below for where it comes from);
+# 3. the base images the compose file and the Dockerfile name: pulled, or, when no registry
+#    answers, built locally by $FEDREC_BASE_IMAGES_BUILDER (default
+#    ../shared/tools/container-standins/build.sh next to the clone) if that exists;
+# 4. the project image (classic builder; the CPU torch wheel from pip's find-links folder when
+#    it has one, served to a `--network host` build on a loopback port);
+# 5. `docker compose up` of the demo with $SMOKE_ROUNDS (3) rounds under its own project name
+#    and free host ports: every service healthy, the aggregator's process killed with SIGKILL
+#    once the first round closed, restarted by Docker, the run finished all the same, the demo's
+#    top-10 printed, a recommendation answered through a worker and through recommend-api;
+# 6. `docker compose down -v` (also on failure): no container, volume or network is left.
+#
+# Prints each step's time; exits non-zero on the first failure (with the services' logs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+ROUNDS=${SMOKE_ROUNDS:-3}
+PROJECT=${SMOKE_PROJECT:-fedrecgel-smoke}
+IMAGE=fedrecgel:0.1.0
+BASE_IMAGES=(python:3.11-slim postgres:16 redis:7)
+BUILDER=${FEDREC_BASE_IMAGES_BUILDER:-$ROOT/../shared/tools/container-standins/build.sh}
+WORK=$(mktemp -d)
+T0=$SECONDS
+STEP_T=$SECONDS
+STARTED_DOCKERD=
+WHEEL_SERVER=
+UP=
+
+step() {
+  echo "== [$((SECONDS - T0))s] $* (previous step took $((SECONDS - STEP_T)) s)"
+  STEP_T=$SECONDS
+}
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+compose() { docker compose -p "$PROJECT" "$@"; }
+
+cleanup() {
+  local rc=$?
+  set +e
+  if [ -n "$UP" ]; then
+    if [ $rc -ne 0 ]; then
+      echo "---- services (failure) ----"
+      compose ps -a
+      compose logs --no-color --tail 60
+    fi
+    compose down -v --remove-orphans >/dev/null 2>&1
+    left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
+    left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+    [ -z "$left" ] || { echo "left behind: $left" >&2; rc=1; }
+  fi
+  [ -z "$WHEEL_SERVER" ] || kill "$WHEEL_SERVER" 2>/dev/null
+  if [ -n "$STARTED_DOCKERD" ]; then
+    kill "$STARTED_DOCKERD" 2>/dev/null
+    for _ in $(seq 30); do kill -0 "$STARTED_DOCKERD" 2>/dev/null || break; sleep 1; done
+  fi
+  rm -rf "$WORK"
+  echo "== compose smoke test $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - T0)) s"
+  exit $rc
+}
+trap cleanup EXIT
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# ---------------------------------------------------------------- 1. engine
+step "docker engine"
+if ! command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -q
+  as_root apt-get install -y -q --no-install-recommends docker.io
+fi
+if ! docker info >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] || fail "no Docker engine answers and starting one needs root"
+  # Debian's docker.io with its default settings (overlay2, bridge network, iptables NAT), but
+  # for one: where the machine has no systemd and its processes sit in the root CPU cgroup
+  # (cgroup v1, cgroupfs driver), each container gets a cgroup at the top (--cgroup-parent=/)
+  # instead of all of them sharing one /docker group. That group weighs as much as ONE process:
+  # on a loaded machine all the containers together got the CPU of one process (workers at about
+  # a fifth of a core, rounds 3x slower than the same processes outside containers). At the top,
+  # each container weighs as much as one process, as each of `fedrec up`'s processes does.
+  opts=()
+  if [ ! -d /run/systemd/system ] && [ -f /sys/fs/cgroup/cpu/cpu.shares ]; then
+    opts+=(--cgroup-parent=/)
+  fi
+  dockerd "${opts[@]}" >"$WORK/dockerd.log" 2>&1 &
+  STARTED_DOCKERD=$!
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { tail -20 "$WORK/dockerd.log"; fail "dockerd did not start"; }
+fi
+docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}'
+cpu_cgroup() { grep -E '(^|,)cpu(,|:)' "/proc/$1/cgroup" | head -1 | cut -d: -f3; }
+
+# ---------------------------------------------------------------- 2. compose v2
+# Where Compose v2 comes from when the machine has none: Debian's own `docker-compose` package
+# of the next release (trixie: Compose 2.x, built by Debian from the upstream Go sources; its
+# only dependency is libc6 >= 2.34, which bookworm has). Why it is trusted: apt downloads it
+# over a separate, throw-away apt state (nothing is added to the system's sources) and checks
+# the release file's signature against the Debian archive keyring the system already trusts
+# (bookworm's debian-archive-keyring carries the trixie keys) and the package's SHA-256 against
+# that signed index; only the plugin binary is then copied out of the .deb. Bookworm's own
+# docker-compose is v1 (1.29), which rejects this compose file's top-level `name:`.
+install_compose() {
+  local apt_dir="$WORK/apt" suite=${COMPOSE_DEBIAN_SUITE:-trixie} mirror deb
+  mirror=$(grep -h -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | head -1)
+  [ -n "$mirror" ] || mirror=$(grep -h -m1 -E '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}')
+  [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
+  mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial" "$apt_dir/parts" "$apt_dir/deb"
+  printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$mirror" "$suite" >"$apt_dir/parts/compose.sources"
+  local opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt_dir/parts"
+    -o "Dir::State::Lists=$apt_dir/lists" -o "Dir::Cache=$apt_dir/cache"
+    -o "APT::Sandbox::User=root" -o "Debug::NoLocking=1")
+  apt-get -q "${opts[@]}" update >/dev/null
+  (cd "$apt_dir/deb" && apt-get -q "${opts[@]}" download docker-compose >/dev/null)
+  deb=$(ls "$apt_dir"/deb/docker-compose_*.deb)
+  dpkg-deb -x "$deb" "$apt_dir/x"
+  as_root install -D -m 0755 "$apt_dir/x/usr/libexec/docker/cli-plugins/docker-compose" \
+    /usr/local/lib/docker/cli-plugins/docker-compose
+  echo "installed Compose from $(basename "$deb")"
+}
+step "compose v2"
+major=$(docker compose version --short 2>/dev/null | sed -E 's/^v?([0-9]+).*/\1/' || true)
+if [ -z "$major" ] || [ "$major" -lt 2 ]; then
+  install_compose
+fi
+docker compose version
+
+# ---------------------------------------------------------------- 3. base images
+step "base images"
+missing=()
+for img in "${BASE_IMAGES[@]}"; do
+  docker image inspect "$img" >/dev/null 2>&1 && continue
+  if ! docker pull -q "$img" >/dev/null 2>&1; then missing+=("$img"); fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "cannot pull ${missing[*]}; building them locally with $BUILDER"
+  [ -x "$BUILDER" ] || fail "no registry answers and no base image builder at $BUILDER"
+  bash "$BUILDER"
+fi
+for img in "${BASE_IMAGES[@]}"; do docker image inspect "$img" >/dev/null 2>&1 || fail "no image $img"; done
+
+# ---------------------------------------------------------------- 4. project image
+step "project image"
+build_args=()
+links=$(python3 -m pip config list 2>/dev/null | sed -nE "s/^[a-z:.]*find-links='([^']*)'.*/\1/p" | head -1 || true)
+if [ -n "$links" ] && ls "$links"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  python3 -m http.server --bind 127.0.0.1 "$port" --directory "$links" >/dev/null 2>&1 &
+  WHEEL_SERVER=$!
+  for _ in $(seq 20); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/')" 2>/dev/null && break; sleep 0.5; done
+  build_args+=(--network host --build-arg "TORCH_FIND_LINKS=http://127.0.0.1:$port/")
+  echo "torch wheel from $links"
+fi
+DOCKER_BUILDKIT=0 docker build -q "${build_args[@]}" -f deploy/Dockerfile -t "$IMAGE" . >/dev/null
+[ -z "$WHEEL_SERVER" ] || { kill "$WHEEL_SERVER" 2>/dev/null; WHEEL_SERVER=; }
+docker image ls "$IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
+
+# ---------------------------------------------------------------- 5. the demo
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+export FEDREC_AGGREGATOR_PORT=$(free_port) FEDREC_RECOMMEND_PORT=$(free_port)
+export FEDREC_WORKER0_PORT=$(free_port) FEDREC_WORKER1_PORT=$(free_port)
+export FEDREC_DEMO_ROUNDS=$ROUNDS
+agg=http://127.0.0.1:$FEDREC_AGGREGATOR_PORT
+
+py_get() {  # URL [python expression over the JSON body `b`]: print it, fail on non-2xx
+  python3 - "$1" "${2:-b}" <<'EOF'
+import json, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=30) as r:
+    b = json.loads(r.read())
+print(eval(sys.argv[2], {"b": b}))
+EOF
+}
+closed_rounds() { py_get "$agg/v1/runs/current/history" 'len(b["rounds"])' 2>/dev/null || echo 0; }
+
+step "docker compose up (demo of $ROUNDS rounds)"
+compose down -v --remove-orphans >/dev/null 2>&1 || true
+UP=1
+UP_T=$SECONDS
+compose up -d --no-build --quiet-pull
+step "every service started and healthy"
+for svc in postgres redis aggregator worker-0 worker-1 recommend-api; do
+  health=$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$svc")")
+  [ "$health" = healthy ] || fail "$svc is $health"
+done
+echo "postgres redis aggregator worker-0 worker-1 recommend-api: healthy"
+echo "the aggregator's CPU cgroup: $(cpu_cgroup "$(docker inspect -f '{{.State.Pid}}' "$(compose ps -q aggregator)")")"
+[ "$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq secrets)")" = 0 ] || fail "secrets failed"
+
+step "first round"
+for _ in $(seq 600); do [ "$(closed_rounds)" -ge 1 ] && break; sleep 0.5; done
+[ "$(closed_rounds)" -ge 1 ] || fail "no round closed"
+echo "first round closed $((SECONDS - UP_T)) s after docker compose up"
+
+# A crash of the aggregator: SIGKILL to its process. Not `docker kill -s KILL`: the engine takes
+# that as an operator's stop and applies no restart policy after it (Debian's engine 20.10,
+# checked with always, on-failure and unless-stopped: the container stays exited). A process
+# that dies by itself (killed by the kernel's OOM killer, a crash) is what the policy restarts.
+step "SIGKILL the aggregator's process"
+agg_id=$(compose ps -q aggregator)
+restarts=$(docker inspect -f '{{.RestartCount}}' "$agg_id")
+as_root kill -KILL "$(docker inspect -f '{{.State.Pid}}' "$agg_id")"
+for _ in $(seq 120); do
+  [ "$(docker inspect -f '{{.RestartCount}} {{.State.Health.Status}}' "$agg_id")" = "$((restarts + 1)) healthy" ] && break
+  sleep 1
+done
+state=$(docker inspect -f '{{.RestartCount}} {{.State.Health.Status}}' "$agg_id")
+[ "$state" = "$((restarts + 1)) healthy" ] || fail "aggregator after the kill: restarts/health $state"
+echo "aggregator restarted by Docker and healthy again ($state)"
+
+step "the run goes on to the end"
+compose wait demo >/dev/null 2>&1 || true
+code=$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq demo)")
+compose logs --no-color --no-log-prefix demo | tee "$WORK/demo.log"
+[ "$code" = 0 ] || fail "the demo exited with $code"
+grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fail "the run did not finish"
+[ "$(grep -cE '^ +[0-9]+  ' "$WORK/demo.log")" -ge 10 ] || fail "no top-10 in the demo's log"
+[ "$(closed_rounds)" = "$ROUNDS" ] || fail "$(closed_rounds) rounds closed, not $ROUNDS"
+
+step "recommendations through a worker and through recommend-api"
+py_get "http://127.0.0.1:$FEDREC_WORKER1_PORT/v1/users/1/recommendations?k=10" \
+  '(b["model_version"], len(b["items"]))' | tee "$WORK/worker.txt"
+grep -qE "^\($ROUNDS, 10\)$" "$WORK/worker.txt" || fail "worker-1 did not answer 10 items of v$ROUNDS"
+python3 - "http://127.0.0.1:$FEDREC_RECOMMEND_PORT/v1/recommendations" "$ROUNDS" <<'EOF'
+import json, sys, urllib.request
+body = {"user": {"user_gmf": [0.1] * 32, "user_mlp": [0.1] * 128}, "k": 10, "exclude": ["1"]}
+req = urllib.request.Request(sys.argv[1], json.dumps(body).encode(), {"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=30) as r:
+    b = json.loads(r.read())
+items = [it["item"] for it in b["items"]]
+print("recommend-api:", b["model_version"], items)
+assert b["model_version"] == int(sys.argv[2]) and len(items) == 10 and "1" not in items, b
+EOF
+for svc in aggregator worker-0 worker-1 recommend-api; do
+  [ "$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$svc")")" = healthy ] || fail "$svc not healthy"
+done
+
+step "docker compose down -v"
+compose down -v --remove-orphans
+UP=
+left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
+left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+[ -z "$left" ] || fail "left behind: $left"
+step "done"
