@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedrecgel.cohort import select_cohort
+from fedrecgel.data import load_split
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.reference import reference_client_step
 from fedrecgel.sam import PrivateState
@@ -94,8 +95,24 @@ def test_methods_map_to_their_ablations():
     assert TrainConfig(method="fedrecgel-no-shared-sam", rho_ns=0.3).effective_rho() == (0.0, 0.3)
     assert TrainConfig(method="fedrecgel-no-private-sam", rho_sh=0.3).effective_rho() == (0.3, 0.0)
     assert TrainConfig(method="fedmf").model_kind() == "mf"
-    res = Simulator(SPLIT, replace(SMALL, method="fedmf", rounds=2)).run()
-    assert res.rounds[-1].test["hr@10"] >= 0
+    mf = Simulator(SPLIT, replace(SMALL, method="fedmf", rounds=2))
+    assert mf.model_cfg.kind == "mf" and mf.hp.rho_sh == mf.hp.rho_ns == 0.0
+    assert sorted(mf.shared) == ["item_gmf"]  # no MLP tower
+    assert [r.round for r in mf.run().rounds] == [1, 2]
+
+
+@pytest.mark.slow
+def test_training_learns_filmtrust_far_beyond_a_random_ranking():
+    """Five rounds on FilmTrust take HR@10 from a random ranking's (about 0.10: the held-out
+    item among 100 candidates) to far above it. Measured with this config (fraction 0.05, one
+    evaluation at the end): seed 0 0.884, seed 1 0.745; untrained 0.073 and 0.064."""
+    split = load_split("filmtrust")
+    sim = Simulator(split, TrainConfig(rounds=5, fraction=0.05, eval_every=0))
+    untrained, _ = sim.evaluate()
+    sim.run()
+    trained, _ = sim.evaluate()
+    assert untrained["hr@10"] < 0.2
+    assert trained["hr@10"] > 0.5
 
 
 def test_bad_options_are_refused():
