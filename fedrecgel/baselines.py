@@ -23,11 +23,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrecgel.client_round import ClientRound
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums, per_user_metrics, rank_of_positive
 from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_private, init_shared
-from fedrecgel.sam import client_rng, client_samples
+from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import RoundRecord, RunResult
 
 BASELINES: tuple[str, ...] = ("popularity", "random", "central")
@@ -129,18 +130,12 @@ def central(
     private = {k: v.requires_grad_(True) for k, v in init_private(cfg, config.seed, users).items()}
     opt = torch.optim.Adam([*shared.values(), *private.values()], lr=config.lr)
     shuffle = np.random.default_rng([config.seed, 0xCE17])
+    # each epoch, every user's samples drawn as a federated client draws them in a round
+    draw = ClientRound(cfg, SAMConfig(n_negatives=config.n_negatives), config.seed)
     records: list[RoundRecord] = []
     for epoch in range(1, config.epochs + 1):
         t0 = time.perf_counter()
-        per_user = [
-            client_samples(
-                split.user_train(int(u)),
-                split.n_items,
-                config.n_negatives,
-                client_rng(config.seed, epoch, int(u)),
-            )
-            for u in users
-        ]
+        per_user = draw.samples(epoch, users, split.user_train)
         s_users = torch.from_numpy(
             np.repeat(users, [len(items) for items, _ in per_user]).astype(np.int64)
         )
