@@ -67,7 +67,8 @@ def _option_help(name: str, text: str | None) -> str:
     limits = bounds(name)
     if limits:
         signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-        parts.append("[" + ", ".join(f"{signs[k]} {v:g}" for k, v in limits.items()) + "]")
+        shown = {k: str(v) if isinstance(v, int) else f"{v:g}" for k, v in limits.items()}
+        parts.append("[" + ", ".join(f"{signs[k]} {v}" for k, v in shown.items()) + "]")
     return " ".join(p for p in parts if p)
 
 
