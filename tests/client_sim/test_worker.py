@@ -53,10 +53,12 @@ def _start(fake: FakeAggregator, split, rounds: int = 3) -> None:
     )
 
 
-def _two_workers(tmp_path: Path, split, rounds: int = 3) -> tuple[FakeAggregator, list[Worker]]:
-    """Two registered workers (shards 0 and 1) of a fake aggregator with a started run."""
+def _running(
+    tmp_path: Path, split, shards: int = 1, rounds: int = 3, **settings
+) -> tuple[FakeAggregator, list[Worker]]:
+    """A fake aggregator with a started run and a registered worker for each of ``shards``."""
     fake = FakeAggregator()
-    workers = [_worker(tmp_path, fake, split, shard=i, shards=2) for i in range(2)]
+    workers = [_worker(tmp_path, fake, split, i, shards, **settings) for i in range(shards)]
     for w in workers:
         w.register()
     _start(fake, split, rounds=rounds)
@@ -111,7 +113,7 @@ def test_uploads_equal_cohort_step_computed_directly(tmp_path, split):
 
 
 def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
-    fake, workers = _two_workers(tmp_path, split)
+    fake, workers = _running(tmp_path, split, shards=2)
     _drive(workers, fake)
 
     sim, result = sim3
@@ -134,7 +136,7 @@ def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
 
 
 def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, split, sim3):
-    fake, workers = _two_workers(tmp_path, split)
+    fake, workers = _running(tmp_path, split, shards=2)
     crashing = workers[0]
 
     real_save = crashing.store.save_states
@@ -166,10 +168,7 @@ def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, s
 
 
 def test_restarted_worker_resumes_without_retraining(tmp_path, split, sim3):
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, split, shard=0, shards=1)
-    w.register()
-    _start(fake, split)
+    fake, (w,) = _running(tmp_path, split)
     w.step()  # trains round 1 (the whole cohort: the round closes)
     assert fake.version == 1
     w.close()
@@ -186,10 +185,7 @@ def test_restarted_worker_resumes_without_retraining(tmp_path, split, sim3):
 
 
 def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, split, shard=0, shards=1, max_body_bytes=4000)
-    w.register()
-    _start(fake, split, rounds=1)
+    fake, (w,) = _running(tmp_path, split, rounds=1, max_body_bytes=4000)
     w.step()
     assert len(fake.uploads) > 1
     assert all(len(body) <= 4000 or len(ids) == 1 for _, ids, body in fake.uploads)
@@ -201,10 +197,7 @@ def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
 
 
 def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, split, shard=0, shards=1, retries=1, backoff_s=0.0)
-    w.register()
-    _start(fake, split)
+    fake, (w,) = _running(tmp_path, split, retries=1, backoff_s=0.0)
     fake.failures = [503, 503, 503, 500]
     w.run()
     assert fake.state == "finished"
@@ -213,10 +206,7 @@ def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
 
 
 def test_max_rounds_stops_early(tmp_path, split):
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, split, shard=0, shards=1, max_rounds=2)
-    w.register()
-    _start(fake, split, rounds=5)
+    fake, (w,) = _running(tmp_path, split, rounds=5, max_rounds=2)
     w.run()
     assert w.evaluated_version() == 2 and fake.state == "open"
 
@@ -239,7 +229,7 @@ def test_store_of_another_shard_is_refused(tmp_path, split):
 
 
 def test_nothing_private_leaves_the_worker(tmp_path, split):
-    fake, workers = _two_workers(tmp_path, split, rounds=2)
+    fake, workers = _running(tmp_path, split, shards=2, rounds=2)
     _drive(workers, fake)
     cfg = fake.model_cfg()
     for req in fake.requests:
@@ -259,10 +249,7 @@ def test_nothing_private_leaves_the_worker(tmp_path, split):
 
 
 def test_refused_second_body_commits_only_the_accepted_users(tmp_path, split):
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, split, shard=0, shards=1, max_body_bytes=4000)
-    w.register()
-    _start(fake, split, rounds=1)
+    fake, (w,) = _running(tmp_path, split, rounds=1, max_body_bytes=4000)
     uploads_seen = []
 
     def second_upload(request) -> bool:
@@ -284,10 +271,7 @@ def test_refused_second_body_commits_only_the_accepted_users(tmp_path, split):
 
 def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path):
     vsplit = synthetic_split(n_users=30, n_items=60, seed=8, n_test_negatives=15, validation=True)
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, vsplit, shard=0, shards=1)
-    w.register()
-    _start(fake, vsplit, rounds=1)
+    fake, (w,) = _running(tmp_path, vsplit, rounds=1)
     _drive([w], fake)
     sim = Simulator(vsplit, _train_config(rounds=1))
     rec = sim.run().rounds[0]
@@ -312,10 +296,7 @@ def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path, split):
 
 
 def test_crash_after_the_upload_that_closed_the_round_is_recovered(tmp_path, split, sim3):
-    fake = FakeAggregator()
-    w = _worker(tmp_path, fake, split, shard=0, shards=1)
-    w.register()
-    _start(fake, split)
+    fake, (w,) = _running(tmp_path, split)
     real_save = w.store.save_states
 
     def crash(user_ids, state, round_id, attempt):
