@@ -137,7 +137,8 @@ def create_app(
             await anyio.to_thread.run_sync(service.warm)
             app.state.service = service
             task = asyncio.create_task(_deadline_loop(service, settings.deadline_poll_s))
-            service.storage.start(settings.deadline_poll_s)
+            # woken by every close; the period only catches rounds closed by a replica
+            service.storage.start(max(1.0, settings.compact_interval_s))
             log.info(
                 "aggregator ready (database %s, redis %s)",
                 db.engine.dialect.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +26,10 @@ from sqlalchemy.types import TypeDecorator
 def utcnow() -> datetime:
     """The current time, timezone-aware UTC."""
     return datetime.now(UTC)
+
+
+#: A source of the current time (``utcnow``, or a test's settable clock).
+Clock = Callable[[], datetime]
 
 
 class UTCDateTime(TypeDecorator[datetime]):

@@ -52,12 +52,12 @@ TokenDep = Annotated[str | None, Depends(bearer_token)]
 
 def client_caller(service: ServiceDep, token: TokenDep) -> Caller:
     """Authenticate a client (or the operator) from its bearer token."""
-    return service.authenticate(token)
+    return service.credentials.authenticate(token)
 
 
 def operator_caller(service: ServiceDep, token: TokenDep) -> None:
     """Require the operator token."""
-    service.require_operator(token)
+    service.credentials.require_operator(token)
 
 
 CallerDep = Annotated[Caller, Depends(client_caller)]
@@ -90,20 +90,20 @@ ERRORS: dict[int | str, dict[str, object]] = {
 @router.post("/v1/clients", status_code=status.HTTP_201_CREATED, responses=ERRORS)
 def register_clients(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
     """Register clients under one new credential."""
-    token, ids = service.register_clients(body.client_ids)
+    token, ids = service.credentials.register_clients(body.client_ids)
     return RegisterResponse(token=token, client_ids=ids)
 
 
 @router.get("/v1/clients/count", responses=ERRORS)
 def count_clients(service: ServiceDep) -> dict[str, int]:
     """How many clients are registered (launchers wait on it before starting a run)."""
-    return {"registered": service.count_clients()}
+    return {"registered": service.credentials.count_clients()}
 
 
 @router.get("/v1/rounds/current", responses=ERRORS)
 def current_round(caller: CallerDep, service: ServiceDep) -> CurrentRound:
     """The current round, with the caller's cohort members."""
-    return service.current_round(caller)
+    return service.reads.current_round(caller)
 
 
 def _model_response(blob: ModelBlob, if_none_match: str | None) -> Response:
@@ -123,7 +123,7 @@ def latest_model(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The newest model version as safetensors (304 when the ETag matches)."""
-    return _model_response(service.model_blob(None), if_none_match)
+    return _model_response(service.reads.model_blob(None), if_none_match)
 
 
 @router.get("/v1/models/{version}", responses=ERRORS, response_class=Response)
@@ -134,7 +134,7 @@ def model_version(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """One model version as safetensors (304 when the ETag matches)."""
-    return _model_response(service.model_blob(version), if_none_match)
+    return _model_response(service.reads.model_blob(version), if_none_match)
 
 
 @router.post(UPLOAD_PATH, responses=ERRORS)
@@ -142,7 +142,7 @@ def upload_updates(
     round_id: int, caller: CallerDep, body: BodyDep, service: ServiceDep
 ) -> UploadResponse:
     """Validate and store one or more clients' updates (wire.encode_updates body)."""
-    return UploadResponse(results=service.accept_updates(caller, round_id, body))
+    return UploadResponse(results=service.ingest.accept(caller, round_id, body))
 
 
 @router.post("/v1/evaluations", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
@@ -150,49 +150,49 @@ def report_evaluation(
     body: EvaluationRequest, caller: CallerDep, service: ServiceDep
 ) -> EvaluationAck:
     """Federated evaluation: metric sums over some clients for one version."""
-    return service.report_evaluation(caller, body)
+    return service.evaluations.report(caller, body)
 
 
 @router.get("/v1/rounds/{round_id}", responses=ERRORS)
 def round_info(round_id: int, service: ServiceDep) -> RoundInfo:
     """Public state of a round of the current run."""
-    return service.round_info(round_id)
+    return service.reads.round_info(round_id)
 
 
 @router.get("/v1/runs/current/history", responses=ERRORS)
 def run_history(service: ServiceDep) -> History:
     """Every closed round of the current run."""
-    return service.history()
+    return service.reads.history()
 
 
 @router.post("/v1/runs", status_code=status.HTTP_201_CREATED, responses=ERRORS)
 def start_run(config: RunConfig, _: OperatorDep, service: ServiceDep) -> RunStarted:
     """Start a run (operator)."""
-    return service.start_run(config)
+    return service.runs.start_run(config)
 
 
 @router.post("/v1/runs/current/pause", responses=ERRORS)
 def pause_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
     """Pause the active run (operator)."""
-    return service.pause_run()
+    return service.runs.pause_run()
 
 
 @router.post("/v1/runs/current/resume", responses=ERRORS)
 def resume_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
     """Resume the paused run (operator)."""
-    return service.resume_run()
+    return service.runs.resume_run()
 
 
 @router.post("/v1/runs/current/stop", responses=ERRORS)
 def stop_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
     """Stop the active run (operator)."""
-    return service.stop_run()
+    return service.runs.stop_run()
 
 
 @router.get("/healthz")
 def healthz(service: ServiceDep) -> JSONResponse:
     """200 when the database (and Redis, when configured) answer, else 503."""
-    health = service.health()
+    health = service.health.check()
     code = status.HTTP_200_OK if health.status == "ok" else status.HTTP_503_SERVICE_UNAVAILABLE
     return JSONResponse(health.model_dump(), status_code=code)
 

@@ -13,7 +13,7 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from services.aggregator.models import ModelVersion
 from services.aggregator.service import AggregatorService
-from services.aggregator.testing import FakeClock, bearer, operator_headers, random_update
+from tests.support.aggregator import FakeClock, bearer, operator_headers, random_update
 
 RACE_MODEL = ModelConfig(n_items=40, kind="ncf", factor=4, layers=2)
 RACE_RUN = {

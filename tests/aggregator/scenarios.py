@@ -20,7 +20,7 @@ from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_model, encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.settings import Settings
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     FederatedDriver,
     bearer,
     operator_headers,

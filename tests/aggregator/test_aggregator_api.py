@@ -24,7 +24,7 @@ from fedrecgel.wire import decode_model, encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.models import Base
 from services.aggregator.settings import Settings
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     bearer,
     make_settings,
     operator_headers,

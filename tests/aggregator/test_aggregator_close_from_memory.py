@@ -1,9 +1,10 @@
-"""Closing a FilmTrust-size round (2,059 items, 122 updates) is fast: no re-decoding."""
+"""Closing a FilmTrust-size round (2,059 items, 122 updates) uses the updates decoded at upload
+time: nothing is decoded again from the database. How fast it closes is measured by
+``bench/aggregator_ingest.py`` (``round_close``), not asserted here."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from services.aggregator.__main__ import configure_process
 from services.aggregator.app import create_app
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     bearer,
     make_settings,
     operator_headers,
@@ -24,11 +25,7 @@ from services.aggregator.testing import (
     sqlite_url,
 )
 
-log = logging.getLogger(__name__)
-
 FILMTRUST = ModelConfig(n_items=2059, kind="ncf", factor=32, layers=3)
-# The whole test machine may be busy with other suites; the target is 100 ms, the bound is loose.
-CLOSE_BOUND_S = 0.5
 
 
 @pytest.fixture
@@ -41,7 +38,10 @@ def server_process_settings() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def test_filmtrust_size_round_closes_quickly(tmp_path: Path, server_process_settings: None) -> None:
+def test_filmtrust_size_round_closes_from_memory(
+    tmp_path: Path, server_process_settings: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="services.aggregator")
     settings = make_settings(sqlite_url(tmp_path), max_body_bytes=256 * 1024 * 1024)
     configure_process(settings)
     app = create_app(settings)
@@ -59,12 +59,8 @@ def test_filmtrust_size_round_closes_quickly(tmp_path: Path, server_process_sett
             assert r.status_code == 200, r.text
         assert client.get("/v1/rounds/1").json()["state"] == "closed"
         registry = app.state.metrics.registry
-        seconds = registry.get_sample_value("fedrec_agg_round_close_seconds_sum")
-        count = registry.get_sample_value("fedrec_agg_round_close_seconds_count")
-        assert count == 1
-        log.warning("FilmTrust-size round close: %.1f ms", seconds * 1e3)
-        print(f"\nFilmTrust-size round close: {seconds * 1e3:.1f} ms")
-        assert seconds < CLOSE_BOUND_S
-        t0 = time.perf_counter()
+        assert registry.get_sample_value("fedrec_agg_round_close_seconds_count") == 1
+        decoded = [r for r in caplog.records if "stored updates" in r.getMessage()]
+        assert decoded == []  # every update came from memory
         r = client.get("/v1/models/latest", headers=bearer(token))
-        assert r.headers["X-Model-Version"] == "1" and time.perf_counter() - t0 < CLOSE_BOUND_S
+        assert r.status_code == 200 and r.headers["X-Model-Version"] == "1"

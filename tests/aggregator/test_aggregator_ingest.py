@@ -23,7 +23,7 @@ from services.aggregator.errors import AggregatorError, Conflict, Forbidden
 from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.schemas import UploadResult
 from services.aggregator.service import AggregatorService, Caller
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     bearer,
     make_settings,
     operator_headers,
@@ -136,14 +136,14 @@ def _body(client_id: int, round_id: int = 1, seed: int = 0) -> bytes:
 def _slow_writer(service: AggregatorService, delay: float = 0.03) -> list[int]:
     """Slow every batch down (so concurrent uploads queue up); returns the batch sizes."""
     sizes: list[int] = []
-    original: Callable[[Sequence[Any]], list[Any]] = service._writer._commit_batch
+    original: Callable[[Sequence[Any]], list[Any]] = service.ingest.writer._commit_batch
 
     def slow(items: Sequence[Any]) -> list[Any]:
         sizes.append(len(items))
         time.sleep(delay)
         return original(items)
 
-    service._writer._commit_batch = slow
+    service.ingest.writer._commit_batch = slow
     return sizes
 
 
@@ -157,7 +157,7 @@ def _upload_concurrently(
     def upload(key: int, body: bytes) -> None:
         barrier.wait()
         try:
-            out[key] = service.accept_updates(caller, round_id, body)
+            out[key] = service.ingest.accept(caller, round_id, body)
         except AggregatorError as err:
             out[key] = err
 
@@ -225,7 +225,7 @@ def test_refused_uploads_in_a_batch_do_not_fail_the_others(
 
 
 def test_counter_follows_the_rows_through_a_retried_attempt(tmp_path: Path) -> None:
-    from services.aggregator.testing import FakeClock
+    from tests.support.aggregator import FakeClock
 
     clock = FakeClock()
     application = create_app(make_settings(sqlite_url(tmp_path)), clock=clock)

@@ -15,13 +15,13 @@ from fastapi.testclient import TestClient
 from fedrecgel.wire import encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.events import VERSIONS_CHANNEL, close_lock_name
-from services.aggregator.races import (
+from tests.aggregator.races import (
     RACE_MODEL,
     RACE_RUN,
     service_of,
     two_instances_close_once,
 )
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     FakeClock,
     bearer,
     make_settings,

@@ -14,11 +14,11 @@ from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from services.aggregator.app import create_app
-from services.aggregator.scenario import (
+from tests.aggregator.scenarios import (
     federated_matches_simulator,
     restart_mid_round_matches_simulator,
 )
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     FakeClock,
     bearer,
     make_settings,

@@ -20,7 +20,7 @@ from services.aggregator.db import Database, alembic_config
 from services.aggregator.service import AggregatorService
 from services.aggregator.settings import Settings
 from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeeper
-from services.aggregator.testing import (
+from tests.support.aggregator import (
     bearer,
     make_settings,
     operator_headers,

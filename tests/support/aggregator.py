@@ -92,28 +92,7 @@ def random_update(
 
 def run_config_for(train: TrainConfig, n_items: int, **overrides: Any) -> RunConfig:
     """The RunConfig that makes the aggregator compute what ``Simulator(split, train)`` does."""
-    rho_sh, rho_ns = train.effective_rho()
-    values: dict[str, Any] = {
-        "n_items": n_items,
-        "kind": train.model_kind(),
-        "factor": train.factor,
-        "layers": train.layers,
-        "rounds": train.rounds,
-        "fraction": train.fraction,
-        "seed": train.seed,
-        "optimizer": train.server_optimizer,
-        "server_lr": train.server_lr,
-        "weighting": train.weighting,
-        "clip": train.clip,
-        "rho_sh": rho_sh,
-        "rho_ns": rho_ns,
-        "client_lr": train.client_lr,
-        "n_negatives": train.n_negatives,
-        "chunk_size": train.chunk_size,
-        "dataset": "synthetic",
-    }
-    values.update(overrides)
-    return RunConfig(**values)
+    return train.run_config(n_items, **{"dataset": "synthetic", **overrides})
 
 
 class FederatedDriver:

@@ -1,0 +1,227 @@
+"""Upload ingest: decode and check an upload body, store it durably, answer per client.
+
+Bodies are decoded and checked outside any transaction; uploads that arrive together are
+then checked against the database and stored in one transaction (:class:`GroupCommit`), each
+still answered (or refused) on its own and only after that transaction committed. An upload
+that completes its round's cohort closes the round before it is answered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fedrecgel.sam import Update
+from fedrecgel.wire import WireError, decode_updates, encode_updates
+from services.aggregator.auth import Caller
+from services.aggregator.db import Database
+from services.aggregator.errors import AggregatorError, Conflict, Forbidden, Malformed
+from services.aggregator.groupcommit import GroupCommit
+from services.aggregator.metrics import AggregatorMetrics
+from services.aggregator.models import Clock
+from services.aggregator.pending import PendingUpdates
+from services.aggregator.repository import Repository
+from services.aggregator.runs import NewestRun, RunRef
+from services.aggregator.schemas import UploadResult
+from services.aggregator.uploadbatch import LiveRound, PendingUpload, RoundRefusal, UploadBatch
+
+log = logging.getLogger(__name__)
+
+# What an upload body may carry besides tensors; anything else is refused (privacy invariant).
+_BODY_METADATA_KEYS = frozenset({"format", "round", "updates"})
+_UPDATE_ENTRY_KEYS = frozenset({"client_id", "n_samples", "loss"})
+# Times an upload is decoded again when the newest run changed under it.
+_RUN_CHANGE_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A committed upload: per-client results, its new updates, and its round's count after."""
+
+    results: list[UploadResult]
+    fresh: list[tuple[str, Update]]
+    round_pk: int | None  # None: a duplicate of a round that is not open any more
+    received: int
+    cohort_size: int
+
+
+class StaleRun(Exception):
+    """The upload was decoded for a run that is no longer the newest one: decode again."""
+
+
+def strict_metadata(body: bytes) -> None:
+    """Refuse metadata beyond the wire format's own fields (it could carry user data)."""
+    n = int.from_bytes(body[:8], "little")
+    meta = json.loads(body[8 : 8 + n]).get("__metadata__") or {}
+    extra = set(meta) - _BODY_METADATA_KEYS
+    if extra:
+        raise Malformed(f"unexpected metadata keys {sorted(extra)}", "malformed_update")
+    for i, entry in enumerate(json.loads(meta["updates"])):
+        extra = set(entry) - _UPDATE_ENTRY_KEYS
+        if extra:
+            raise Malformed(f"update {i}: unexpected fields {sorted(extra)}", "malformed_update")
+
+
+class Ingest:
+    """Accepts upload bodies.
+
+    Locking: request threads only meet in :class:`GroupCommit` (its condition variable) and in
+    :class:`PendingUpdates`; ``open_rounds`` belongs to the batch being written, and only one
+    batch is written at a time. The database's locks do the rest: each batch locks the round
+    rows it writes to (``touch_open_round``), the same rows a close moves out of "open".
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        metrics: AggregatorMetrics,
+        clock: Clock,
+        newest: NewestRun,
+        pending: PendingUpdates,
+        close_round: Callable[[int], object],
+    ) -> None:
+        self.db = db
+        self.metrics = metrics
+        self.clock = clock
+        self.newest = newest
+        self.pending = pending
+        self.close_round = close_round
+        # Open attempts seen by upload batches (only the group commit's leader touches it).
+        self.open_rounds: dict[tuple[int, int], LiveRound] = {}
+        # Uploads arriving together are stored in one transaction (see GroupCommit).
+        self.writer: GroupCommit[PendingUpload, Stored] = GroupCommit(self.store_batch)
+
+    def accept(self, caller: Caller, round_id: int, body: bytes) -> list[UploadResult]:
+        """Validate and durably store every update of an upload body (all or nothing)."""
+        try:
+            return self._accept(caller, round_id, body)
+        except AggregatorError as err:
+            self.metrics.updates_refused.labels(reason=err.code).inc()
+            raise
+
+    def _accept(self, caller: Caller, round_id: int, body: bytes) -> list[UploadResult]:
+        if not caller.client_ids:
+            raise Forbidden("only clients upload updates", "not_owned")
+        run = self.newest.get()
+        for _ in range(_RUN_CHANGE_RETRIES):
+            try:
+                stored = self.writer.submit(self.validate(caller, round_id, body, run))
+                break
+            except (Malformed, StaleRun) as err:
+                # The cached run may be stale (a replica started a newer one, maybe with another
+                # model shape): re-read it, and decode again only if it did change.
+                latest = self.newest.get(refresh=True)
+                if latest.run_id == run.run_id:
+                    if isinstance(err, Malformed):
+                        raise
+                    raise Conflict(f"round {round_id} is not open", "round_not_open") from None
+                run = latest
+        else:
+            raise Conflict("the current run keeps changing; retry", "round_not_open")
+        # committed: the updates are acknowledged from here on
+        self.metrics.updates_accepted.inc(len(stored.fresh))
+        self.metrics.updates_duplicate.inc(len(stored.results) - len(stored.fresh))
+        if stored.round_pk is None:
+            return stored.results
+        log.debug(
+            "round %d: %d accepted, %d/%d received",
+            round_id,
+            len(stored.fresh),
+            stored.received,
+            stored.cohort_size,
+        )
+        if stored.fresh and stored.received >= stored.cohort_size:
+            try:
+                self.close_round(stored.round_pk)
+            except Exception:  # the deadline task retries; the upload itself is committed
+                log.exception("closing round %d after its last upload failed", round_id)
+        return stored.results
+
+    def validate(self, caller: Caller, round_id: int, body: bytes, run: RunRef) -> PendingUpload:
+        """Decode and check a body against the run's model, outside any transaction."""
+        try:
+            decoded = decode_updates(body, run.model)
+        except WireError as err:
+            raise Malformed(str(err), "malformed_update") from None
+        strict_metadata(body)
+        if decoded.round_id != round_id:
+            raise Malformed(
+                f"body is for round {decoded.round_id}, path says {round_id}", "round_mismatch"
+            )
+        for u in decoded.updates:
+            if u.client_id not in caller.client_ids:
+                raise Forbidden(f"client {u.client_id} is not held by this token", "not_owned")
+        # A validated one-update body is stored as sent: it decodes to exactly that update.
+        blobs = (
+            [body]
+            if len(decoded.updates) == 1
+            else [encode_updates(round_id, [u]) for u in decoded.updates]
+        )
+        return PendingUpload(run.run_id, round_id, decoded.updates, decoded.digests, blobs)
+
+    def store_batch(self, uploads: Sequence[PendingUpload]) -> list[Stored | Exception]:
+        """Check and store a batch of uploads in ONE transaction (the group commit's writer).
+
+        Each upload is checked on its own, against the database and the batch's earlier
+        uploads, as if it had a transaction of its own: a refused one writes nothing and gets
+        its own error, the others are unaffected. :class:`GroupCommit` answers the requests
+        only after this returns, i.e. after the commit.
+        """
+        now = self.clock()
+        outcomes: list[Stored | Exception] = []
+        with self.db.transaction() as s:
+            batch = UploadBatch(Repository(s), now, uploads, self.open_rounds)
+            for upload in uploads:
+                try:
+                    outcomes.append(self._store_upload(batch, upload))
+                except (AggregatorError, StaleRun) as err:
+                    outcomes.append(err)
+            batch.write()
+        # committed: keep the decoded updates for the close (before any request is answered)
+        for out in outcomes:
+            if isinstance(out, Stored) and out.round_pk is not None and out.fresh:
+                self.pending.add(out.round_pk, out.fresh)
+        return outcomes
+
+    def _store_upload(self, batch: UploadBatch, up: PendingUpload) -> Stored:
+        """Check one upload inside the batch transaction and queue its rows (all or nothing)."""
+        run_id, round_id = up.run_id, up.round_id
+        ids = [u.client_id for u in up.updates]
+        live = batch.live_round(run_id, round_id)
+        if isinstance(live, RoundRefusal):
+            if batch.repo.latest_run_id() != run_id:
+                raise StaleRun
+            # A lost answer retried after its round closed is still just a duplicate.
+            known = [batch.digest(run_id, round_id, c) for c in ids]
+            if known == up.digests:
+                duplicates = [UploadResult(client_id=c, status="duplicate") for c in ids]
+                return Stored(duplicates, [], None, 0, 0)
+            raise Conflict(f"round {round_id} is {live.value}", "round_not_open")
+        for c in ids:
+            if c not in live.cohort:
+                raise Forbidden(
+                    f"client {c} is not in the cohort of round {round_id} (attempt {live.attempt})",
+                    "not_in_cohort",
+                )
+        results: list[UploadResult] = []
+        fresh: list[tuple[str, Update, bytes]] = []
+        for u, digest, blob in zip(up.updates, up.digests, up.blobs, strict=True):
+            stored = batch.digest(run_id, round_id, u.client_id)
+            if stored is not None:
+                if stored != digest:
+                    raise Conflict(
+                        f"client {u.client_id} already sent a different update for round "
+                        f"{round_id}",
+                        "conflicting_update",
+                    )
+                results.append(UploadResult(client_id=u.client_id, status="duplicate"))
+                continue
+            results.append(UploadResult(client_id=u.client_id, status="accepted"))
+            fresh.append((digest, u, blob))
+        for digest, u, blob in fresh:  # every check passed: now queue the rows
+            batch.add(live, run_id, round_id, u, digest, blob)
+        return Stored(
+            results, [(d, u) for d, u, _ in fresh], live.pk, live.received, live.cohort_size
+        )

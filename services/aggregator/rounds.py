@@ -1,0 +1,289 @@
+"""Closing rounds: at the deadline or once the cohort is complete, a round attempt becomes the
+next model version (aggregation), or, below quorum, a failed attempt followed by a new one.
+
+Closing happens exactly once: a conditional ``UPDATE rounds SET state=... WHERE state='open'``
+inside the closing transaction is the guard (uploads lock the same row first, so no upload can
+be acknowledged for a round that is being closed), and with Redis configured replicas also
+hold ``fedrec:lock:close:{run}:{round}`` so they do not aggregate the same round in parallel.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import torch
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import Update
+from fedrecgel.wire import decode_updates, encode_model, encode_state
+from services.aggregator.db import Database
+from services.aggregator.events import RedisBus
+from services.aggregator.metrics import AggregatorMetrics
+from services.aggregator.models import Clock, Round, Run
+from services.aggregator.modelstore import ModelState, ModelStore
+from services.aggregator.pending import PendingUpdates
+from services.aggregator.repository import Repository
+from services.aggregator.runs import open_round
+from services.aggregator.schemas import RunConfig
+from services.aggregator.storage import StorageKeeper
+from services.contract import ModelBlob
+
+log = logging.getLogger(__name__)
+
+
+class CloseOutcome(enum.StrEnum):
+    """What an attempt to close a round did."""
+
+    CLOSED = "closed"  # aggregated into the next model version
+    RETRIED = "retried"  # below quorum at the deadline: failed, a new attempt opened
+    NOT_READY = "not_ready"  # neither complete nor past its deadline
+    NOT_OPEN = "not_open"  # closed already (here or by a replica), paused or aborted
+    LOCKED = "locked"  # another replica holds the closing lock
+
+
+@dataclass(frozen=True)
+class _Aggregated:
+    """A committed aggregation: the new live state and its encoded version."""
+
+    state: ModelState
+    blob: ModelBlob
+    next_round: int | None
+
+
+class _NotReady(Exception):
+    """Raised inside a closing transaction to roll it back: nothing to do yet."""
+
+
+class RoundCloser:
+    """Closes round attempts and resumes the live one after a restart.
+
+    Locking: the closing transaction's guard (above) serialises closes across threads and
+    replicas; in memory, the model state is taken out of :class:`ModelStore` while it is
+    stepped and put back only after the commit, and :class:`PendingUpdates` is read under its
+    own lock.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        metrics: AggregatorMetrics,
+        clock: Clock,
+        models: ModelStore,
+        pending: PendingUpdates,
+        storage: StorageKeeper,
+        bus: RedisBus | None = None,
+    ) -> None:
+        self.db = db
+        self.metrics = metrics
+        self.clock = clock
+        self.models = models
+        self.pending = pending
+        self.storage = storage
+        self.bus = bus
+
+    def tick(self) -> CloseOutcome | None:
+        """Close the live round if it is complete or past its deadline (the background task);
+        None when there is no open round to look at."""
+        with self.db.transaction() as s:
+            repo = Repository(s)
+            run = repo.active_run()
+            if run is None or run.state != "running":
+                return None
+            live = repo.live_round(run.id)
+            # drop decoded updates of rounds closed elsewhere (a replica)
+            self.pending.keep_only(None if live is None else live.id)
+            if live is None or live.state != "open":
+                return None
+            complete = live.updates_received >= len(live.cohort)
+            pk, expired = live.id, self.clock() >= live.deadline
+        if complete or expired:
+            return self.close_round(pk)
+        return None
+
+    def close_round(self, pk: int) -> CloseOutcome:
+        """Close (or retry below quorum) a round attempt if it is due; exactly once."""
+        with self.db.transaction() as s:
+            rnd = Repository(s).get_round(pk)
+            if rnd is None or rnd.state != "open":
+                return CloseOutcome.NOT_OPEN
+            run_id, round_id = rnd.run_id, rnd.round_id
+        if self.bus is None:
+            return self._close_round(pk)
+        with self.bus.close_lock(run_id, round_id) as acquired:
+            if not acquired:
+                return CloseOutcome.LOCKED
+            return self._close_round(pk)
+
+    def _close_round(self, pk: int) -> CloseOutcome:
+        t0 = time.perf_counter()
+        now = self.clock()
+        aggregated: _Aggregated | None = None
+        try:
+            with self.db.transaction() as s:
+                repo = Repository(s)
+                # The guard: only one transaction moves the round out of "open"; concurrent
+                # uploads wait for it and are then refused as "round not open".
+                if not repo.transition_round(pk, ["open"], "closing"):
+                    return CloseOutcome.NOT_OPEN
+                rnd = repo.get_round(pk)
+                assert rnd is not None
+                run = repo.get_run(rnd.run_id)
+                assert run is not None
+                cfg = RunConfig.model_validate(run.config)
+                meta = repo.update_meta(pk)
+                m, n = len(rnd.cohort), len(meta)
+                if n < m and now < rnd.deadline:
+                    raise _NotReady
+                if n == 0 or n < cfg.quorum_count(m):
+                    new_attempt = self._retry(repo, run, cfg, rnd, now)
+                else:
+                    aggregated = self._aggregate(repo, run, cfg, rnd, meta, now)
+        except _NotReady:
+            return CloseOutcome.NOT_READY
+        self.pending.drop(pk)
+        if aggregated is None:
+            self.metrics.rounds_retried.inc()
+            log.warning(
+                "round %d: %d of %d updates at the deadline, below quorum; attempt %s",
+                rnd.round_id,
+                n,
+                m,
+                new_attempt,
+            )
+            return CloseOutcome.RETRIED
+        self.models.put_state(aggregated.state)
+        self.models.remember(aggregated.blob)
+        self.storage.notify()
+        self.metrics.rounds_closed.inc()
+        self.metrics.round_duration.observe(max(0.0, (now - rnd.opened_at).total_seconds()))
+        seconds = time.perf_counter() - t0
+        self.metrics.close_seconds.observe(seconds)
+        version = aggregated.blob.version
+        log.info(
+            "round %d closed: %d/%d updates -> version %d in %.1f ms",
+            rnd.round_id,
+            n,
+            m,
+            version,
+            seconds * 1e3,
+        )
+        if self.bus is not None:
+            try:
+                self.bus.publish_version(rnd.run_id, version, rnd.round_id)
+            except Exception:
+                log.exception("publishing version %d failed", version)
+        return CloseOutcome.CLOSED
+
+    def _retry(self, repo: Repository, run: Run, cfg: RunConfig, rnd: Round, now: datetime) -> int:
+        """Fail the attempt, drop its updates, open attempt + 1 with a new cohort."""
+        repo.delete_updates(rnd.id)
+        rnd.state, rnd.closed_at, rnd.n_updates = "failed", now, 0
+        nxt = open_round(
+            repo, run.id, cfg, rnd.round_id, rnd.attempt + 1, rnd.base_version, None, now
+        )
+        return nxt.attempt
+
+    def _aggregate(
+        self,
+        repo: Repository,
+        run: Run,
+        cfg: RunConfig,
+        rnd: Round,
+        meta: list[tuple[int, str]],
+        now: datetime,
+    ) -> _Aggregated:
+        """strategy.round over the updates sorted by client id; persist version v+1."""
+        mcfg = cfg.model()
+        latest = repo.latest_version_number(run.id)
+        if latest != rnd.base_version:
+            raise RuntimeError(
+                f"round {rnd.round_id} was opened on version {rnd.base_version}, latest is {latest}"
+            )
+        updates = self._round_updates(repo, rnd.id, meta, mcfg)
+        # stepped in place below; back in the store only after the commit
+        base = self.models.take_state(repo, run.id, rnd.base_version, cfg)
+        params, strategy = base.params, base.strategy
+        with torch.no_grad():
+            strategy.round(params, updates)
+        version = rnd.base_version + 1
+        state = strategy.state_dict()
+        blob = encode_model(mcfg, params, version)
+        digest = hashlib.sha256(blob).hexdigest()
+        loss = float(np.mean([u.loss for u in updates]))
+        repo.add_version(
+            run.id,
+            version,
+            rnd.round_id,
+            blob,
+            encode_state(state),
+            digest,
+            len(updates),
+            loss,
+            now,
+        )
+        rnd.state, rnd.closed_at = "closed", now
+        rnd.n_updates, rnd.loss, rnd.model_version = len(updates), loss, version
+        next_round: int | None = None
+        if rnd.round_id < cfg.rounds and run.state == "running":
+            next_round = open_round(
+                repo, run.id, cfg, rnd.round_id + 1, 0, version, None, now
+            ).round_id
+        elif rnd.round_id >= cfg.rounds:
+            run.state, run.active, run.finished_at = "finished", None, now
+        return _Aggregated(
+            ModelState(run.id, version, params, strategy),
+            ModelBlob(run.id, version, blob, digest),
+            next_round,
+        )
+
+    def _round_updates(
+        self, repo: Repository, pk: int, meta: list[tuple[int, str]], mcfg: ModelConfig
+    ) -> list[Update]:
+        """The round's updates in client-id order: from memory, else decoded from the DB."""
+        pending = self.pending.snapshot(pk)
+        out: dict[int, Update] = {}
+        missing = []
+        for client_id, digest in meta:
+            hit = pending.get(client_id)
+            if hit is not None and hit[0] == digest:
+                out[client_id] = hit[1]
+            else:
+                missing.append(client_id)
+        if missing:
+            for client_id, blob in repo.update_blobs(pk, missing).items():
+                out[client_id] = decode_updates(blob, mcfg).updates[0]
+            log.info("decoded %d stored updates of round attempt %d", len(missing), pk)
+        return [out[c] for c, _ in meta]
+
+    def warm(self) -> None:
+        """After a (re)start: rebuild the model state and the open round's updates from the DB."""
+        with self.db.transaction() as s:
+            repo = Repository(s)
+            run = repo.active_run() or repo.latest_run()
+            if run is None:
+                return
+            cfg = RunConfig.model_validate(run.config)
+            mcfg = cfg.model()
+            version = repo.latest_version_number(run.id)
+            if version is not None:
+                self.models.state(repo, run.id, version, cfg)
+            live = repo.live_round(run.id)
+            if live is None:
+                return
+            meta = repo.update_meta(live.id)
+            updates = self._round_updates(repo, live.id, meta, mcfg)
+        self.pending.replace(
+            live.id, {u.client_id: (d, u) for (_, d), u in zip(meta, updates, strict=True)}
+        )
+        log.info(
+            "resumed run %d round %d with %d acknowledged updates",
+            run.id,
+            live.round_id,
+            len(updates),
+        )

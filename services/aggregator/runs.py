@@ -1,0 +1,203 @@
+"""Run lifecycle: starting a run (version 0, round 1), pausing, resuming and stopping it, and
+opening round attempts with their cohorts."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import numpy as np
+from sqlalchemy.exc import IntegrityError
+
+from fedrecgel.cohort import select_cohort
+from fedrecgel.model import ModelConfig, init_shared
+from fedrecgel.strategy import make_strategy
+from fedrecgel.wire import encode_model, encode_state
+from services.aggregator.db import Database
+from services.aggregator.errors import Conflict
+from services.aggregator.models import Clock, Round
+from services.aggregator.modelstore import ModelState, ModelStore
+from services.aggregator.pending import PendingUpdates
+from services.aggregator.repository import Repository
+from services.aggregator.schemas import RunConfig, RunStarted, RunStatus
+from services.contract import ModelBlob
+
+log = logging.getLogger(__name__)
+
+
+class RunAction(enum.StrEnum):
+    """An operator action on the active run."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The newest run as uploads need it: its id and model shape."""
+
+    run_id: int
+    model: ModelConfig
+
+
+class NewestRun:
+    """The newest run's :class:`RunRef`, cached for uploads.
+
+    A run's config never changes, so the cache can only be stale by a newer run having been
+    started, here (:meth:`set`) or by a replica; ingest detects the latter inside its write
+    transaction and calls :meth:`get` with ``refresh``. Locking: ``_lock`` guards ``_ref``
+    only; a newer run id always wins, so concurrent refreshes cannot go back in time.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._lock = threading.Lock()
+        self._ref: RunRef | None = None
+
+    def set(self, ref: RunRef) -> None:
+        """A run was started here."""
+        with self._lock:
+            if self._ref is None or self._ref.run_id <= ref.run_id:
+                self._ref = ref
+
+    def get(self, refresh: bool = False) -> RunRef:
+        """The newest run (409 when no run was ever started)."""
+        with self._lock:
+            cached = self._ref
+        if cached is not None and not refresh:
+            return cached
+        with self.db.transaction() as s:
+            run = Repository(s).latest_run()
+            if run is None:
+                raise Conflict("no run has been started", "round_not_open")
+            ref = RunRef(run.id, RunConfig.model_validate(run.config).model())
+        self.set(ref)
+        return ref
+
+
+def open_round(
+    repo: Repository,
+    run_id: int,
+    cfg: RunConfig,
+    round_id: int,
+    attempt: int,
+    base_version: int,
+    candidates: list[int] | None,
+    now: datetime,
+) -> Round:
+    """Insert a round attempt with its cohort drawn from the registered clients."""
+    ids = np.asarray(candidates if candidates is not None else repo.all_client_ids())
+    cohort = select_cohort(ids, cfg.fraction, cfg.seed, round_id, attempt)
+    deadline = now + timedelta(seconds=cfg.deadline_s)
+    return repo.add_round(
+        run_id, round_id, attempt, [int(c) for c in cohort], base_version, now, deadline
+    )
+
+
+class RunLifecycle:
+    """Start, pause, resume and stop runs (the operator's actions); every one is a single
+    transaction, and only the active run (``runs.active``, unique) is ever changed."""
+
+    def __init__(
+        self,
+        db: Database,
+        clock: Clock,
+        models: ModelStore,
+        pending: PendingUpdates,
+        newest: NewestRun,
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.models = models
+        self.pending = pending
+        self.newest = newest
+
+    def start_run(self, cfg: RunConfig) -> RunStarted:
+        """Start a run: version 0 = init_shared(model, seed), round 1 open (409 if one runs)."""
+        mcfg = cfg.model()
+        params = init_shared(mcfg, cfg.seed)
+        strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
+        state = strategy.state_dict()
+        blob = encode_model(mcfg, params, 0)
+        digest = hashlib.sha256(blob).hexdigest()
+        now = self.clock()
+        try:
+            with self.db.transaction() as s:
+                repo = Repository(s)
+                if repo.active_run() is not None:
+                    raise Conflict("a run is already active", "run_active")
+                candidates = repo.all_client_ids()
+                if not candidates:
+                    raise Conflict("no clients are registered", "no_clients")
+                run = repo.add_run(cfg.model_dump(mode="json"), now)
+                repo.add_version(run.id, 0, 0, blob, encode_state(state), digest, 0, None, now)
+                rnd = open_round(repo, run.id, cfg, 1, 0, 0, candidates, now)
+                run_id, cohort_size = run.id, len(rnd.cohort)
+        except IntegrityError:
+            raise Conflict("a run is already active", "run_active") from None
+        self.newest.set(RunRef(run_id, mcfg))
+        self.models.put_state(ModelState(run_id, 0, params, strategy))
+        self.models.remember(ModelBlob(run_id, 0, blob, digest))
+        log.info("run %d started: %d rounds, cohort %d", run_id, cfg.rounds, cohort_size)
+        return RunStarted(
+            run_id=run_id,
+            state="running",
+            round_id=1,
+            model_version=0,
+            cohort_size=cohort_size,
+            config=cfg,
+        )
+
+    def pause_run(self) -> RunStatus:
+        """Pause the active run: uploads are refused and no deadline runs until resumed."""
+        return self.apply(RunAction.PAUSE)
+
+    def resume_run(self) -> RunStatus:
+        """Resume a paused run; the open round gets a fresh deadline."""
+        return self.apply(RunAction.RESUME)
+
+    def stop_run(self) -> RunStatus:
+        """Stop the active run for good; its live round is aborted."""
+        return self.apply(RunAction.STOP)
+
+    def apply(self, action: RunAction) -> RunStatus:
+        """One operator action on the active run (409 when none is active, or when its round
+        is being closed at this moment). Pausing a paused run, or resuming a running one,
+        changes nothing."""
+        now = self.clock()
+        with self.db.transaction() as s:
+            repo = Repository(s)
+            run = repo.active_run()
+            if run is None:
+                raise Conflict("no run is active", "no_run")
+            cfg = RunConfig.model_validate(run.config)
+            live = repo.live_round(run.id)
+            if action is RunAction.PAUSE and run.state == "running":
+                if live is not None and not repo.transition_round(live.id, ["open"], "paused"):
+                    raise Conflict("the round is closing; retry", "round_closing")
+                run.state = "paused"
+            elif action is RunAction.RESUME and run.state == "paused":
+                if live is not None:
+                    deadline = now + timedelta(seconds=cfg.deadline_s)
+                    repo.transition_round(live.id, ["paused"], "open", deadline=deadline)
+                run.state = "running"
+            elif action is RunAction.STOP:
+                if live is not None and not repo.transition_round(
+                    live.id, ["open", "paused"], "aborted", closed_at=now
+                ):
+                    raise Conflict("the round is closing; retry", "round_closing")
+                run.state, run.active, run.finished_at = "stopped", None, now
+            status = RunStatus(
+                run_id=run.id,
+                state=run.state,  # type: ignore[arg-type]
+                round_id=None if live is None else live.round_id,
+            )
+        if action is RunAction.STOP and live is not None:
+            self.pending.drop(live.id)
+        log.info("run %d: %s -> %s", status.run_id, action.value, status.state)
+        return status
