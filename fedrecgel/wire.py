@@ -23,11 +23,26 @@ from dataclasses import dataclass
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import save as _st_save
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
+
+
+def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """``safetensors.torch.save`` with a canonical header: the same tensors and metadata give
+    the same bytes in every process (safetensors writes the metadata in a per-process random
+    order, which would change a model's sha256 and ETag on every restart)."""
+    data = _st_save(tensors, metadata=metadata)
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    if "__metadata__" in header:
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data section stays 8-byte aligned
+    return len(text).to_bytes(8, "little") + text + data[8 + n :]
+
 
 MODEL_FORMAT = "fedrecgel-model"
 UPDATES_FORMAT = "fedrecgel-updates"
