@@ -326,37 +326,34 @@ class Repository:
         )
         return self.session.scalars(stmt).first()
 
-    def prune_versions(
-        self, run_id: int, latest: int, keep_latest: int, keep_every: int, now: datetime
-    ) -> list[int]:
-        """Prune the versions a retention policy no longer keeps; returns their numbers.
-
-        Every version older than ``latest`` loses its optimizer state; those below the newest
-        ``keep_latest`` that are not a multiple of ``keep_every`` (0: none) lose their params.
-        """
-        old = (ModelVersion.run_id == run_id, ModelVersion.version < latest)
+    def drop_old_optimizer_states(self, run_id: int, latest: int) -> None:
+        """Free the optimizer state of every version of a run older than ``latest``."""
         self.session.execute(
             update(ModelVersion)
-            .where(*old, ModelVersion.optimizer_state.is_not(None))
+            .where(
+                ModelVersion.run_id == run_id,
+                ModelVersion.version < latest,
+                ModelVersion.optimizer_state.is_not(None),
+            )
             .values(optimizer_state=None)
             .execution_options(synchronize_session=False)
         )
-        doomed = [
-            *old,
-            ModelVersion.pruned_at.is_(None),
-            ModelVersion.version <= latest - keep_latest,
-        ]
-        if keep_every > 0:
-            doomed.append(ModelVersion.version % keep_every != 0)
-        pruned = list(self.session.scalars(select(ModelVersion.version).where(*doomed)))
-        if pruned:
-            self.session.execute(
-                update(ModelVersion)
-                .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(pruned))
-                .values(params=None, pruned_at=now)
-                .execution_options(synchronize_session=False)
-            )
-        return sorted(int(v) for v in pruned)
+
+    def unpruned_versions(self, run_id: int) -> list[int]:
+        """The versions of a run that still hold their params, ascending."""
+        stmt = select(ModelVersion.version).where(
+            ModelVersion.run_id == run_id, ModelVersion.pruned_at.is_(None)
+        )
+        return sorted(int(v) for v in self.session.scalars(stmt))
+
+    def prune_versions(self, run_id: int, versions: Sequence[int], now: datetime) -> None:
+        """Free the params of some versions of a run (their rows stay, ``pruned_at`` set)."""
+        self.session.execute(
+            update(ModelVersion)
+            .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(list(versions)))
+            .values(params=None, pruned_at=now)
+            .execution_options(synchronize_session=False)
+        )
 
     def version_metrics(self, run_id: int) -> dict[int, dict[str, float] | None]:
         """version -> federated-evaluation means (None until complete)."""

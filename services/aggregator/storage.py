@@ -50,19 +50,18 @@ class RetentionPolicy:
             return True
         return self.keep_every > 0 and version % self.keep_every == 0
 
-    def oldest_recent(self, latest: int) -> int:
-        """The oldest version kept for being among the newest ones."""
-        return latest - self.keep_latest + 1
-
 
 class Compactor:
     """Hands space freed by pruning back to the file system, at most every ``interval_s``.
 
     SQLite: the database runs with ``auto_vacuum=INCREMENTAL`` (see ``db.make_engine``), so
     ``PRAGMA incremental_vacuum`` truncates the file by its free pages, and a ``TRUNCATE``
-    checkpoint resets the WAL file. PostgreSQL: a plain ``VACUUM`` of the two tables that hold
-    blobs (it locks no reader or writer out) makes the freed TOAST space reusable and gives
-    trailing empty pages back. Thread-safe; only one compaction runs at a time.
+    checkpoint resets the WAL file; free pages are reused by new rows anyway, so this runs at
+    most every ``interval_s`` (it moves pages under the write lock). PostgreSQL: a plain
+    ``VACUUM`` of the two tables that hold blobs (it locks no reader or writer out) makes the
+    freed TOAST space reusable and gives trailing empty pages back; until it runs, deleted
+    bodies keep their space, so it runs after every pass that freed something. Thread-safe;
+    only one compaction runs at a time.
     """
 
     TABLES = ("updates", "model_versions")
@@ -81,10 +80,12 @@ class Compactor:
             self._due = True
 
     def run_if_due(self) -> bool:
-        """Compact when something was freed and the interval has passed; whether it ran."""
+        """Compact when something was freed and the interval has passed (on PostgreSQL at
+        once: there freed space is reused only after a VACUUM); whether it ran."""
         now = time.monotonic()
+        interval = 0.0 if self.db.engine.dialect.name == "postgresql" else self.interval_s
         with self._lock:
-            if not self._due or now - self._last < self.interval_s:
+            if not self._due or now - self._last < interval:
                 return False
             self._due, self._last = False, now
         self.run()
@@ -158,11 +159,13 @@ class StorageKeeper:
             released = repo.release_finished_update_blobs()
             pruned = {}
             for run_id, latest in repo.latest_versions().items():
-                versions = repo.prune_versions(
-                    run_id, latest, self.policy.keep_latest, self.policy.keep_every, now
-                )
-                if versions:
-                    pruned[run_id] = versions
+                repo.drop_old_optimizer_states(run_id, latest)
+                doomed = [
+                    v for v in repo.unpruned_versions(run_id) if not self.policy.keeps(v, latest)
+                ]
+                if doomed:
+                    repo.prune_versions(run_id, doomed, now)
+                    pruned[run_id] = doomed
         if released or pruned:
             self.compactor.mark_due()
             log.debug("released %d update blobs; pruned versions %s", released, pruned)
