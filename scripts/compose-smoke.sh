@@ -67,6 +67,7 @@ cleanup() {
   exit $rc
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -96,7 +97,7 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { tail -20 "$WORK/dockerd.log"; fail "dockerd did not start"; }
 fi
 docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}'
-cpu_cgroup() { grep -E '(^|,)cpu(,|:)' "/proc/$1/cgroup" | head -1 | cut -d: -f3; }
+cpu_cgroup() { awk -F: '$2 ~ /(^|,)cpu(,|$)/ {print $3; exit}' "/proc/$1/cgroup"; }
 
 # ---------------------------------------------------------------- 2. compose v2
 # Where Compose v2 comes from when the machine has none: Debian's own `docker-compose` package
@@ -152,7 +153,18 @@ step "project image"
 build_args=()
 links=$(python3 -m pip config list 2>/dev/null | sed -nE "s/^[a-z:.]*find-links='([^']*)'.*/\1/p" | head -1 || true)
 if [ -n "$links" ] && ls "$links"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  # the same port from one run to the next when it is free: the URL is a build argument, part
+  # of the cache key of the torch layer (a new port would reinstall torch)
+  port=$(python3 -c '
+import socket
+for p in range(18999, 19100):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        print(p)
+        break')
   python3 -m http.server --bind 127.0.0.1 "$port" --directory "$links" >/dev/null 2>&1 &
   WHEEL_SERVER=$!
   for _ in $(seq 20); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/')" 2>/dev/null && break; sleep 0.5; done
@@ -185,10 +197,12 @@ compose down -v --remove-orphans >/dev/null 2>&1 || true
 UP=1
 UP_T=$SECONDS
 compose up -d --no-build --quiet-pull
-step "every service started and healthy"
+step "every service healthy"
+health_of() { docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$1")"; }
 for svc in postgres redis aggregator worker-0 worker-1 recommend-api; do
-  health=$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$svc")")
-  [ "$health" = healthy ] || fail "$svc is $health"
+  # `up` waited for the ones the demo depends on; recommend-api may still be starting
+  for _ in $(seq 120); do [ "$(health_of "$svc")" = healthy ] && break; sleep 1; done
+  [ "$(health_of "$svc")" = healthy ] || fail "$svc is $(health_of "$svc")"
 done
 echo "postgres redis aggregator worker-0 worker-1 recommend-api: healthy"
 echo "the aggregator's CPU cgroup: $(cpu_cgroup "$(docker inspect -f '{{.State.Pid}}' "$(compose ps -q aggregator)")")"
@@ -218,7 +232,7 @@ echo "aggregator restarted by Docker and healthy again ($state)"
 step "the run goes on to the end"
 compose wait demo >/dev/null 2>&1 || true
 code=$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq demo)")
-compose logs --no-color --no-log-prefix demo | tee "$WORK/demo.log"
+docker logs "$(compose ps -aq demo)" 2>&1 | tee "$WORK/demo.log"
 [ "$code" = 0 ] || fail "the demo exited with $code"
 grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fail "the run did not finish"
 [ "$(grep -cE '^ +[0-9]+  ' "$WORK/demo.log")" -ge 10 ] || fail "no top-10 in the demo's log"
@@ -239,7 +253,7 @@ print("recommend-api:", b["model_version"], items)
 assert b["model_version"] == int(sys.argv[2]) and len(items) == 10 and "1" not in items, b
 EOF
 for svc in aggregator worker-0 worker-1 recommend-api; do
-  [ "$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$svc")")" = healthy ] || fail "$svc not healthy"
+  [ "$(health_of "$svc")" = healthy ] || fail "$svc not healthy after the run"
 done
 
 step "docker compose down -v"
