@@ -234,9 +234,11 @@ class EvaluationAck(BaseModel):
 
 
 class UserVector(BaseModel):
-    """The device's own user embedding; used for one answer, never stored or logged."""
+    """The device's own user embedding; used for one answer, never stored or logged.
 
-    model_config = ConfigDict(extra="forbid")
+    Strict: numbers only (a string or a boolean is refused, not converted)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     user_gmf: list[float]
     user_mlp: list[float] | None = None
@@ -244,9 +246,10 @@ class UserVector(BaseModel):
 
 class RecommendationRequest(BaseModel):
     """``POST /v1/recommendations`` (recommend_api): top-``k`` items for ``user``, leaving out
-    the item ids in ``exclude``."""
+    the item ids in ``exclude``. Strict: ``k`` is a JSON integer (``"10"``, ``true`` and
+    ``10.0`` are refused), item ids are strings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     user: UserVector
     k: int = 10

@@ -3,24 +3,33 @@
 A :class:`~services.contract.ServiceError` is answered with its own status and code; a request
 that fails validation with 422 and the locations and messages of its errors (never the input
 itself, which may be a user's private vector); an unknown path or method with ``not_found`` /
-``method_not_allowed``.
+``method_not_allowed`` (a 405 keeps its ``Allow`` header). :class:`BodyLimitMiddleware` bounds
+the size of request bodies (413 ``body_too_large``) before any of it is parsed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.contract import ErrorBody, ServiceError
 
-HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+#: the default bound of a JSON request body (1 MiB)
+DEFAULT_MAX_JSON_BYTES = 1024 * 1024
 
 
-def error_response(status_code: int, code: str, detail: str) -> JSONResponse:
+def error_response(
+    status_code: int, code: str, detail: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     """An :class:`ErrorBody` answer."""
-    return JSONResponse(ErrorBody(error=code, detail=detail).model_dump(), status_code)
+    return JSONResponse(ErrorBody(error=code, detail=detail).model_dump(), status_code, headers)
 
 
 def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -> str:
@@ -40,7 +49,7 @@ def install_error_handlers(
     http_errors: bool = True,
 ) -> None:
     """Answer ServiceError and validation errors (and, with ``http_errors``, unknown paths and
-    methods) as :class:`ErrorBody`."""
+    methods, keeping headers such as a 405's ``Allow``) as :class:`ErrorBody`."""
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -55,4 +64,86 @@ def install_error_handlers(
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
             code = HTTP_CODES.get(exc.status_code, "http_error")
-            return error_response(exc.status_code, code, str(exc.detail))
+            return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+
+class BodyTooLarge(ServiceError):
+    """A request body over the bound of its endpoint."""
+
+    status_code = 413
+    code = "body_too_large"
+
+
+#: the bound of one request (bytes; None: unbounded, the body is not touched)
+BodyBound = int | Callable[[Scope], int | None]
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI middleware: refuse a request body larger than its bound with 413 JSON.
+
+    A declared ``Content-Length`` over the bound is refused before anything is read; any other
+    body is read (at most bound + one chunk) before the app sees it, so a chunked body cannot
+    get past the bound either, and the app then reads the buffered bytes. ``max_bytes`` is a
+    number, or a function of the request scope (e.g. by path) giving the bound or None for
+    "no bound here" (such a body streams to the app untouched).
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: BodyBound = DEFAULT_MAX_JSON_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def bound(self, scope: Scope) -> int | None:
+        """The bound of this request."""
+        return self.max_bytes(scope) if callable(self.max_bytes) else self.max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.bound(scope)
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await self._refuse(scope, receive, send, limit)
+            return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body = message.get("body", b"")
+            total += len(body)
+            if total > limit:
+                await self._refuse(scope, receive, send, limit)
+                return
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        buffered: list[Message] = [{"type": "http.request", "body": b"".join(chunks)}]
+
+        async def replay() -> Message:
+            return buffered.pop() if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        detail = f"the request body is larger than {limit} bytes"
+        response = error_response(413, BodyTooLarge.code, detail, {"Connection": "close"})
+        await response(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The declared ``Content-Length`` (None when absent or not a number)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            text = value.decode("latin-1").strip()
+            return int(text) if text.isdigit() else None
+    return None
+
+
+def limit_request_bodies(app: FastAPI, max_bytes: BodyBound = DEFAULT_MAX_JSON_BYTES) -> None:
+    """Bound every request body of ``app`` (413 :class:`ErrorBody` above ``max_bytes``)."""
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_bytes)

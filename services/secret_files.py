@@ -37,3 +37,21 @@ def secret_from_file(settings: BaseSettings, field: str) -> str | None:
     if field in settings.model_fields_set:
         raise ValueError(f"set {prefix}{field.upper()} or {variable}, not both")
     return read_secret_file(path, variable)
+
+
+#: values that stand for "put a real secret here" in examples and manifests (compared lowercase)
+PLACEHOLDER_SECRETS = frozenset(
+    {"changethis", "replace_me", "replace-me", "changeme", "change_me", "secret", "password"}
+)
+#: the shortest secret a service accepts where a weak one is refused
+MIN_SECRET_LENGTH = 16
+
+
+def weak_secret(value: str, variable: str) -> str | None:
+    """Why ``value`` is not a usable secret for ``variable`` (a placeholder, or shorter than
+    :data:`MIN_SECRET_LENGTH`), or None when it is acceptable."""
+    if value.strip().lower() in PLACEHOLDER_SECRETS:
+        return f"{variable} is a placeholder; set a real secret (e.g. `openssl rand -hex 32`)"
+    if len(value) < MIN_SECRET_LENGTH:
+        return f"{variable} is shorter than {MIN_SECRET_LENGTH} characters"
+    return None

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.error_handlers import install_error_handlers
+from services.error_handlers import install_error_handlers, limit_request_bodies
 from services.recommend_api.follow import ModelFollower
 from services.recommend_api.ranking import (
     ModelHolder,
@@ -165,10 +165,9 @@ def create_app(
             pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="FedRecGEL recommendations", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(_LatencyMiddleware)
+    limit_request_bodies(app, settings.max_body_bytes)
+    app.add_middleware(_LatencyMiddleware)  # added last: outermost, so a 413 is timed too
     # only locations and messages: pydantic's "input" would echo the user vector back
-    install_error_handlers(
-        app, validation_code="invalid_request", skip_body=True, http_errors=False
-    )
+    install_error_handlers(app, validation_code="invalid_request", skip_body=True)
     app.include_router(router)
     return app

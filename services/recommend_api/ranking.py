@@ -224,7 +224,9 @@ def user_tensors(
             raise InvalidUserVector(f"{name} has length {len(vec)}, the model wants {dims[name]}")
         t = torch.tensor(vec, dtype=torch.float32)
         if not bool(torch.isfinite(t).all()):
-            raise InvalidUserVector(f"{name} contains NaN or Inf")
+            raise InvalidUserVector(
+                f"{name} contains NaN or Inf, or a value beyond the float32 range (+-3.4e38)"
+            )
         out[name] = t[None, :]
     return out
 
@@ -267,13 +269,24 @@ def top_k(
             cand = cand[~torch.isin(cand, excluded)]
         if len(cand) >= k:
             scores = snap.scorer.score(private, cand[None, :])[0]
+            _check_finite(scores)
             best = torch.topk(scores, k)
             return cand[best.indices], best.values
     scores = snap.scorer.score_all(private)[0]
+    _check_finite(scores)
     if len(excluded):
         scores[excluded] = -math.inf
     best = torch.topk(scores, k)
     return best.indices, best.values
+
+
+def _check_finite(scores: Tensor) -> None:
+    """Refuse a user vector whose scores overflow (e.g. values near the float32 limit): a
+    ranking of Inf and NaN means nothing, and JSON has no number for them."""
+    if not bool(torch.isfinite(scores).all()):
+        raise InvalidUserVector(
+            "the user vector gives scores that are not finite numbers (its values are too large)"
+        )
 
 
 def exact_scores(snap: Snapshot, private: dict[str, Tensor]) -> np.ndarray:

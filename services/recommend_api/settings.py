@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.secret_files import secret_from_file
+from services.error_handlers import DEFAULT_MAX_JSON_BYTES
+from services.secret_files import secret_from_file, weak_secret
 
 
 class Settings(BaseSettings):
@@ -16,6 +18,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FEDREC_REC_", extra="ignore")
 
+    # production unless development is chosen explicitly: a placeholder or short aggregator
+    # token is refused outside development
+    environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"
     port: int = 8702
     # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
@@ -43,9 +48,22 @@ class Settings(BaseSettings):
     # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     torch_threads: int = Field(default=1, ge=1)
+    # The largest request body accepted (bytes); a larger one is answered 413 unread.
+    max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Settings:
         if (token := secret_from_file(self, "aggregator_token")) is not None:
             self.aggregator_token = SecretStr(token)
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_weak_token(self) -> Settings:
+        """Outside development the aggregator token must be a real secret."""
+        if self.environment != "development" and self.aggregator_token is not None:
+            why = weak_secret(
+                self.aggregator_token.get_secret_value(), "FEDREC_REC_AGGREGATOR_TOKEN"
+            )
+            if why is not None:
+                raise ValueError(f"{why} (FEDREC_REC_ENVIRONMENT={self.environment})")
         return self

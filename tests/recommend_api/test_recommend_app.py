@@ -249,3 +249,122 @@ def test_redis_version_event_triggers_swap(redis_url: str) -> None:
             assert r.json()["model_version"] == 2
 
     asyncio.run(go())
+
+
+def test_request_bodies_over_the_bound_are_refused_with_413_unparsed() -> None:
+    async def go() -> None:
+        async with _serve(_settings(max_body_bytes=4096), _loaded_holder()) as c:
+            big = {"user": _user(), "k": 3, "exclude": ["item-1"] * 2000}
+            r = await c.post("/v1/recommendations", json=big)
+            assert r.status_code == 413, r.text
+            assert r.json()["error"] == "body_too_large" and "4096" in r.json()["detail"]
+
+            # a chunked body declares no length: it is counted as it arrives
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(100):
+                    yield b" " * 100
+
+            r = await c.post(
+                "/v1/recommendations",
+                content=chunks(),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 413 and r.json()["error"] == "body_too_large", r.text
+            # under the bound, as usual
+            r = await c.post("/v1/recommendations", json={"user": _user(), "k": 3})
+            assert r.status_code == 200, r.text
+
+    asyncio.run(go())
+
+
+def test_the_default_body_bound_is_one_mebibyte() -> None:
+    async def go() -> None:
+        async with _serve(_settings(), _loaded_holder()) as c:
+            body = json.dumps({"user": _user(), "k": 3, "exclude": [" " * (1 << 20)]})
+            r = await c.post(
+                "/v1/recommendations", content=body, headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 413, r.text
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"k": "10"}, "k"),
+        ({"k": True}, "k"),
+        ({"k": 3.0}, "k"),
+        ({"exclude": [1]}, "exclude.0"),
+        ({"user": {"user_gmf": [True] * 4, "user_mlp": [0.1] * 8}}, "user.user_gmf.0"),
+        ({"user": {"user_gmf": ["0.1"] * 4, "user_mlp": [0.1] * 8}}, "user.user_gmf.0"),
+    ],
+)
+def test_request_types_are_strict(change: dict[str, object], where: str) -> None:
+    async def go() -> None:
+        async with _serve(_settings(), _loaded_holder()) as c:
+            body = {"user": _user(), "k": 3, **change}
+            r = await c.post("/v1/recommendations", json=body)
+            assert r.status_code == 422, r.text
+            assert r.json()["error"] == "invalid_request" and where in r.json()["detail"]
+            # integers are numbers for a float field
+            ints = {n: [1, 0] * (d // 2) for n, d in CFG.private_dims().items()}
+            r = await c.post("/v1/recommendations", json={"user": ints, "k": 3})
+            assert r.status_code == 200, r.text
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("value", [3e38, -3e38, 1e39])
+def test_a_vector_whose_scores_overflow_is_a_422_never_a_null_score(value: float) -> None:
+    async def go() -> None:
+        async with _serve(_settings(), _loaded_holder()) as c:
+            user = {n: [value] * d for n, d in CFG.private_dims().items()}
+            r = await c.post("/v1/recommendations", json={"user": user, "k": 5})
+            assert r.status_code == 422, r.text
+            assert r.json()["error"] == "invalid_user_vector", r.json()
+            assert "null" not in r.text
+
+    asyncio.run(go())
+
+
+def test_unknown_paths_and_methods_answer_an_error_body_and_405_names_allowed_methods() -> None:
+    async def go() -> None:
+        async with _serve(_settings(), _loaded_holder()) as c:
+            r = await c.get("/v1/recommendations")
+            assert r.status_code == 405 and r.headers["allow"] == "POST", r.headers
+            assert r.json()["error"] == "method_not_allowed"
+            r = await c.delete("/healthz")
+            assert r.status_code == 405 and set(r.headers["allow"].split(", ")) >= {"GET"}
+            r = await c.get("/v2/nothing")
+            assert r.status_code == 404 and r.json()["error"] == "not_found"
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("token", ["REPLACE_ME", "changethis", "short-token"])
+def test_a_placeholder_aggregator_token_is_refused_unless_in_development(token: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN"):
+        Settings(aggregator_token=token, workers=1)  # production is the default
+    with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN"):
+        Settings(environment="test", aggregator_token=token, workers=1)
+    assert Settings(environment="development", aggregator_token=token, workers=1).aggregator_token
+    assert Settings(aggregator_token="a-real-reader-token-0123456789", workers=1).aggregator_token
+
+
+def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    env = {"FEDREC_REC_AGGREGATOR_TOKEN": "REPLACE_ME", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [sys.executable, "-m", "services.recommend_api", "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "placeholder" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
