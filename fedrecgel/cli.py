@@ -12,22 +12,26 @@ import functools
 import inspect
 import json
 import logging
-import statistics
 import sys
 import types
 import typing
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
+import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedrecgel.clitools import console, fail, load_data, parse_seeds
 from fedrecgel.config import DEFAULTS, ConfigError, RunParams, bounds, check
-from fedrecgel.data import DATASETS, DataError, Split, load_csv, load_split, stats
+from fedrecgel.data import DATASETS, DataError, Split, stats
+from fedrecgel.runreport import plot_run, summarize
 from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig, with_seed
+from fedrecgel.tune_cli import tune_command
 
 app = typer.Typer(
     help="FedRecGEL: sharpness-aware federated recommendation.",
@@ -37,13 +41,6 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-console = Console(stderr=True)
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a clear error and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(code)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -130,75 +127,76 @@ def checked(values: dict[str, Any]) -> RunParams:
         raise fail(f"{option_flag(err.field)}: {err.reason}") from None
 
 
-def _load(dataset: str, data_dir: Path | None, validation: bool) -> Split:
-    """A dataset by name, or a ``user,item[,timestamp]`` CSV file by path."""
-    path = Path(dataset)
-    if dataset not in DATASETS and path.suffix.lower() in (".csv", ".txt", ".tsv"):
-        from fedrecgel.data import apply_protocol
+#: methods of ``fedrec train`` that are not federated: reference points (fedrecgel.baselines)
+BASELINE_METHODS = ("popularity", "random", "central")
+#: ``TrainConfig`` fields a preset may set, and the option that sets each on the command line
+PRESET_FIELDS = {
+    "server_lr": "server_lr",
+    "client_lr": "client_lr",
+    "rounds": "rounds",
+    "server_optimizer": "optimizer",
+    "rho_sh": "rho_sh",
+    "rho_ns": "rho_ns",
+}
 
-        sep = "\t" if path.suffix.lower() == ".tsv" else ","
-        return apply_protocol(load_csv(path, sep=sep), validation=validation)
-    return load_split(dataset, data_dir, validation=validation)
 
+def _apply_preset(
+    ctx: typer.Context, base: TrainConfig, preset: str | None, dataset: str
+) -> TrainConfig:
+    """``base`` with the preset's settings, except those given on the command line."""
+    if preset is None:
+        return base
+    from fedrecgel.presets import PresetError, resolve
 
-def _parse_seeds(seeds: str) -> list[int]:
     try:
-        out = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise fail(f"--seeds must be comma-separated integers, got {seeds!r}") from None
-    if not out:
-        raise fail("--seeds is empty")
+        settings = resolve(preset, dataset)
+    except PresetError as err:
+        raise fail(str(err)) from None
+    chosen = {
+        k: v
+        for k, v in settings.items()
+        if k in PRESET_FIELDS
+        and ctx.get_parameter_source(PRESET_FIELDS[k]) != click.core.ParameterSource.COMMANDLINE
+    }
+    cfg = replace(base, **chosen)
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise fail(f"preset {preset}: {err}") from None
+    return cfg
+
+
+def _run_baseline(
+    method: str, split: Split, base: TrainConfig, seeds: list[int], central_lr: float | None
+) -> list[RunResult]:
+    from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
+
+    if method == "popularity":
+        return [popularity(split)]
+    if method == "random":
+        return [random_ranking(split, seed=s) for s in seeds]
+    out = []
+    for seed in seeds:
+        cfg = CentralConfig(
+            base.model(split.n_items),
+            epochs=base.rounds,
+            n_negatives=base.n_negatives,
+            seed=seed,
+            eval_every=max(base.eval_every, 1),
+        )
+        if central_lr is not None:
+            cfg = replace(cfg, lr=central_lr)
+        try:
+            cfg.validate()
+        except ValueError as err:
+            raise fail(str(err)) from None
+        out.append(central(split, cfg, on_epoch=lambda r: console.print(_round_line(r))))
     return out
 
 
-def plot_run(results: list[RunResult], path: Path) -> None:
-    """HR@10 and NDCG@10 per round (one line per seed) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for res in results:
-        rounds = [r.round for r in res.rounds if r.test]
-        seed = res.config["seed"]
-        for ax, key in zip(axes, ("hr@10", "ndcg@10"), strict=True):
-            (line,) = ax.plot(
-                rounds, [r.test[key] for r in res.rounds if r.test], label=f"seed {seed} test"
-            )
-            if any(r.val for r in res.rounds):
-                ax.plot(
-                    rounds,
-                    [r.val[key] for r in res.rounds if r.test],
-                    linestyle=":",
-                    color=line.get_color(),
-                    label=f"seed {seed} validation",
-                )
-    for ax, key in zip(axes, ("HR@10", "NDCG@10"), strict=True):
-        ax.set_xlabel("round")
-        ax.set_ylabel(key)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    cfg = results[0].config
-    fig.suptitle(
-        f"{results[0].dataset}: {cfg['method']} (rho_sh={cfg['rho_sh']}, rho_ns={cfg['rho_ns']})"
-    )
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def summarize(results: list[RunResult]) -> dict[str, Any]:
-    """Mean and std over seeds of the best-test and validation-selected figures."""
-    out: dict[str, Any] = {}
-    for kind, getter in (("best_test", RunResult.best_test), ("selected", RunResult.selected)):
-        rows = [getter(r) for r in results]
-        if any(row is None for row in rows):
-            continue
-        for key in ("hr@10", "ndcg@10", "hr@5", "ndcg@5", "hr@20", "ndcg@20"):
-            vals = [float(row[key]) for row in rows if row is not None]
-            out[f"{kind}.{key}.mean"] = statistics.fmean(vals)
-            out[f"{kind}.{key}.std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return out
+def _round_line(rec: RoundRecord) -> str:
+    hr = f" HR@10 {rec.test['hr@10']:.4f}" if rec.test else ""
+    return f"round {rec.round} loss {rec.loss:.4f}{hr}"
 
 
 @app.command()
@@ -207,6 +205,7 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
     aliases={"optimizer": ("--server-optimizer",)},
 )
 def train(
+    ctx: typer.Context,
     run: dict[str, Any],
     dataset: Annotated[
         str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
@@ -217,7 +216,37 @@ def train(
             help="Folder with <dataset>/<raw file> (env FEDREC_DATA_DIR). FilmTrust ships inside."
         ),
     ] = None,
-    method: Annotated[str, typer.Option(help=f"One of {', '.join(METHODS)}.")] = "fedrecgel",
+    protocol: Annotated[
+        str,
+        typer.Option(
+            help="paper: every raw row a positive (as the original); clean: repeated "
+            "user-item pairs merged (latest time) before the leave-one-out."
+        ),
+    ] = "paper",
+    split_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Train and evaluate on a ready split instead: NCF layout (<name>.train.csv, "
+            "<name>.test.negative) or the original's (train_interactions.csv, "
+            "test_neg_interactions). With --validation a seeded training item per user is "
+            "held out for validation."
+        ),
+    ] = None,
+    method: Annotated[
+        str,
+        typer.Option(help=f"One of {', '.join(METHODS + BASELINE_METHODS)}."),
+    ] = "fedrecgel",
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            help="Settings by name: paper, tuned (this dataset's, else learned across "
+            "datasets) or tuned-<dataset>; options given on the command line win."
+        ),
+    ] = None,
+    central_lr: Annotated[
+        float | None,
+        typer.Option(help="Adam step size of --method central (its epochs: --rounds)."),
+    ] = None,
     seeds: Annotated[str, typer.Option(help="One seed or several, comma-separated.")] = "0",
     validation: Annotated[
         bool,
@@ -229,25 +258,39 @@ def train(
     ),
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
-    """Train with the in-process simulator; write results.json and hr_ndcg.png to --out."""
-    seed_list = _parse_seeds(seeds)
+    """Train with the in-process simulator (or a reference point); write results.json and
+    hr_ndcg.png to --out."""
+    if method not in METHODS + BASELINE_METHODS:
+        raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
+    seed_list = parse_seeds(seeds)
     params = checked({**run, "seed": seed_list[0]})
     for seed in seed_list[1:]:
         checked({**run, "seed": seed})
-    base = TrainConfig.from_params(params, method=method, eval_every=eval_every)
-    rounds = base.rounds
+    federated = method not in BASELINE_METHODS
+    base = TrainConfig.from_params(
+        params, method=method if federated else "fedrecgel", eval_every=eval_every
+    )
     try:
         base.validate()
-        split = _load(dataset, data_dir, validation)
+        split = load_data(dataset, data_dir, validation, protocol, split_dir)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
+    base = _apply_preset(ctx, base, preset, split.name)
+    rounds = base.rounds
     console.print(
         f"{split.name}: {split.n_users} users, {split.n_items} items, "
-        f"{split.n_train} training interactions; method {method}, "
-        f"rho_sh={base.effective_rho()[0]}, rho_ns={base.effective_rho()[1]}"
+        f"{split.n_train} training interactions; method {method}"
+        + (
+            f", rho_sh={base.effective_rho()[0]}, rho_ns={base.effective_rho()[1]}"
+            if federated
+            else ""
+        )
+        + (f", preset {preset}" if preset else "")
     )
     results: list[RunResult] = []
-    for seed in seed_list:
+    if not federated:
+        results = _run_baseline(method, split, base, seed_list, central_lr)
+    for seed in seed_list if federated else []:
         cfg = with_seed(base, seed)
         sim = Simulator(split, cfg)
         with Progress(
@@ -262,13 +305,13 @@ def train(
             task = progress.add_task("train", total=rounds, info="")
 
             def on_round(rec: RoundRecord, task: Any = task, progress: Progress = progress) -> None:
-                hr = f" HR@10 {rec.test['hr@10']:.4f}" if rec.test else ""
-                progress.update(task, advance=1, info=f"round {rec.round} loss {rec.loss:.4f}{hr}")
+                progress.update(task, advance=1, info=_round_line(rec))
 
             res = sim.run(on_round)
         results.append(res)
+    for res in results:
         best, sel = res.best_test(), res.selected()
-        line = f"seed {seed}: {res.wall_seconds:.1f}s"
+        line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
         if best:
             line += (
                 f"; best test round {best['round']}: HR@10 {best['hr@10']:.4f} "
@@ -284,13 +327,17 @@ def train(
     summary = summarize(results)
     payload: dict[str, Any] = {
         "dataset": split.name,
+        "method": method,
+        "protocol": "split-dir" if split_dir is not None else protocol,
+        "preset": preset,
         "data": stats(split),
         "validation": validation,
         "summary": summary,
         "runs": [r.to_json() for r in results],
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    if eval_every:
+    plotted = (eval_every and federated) or method == "central"
+    if plotted:
         plot_run(results, out / "hr_ndcg.png")
     if "best_test.hr@10.mean" in summary:
         console.print(
@@ -305,8 +352,11 @@ def train(
             )
         )
     console.print(
-        f"wrote {out / 'results.json'}" + (f" and {out / 'hr_ndcg.png'}" if eval_every else "")
+        f"wrote {out / 'results.json'}" + (f" and {out / 'hr_ndcg.png'}" if plotted else "")
     )
+
+
+app.command("tune")(tune_command)
 
 
 @data_app.command("stats")
@@ -319,7 +369,7 @@ def data_stats(
 ) -> None:
     """Counts and sparsity of a dataset after the paper's protocol."""
     try:
-        split = _load(dataset, data_dir, validation=False)
+        split = load_data(dataset, data_dir, validation=False)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
     st = stats(split)
@@ -345,7 +395,7 @@ def data_export(
     from fedrecgel.data import write_ncf
 
     try:
-        split = _load(dataset, data_dir, validation)
+        split = load_data(dataset, data_dir, validation)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
     write_ncf(split, out)

@@ -1,0 +1,65 @@
+"""What every ``fedrec`` command shares: the error exit, the console, loading a dataset or a
+ready split by what the user typed, and parsing seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from fedrecgel.data import (
+    DATASETS,
+    PROTOCOLS,
+    DataError,
+    Split,
+    apply_protocol,
+    hold_out_validation,
+    load_csv,
+    load_split,
+    read_split_dir,
+)
+
+console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a clear error and return the exit to raise."""
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def load_data(
+    dataset: str,
+    data_dir: Path | None,
+    validation: bool,
+    protocol: str = "paper",
+    split_dir: Path | None = None,
+) -> Split:
+    """A dataset by name, a ``user,item[,timestamp]`` CSV file by path, or a ready split."""
+    if protocol not in PROTOCOLS:
+        raise DataError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    if split_dir is not None:
+        split = read_split_dir(split_dir)
+        if validation and not split.has_validation:
+            split = hold_out_validation(split)
+        return split
+    path = Path(dataset)
+    if dataset not in DATASETS and path.suffix.lower() in (".csv", ".txt", ".tsv"):
+        sep = "\t" if path.suffix.lower() == ".tsv" else ","
+        return apply_protocol(
+            load_csv(path, sep=sep),
+            validation=validation,
+            protocol=protocol,  # type: ignore[arg-type]
+        )
+    return load_split(dataset, data_dir, validation=validation, protocol=protocol)  # type: ignore[arg-type]
+
+
+def parse_seeds(seeds: str) -> list[int]:
+    try:
+        out = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise fail(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    if not out:
+        raise fail("--seeds is empty")
+    return out

@@ -1,0 +1,98 @@
+"""``fedrec tune``: search a dataset's settings on validation only, resumably, and save them as a
+preset (see :mod:`fedrecgel.tune` and :mod:`fedrecgel.presets`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedrecgel.clitools import console, fail, load_data, parse_seeds
+from fedrecgel.config import DEFAULTS
+from fedrecgel.data import DATASETS, DataError
+from fedrecgel.presets import PRESETS_FILE, PresetError, save
+from fedrecgel.simulate import TrainConfig
+from fedrecgel.tune import ROUND_CHOICES, TuneSpec, best_settings, finished, tune
+
+#: federated methods a study can tune
+TUNABLE = ("fedrecgel", "fedncf", "fedmf")
+
+
+def tune_command(
+    dataset: Annotated[
+        str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
+    ] = DEFAULTS.dataset,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
+    protocol: Annotated[str, typer.Option(help="paper or clean (see fedrec train).")] = "paper",
+    split_dir: Annotated[
+        Path | None, typer.Option(help="A ready split instead (see fedrec train).")
+    ] = None,
+    method: Annotated[str, typer.Option(help=f"One of {', '.join(TUNABLE)}.")] = "fedrecgel",
+    trials: Annotated[int, typer.Option(min=1, max=10_000, help="Trials in all.")] = 30,
+    seeds: Annotated[
+        str, typer.Option(help="Tuning seeds (keep them apart from the seeds you report).")
+    ] = "100",
+    rounds: Annotated[
+        str, typer.Option(help="Round counts a trial may choose, comma-separated.")
+    ] = ",".join(map(str, ROUND_CHOICES)),
+    fraction: Annotated[float, typer.Option(min=0.0, max=1.0)] = DEFAULTS.fraction,
+    storage: Annotated[
+        Path | None,
+        typer.Option(help="SQLite file of the study [default: runs/tune/<study>.db]."),
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="Study name [default: <dataset>-<method>-<protocol>].")
+    ] = None,
+    save_preset: Annotated[
+        str | None,
+        typer.Option(help="Save the best settings as this preset (tuned-<dataset>)."),
+    ] = None,
+    presets_file: Annotated[Path, typer.Option(help="Where presets are saved.")] = PRESETS_FILE,
+) -> None:
+    """Search server/client step sizes, SAM radii, rounds and the server optimizer on the
+    validation item only; run it again to resume an interrupted study."""
+    if method not in TUNABLE:
+        raise fail(f"--method must be one of {', '.join(TUNABLE)}")
+    seed_list = parse_seeds(seeds)
+    try:
+        round_choices = tuple(int(r) for r in rounds.split(",") if r.strip())
+    except ValueError:
+        raise fail(f"--rounds must be comma-separated integers, got {rounds!r}") from None
+    try:
+        split = load_data(dataset, data_dir, True, protocol, split_dir)
+    except (DataError, ValueError) as err:
+        raise fail(str(err)) from None
+    name = study or f"{split.name}-{method}-{protocol}"
+    spec = TuneSpec(
+        storage=storage or Path("runs") / "tune" / f"{name}.db",
+        study=name,
+        base=TrainConfig(method=method, fraction=fraction),  # type: ignore[arg-type]
+        n_trials=trials,
+        seeds=tuple(seed_list),
+        round_choices=round_choices,
+    )
+    try:
+        result = tune(split, spec, progress=console.print)
+    except ValueError as err:
+        raise fail(str(err)) from None
+    best = best_settings(result)
+    console.print(
+        f"study {name} ({spec.storage}): {finished(result)} trials; best validation HR@10 "
+        f"{result.best_value:.4f} with {best}"
+    )
+    if save_preset:
+        about = {
+            "study": name,
+            "validation_hr@10": result.best_value,
+            "trials": finished(result),
+            "tuning_seeds": list(seed_list),
+            "method": method,
+            "protocol": protocol,
+            "dataset": split.name,
+        }
+        try:
+            save(save_preset, best, about, presets_file)
+        except PresetError as err:
+            raise fail(str(err)) from None
+        console.print(f"saved preset {save_preset} in {presets_file}")

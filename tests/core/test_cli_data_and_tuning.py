@@ -1,0 +1,152 @@
+"""`fedrec train` on protocols, ready splits, presets and reference points; `fedrec tune`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from fedrecgel.cli import app
+from fedrecgel.data import load_split, write_ncf
+
+runner = CliRunner()
+SMALL = ["--factor", "4", "--layers", "1", "--quiet"]
+
+
+def _csv(tmp_path: Path) -> Path:
+    """Users who repeat a pair: its latest row is the held-out one under the paper protocol."""
+    rows = ["user,item,timestamp"]
+    for u in range(40):
+        items = [(u * 3 + k * 11) % 150 for k in range(7)]
+        rows += [f"{u},{i},{t}" for t, i in enumerate(items)]
+        rows.append(f"{u},{items[0]},99")  # the first item again, latest
+    path = tmp_path / "d.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _results(out: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((out / "results.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_protocols_change_the_split(tmp_path: Path) -> None:
+    csv = _csv(tmp_path)
+    outs = {}
+    for protocol in ("paper", "clean"):
+        out = tmp_path / protocol
+        r = runner.invoke(
+            app,
+            [
+                "train",
+                "--dataset",
+                str(csv),
+                "--protocol",
+                protocol,
+                "--method",
+                "popularity",
+                "--out",
+                str(out),
+                "--quiet",
+            ],
+        )
+        assert r.exit_code == 0, r.output
+        outs[protocol] = _results(out)
+    assert outs["paper"]["protocol"] == "paper" and outs["clean"]["protocol"] == "clean"
+    # the header row is not data, and clean merges the repeated pair before the leave-one-out
+    assert outs["paper"]["data"]["users"] == 40
+    assert outs["paper"]["data"]["train"] > outs["clean"]["data"]["train"]
+    r = runner.invoke(app, ["train", "--dataset", str(csv), "--protocol", "nope"])
+    assert r.exit_code == 2 and "--protocol" in r.output
+
+
+def test_split_dir_trains_on_a_ready_split(tmp_path: Path) -> None:
+    split = load_split("filmtrust")
+    write_ncf(split, tmp_path / "ncf")
+    out = tmp_path / "run"
+    r = runner.invoke(
+        app,
+        [
+            "train",
+            "--split-dir",
+            str(tmp_path / "ncf"),
+            "--rounds",
+            "1",
+            "--fraction",
+            "0.05",
+            *SMALL,
+            "--out",
+            str(out),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    res = _results(out)
+    assert res["protocol"] == "split-dir" and res["data"]["users"] == split.n_users
+    assert res["runs"][0]["selected_on_validation"] is not None  # a validation item was held out
+    r = runner.invoke(app, ["train", "--split-dir", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "not a directory" in r.output and "Traceback" not in r.output
+
+
+def test_reference_methods(tmp_path: Path) -> None:
+    for method, extra in (
+        ("popularity", []),
+        ("random", ["--seeds", "0,1"]),
+        ("central", ["--rounds", "1", *SMALL]),
+    ):
+        out = tmp_path / method
+        r = runner.invoke(app, ["train", "--method", method, *extra, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        res = _results(out)
+        assert res["method"] == method and res["summary"]["selected.hr@10.mean"] > 0
+    pop = _results(tmp_path / "popularity")["summary"]["selected.hr@10.mean"]
+    rnd = _results(tmp_path / "random")["summary"]["selected.hr@10.mean"]
+    assert pop > rnd + 0.5  # FilmTrust: popularity about 0.91, chance about 0.1
+    r = runner.invoke(app, ["train", "--method", "nope"])
+    assert r.exit_code == 2 and "--method" in r.output
+
+
+def test_presets_and_tune_resume(tmp_path: Path) -> None:
+    presets = tmp_path / "presets.json"
+    base = ["--dataset", str(_csv(tmp_path)), *["--fraction", "0.5"]]
+    tune = [
+        "tune",
+        *base,
+        "--rounds",
+        "2",
+        "--storage",
+        str(tmp_path / "s.db"),
+        "--presets-file",
+        str(presets),
+        "--save-preset",
+        "tuned-d",
+    ]
+    r = runner.invoke(app, [*tune, "--trials", "2"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, [*tune, "--trials", "3"])
+    assert r.exit_code == 0 and "3 trials" in r.output, r.output
+    saved = json.loads(presets.read_text())["tuned-d"]
+    assert saved["study"]["trials"] == 3 and saved["settings"]["rounds"] == 2
+    r = runner.invoke(app, ["tune", *base, "--method", "popularity"])
+    assert r.exit_code == 2
+    r = runner.invoke(app, ["train", "--preset", "nope", "--rounds", "1"])
+    assert r.exit_code == 2 and "unknown preset" in r.output
+    out = tmp_path / "paper"
+    r = runner.invoke(
+        app,
+        [
+            "train",
+            "--preset",
+            "paper",
+            "--rounds",
+            "1",
+            "--fraction",
+            "0.05",
+            *SMALL,
+            "--out",
+            str(out),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert _results(out)["preset"] == "paper"
+    assert np.isclose(_results(out)["runs"][0]["config"]["server_lr"], 0.001)
