@@ -10,13 +10,9 @@ line builds its options from the fields (:func:`fedrecgel.cli.run_options`).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-if TYPE_CHECKING:
-    from fedrecgel.model import ModelConfig
-    from fedrecgel.sam import SAMConfig
 
 ModelKind = Literal["ncf", "mf"]
 Weighting = Literal["mean", "samples"]
@@ -77,35 +73,9 @@ class RunParams(BaseModel):
         description="Dataset of the run (a label the workers check).",
     )
 
-    def sam(self) -> SAMConfig:
-        """The client hyperparameters of this run."""
-        from fedrecgel.sam import SAMConfig
-
-        return SAMConfig(
-            rho_sh=self.rho_sh,
-            rho_ns=self.rho_ns,
-            client_lr=self.client_lr,
-            n_negatives=self.n_negatives,
-            chunk_size=self.chunk_size,
-        )
-
     def quorum_count(self, cohort_size: int) -> int:
         """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""
         return max(1, math.ceil(self.quorum * cohort_size - 1e-9))
-
-
-class RunConfig(RunParams):
-    """A run over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
-
-    n_items: int = Field(ge=1, le=10_000_000, description="Items in the catalogue.")
-
-    def model(self) -> ModelConfig:
-        """The model shape of this run."""
-        from fedrecgel.model import ModelConfig
-
-        return ModelConfig(
-            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
-        )
 
 
 #: the default of every field of :class:`RunParams`

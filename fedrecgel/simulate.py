@@ -18,11 +18,12 @@ import torch
 
 from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import select_cohort
-from fedrecgel.config import DEFAULTS, RunConfig, RunParams, check
+from fedrecgel.config import DEFAULTS, RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
 from fedrecgel.private_store import PrivateStore
+from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
 from fedrecgel.strategy import OptimizerName, Strategy, Weighting, make_strategy
 

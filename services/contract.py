@@ -33,7 +33,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fedrecgel.config import RunConfig as RunConfig  # re-exported: the body of POST /v1/runs
+from fedrecgel.run_config import RunConfig as RunConfig  # re-exported: body of POST /v1/runs
 
 RoundState = Literal["open", "closed", "paused", "finished", "idle"]
 #: response header of a model download: the version in the body

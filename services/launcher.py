@@ -37,7 +37,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedrecgel.config import RunConfig, RunParams
+from fedrecgel.config import RunParams
+from fedrecgel.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)

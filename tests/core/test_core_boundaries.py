@@ -53,8 +53,8 @@ def test_no_core_module_imports_the_services_or_their_dependencies_even_lazily()
         if name.split(".")[0] in ("services", "tests", *FORBIDDEN)
     ]
     assert bad == []
-    # the scan sees imports inside functions (the CLI imports matplotlib in one)
-    assert ("fedrecgel/cli.py", "matplotlib") in {(f, n) for f, _, n in found}
+    # the scan sees imports inside functions (matplotlib is only ever imported in one)
+    assert "matplotlib" in {n for _, _, n in found}
     assert len({f for f, _, _ in found}) >= 10
 
 

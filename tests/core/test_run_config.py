@@ -15,7 +15,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import services.launcher
-from fedrecgel.config import DEFAULTS, RunConfig, RunParams
+from fedrecgel.config import DEFAULTS, RunParams
+from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import TrainConfig
 from services import contract

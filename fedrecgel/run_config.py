@@ -1,0 +1,35 @@
+"""A federated run over a catalogue: :class:`RunConfig`, the body of ``POST /v1/runs``.
+
+Its settings, defaults and bounds are :class:`fedrecgel.config.RunParams`; this adds the
+catalogue size and the model shape and client hyperparameters the run implies.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fedrecgel.config import RunParams
+from fedrecgel.model import ModelConfig
+from fedrecgel.sam import SAMConfig
+
+
+class RunConfig(RunParams):
+    """A run over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
+
+    n_items: int = Field(ge=1, le=10_000_000, description="Items in the catalogue.")
+
+    def model(self) -> ModelConfig:
+        """The model shape of this run."""
+        return ModelConfig(
+            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
+        )
+
+    def sam(self) -> SAMConfig:
+        """The client hyperparameters of this run."""
+        return SAMConfig(
+            rho_sh=self.rho_sh,
+            rho_ns=self.rho_ns,
+            client_lr=self.client_lr,
+            n_negatives=self.n_negatives,
+            chunk_size=self.chunk_size,
+        )
