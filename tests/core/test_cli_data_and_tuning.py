@@ -13,6 +13,7 @@ from fedrecgel.data import load_split, write_ncf
 
 runner = CliRunner()
 SMALL = ["--factor", "4", "--layers", "1", "--quiet"]
+ONE_ROUND = ["--rounds", "1", "--fraction", "0.05", *SMALL]
 
 
 def _csv(tmp_path: Path) -> Path:
@@ -71,11 +72,7 @@ def test_split_dir_trains_on_a_ready_split(tmp_path: Path) -> None:
             "train",
             "--split-dir",
             str(tmp_path / "ncf"),
-            "--rounds",
-            "1",
-            "--fraction",
-            "0.05",
-            *SMALL,
+            *ONE_ROUND,
             "--out",
             str(out),
         ],
@@ -138,11 +135,7 @@ def test_presets_and_tune_resume(tmp_path: Path) -> None:
             "train",
             "--preset",
             "paper",
-            "--rounds",
-            "1",
-            "--fraction",
-            "0.05",
-            *SMALL,
+            *ONE_ROUND,
             "--out",
             str(out),
         ],
