@@ -43,15 +43,33 @@ def secret_from_file(settings: BaseSettings, field: str) -> str | None:
 PLACEHOLDER_SECRETS = frozenset(
     {"changethis", "replace_me", "replace-me", "changeme", "change_me", "secret", "password"}
 )
+#: placeholders also refused inside a longer value (``changethis-changethis``)
+_PLACEHOLDER_WORDS = (
+    "changethis",
+    "changeme",
+    "change_me",
+    "replace_me",
+    "replace-me",
+    "replaceme",
+)
 #: the shortest secret a service accepts where a weak one is refused
 MIN_SECRET_LENGTH = 16
+#: the fewest distinct characters of an accepted secret (``aaaa...``, ``abab...`` are refused)
+MIN_DISTINCT_CHARACTERS = 8
 
 
 def weak_secret(value: str, variable: str) -> str | None:
-    """Why ``value`` is not a usable secret for ``variable`` (a placeholder, or shorter than
-    :data:`MIN_SECRET_LENGTH`), or None when it is acceptable."""
-    if value.strip().lower() in PLACEHOLDER_SECRETS:
+    """Why ``value`` is not a usable secret for ``variable`` (a placeholder, shorter than
+    :data:`MIN_SECRET_LENGTH`, or of low entropy: fewer than :data:`MIN_DISTINCT_CHARACTERS`
+    distinct characters), or None when it is acceptable."""
+    lowered = value.strip().lower()
+    if lowered in PLACEHOLDER_SECRETS or any(w in lowered for w in _PLACEHOLDER_WORDS):
         return f"{variable} is a placeholder; set a real secret (e.g. `openssl rand -hex 32`)"
     if len(value) < MIN_SECRET_LENGTH:
         return f"{variable} is shorter than {MIN_SECRET_LENGTH} characters"
+    if len(set(value)) < MIN_DISTINCT_CHARACTERS:
+        return (
+            f"{variable} has low entropy (fewer than {MIN_DISTINCT_CHARACTERS} distinct "
+            "characters); use a random secret (e.g. `openssl rand -hex 32`)"
+        )
     return None

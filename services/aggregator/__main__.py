@@ -10,7 +10,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from services.aggregator.app import create_app
-from services.aggregator.settings import Settings
+from services.aggregator.settings import Settings, resolve_population
 
 
 def configure_process(settings: Settings) -> None:
@@ -38,8 +38,14 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     configure_process(settings)
+    try:
+        population = resolve_population(settings)
+    except (OSError, ValueError) as err:  # a dataset that cannot be read (DataError too)
+        raise SystemExit(
+            f"FEDREC_AGG_POPULATION_DATASET={settings.population_dataset}: {err}"
+        ) from None
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, population=population),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),

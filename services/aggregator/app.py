@@ -15,21 +15,26 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.aggregator.db import Database
-from services.aggregator.errors import AggregatorError, BodyTooLarge
+from services.aggregator.errors import AggregatorError, BodyTooLarge, Unavailable
 from services.aggregator.events import RedisBus
 from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import utcnow
 from services.aggregator.routes import router
 from services.aggregator.service import AggregatorService
-from services.aggregator.settings import Settings
+from services.aggregator.settings import Settings, resolve_population
 
 log = logging.getLogger(__name__)
 
 _UPLOAD_RE = re.compile(r"^/v1/rounds/[^/]+/updates$")
+#: seconds a client is told to wait (Retry-After) when the database does not answer
+DATABASE_RETRY_AFTER_S = 5
 
 
 def _is_upload(scope: Scope) -> bool:
@@ -37,11 +42,15 @@ def _is_upload(scope: Scope) -> bool:
 
 
 class BodyLimitMiddleware:
-    """Refuses bodies over ``max_bytes``: by Content-Length up front (413), else while read."""
+    """Refuses bodies over the limit: by Content-Length up front (413), else while read.
+    Uploads may carry ``max_bytes``, every other request (JSON) ``max_json_bytes``."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: AggregatorMetrics) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, metrics: AggregatorMetrics, max_json_bytes: int
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_json_bytes = max_json_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -49,13 +58,15 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        upload = _is_upload(scope)
+        limit = self.max_bytes if upload else min(self.max_bytes, self.max_json_bytes)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            if _is_upload(scope):
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            if upload:
                 self.metrics.updates_refused.labels(reason=BodyTooLarge.code).inc()
             body = {
                 "error": BodyTooLarge.code,
-                "detail": f"body of {int(declared)} bytes exceeds the limit of {self.max_bytes}",
+                "detail": f"body of {int(declared)} bytes exceeds the limit of {limit}",
             }
             await JSONResponse(body, status_code=413)(scope, receive, send)
             return
@@ -66,8 +77,8 @@ class BodyLimitMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge(f"body exceeds the limit of {self.max_bytes} bytes")
+                if seen > limit:
+                    raise BodyTooLarge(f"body exceeds the limit of {limit} bytes")
             return message
 
         await self.app(scope, limited_receive, send)
@@ -110,14 +121,41 @@ def _install_error_handlers(app: FastAPI, metrics: AggregatorMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # a body that cannot be decoded at all (not UTF-8 JSON)
+            count_refusal(request, "validation_error")
+            return _error(422, "validation_error", f"body: {exc.detail}")
         codes = {404: "not_found", 405: "method_not_allowed"}
-        return _error(exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail))
+        response = _error(
+            exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail)
+        )
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
+
+    async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("database unavailable: %s", type(exc).__name__)
+        response = _error(
+            Unavailable.status_code, "database_unavailable", "the database does not answer"
+        )
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+        return response
+
+    for exc_type in (OperationalError, InterfaceError, PoolTimeoutError):
+        app.add_exception_handler(exc_type, database_unavailable)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # logged by the server error middleware, which calls this for the answer
+        return _error(500, "internal_error", "the aggregator failed; see its log")
 
 
 def create_app(
-    settings: Settings | None = None, *, clock: Callable[[], datetime] | None = None
+    settings: Settings | None = None,
+    *,
+    clock: Callable[[], datetime] | None = None,
+    population: int | None = None,
 ) -> FastAPI:
-    """Build the aggregator app; connections open in its lifespan, not here."""
+    """Build the aggregator app; connections open in its lifespan, not here. ``population``
+    overrides the settings' (else resolved at start, see :func:`resolve_population`)."""
     settings = settings or Settings()
     metrics = AggregatorMetrics()
 
@@ -128,21 +166,30 @@ def create_app(
         task: asyncio.Task[None] | None = None
         try:
             await anyio.to_thread.run_sync(db.migrate)
+            resolved = population
+            if resolved is None:
+                resolved = await anyio.to_thread.run_sync(resolve_population, settings)
             if settings.redis_url:
                 bus = RedisBus(
                     settings.redis_url, settings.redis_lock_timeout_s, settings.redis_lock_wait_s
                 )
-                await anyio.to_thread.run_sync(bus.ping)
-            service = AggregatorService(db, settings, metrics, bus, clock or utcnow)
+                try:
+                    await anyio.to_thread.run_sync(bus.ping)
+                except RedisError as err:  # optional: rounds close without it
+                    log.warning("redis does not answer (%s); starting without it for now", err)
+            service = AggregatorService(
+                db, settings, metrics, bus, clock or utcnow, population=resolved
+            )
             await anyio.to_thread.run_sync(service.warm)
             app.state.service = service
             task = asyncio.create_task(_deadline_loop(service, settings.deadline_poll_s))
             # woken by every close; the period only catches rounds closed by a replica
             service.storage.start(max(1.0, settings.compact_interval_s))
             log.info(
-                "aggregator ready (database %s, redis %s)",
+                "aggregator ready (database %s, redis %s, population %s)",
                 db.engine.dialect.name,
                 "on" if bus else "off",
+                resolved,
             )
             yield
         finally:
@@ -158,7 +205,12 @@ def create_app(
     app = FastAPI(title="FedRecGEL aggregator", version="1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        metrics=metrics,
+        max_json_bytes=settings.max_json_bytes,
+    )
     _install_error_handlers(app, metrics)
     app.include_router(router)
     return app

@@ -1,5 +1,6 @@
 """Credentials: who a bearer token is (operator, reader or the clients it holds) and client
-registration. Tokens are stored as sha256 hashes only."""
+registration by shard enrolment tokens (services/enrolment.py). Client tokens are stored as
+sha256 hashes only; enrolment tokens are never stored (derived again from the secret)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,25 @@ import hashlib
 import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 
 from sqlalchemy.exc import IntegrityError
 
 from services.aggregator.db import Database
-from services.aggregator.errors import Conflict, Unauthorized
+from services.aggregator.errors import Conflict, Forbidden, Malformed, Unauthorized
 from services.aggregator.repository import Repository
 from services.aggregator.settings import Settings
+from services.enrolment import Shard, verify_enrolment_token
 
 log = logging.getLogger(__name__)
 
 # Known token hashes kept in memory before the cache is emptied (it is refilled on demand).
 _TOKEN_CACHE_SIZE = 4096
+# Seconds a cached token is trusted: a re-registration on a replica replaces a token's hash,
+# and this replica's cache forgets the old one within this time (its own re-registrations
+# empty the cache at once).
+_TOKEN_CACHE_TTL_S = 30.0
 
 
 def hash_token(token: str) -> str:
@@ -38,16 +45,19 @@ class Caller:
 class Credentials:
     """Authenticates bearer tokens and registers clients under new ones.
 
-    Locking: ``_lock`` guards ``_tokens`` (token hash -> client ids) only and is never held
-    while the database is queried; two threads missing the same token both query it, which is
-    harmless (a token's clients never change once registered).
+    Locking: ``_lock`` guards ``_tokens`` (token hash -> client ids, expiry) only and is never
+    held while the database is queried; two threads missing the same token both query it,
+    which is harmless (a token only ever loses clients, to a re-registration, which empties
+    the cache).
     """
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, population: int | None = None) -> None:
         self.db = db
         self.settings = settings
+        # client ids are 0 .. population - 1; None: registration is refused (no_population)
+        self.population = population if population is not None else settings.population
         self._lock = threading.Lock()
-        self._tokens: dict[str, frozenset[int]] = {}
+        self._tokens: dict[str, tuple[frozenset[int], float]] = {}
 
     def authenticate(self, token: str | None) -> Caller:
         """The caller behind a bearer token (401 when missing or unknown)."""
@@ -59,18 +69,20 @@ class Credentials:
         if reader and secrets.compare_digest(token.encode(), reader.encode()):
             return Caller(frozenset())  # may read rounds and models, owns no client
         h = hash_token(token)
+        now = time.monotonic()
         with self._lock:
-            cached = self._tokens.get(h)
-        if cached is None:
-            with self.db.transaction() as s:
-                ids = Repository(s).clients_of_token(h)
-            if not ids:
-                raise Unauthorized("unknown token")
-            cached = frozenset(ids)
-            with self._lock:
-                if len(self._tokens) > _TOKEN_CACHE_SIZE:
-                    self._tokens.clear()
-                self._tokens[h] = cached
+            hit = self._tokens.get(h)
+        if hit is not None and hit[1] > now:
+            return Caller(hit[0])
+        with self.db.transaction() as s:
+            ids = Repository(s).clients_of_token(h)
+        if not ids:
+            raise Unauthorized("unknown token")
+        cached = frozenset(ids)
+        with self._lock:
+            if len(self._tokens) > _TOKEN_CACHE_SIZE:
+                self._tokens.clear()
+            self._tokens[h] = (cached, now + _TOKEN_CACHE_TTL_S)
         return Caller(cached)
 
     def require_operator(self, token: str | None) -> None:
@@ -85,19 +97,65 @@ class Credentials:
         with self.db.transaction() as s:
             return Repository(s).count_clients()
 
-    def register_clients(self, client_ids: list[int]) -> tuple[str, list[int]]:
-        """Register clients under a new credential; returns (token, ids)."""
+    def enrolment(self, token: str | None) -> Shard:
+        """The shard an enrolment token enrols (401 when missing, invalid or when this
+        aggregator has no enrolment secret)."""
+        if not token:
+            raise Unauthorized(
+                "registration needs a shard enrolment token (Authorization: Bearer enrol-v1...)"
+            )
+        secret = self.settings.enrolment_secret
+        if not secret:
+            raise Unauthorized("this aggregator has no enrolment secret; registration is closed")
+        shard = verify_enrolment_token(secret, token)
+        if shard is None:
+            raise Unauthorized("invalid enrolment token")
+        return shard
+
+    def register_clients(self, shard: Shard, client_ids: list[int]) -> tuple[str, list[int]]:
+        """Register clients of ``shard`` under a new credential; returns (token, ids).
+
+        Every id must be in the population and in the shard; ids this shard registered before
+        move to the new credential (a worker that lost its token registers again), ids any
+        other credential holds are refused (409).
+        """
+        limit = self.settings.max_register_per_request
+        if len(client_ids) > limit:
+            raise Malformed(
+                f"{len(client_ids)} client ids in one request; at most {limit}",
+                "too_many_clients",
+            )
+        population = self.population
+        if population is None:
+            raise Conflict(
+                "the aggregator declares no population (FEDREC_AGG_POPULATION)", "no_population"
+            )
+        for c in client_ids:
+            if not 0 <= c < population or not shard.owns(c):
+                raise Forbidden(
+                    f"client {c} is not in shard {shard.shard} of {shard.shards} of the "
+                    f"population 0..{population - 1}",
+                    "not_your_ids",
+                )
+        label = f"{shard.shard}/{shard.shards}"
         token = secrets.token_urlsafe(32)
+        h = hash_token(token)
         try:
             with self.db.transaction() as s:
                 repo = Repository(s)
-                taken = repo.existing_clients(client_ids)
+                existing = repo.existing_clients(client_ids)
+                taken = sorted(c for c, by in existing.items() if by != label)
                 if taken:
                     raise Conflict(
-                        f"clients already registered: {taken[:10]}", "already_registered"
+                        f"clients already registered by another credential: {taken[:10]}",
+                        "already_registered",
                     )
-                repo.add_clients(client_ids, hash_token(token))
+                repo.rekey_clients(sorted(existing), h)
+                repo.add_clients([c for c in client_ids if c not in existing], h, label)
         except IntegrityError:
             raise Conflict("clients already registered", "already_registered") from None
-        log.info("registered %d clients", len(client_ids))
+        if existing:
+            with self._lock:
+                self._tokens.clear()  # the old tokens of these clients no longer hold them
+        log.info("shard %s registered %d clients (%d again)", label, len(client_ids), len(existing))
         return token, client_ids

@@ -56,3 +56,17 @@ class Malformed(AggregatorError):
 
     status_code = 422
     code = "malformed"
+
+
+class UnsupportedMediaType(AggregatorError):
+    """The body is not of the media type the endpoint reads (415)."""
+
+    status_code = 415
+    code = "unsupported_media_type"
+
+
+class Unavailable(AggregatorError):
+    """A dependency the request needs does not answer (503, with Retry-After)."""
+
+    status_code = 503
+    code = "unavailable"

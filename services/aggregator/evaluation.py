@@ -1,9 +1,17 @@
 """Federated evaluation: clients report metric sums for a model version; once the reports
-cover every registered client, the version's metrics (the means) are written, once."""
+cover every registered client, the version's metrics (the means) are written, once.
+
+A report is checked before anything is stored: only ids the caller holds, each at most once
+per version, ``count`` equal to the number of ids, and every metric a finite sum of per-client
+values in [0, 1] (``0 <= sum <= count``). The means are exact sums (``math.fsum``) of values so
+bounded, divided by the number of clients: nothing can overflow, one client cannot move a
+mean by more than 1/population, and the honest reports always complete.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
@@ -14,24 +22,52 @@ from services.aggregator.schemas import EvaluationAck, EvaluationRequest
 
 log = logging.getLogger(__name__)
 
+#: the most metrics one report may carry, and the longest metric name
+MAX_METRICS = 32
+MAX_METRIC_NAME = 64
+
 
 class Evaluations:
     """Stores evaluation reports of the current run (one transaction per report)."""
 
-    def __init__(self, db: Database, clock: Clock) -> None:
+    def __init__(self, db: Database, clock: Clock, max_ids: int) -> None:
         self.db = db
         self.clock = clock
+        self.max_ids = max_ids
 
-    def report(self, caller: Caller, req: EvaluationRequest) -> EvaluationAck:
-        """Store a federated-evaluation report; complete coverage sets the version's metrics."""
+    def check(self, caller: Caller, req: EvaluationRequest) -> dict[str, float]:
+        """The report's metric sums, once every rule holds (403 / 422 otherwise)."""
+        if len(req.client_ids) > self.max_ids:
+            raise Malformed(
+                f"{len(req.client_ids)} client ids in one report; at most {self.max_ids}",
+                "too_many_clients",
+            )
         foreign = sorted(set(req.client_ids) - caller.client_ids)
-        if foreign and not caller.operator:
+        if foreign:
             raise Forbidden(f"clients not held by this token: {foreign[:10]}", "not_owned")
         if req.count != len(req.client_ids):
             raise Malformed(
                 f"count {req.count} != {len(req.client_ids)} client ids", "count_mismatch"
             )
         sums = {k: v for k, v in req.sums.items() if k != "count"}
+        if len(sums) > MAX_METRICS:
+            raise Malformed(f"{len(sums)} metrics; at most {MAX_METRICS}", "invalid_metrics")
+        for name, value in sums.items():
+            if not 1 <= len(name) <= MAX_METRIC_NAME:
+                raise Malformed(
+                    f"metric names have 1 to {MAX_METRIC_NAME} characters", "invalid_metrics"
+                )
+            if not (math.isfinite(value) and 0.0 <= value <= req.count):
+                raise Malformed(
+                    f"metric {name!r}: sum {value!r} is outside 0..{req.count} (a sum over "
+                    f"{req.count} clients of values in [0, 1])",
+                    "metric_out_of_range",
+                )
+        return sums
+
+    def report(self, caller: Caller, req: EvaluationRequest) -> EvaluationAck:
+        """Store a federated-evaluation report; complete coverage sets the version's metrics."""
+        sums = self.check(caller, req)
         v = req.model_version
         with self.db.transaction() as s:
             repo = Repository(s)
@@ -61,7 +97,9 @@ class Evaluations:
                 reports = repo.evaluation_reports(run.id, v)
                 total = sum(r.count for r in reports)
                 names = sorted({k for r in reports for k in r.sums})
-                means = {k: sum(r.sums.get(k, 0.0) for r in reports) / total for k in names}
+                means = {
+                    k: math.fsum(float(r.sums.get(k, 0.0)) for r in reports) / total for k in names
+                }
                 complete = repo.set_version_metrics(run.id, v, means)
                 if complete:
                     log.info("version %d evaluated over %d clients: %s", v, total, means)

@@ -1,18 +1,29 @@
-"""Redis, when configured: version events (pub/sub) and the round-closing lock."""
+"""Redis, when configured: version events (pub/sub) and the round-closing lock.
+
+Redis is optional for progress: when it does not answer, a round is closed without the lock
+(the database's conditional update still makes each close happen exactly once; the lock only
+spares replicas aggregating the same round in parallel) and no version event is published
+(followers poll). After a failure Redis is left alone for :data:`RETRY_AFTER_S` seconds, so
+closes do not wait on its timeouts.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis
-from redis.exceptions import LockError
+from redis.exceptions import LockError, RedisError
 
 log = logging.getLogger(__name__)
 
 VERSIONS_CHANNEL = "fedrec:versions"
+#: seconds Redis is not tried again after it failed
+RETRY_AFTER_S = 5.0
 
 
 def close_lock_name(run_id: int, round_id: int) -> str:
@@ -27,35 +38,69 @@ class RedisBus:
         self.client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         self.lock_timeout_s = lock_timeout_s
         self.lock_wait_s = lock_wait_s
+        # Locking: ``_lock`` guards ``_down_until`` (monotonic time before which Redis is not
+        # tried again) only.
+        self._lock = threading.Lock()
+        self._down_until = 0.0
 
     def ping(self) -> None:
         """Round-trip to Redis (raises when it is unreachable)."""
         self.client.ping()
 
+    def available(self) -> bool:
+        """False while Redis is being left alone after a failure."""
+        with self._lock:
+            return time.monotonic() >= self._down_until
+
+    def _failed(self, what: str, err: Exception) -> None:
+        with self._lock:
+            self._down_until = time.monotonic() + RETRY_AFTER_S
+        log.warning("redis unavailable (%s: %s); going on without it", what, err)
+
     @contextmanager
     def close_lock(self, run_id: int, round_id: int) -> Iterator[bool]:
-        """Hold the closing lock of a round; yields False when another holder kept it."""
+        """Hold the closing lock of a round; yields False when another holder kept it, True
+        (without a lock) when Redis does not answer: the database's guard suffices."""
+        if not self.available():
+            yield True
+            return
         lock = self.client.lock(
             close_lock_name(run_id, round_id),
             timeout=self.lock_timeout_s,
             blocking_timeout=self.lock_wait_s,
         )
-        acquired = bool(lock.acquire())
+        try:
+            acquired = bool(lock.acquire())
+        except RedisError as err:
+            self._failed("closing lock", err)
+            acquired, held = True, False
+        else:
+            held = acquired
         try:
             yield acquired
         finally:
-            if acquired:
+            if held:
                 try:
                     lock.release()
                 except LockError:
                     log.warning(
                         "closing lock of run %d round %d expired while held", run_id, round_id
                     )
+                except RedisError as err:
+                    self._failed("releasing the closing lock", err)
 
-    def publish_version(self, run_id: int, version: int, round_id: int) -> None:
-        """Announce a new model version on ``fedrec:versions``."""
+    def publish_version(self, run_id: int, version: int, round_id: int) -> bool:
+        """Announce a new model version on ``fedrec:versions``; False when Redis does not
+        answer (followers find the version by polling)."""
+        if not self.available():
+            return False
         payload = json.dumps({"run_id": run_id, "version": version, "round_id": round_id})
-        self.client.publish(VERSIONS_CHANNEL, payload)
+        try:
+            self.client.publish(VERSIONS_CHANNEL, payload)
+        except RedisError as err:
+            self._failed("publishing a version", err)
+            return False
+        return True
 
     def close(self) -> None:
         """Close the connection pool."""

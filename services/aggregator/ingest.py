@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,10 @@ _BODY_METADATA_KEYS = frozenset({"format", "round", "updates"})
 _UPDATE_ENTRY_KEYS = frozenset({"client_id", "n_samples", "loss"})
 # Times an upload is decoded again when the newest run changed under it.
 _RUN_CHANGE_RETRIES = 3
+#: bounds of an update's metadata: its training-sample count (a 32-bit column) and its mean
+#: training loss (a binary cross-entropy: never negative; far above any real run's)
+MAX_SAMPLES = 2**31 - 1
+MAX_LOSS = 1e6
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,20 @@ def strict_metadata(body: bytes) -> None:
         extra = set(entry) - _UPDATE_ENTRY_KEYS
         if extra:
             raise Malformed(f"update {i}: unexpected fields {sorted(extra)}", "malformed_update")
+
+
+def check_metadata(u: Update) -> None:
+    """An update's sample count and loss within their bounds (422 otherwise)."""
+    if not 1 <= u.n_samples <= MAX_SAMPLES:
+        raise Malformed(
+            f"client {u.client_id}: n_samples {u.n_samples} is outside 1..{MAX_SAMPLES}",
+            "invalid_update_metadata",
+        )
+    if not (math.isfinite(u.loss) and 0.0 <= u.loss <= MAX_LOSS):
+        raise Malformed(
+            f"client {u.client_id}: loss {u.loss!r} is not a finite value in [0, {MAX_LOSS:g}]",
+            "invalid_update_metadata",
+        )
 
 
 class Ingest:
@@ -153,6 +172,7 @@ class Ingest:
         for u in decoded.updates:
             if u.client_id not in caller.client_ids:
                 raise Forbidden(f"client {u.client_id} is not held by this token", "not_owned")
+            check_metadata(u)
         # A validated one-update body is stored as sent: it decodes to exactly that update.
         blobs = (
             [body]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +22,21 @@ from services.aggregator.models import (
 )
 
 LIVE_ROUND_STATES = ("open", "paused")
+#: the most values bound in one ``IN (...)`` list: far below every backend's limit on bound
+#: variables (SQLite's 32766, PostgreSQL's 65535), whatever the request carried
+IN_CHUNK = 1000
+
+
+def chunks(values: Iterable[int], size: int = IN_CHUNK) -> Iterator[list[int]]:
+    """``values`` in lists of at most ``size`` (for ``IN`` lists of bounded length)."""
+    batch: list[int] = []
+    for v in values:
+        batch.append(v)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 class Repository:
@@ -32,16 +47,37 @@ class Repository:
 
     # ------------------------------------------------------------------ clients
 
-    def existing_clients(self, client_ids: Iterable[int]) -> list[int]:
-        """Which of ``client_ids`` are already registered."""
-        ids = list(client_ids)
-        rows = self.session.scalars(select(Client.client_id).where(Client.client_id.in_(ids)))
-        return sorted(rows)
+    def existing_clients(self, client_ids: Iterable[int]) -> dict[int, str | None]:
+        """Which of ``client_ids`` are already registered: id -> the shard that enrolled it."""
+        out: dict[int, str | None] = {}
+        for part in chunks(client_ids):
+            stmt = select(Client.client_id, Client.enrolled_by).where(Client.client_id.in_(part))
+            out.update((int(c), e) for c, e in self.session.execute(stmt))
+        return out
 
-    def add_clients(self, client_ids: Sequence[int], token_hash: str) -> None:
+    def add_clients(
+        self, client_ids: Sequence[int], token_hash: str, enrolled_by: str | None = None
+    ) -> None:
         """Register ``client_ids`` under one credential hash."""
-        self.session.add_all(Client(client_id=c, token_hash=token_hash) for c in client_ids)
-        self.session.flush()
+        if not client_ids:
+            return
+        self.session.execute(
+            insert(Client),
+            [
+                {"client_id": c, "token_hash": token_hash, "enrolled_by": enrolled_by}
+                for c in client_ids
+            ],
+        )
+
+    def rekey_clients(self, client_ids: Sequence[int], token_hash: str) -> None:
+        """Move registered clients to a new credential hash (their old one stops holding them)."""
+        for part in chunks(client_ids):
+            self.session.execute(
+                update(Client)
+                .where(Client.client_id.in_(part))
+                .values(token_hash=token_hash)
+                .execution_options(synchronize_session=False)
+            )
 
     def clients_of_token(self, token_hash: str) -> list[int]:
         """The clients a credential holds (empty when the credential is unknown)."""
@@ -192,12 +228,15 @@ class Repository:
         self, run_id: int, round_id: int, client_ids: Iterable[int]
     ) -> dict[int, str]:
         """Stored digests of the given clients' updates of a round: client -> digest."""
-        stmt = select(StoredUpdate.client_id, StoredUpdate.digest).where(
-            StoredUpdate.run_id == run_id,
-            StoredUpdate.round_id == round_id,
-            StoredUpdate.client_id.in_(list(client_ids)),
-        )
-        return {int(c): d for c, d in self.session.execute(stmt)}
+        out: dict[int, str] = {}
+        for part in chunks(client_ids):
+            stmt = select(StoredUpdate.client_id, StoredUpdate.digest).where(
+                StoredUpdate.run_id == run_id,
+                StoredUpdate.round_id == round_id,
+                StoredUpdate.client_id.in_(part),
+            )
+            out.update((int(c), d) for c, d in self.session.execute(stmt))
+        return out
 
     def add_updates(self, rows: Sequence[dict[str, Any]]) -> None:
         """Store acknowledged updates: ``StoredUpdate`` column dicts plus their ``blob``, in
@@ -227,10 +266,13 @@ class Repository:
 
     def update_blobs(self, round_pk: int, client_ids: Iterable[int]) -> dict[int, bytes]:
         """Stored bodies of some clients' updates of a live round attempt: client -> blob."""
-        stmt = select(UpdateBlob.client_id, UpdateBlob.blob).where(
-            UpdateBlob.round_pk == round_pk, UpdateBlob.client_id.in_(list(client_ids))
-        )
-        return {int(c): b for c, b in self.session.execute(stmt)}
+        out: dict[int, bytes] = {}
+        for part in chunks(client_ids):
+            stmt = select(UpdateBlob.client_id, UpdateBlob.blob).where(
+                UpdateBlob.round_pk == round_pk, UpdateBlob.client_id.in_(part)
+            )
+            out.update((int(c), b) for c, b in self.session.execute(stmt))
+        return out
 
     def count_updates(self, round_pk: int) -> int:
         """Number of updates stored for a round attempt."""
@@ -348,12 +390,13 @@ class Repository:
 
     def prune_versions(self, run_id: int, versions: Sequence[int], now: datetime) -> None:
         """Free the params of some versions of a run (their rows stay, ``pruned_at`` set)."""
-        self.session.execute(
-            update(ModelVersion)
-            .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(list(versions)))
-            .values(params=None, pruned_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        for part in chunks(versions):
+            self.session.execute(
+                update(ModelVersion)
+                .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(part))
+                .values(params=None, pruned_at=now)
+                .execution_options(synchronize_session=False)
+            )
 
     def version_metrics(self, run_id: int) -> dict[int, dict[str, float] | None]:
         """version -> federated-evaluation means (None until complete)."""
@@ -382,12 +425,15 @@ class Repository:
 
     def evaluated_clients(self, run_id: int, version: int, client_ids: Iterable[int]) -> set[int]:
         """Which of ``client_ids`` already reported for a version."""
-        stmt = select(Evaluation.client_id).where(
-            Evaluation.run_id == run_id,
-            Evaluation.version == version,
-            Evaluation.client_id.in_(list(client_ids)),
-        )
-        return {int(c) for c in self.session.scalars(stmt)}
+        out: set[int] = set()
+        for part in chunks(client_ids):
+            stmt = select(Evaluation.client_id).where(
+                Evaluation.run_id == run_id,
+                Evaluation.version == version,
+                Evaluation.client_id.in_(part),
+            )
+            out.update(int(c) for c in self.session.scalars(stmt))
+        return out
 
     def add_evaluation(
         self,
@@ -404,11 +450,13 @@ class Repository:
         )
         self.session.add(report)
         self.session.flush()
-        self.session.add_all(
-            Evaluation(run_id=run_id, version=version, client_id=c, report_id=report.id)
-            for c in client_ids
+        self.session.execute(
+            insert(Evaluation),
+            [
+                {"run_id": run_id, "version": version, "client_id": c, "report_id": report.id}
+                for c in client_ids
+            ],
         )
-        self.session.flush()
 
     def count_evaluated(self, run_id: int, version: int) -> int:
         """How many clients reported for a version."""

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Request, Response, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 
-from services.aggregator.errors import BodyTooLarge
+from services.aggregator.errors import BodyTooLarge, UnsupportedMediaType
 from services.aggregator.schemas import (
     CurrentRound,
     ErrorBody,
     EvaluationAck,
     EvaluationRequest,
+    Health,
     History,
     RegisterRequest,
     RegisterResponse,
@@ -24,8 +27,15 @@ from services.aggregator.schemas import (
 )
 from services.aggregator.service import AggregatorService, Caller
 from services.contract import MODEL_VERSION_HEADER, ModelBlob
+from services.enrolment import Shard
 
 UPLOAD_PATH = "/v1/rounds/{round_id}/updates"
+UPLOAD_MEDIA_TYPE = "application/octet-stream"
+#: the largest round number or model version (the columns are 32-bit integers)
+MAX_INT32 = 2**31 - 1
+RoundId = Annotated[int, Path(ge=0, le=MAX_INT32, description="Round number.")]
+Version = Annotated[int, Path(ge=0, le=MAX_INT32, description="Model version.")]
+M = TypeVar("M", bound=BaseModel)
 
 router = APIRouter()
 
@@ -60,12 +70,51 @@ def operator_caller(service: ServiceDep, token: TokenDep) -> None:
     service.credentials.require_operator(token)
 
 
+def enrolment_shard(service: ServiceDep, token: TokenDep) -> Shard:
+    """Require a shard enrolment token: the shard it enrols."""
+    return service.credentials.enrolment(token)
+
+
 CallerDep = Annotated[Caller, Depends(client_caller)]
 OperatorDep = Annotated[None, Depends(operator_caller)]
+EnrolmentDep = Annotated[Shard, Depends(enrolment_shard)]
+
+
+async def _strict(request: Request, model: type[M]) -> M:
+    """The JSON body validated again in strict mode: a number is never read from a string or
+    a boolean (``[false]`` is not ``[0]``, ``"10"`` is not 10)."""
+    try:
+        return model.model_validate(await request.json(), strict=True)
+    except ValidationError as err:
+        errors: list[Any] = [
+            {**e, "loc": ("body", *e["loc"])} for e in err.errors(include_url=False)
+        ]
+        raise RequestValidationError(errors) from None
+
+
+async def strict_register(request: Request, body: RegisterRequest) -> RegisterRequest:
+    """``POST /v1/clients`` body, strictly typed."""
+    return await _strict(request, RegisterRequest)
+
+
+async def strict_evaluation(request: Request, body: EvaluationRequest) -> EvaluationRequest:
+    """``POST /v1/evaluations`` body, strictly typed."""
+    return await _strict(request, EvaluationRequest)
+
+
+async def strict_run_config(request: Request, body: RunConfig) -> RunConfig:
+    """``POST /v1/runs`` body, strictly typed."""
+    return await _strict(request, RunConfig)
 
 
 async def upload_body(request: Request) -> bytes:
-    """The raw body, refused (413) as soon as it exceeds the configured limit."""
+    """The raw body, refused (415) unless sent as ``application/octet-stream`` and (413) as
+    soon as it exceeds the configured limit."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != UPLOAD_MEDIA_TYPE:
+        raise UnsupportedMediaType(
+            f"an upload body is {UPLOAD_MEDIA_TYPE} (got {media_type or 'no Content-Type'})"
+        )
     limit: int = request.app.state.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -82,25 +131,50 @@ async def upload_body(request: Request) -> bytes:
 
 BodyDep = Annotated[bytes, Depends(upload_body)]
 
-ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The documented refusals of a route: each an ErrorBody (a database outage is 503 with
+    Retry-After on every route that reads or writes)."""
+    out: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorBody} for code in (*codes, 413, 422)
+    }
+    out[503] = {
+        "model": ErrorBody,
+        "description": "The database is unavailable; retry after the Retry-After seconds.",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    }
+    return out
+
+
+ERRORS = _errors(401, 403, 404, 409, 410)
+
+UPLOAD_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "A wire.encode_updates body (safetensors): one or more clients' updates.",
+        "content": {UPLOAD_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+    }
 }
 
 
-@router.post("/v1/clients", status_code=status.HTTP_201_CREATED, responses=ERRORS)
-def register_clients(body: RegisterRequest, service: ServiceDep) -> RegisterResponse:
-    """Register clients under one new credential."""
-    token, ids = service.credentials.register_clients(body.client_ids)
+@router.post("/v1/clients", status_code=status.HTTP_201_CREATED, responses=_errors(401, 403, 409))
+def register_clients(
+    shard: EnrolmentDep,
+    body: Annotated[RegisterRequest, Depends(strict_register)],
+    service: ServiceDep,
+) -> RegisterResponse:
+    """Register clients of the enrolment token's shard under one new credential."""
+    token, ids = service.credentials.register_clients(shard, body.client_ids)
     return RegisterResponse(token=token, client_ids=ids)
 
 
-@router.get("/v1/clients/count", responses=ERRORS)
+@router.get("/v1/clients/count", responses=_errors())
 def count_clients(service: ServiceDep) -> dict[str, int]:
     """How many clients are registered (launchers wait on it before starting a run)."""
     return {"registered": service.credentials.count_clients()}
 
 
-@router.get("/v1/rounds/current", responses=ERRORS)
+@router.get("/v1/rounds/current", responses=_errors(401))
 def current_round(caller: CallerDep, service: ServiceDep) -> CurrentRound:
     """The current round, with the caller's cohort members."""
     return service.reads.current_round(caller)
@@ -128,7 +202,7 @@ def latest_model(
 
 @router.get("/v1/models/{version}", responses=ERRORS, response_class=Response)
 def model_version(
-    version: int,
+    version: Version,
     caller: CallerDep,
     service: ServiceDep,
     if_none_match: Annotated[str | None, Header()] = None,
@@ -137,9 +211,9 @@ def model_version(
     return _model_response(service.reads.model_blob(version), if_none_match)
 
 
-@router.post(UPLOAD_PATH, responses=ERRORS)
+@router.post(UPLOAD_PATH, responses={**ERRORS, **_errors(415)}, openapi_extra=UPLOAD_BODY)
 def upload_updates(
-    round_id: int, caller: CallerDep, body: BodyDep, service: ServiceDep
+    round_id: RoundId, caller: CallerDep, body: BodyDep, service: ServiceDep
 ) -> UploadResponse:
     """Validate and store one or more clients' updates (wire.encode_updates body)."""
     return UploadResponse(results=service.ingest.accept(caller, round_id, body))
@@ -147,26 +221,32 @@ def upload_updates(
 
 @router.post("/v1/evaluations", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
 def report_evaluation(
-    body: EvaluationRequest, caller: CallerDep, service: ServiceDep
+    caller: CallerDep,
+    body: Annotated[EvaluationRequest, Depends(strict_evaluation)],
+    service: ServiceDep,
 ) -> EvaluationAck:
     """Federated evaluation: metric sums over some clients for one version."""
     return service.evaluations.report(caller, body)
 
 
-@router.get("/v1/rounds/{round_id}", responses=ERRORS)
-def round_info(round_id: int, service: ServiceDep) -> RoundInfo:
+@router.get("/v1/rounds/{round_id}", responses=_errors(404))
+def round_info(round_id: RoundId, service: ServiceDep) -> RoundInfo:
     """Public state of a round of the current run."""
     return service.reads.round_info(round_id)
 
 
-@router.get("/v1/runs/current/history", responses=ERRORS)
+@router.get("/v1/runs/current/history", responses=_errors())
 def run_history(service: ServiceDep) -> History:
     """Every closed round of the current run."""
     return service.reads.history()
 
 
 @router.post("/v1/runs", status_code=status.HTTP_201_CREATED, responses=ERRORS)
-def start_run(config: RunConfig, _: OperatorDep, service: ServiceDep) -> RunStarted:
+def start_run(
+    _: OperatorDep,
+    config: Annotated[RunConfig, Depends(strict_run_config)],
+    service: ServiceDep,
+) -> RunStarted:
     """Start a run (operator)."""
     return service.runs.start_run(config)
 
@@ -189,11 +269,12 @@ def stop_run(_: OperatorDep, service: ServiceDep) -> RunStatus:
     return service.runs.stop_run()
 
 
-@router.get("/healthz")
+@router.get("/healthz", responses={503: {"model": Health}})
 def healthz(service: ServiceDep) -> JSONResponse:
-    """200 when the database (and Redis, when configured) answer, else 503."""
+    """200 when the database answers (``degraded`` when a configured Redis does not: rounds
+    still close), 503 when the database does not."""
     health = service.health.check()
-    code = status.HTTP_200_OK if health.status == "ok" else status.HTTP_503_SERVICE_UNAVAILABLE
+    code = status.HTTP_503_SERVICE_UNAVAILABLE if health.status == "error" else status.HTTP_200_OK
     return JSONResponse(health.model_dump(), status_code=code)
 
 

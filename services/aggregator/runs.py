@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,7 +19,7 @@ from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.strategy import make_strategy
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator.db import Database
-from services.aggregator.errors import Conflict
+from services.aggregator.errors import Conflict, Malformed
 from services.aggregator.models import Clock, Round
 from services.aggregator.modelstore import ModelState, ModelStore
 from services.aggregator.pending import PendingUpdates
@@ -110,16 +111,32 @@ class RunLifecycle:
         models: ModelStore,
         pending: PendingUpdates,
         newest: NewestRun,
+        max_model_params: int,
     ) -> None:
         self.db = db
         self.clock = clock
         self.models = models
         self.pending = pending
         self.newest = newest
+        self.max_model_params = max_model_params
 
     def start_run(self, cfg: RunConfig) -> RunStarted:
-        """Start a run: version 0 = init_shared(model, seed), round 1 open (409 if one runs)."""
+        """Start a run: version 0 = init_shared(model, seed), round 1 open.
+
+        Nothing is allocated before the run may start: a model over ``max_model_params``
+        shared parameters is refused (422), and so is a start while a run is active or no
+        client is registered (409); the transaction below checks the latter again.
+        """
         mcfg = cfg.model()
+        n_params = sum(math.prod(shape) for shape in mcfg.shared_shapes().values())
+        if n_params > self.max_model_params:
+            raise Malformed(
+                f"the model would have {n_params} shared parameters; this aggregator builds at "
+                f"most {self.max_model_params} (FEDREC_AGG_MAX_MODEL_PARAMS)",
+                "model_too_large",
+            )
+        with self.db.transaction() as s:
+            self._check_can_start(Repository(s))
         params = init_shared(mcfg, cfg.seed)
         strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
         state = strategy.state_dict()
@@ -129,11 +146,8 @@ class RunLifecycle:
         try:
             with self.db.transaction() as s:
                 repo = Repository(s)
-                if repo.active_run() is not None:
-                    raise Conflict("a run is already active", "run_active")
+                self._check_can_start(repo)
                 candidates = repo.all_client_ids()
-                if not candidates:
-                    raise Conflict("no clients are registered", "no_clients")
                 run = repo.add_run(cfg.model_dump(mode="json"), now)
                 repo.add_version(run.id, 0, 0, blob, encode_state(state), digest, 0, None, now)
                 rnd = open_round(repo, run.id, cfg, 1, 0, 0, candidates, now)
@@ -152,6 +166,13 @@ class RunLifecycle:
             cohort_size=cohort_size,
             config=cfg,
         )
+
+    @staticmethod
+    def _check_can_start(repo: Repository) -> None:
+        if repo.active_run() is not None:
+            raise Conflict("a run is already active", "run_active")
+        if repo.count_clients() == 0:
+            raise Conflict("no clients are registered", "no_clients")
 
     def pause_run(self) -> RunStatus:
         """Pause the active run: uploads are refused and no deadline runs until resumed."""

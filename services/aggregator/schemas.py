@@ -29,6 +29,7 @@ __all__ = [
     "EvaluationAck",
     "EvaluationRequest",
     "Health",
+    "HealthStatus",
     "History",
     "HistoryRound",
     "RegisterRequest",
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 RunState = Literal["running", "paused", "finished", "stopped"]
+HealthStatus = Literal["ok", "degraded", "error"]
 
 
 class HistoryRound(BaseModel):
@@ -87,6 +89,8 @@ class RunStatus(BaseModel):
 class Health(BaseModel):
     """Health of the service and its dependencies."""
 
-    status: Literal["ok", "error"]
+    # ok; degraded: Redis (configured) does not answer, rounds still close and models are
+    # still published (version events stop: followers poll); error: the database does not answer
+    status: HealthStatus
     database: str
     redis: str

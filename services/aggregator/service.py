@@ -51,6 +51,7 @@ class AggregatorService:
         metrics: AggregatorMetrics,
         bus: RedisBus | None = None,
         clock: Clock = utcnow,
+        population: int | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -66,12 +67,14 @@ class AggregatorService:
             settings.compact_interval_s,
             on_pruned=self.models.forget,
         )
-        self.credentials = Credentials(db, settings)
-        self.runs = RunLifecycle(db, clock, self.models, self.pending, self.newest)
+        self.credentials = Credentials(db, settings, population)
+        self.runs = RunLifecycle(
+            db, clock, self.models, self.pending, self.newest, settings.max_model_params
+        )
         self.reads = RunReads(db, self.models)
         self.rounds = RoundCloser(db, metrics, clock, self.models, self.pending, self.storage, bus)
         self.ingest = Ingest(db, metrics, clock, self.newest, self.pending, self.rounds.close_round)
-        self.evaluations = Evaluations(db, clock)
+        self.evaluations = Evaluations(db, clock, settings.max_register_per_request)
         self.health = HealthCheck(db, bus)
 
     def tick(self) -> CloseOutcome | None:

@@ -9,9 +9,13 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
-from services.secret_files import secret_from_file
+from services.secret_files import secret_from_file, weak_secret
 
 PLACEHOLDER_TOKEN = "changethis"
+#: the most clients one registration may name (and one evaluation report may cover)
+DEFAULT_MAX_REGISTER_PER_REQUEST = 10_000
+#: the largest declared population (client ids are 0 .. population - 1)
+MAX_POPULATION = 100_000_000
 
 
 class Settings(BaseSettings):
@@ -19,7 +23,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FEDREC_AGG_", extra="ignore")
 
-    environment: Literal["development", "test", "production"] = "development"
+    # Production unless chosen otherwise: every secret is then checked for strength.
+    environment: Literal["development", "test", "production"] = "production"
     database_url: str = "sqlite:///./aggregator.db"
     redis_url: str | None = None
     operator_token: str = PLACEHOLDER_TOKEN
@@ -30,7 +35,25 @@ class Settings(BaseSettings):
     operator_token_file: Path | None = None
     reader_token_file: Path | None = None
     database_password_file: Path | None = None
+    # Shard enrolment (services/enrolment.py): workers register their clients with tokens
+    # derived from this secret; registration is refused while it is unset.
+    enrolment_secret: str | None = None
+    enrolment_secret_file: Path | None = None
+    # The population: client ids are 0 .. population - 1; or the number of users of a
+    # dataset's split (read once at start, from ``population_data_dir`` when given).
+    population: int | None = Field(default=None, ge=1, le=MAX_POPULATION)
+    population_dataset: str | None = Field(default=None, min_length=1, max_length=200)
+    population_data_dir: Path | None = None
+    # The most client ids one request may carry (registration, evaluation report).
+    max_register_per_request: int = Field(
+        default=DEFAULT_MAX_REGISTER_PER_REQUEST, ge=1, le=1_000_000
+    )
+    # The largest model a run may build (shared parameters): refused with 422 before anything
+    # is allocated.
+    max_model_params: int = Field(default=50_000_000, ge=1)
+    # Largest upload body (bytes); every other request body is limited to max_json_bytes.
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    max_json_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
     deadline_poll_s: float = Field(default=1.0, gt=0)
@@ -60,18 +83,54 @@ class Settings(BaseSettings):
             self.operator_token = token
         if (token := secret_from_file(self, "reader_token")) is not None:
             self.reader_token = token
+        if (secret := secret_from_file(self, "enrolment_secret")) is not None:
+            self.enrolment_secret = secret
         if (password := secret_from_file(self, "database_password")) is not None:
             url = make_url(self.database_url).set(password=password)
             self.database_url = url.render_as_string(hide_password=False)
         return self
 
     @model_validator(mode="after")
-    def _refuse_placeholder_secret(self) -> Settings:
-        """The placeholder operator token is only acceptable in development."""
-        if self.environment != "development" and self.operator_token == PLACEHOLDER_TOKEN:
+    def _refuse_weak_secrets(self) -> Settings:
+        """Secrets must be real: in production no placeholder, short or low-entropy value is
+        accepted for any of them; in the test environment the placeholder operator token is
+        refused; development (chosen explicitly) accepts anything non-empty."""
+        if not self.operator_token:
+            raise ValueError("FEDREC_AGG_OPERATOR_TOKEN must not be empty")
+        if self.environment == "production":
+            secrets = {
+                "FEDREC_AGG_OPERATOR_TOKEN": self.operator_token,
+                "FEDREC_AGG_READER_TOKEN": self.reader_token,
+                "FEDREC_AGG_ENROLMENT_SECRET": self.enrolment_secret,
+            }
+            for variable, value in secrets.items():
+                why = None if value is None else weak_secret(value, variable)
+                if why is not None:
+                    raise ValueError(
+                        f"{why} (FEDREC_AGG_ENVIRONMENT=production; set "
+                        "FEDREC_AGG_ENVIRONMENT=development to run with weak secrets)"
+                    )
+        elif self.environment == "test" and self.operator_token == PLACEHOLDER_TOKEN:
             raise ValueError(
                 "FEDREC_AGG_OPERATOR_TOKEN must be set to a real secret outside development"
             )
-        if not self.operator_token:
-            raise ValueError("FEDREC_AGG_OPERATOR_TOKEN must not be empty")
+        if self.enrolment_secret is not None and not self.enrolment_secret:
+            raise ValueError("FEDREC_AGG_ENROLMENT_SECRET must not be empty")
         return self
+
+    @model_validator(mode="after")
+    def _one_population(self) -> Settings:
+        if self.population is not None and self.population_dataset is not None:
+            raise ValueError("set FEDREC_AGG_POPULATION or FEDREC_AGG_POPULATION_DATASET, not both")
+        return self
+
+
+def resolve_population(settings: Settings) -> int | None:
+    """The declared population: ``population``, or the number of users of
+    ``population_dataset``'s split (loaded once, at start), or None (registration refused)."""
+    if settings.population_dataset is None:
+        return settings.population
+    from fedrecgel.data import load_split
+
+    split = load_split(settings.population_dataset, settings.population_data_dir)
+    return int(split.n_users)

@@ -13,7 +13,14 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from services.aggregator.models import ModelVersion
 from services.aggregator.service import AggregatorService
-from tests.support.aggregator import FakeClock, bearer, operator_headers, random_update
+from tests.support.aggregator import (
+    FakeClock,
+    bearer,
+    operator_headers,
+    random_update,
+    register,
+    upload_headers,
+)
 
 RACE_MODEL = ModelConfig(n_items=40, kind="ncf", factor=4, layers=2)
 RACE_RUN = {
@@ -62,14 +69,14 @@ def two_instances_close_once(
     a: TestClient, b: TestClient, clock: FakeClock, on_closed: Callable[[], None] | None = None
 ) -> list[str | None]:
     """Both instances hold some of round 1's updates and race to close it at the deadline."""
-    token = a.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+    token = register(a, list(range(20)))
     assert a.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).status_code == 201
     cohort = b.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
     rng = np.random.default_rng(0)
     ups = [random_update(RACE_MODEL, c, rng) for c in cohort[:4]]
     for client, part in ((a, ups[:2]), (b, ups[2:])):
         r = client.post(
-            "/v1/rounds/1/updates", content=encode_updates(1, part), headers=bearer(token)
+            "/v1/rounds/1/updates", content=encode_updates(1, part), headers=upload_headers(token)
         )
         assert r.status_code == 200, r.text
     clock.advance(31)

@@ -24,7 +24,9 @@ from tests.support.aggregator import (
     FederatedDriver,
     bearer,
     operator_headers,
+    register,
     run_config_for,
+    upload_headers,
 )
 
 TRAIN = TrainConfig(rounds=3, fraction=0.2, factor=8, layers=2, seed=3, chunk_size=16, eval_every=0)
@@ -60,10 +62,8 @@ def _simulate(split: Split, train: TrainConfig) -> list[dict[str, torch.Tensor]]
 
 
 def register_all(client: TestClient, n_users: int) -> str:
-    """Register every user under one credential (a single worker)."""
-    r = client.post("/v1/clients", json={"client_ids": list(range(n_users))})
-    assert r.status_code == 201, r.text
-    return str(r.json()["token"])
+    """Register every user under one credential (a single worker, shard 0 of 1)."""
+    return register(client, list(range(n_users)))
 
 
 def start_run(client: TestClient, split: Split, train: TrainConfig = TRAIN) -> None:
@@ -92,7 +92,9 @@ def play_round(
     half = len(order) // 2
     for part in (order[:half], order[half:]):
         body = encode_updates(round_id, [uploads[i] for i in part])
-        r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+        r = client.post(
+            f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token)
+        )
         assert r.status_code == 200, r.text
         if stop_after_first_body:
             driver.pending = [uploads[i] for i in order[half:]]  # type: ignore[attr-defined]
@@ -160,7 +162,7 @@ def restart_mid_round_matches_simulator(make_settings: Callable[[], Settings]) -
         info = client.get("/v1/rounds/2").json()
         assert info["state"] == "open" and info["updates_received"] == received
         r = client.post(
-            "/v1/rounds/2/updates", content=encode_updates(2, rest), headers=bearer(token)
+            "/v1/rounds/2/updates", content=encode_updates(2, rest), headers=upload_headers(token)
         )
         assert r.status_code == 200, r.text
         version, params = latest_params(client, token)

@@ -26,10 +26,13 @@ from services.aggregator.models import Base
 from services.aggregator.settings import Settings
 from tests.support.aggregator import (
     bearer,
+    enrol_headers,
     make_settings,
     operator_headers,
     random_update,
+    register,
     sqlite_url,
+    upload_headers,
 )
 
 MODEL = ModelConfig(n_items=50, kind="ncf", factor=4, layers=2)
@@ -80,8 +83,8 @@ def app_client(tmp_path: Path) -> Iterator[TestClient]:
 
 @pytest.fixture
 def ctx(app_client: TestClient) -> Ctx:
-    a = app_client.post("/v1/clients", json={"client_ids": list(range(10))}).json()["token"]
-    b = app_client.post("/v1/clients", json={"client_ids": list(range(10, 20))}).json()["token"]
+    a = register(app_client, list(range(10)))
+    b = register(app_client, list(range(10, 20)))
     r = app_client.post("/v1/runs", json=RUN, headers=operator_headers())
     assert r.status_code == 201, r.text
     cohort = app_client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"]
@@ -98,17 +101,18 @@ def _updates(ids: list[int], seed: int = 0) -> list[Update]:
 
 
 def test_register_clients_returns_token_and_refuses_taken_ids(app_client: TestClient) -> None:
-    r = app_client.post("/v1/clients", json={"client_ids": [3, 1, 2]})
+    r = app_client.post("/v1/clients", json={"client_ids": [3, 1, 2]}, headers=enrol_headers())
     assert r.status_code == 201
     assert r.json()["client_ids"] == [1, 2, 3] and len(r.json()["token"]) >= 32
-    again = app_client.post("/v1/clients", json={"client_ids": [2, 9]})
+    # id 2 is also shard 0 of 2's: that other credential cannot take it
+    again = app_client.post("/v1/clients", json={"client_ids": [2, 8]}, headers=enrol_headers(0, 2))
     assert again.status_code == 409 and again.json()["error"] == "already_registered"
-    bad = app_client.post("/v1/clients", json={"client_ids": []})
+    bad = app_client.post("/v1/clients", json={"client_ids": []}, headers=enrol_headers())
     assert bad.status_code == 422 and set(bad.json()) == {"error", "detail"}
 
 
 def test_tokens_are_stored_hashed(app_client: TestClient, tmp_path: Path) -> None:
-    token = app_client.post("/v1/clients", json={"client_ids": [0]}).json()["token"]
+    token = register(app_client, [0])
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("aggregator.db*"))
     assert token.encode() not in raw
     with sqlite3.connect(tmp_path / "aggregator.db") as conn:
@@ -117,7 +121,7 @@ def test_tokens_are_stored_hashed(app_client: TestClient, tmp_path: Path) -> Non
 
 
 def test_current_round_is_idle_without_a_run(app_client: TestClient) -> None:
-    tok = app_client.post("/v1/clients", json={"client_ids": [0]}).json()["token"]
+    tok = register(app_client, [0])
     body = app_client.get("/v1/rounds/current", headers=bearer(tok)).json()
     assert body["state"] == "idle" and body["run_id"] is None and body["cohort"] == []
 
@@ -292,7 +296,7 @@ def test_malformed_update_is_refused_422_and_model_unchanged(ctx: Ctx, kind: str
     before = ctx.latest()
     cid = ctx.cohort[0]
     r = ctx.client.post(
-        "/v1/rounds/1/updates", content=_bad_body(kind, cid), headers=bearer(ctx.owner(cid))
+        "/v1/rounds/1/updates", content=_bad_body(kind, cid), headers=upload_headers(ctx.owner(cid))
     )
     assert r.status_code == 422, r.text
     assert set(r.json()) == {"error", "detail"} and r.json()["detail"]
@@ -304,14 +308,16 @@ def test_too_large_body_is_refused_413(ctx: Ctx) -> None:
     before = ctx.latest()
     cid = ctx.cohort[0]
     big = b"\x00" * 300_000
-    r = ctx.client.post("/v1/rounds/1/updates", content=big, headers=bearer(ctx.owner(cid)))
+    r = ctx.client.post("/v1/rounds/1/updates", content=big, headers=upload_headers(ctx.owner(cid)))
     assert r.status_code == 413 and r.json()["error"] == "body_too_large"
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit applies while reading
         for _ in range(30):
             yield b"\x00" * 10_000
 
-    r = ctx.client.post("/v1/rounds/1/updates", content=chunks(), headers=bearer(ctx.owner(cid)))
+    r = ctx.client.post(
+        "/v1/rounds/1/updates", content=chunks(), headers=upload_headers(ctx.owner(cid))
+    )
     assert r.status_code == 413 and r.json()["error"] == "body_too_large"
     assert ctx.received() == 0 and ctx.latest() == before
 
@@ -510,14 +516,16 @@ def test_operator_placeholder_token_is_refused_outside_development() -> None:
 
 def test_settings_come_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDREC_AGG_DATABASE_URL", "sqlite:///x.db")
-    monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN", "s3cret")
+    monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN", "s3cret-0123456789abcdef")
     monkeypatch.setenv("FEDREC_AGG_ENVIRONMENT", "production")
     monkeypatch.setenv("FEDREC_AGG_MAX_BODY_BYTES", "1234")
+    monkeypatch.setenv("FEDREC_AGG_POPULATION", "1227")
     s = Settings()
-    assert (s.database_url, s.operator_token, s.max_body_bytes) == (
+    assert (s.database_url, s.operator_token, s.max_body_bytes, s.population) == (
         "sqlite:///x.db",
-        "s3cret",
+        "s3cret-0123456789abcdef",
         1234,
+        1227,
     )
 
 
@@ -552,19 +560,23 @@ def test_aggregator_never_unpickles() -> None:
 
 
 def test_client_count_and_read_only_token(tmp_path: Path) -> None:
-    app = create_app(make_settings(sqlite_url(tmp_path), reader_token="reader-secret-123"))
+    app = create_app(make_settings(sqlite_url(tmp_path), reader_token="reader-secret-123456"))
     with TestClient(app) as client:
         assert client.get("/v1/clients/count").json() == {"registered": 0}
-        client.post("/v1/clients", json={"client_ids": [0, 1, 2, 3]})
+        register(client, [0, 1, 2, 3])
         assert client.get("/v1/clients/count").json() == {"registered": 4}
         assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
-        reader = bearer("reader-secret-123")
+        reader = bearer("reader-secret-123456")
         assert client.get("/v1/models/latest", headers=reader).status_code == 200
         assert client.get("/v1/rounds/current", headers=reader).json()["cohort"] == []
         # the reader owns no client: it cannot upload, nor act as the operator
         cohort = client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"]
         up = encode_updates(1, [random_update(MODEL, cohort[0], np.random.default_rng(0))])
-        r = client.post("/v1/rounds/1/updates", content=up, headers=reader)
+        r = client.post(
+            "/v1/rounds/1/updates",
+            content=up,
+            headers={**reader, "Content-Type": "application/octet-stream"},
+        )
         assert r.status_code == 403
         assert client.post("/v1/runs/current/pause", headers=reader).status_code == 401
         assert client.get("/v1/models/latest", headers=bearer("wrong")).status_code == 401

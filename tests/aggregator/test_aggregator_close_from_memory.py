@@ -22,7 +22,9 @@ from tests.support.aggregator import (
     make_settings,
     operator_headers,
     random_update,
+    register,
     sqlite_url,
+    upload_headers,
 )
 
 FILMTRUST = ModelConfig(n_items=2059, kind="ncf", factor=32, layers=3)
@@ -46,7 +48,7 @@ def test_filmtrust_size_round_closes_from_memory(
     configure_process(settings)
     app = create_app(settings)
     with TestClient(app) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(1220))}).json()["token"]
+        token = register(client, list(range(1220)))
         run = {"n_items": 2059, "rounds": 2, "fraction": 0.1, "seed": 0}
         assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
         cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
@@ -55,7 +57,7 @@ def test_filmtrust_size_round_closes_from_memory(
         updates = [random_update(FILMTRUST, c, rng, n_rows=85) for c in cohort]
         for start in range(0, 122, 41):
             body = encode_updates(1, updates[start : start + 41])
-            r = client.post("/v1/rounds/1/updates", content=body, headers=bearer(token))
+            r = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
             assert r.status_code == 200, r.text
         assert client.get("/v1/rounds/1").json()["state"] == "closed"
         registry = app.state.metrics.registry

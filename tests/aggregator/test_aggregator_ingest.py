@@ -24,11 +24,12 @@ from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.schemas import UploadResult
 from services.aggregator.service import AggregatorService, Caller
 from tests.support.aggregator import (
-    bearer,
     make_settings,
     operator_headers,
     random_update,
+    register,
     sqlite_url,
+    upload_headers,
 )
 
 MODEL = ModelConfig(n_items=50, kind="ncf", factor=4, layers=2)
@@ -115,9 +116,7 @@ def test_a_failed_batch_transaction_is_retried_item_by_item() -> None:
 def app(tmp_path: Path) -> Iterator[tuple[TestClient, AggregatorService, str]]:
     application = create_app(make_settings(sqlite_url(tmp_path)))
     with TestClient(application) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(N_CLIENTS))}).json()[
-            "token"
-        ]
+        token = register(client, list(range(N_CLIENTS)))
         service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
         yield client, service, token
 
@@ -205,7 +204,7 @@ def test_refused_uploads_in_a_batch_do_not_fail_the_others(
     cohort = _start(client, fraction=0.5)
     outsider = next(c for c in range(N_CLIENTS) if c not in cohort)
     first, fresh = cohort[0], cohort[1:5]
-    r = client.post("/v1/rounds/1/updates", content=_body(first), headers=bearer(token))
+    r = client.post("/v1/rounds/1/updates", content=_body(first), headers=upload_headers(token))
     assert r.status_code == 200
     sizes = _slow_writer(service, delay=0.2)
     bodies = {c: _body(c) for c in fresh}
@@ -230,12 +229,10 @@ def test_counter_follows_the_rows_through_a_retried_attempt(tmp_path: Path) -> N
     clock = FakeClock()
     application = create_app(make_settings(sqlite_url(tmp_path)), clock=clock)
     with TestClient(application) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(N_CLIENTS))}).json()[
-            "token"
-        ]
+        token = register(client, list(range(N_CLIENTS)))
         cohort = _start(client, quorum=0.9, deadline_s=10)
         for c in cohort[:3]:
-            r = client.post("/v1/rounds/1/updates", content=_body(c), headers=bearer(token))
+            r = client.post("/v1/rounds/1/updates", content=_body(c), headers=upload_headers(token))
             assert r.status_code == 200
         assert _counts(tmp_path / "aggregator.db") == [(1, 3, 3)]
         clock.advance(11)
@@ -246,9 +243,7 @@ def test_counter_follows_the_rows_through_a_retried_attempt(tmp_path: Path) -> N
 def test_acknowledged_batched_uploads_survive_a_restart(tmp_path: Path) -> None:
     settings = make_settings(sqlite_url(tmp_path))
     with TestClient(create_app(settings)) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(N_CLIENTS))}).json()[
-            "token"
-        ]
+        token = register(client, list(range(N_CLIENTS)))
         cohort = _start(client)
         service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
         _slow_writer(service)
@@ -258,7 +253,7 @@ def test_acknowledged_batched_uploads_survive_a_restart(tmp_path: Path) -> None:
     with TestClient(create_app(settings)) as client:  # a fresh process on the same database
         assert client.get("/v1/rounds/1").json()["updates_received"] == len(half)
         for c in cohort:
-            r = client.post("/v1/rounds/1/updates", content=_body(c), headers=bearer(token))
+            r = client.post("/v1/rounds/1/updates", content=_body(c), headers=upload_headers(token))
             assert r.status_code == 200, r.text
             assert r.json()["results"][0]["status"] == ("duplicate" if c in half else "accepted")
         history = client.get("/v1/runs/current/history").json()["rounds"]
@@ -268,16 +263,16 @@ def test_acknowledged_batched_uploads_survive_a_restart(tmp_path: Path) -> None:
 def test_a_run_started_by_a_replica_is_picked_up_by_a_stale_cache(tmp_path: Path) -> None:
     settings = make_settings(sqlite_url(tmp_path))
     with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
-        token = a.post("/v1/clients", json={"client_ids": list(range(N_CLIENTS))}).json()["token"]
+        token = register(a, list(range(N_CLIENTS)))
         cohort = _start(a)
-        r = a.post("/v1/rounds/1/updates", content=_body(cohort[0]), headers=bearer(token))
+        r = a.post("/v1/rounds/1/updates", content=_body(cohort[0]), headers=upload_headers(token))
         assert r.status_code == 200  # a now caches run 1
         assert b.post("/v1/runs/current/stop", headers=operator_headers()).status_code == 200
         bigger = {**RUN, "n_items": 60}
         assert b.post("/v1/runs", json=bigger, headers=operator_headers()).status_code == 201
         rng = np.random.default_rng(0)
         body = encode_updates(1, [random_update(ModelConfig(60, "ncf", 4, 2), cohort[1], rng)])
-        r = a.post("/v1/rounds/1/updates", content=body, headers=bearer(token))
+        r = a.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
         assert r.status_code == 200, r.text  # decoded again with run 2's model
         assert a.get("/v1/rounds/1").json()["updates_received"] == 1
 

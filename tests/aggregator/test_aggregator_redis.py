@@ -27,7 +27,9 @@ from tests.support.aggregator import (
     make_settings,
     operator_headers,
     random_update,
+    register,
     sqlite_url,
+    upload_headers,
 )
 
 pytestmark = pytest.mark.redis
@@ -58,13 +60,15 @@ def test_a_closed_round_publishes_a_version_event(tmp_path: Path, redis_url: str
     app = create_app(make_settings(sqlite_url(tmp_path), redis_url=redis_url))
     with TestClient(app) as client:
         assert client.get("/healthz").json() == {"status": "ok", "database": "ok", "redis": "ok"}
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         assert client.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).status_code == 201
         cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
         rng = np.random.default_rng(0)
         body = encode_updates(1, [random_update(RACE_MODEL, c, rng) for c in cohort])
         assert (
-            client.post("/v1/rounds/1/updates", content=body, headers=bearer(token)).status_code
+            client.post(
+                "/v1/rounds/1/updates", content=body, headers=upload_headers(token)
+            ).status_code
             == 200
         )
         run_id = client.get("/v1/rounds/current", headers=bearer(token)).json()["run_id"]
@@ -89,7 +93,7 @@ def test_a_held_closing_lock_defers_the_close(tmp_path: Path, redis_url: str) ->
     clock = FakeClock()
     settings = make_settings(sqlite_url(tmp_path), redis_url=redis_url, redis_lock_wait_s=0.2)
     with TestClient(create_app(settings, clock=clock)) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         run = client.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).json()
         service = service_of(client)
         lock = redis.Redis.from_url(redis_url).lock(close_lock_name(run["run_id"], 1), timeout=30)
@@ -99,7 +103,9 @@ def test_a_held_closing_lock_defers_the_close(tmp_path: Path, redis_url: str) ->
         body = encode_updates(1, [random_update(RACE_MODEL, c, rng) for c in cohort])
         # another replica "holds" the round: the in-request close waits briefly, then leaves it
         assert (
-            client.post("/v1/rounds/1/updates", content=body, headers=bearer(token)).status_code
+            client.post(
+                "/v1/rounds/1/updates", content=body, headers=upload_headers(token)
+            ).status_code
             == 200
         )
         assert client.get("/v1/rounds/1").json()["state"] == "open"
@@ -108,11 +114,34 @@ def test_a_held_closing_lock_defers_the_close(tmp_path: Path, redis_url: str) ->
         assert client.get("/v1/rounds/1").json()["state"] == "closed"
 
 
-def test_healthz_is_503_when_redis_is_down(tmp_path: Path, redis_server: Any) -> None:
-    app = create_app(make_settings(sqlite_url(tmp_path), redis_url=redis_server.url))
-    with TestClient(app) as client:
+def test_without_redis_rounds_close_and_health_is_degraded(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """Redis is optional for progress: with it down, /healthz answers 200 "degraded", rounds
+    still close (the database's guard alone) and their versions are served; an aggregator
+    also starts while it is down (regression: 503 and no round ever closed)."""
+    settings = make_settings(sqlite_url(tmp_path), redis_url=redis_server.url)
+    with TestClient(create_app(settings)) as client:
+        token = register(client, list(range(20)))
+        assert client.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).status_code == 201
         redis_server.process.terminate()
         redis_server.process.wait(timeout=10)
         r = client.get("/healthz")
-        assert r.status_code == 503
-        assert r.json()["database"] == "ok" and r.json()["redis"].startswith("error")
+        assert r.status_code == 200, r.text
+        assert r.json()["status"] == "degraded" and r.json()["database"] == "ok"
+        assert r.json()["redis"].startswith("error")
+        rng = np.random.default_rng(0)
+        for round_id in (1, 2):
+            cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
+            body = encode_updates(round_id, [random_update(RACE_MODEL, c, rng) for c in cohort])
+            r = client.post(
+                f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token)
+            )
+            assert r.status_code == 200, r.text
+            assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
+        latest = client.get("/v1/models/latest", headers=bearer(token))
+        assert latest.status_code == 200 and latest.headers["X-Model-Version"] == "2"
+    # a restart while Redis is still down: serves, and says it is degraded
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").json()["status"] == "degraded"
+        assert client.get("/v1/rounds/2").json()["state"] == "closed"

@@ -24,7 +24,9 @@ from tests.support.aggregator import (
     make_settings,
     operator_headers,
     random_update,
+    register,
     sqlite_url,
+    upload_headers,
 )
 
 Clocked = tuple[TestClient, FakeClock, str]
@@ -53,7 +55,7 @@ def clocked(tmp_path: Path) -> Iterator[tuple[TestClient, FakeClock, str]]:
     clock = FakeClock()
     app = create_app(make_settings(sqlite_url(tmp_path)), clock=clock)
     with TestClient(app) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         yield client, clock, token
 
 
@@ -66,12 +68,12 @@ def _start(client: TestClient, **overrides: object) -> list[int]:
 def _upload(client: TestClient, token: str, round_id: int, ids: list[int]) -> None:
     rng = np.random.default_rng(round_id)
     body = encode_updates(round_id, [random_update(MODEL, c, rng) for c in ids])
-    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token))
     assert r.status_code == 200, r.text
 
 
 def _tick(client: TestClient) -> str | None:
-    return client.app.state.service.tick()  # type: ignore[attr-defined, no-any-return]
+    return client.app.state.service.tick()  # type: ignore[attr-defined]
 
 
 def test_deadline_with_quorum_closes_with_the_updates_received(clocked: Clocked) -> None:
@@ -138,7 +140,7 @@ def test_last_round_finishes_the_run(clocked: Clocked) -> None:
     # the lost-answer retry of the very last upload is still only a duplicate
     rng = np.random.default_rng(1)
     body = encode_updates(1, [random_update(MODEL, c, rng) for c in cohort])
-    retry = client.post("/v1/rounds/1/updates", content=body, headers=bearer(token))
+    retry = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
     assert retry.status_code == 200
     assert {x["status"] for x in retry.json()["results"]} == {"duplicate"}
     # a finished run no longer blocks a new one
@@ -148,7 +150,7 @@ def test_last_round_finishes_the_run(clocked: Clocked) -> None:
 def test_background_task_enforces_a_tiny_deadline(tmp_path: Path) -> None:
     app = create_app(make_settings(sqlite_url(tmp_path), deadline_poll_s=0.05))
     with TestClient(app) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         cohort = _start(client, quorum=0.5, deadline_s=0.5)
         _upload(client, token, 1, cohort[:4])
         deadline = time.monotonic() + 10

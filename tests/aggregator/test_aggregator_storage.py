@@ -25,7 +25,9 @@ from tests.support.aggregator import (
     make_settings,
     operator_headers,
     random_update,
+    register,
     sqlite_url,
+    upload_headers,
 )
 
 MODEL = ModelConfig(n_items=300, kind="ncf", factor=8, layers=2)
@@ -47,7 +49,9 @@ def play_round(client: TestClient, token: str, rng: np.random.Generator) -> tupl
         encode_updates(round_id, [random_update(MODEL, c, rng, n_rows=60)]) for c in cur["cohort"]
     ]
     for body in bodies:
-        r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+        r = client.post(
+            f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token)
+        )
         assert r.status_code == 200, r.text
     assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
     return round_id, bodies[0]
@@ -64,7 +68,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def started(database_url: str) -> Iterator[tuple[TestClient, str]]:
     with TestClient(create_app(make_settings(database_url, **KEEP))) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         r = client.post("/v1/runs", json=RUN, headers=operator_headers())
         assert r.status_code == 201, r.text
         yield client, token
@@ -140,7 +144,7 @@ def test_retry_after_close_is_still_a_duplicate(started: tuple[TestClient, str])
     for _ in range(3):  # a few more rounds: the first round's versions get pruned too
         play_round(client, token, rng)
     service_of(client).storage.free()
-    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=bearer(token))
+    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token))
     assert r.status_code == 200, r.text
     assert [x["status"] for x in r.json()["results"]] == ["duplicate"]
 
@@ -149,7 +153,7 @@ def test_a_restart_resumes_from_the_kept_state(database_url: str) -> None:
     settings = make_settings(database_url, **KEEP)
     rng = np.random.default_rng(2)
     with TestClient(create_app(settings)) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
         for _ in range(4):
             play_round(client, token, rng)
@@ -175,7 +179,7 @@ def test_sqlite_file_shrinks_after_compaction(tmp_path: Path) -> None:
     )
     rng = np.random.default_rng(3)
     with TestClient(create_app(settings)) as client:
-        token = client.post("/v1/clients", json={"client_ids": list(range(20))}).json()["token"]
+        token = register(client, list(range(20)))
         assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
         for _ in range(6):
             play_round(client, token, rng)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,8 +21,12 @@ from fedrecgel.simulate import TrainConfig
 from services.aggregator.models import utcnow
 from services.aggregator.schemas import RunConfig
 from services.aggregator.settings import Settings
+from services.enrolment import enrolment_token
 
 OPERATOR_TOKEN = "test-operator-token"
+ENROLMENT_SECRET = "test-enrolment-secret-0123456789abcdef"
+#: the population of a test aggregator unless a test sets its own
+TEST_POPULATION = 100_000
 
 
 def sqlite_url(directory: Path, name: str = "aggregator.db") -> str:
@@ -36,6 +40,8 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
         "environment": "test",
         "database_url": database_url,
         "operator_token": OPERATOR_TOKEN,
+        "enrolment_secret": ENROLMENT_SECRET,
+        "population": TEST_POPULATION,
         "deadline_poll_s": 3600.0,
         "max_body_bytes": 4 * 1024 * 1024,
     }
@@ -51,6 +57,33 @@ def operator_headers() -> dict[str, str]:
 def bearer(token: str) -> dict[str, str]:
     """Authorization header for a client token."""
     return {"Authorization": f"Bearer {token}"}
+
+
+def upload_headers(token: str) -> dict[str, str]:
+    """Headers of an upload: the client token and the body's media type."""
+    return {**bearer(token), "Content-Type": "application/octet-stream"}
+
+
+def enrol_headers(
+    shard: int = 0, shards: int = 1, secret: str = ENROLMENT_SECRET
+) -> dict[str, str]:
+    """Authorization header with the enrolment token of one shard."""
+    return bearer(enrolment_token(secret, shard, shards))
+
+
+class _Poster(Protocol):
+    def post(self, url: str, *, json: Any = None, headers: Any = None) -> Any: ...
+
+
+def register(client: _Poster, client_ids: list[int], shard: int = 0, shards: int = 1) -> str:
+    """Register ``client_ids`` (of one shard) with its enrolment token; the client token.
+    ``client`` is a TestClient or an httpx.Client with the aggregator's base URL."""
+    r = client.post(
+        "/v1/clients", json={"client_ids": client_ids}, headers=enrol_headers(shard, shards)
+    )
+    assert r.status_code == 201, r.text
+    token: str = r.json()["token"]
+    return token
 
 
 class FakeClock:
