@@ -62,7 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="take --shard from the host name's trailing ordinal (StatefulSet pod worker-I)",
     )
     p.add_argument("--http-port", type=int, help="serve the demo HTTP API on this port")
-    p.add_argument("--http-host", help="bind address of the HTTP API (default 127.0.0.1)")
+    p.add_argument(
+        "--http-host",
+        help="bind address of the HTTP API (default 127.0.0.1; another needs a device token)",
+    )
+    p.add_argument(
+        "--device-token-file",
+        type=Path,
+        help="file holding the token the HTTP API requires (or $FEDREC_WORKER_DEVICE_TOKEN)",
+    )
     p.add_argument("--recommend-url", help="recommend_api base URL (default http://127.0.0.1:8702)")
     p.add_argument(
         "--recommend-item-ids",

@@ -11,6 +11,7 @@ log line here.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -19,7 +20,7 @@ import anyio
 import httpx
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BeforeValidator, ValidationError
 
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import StoreError, WorkerStore
@@ -39,7 +40,9 @@ RECOMMEND_PATH = "/v1/recommendations"
 
 router = APIRouter()
 
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (404, 422, 502, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorBody} for s in (401, 404, 413, 422, 502, 503)
+}
 
 
 @dataclass
@@ -60,6 +63,19 @@ def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
+
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,18}")
+
+
+def _decimal(value: object) -> object:
+    """A path or query integer is written in plain decimal digits: ``10``, not ``10.0``,
+    ``+10``, ``1_0``, `` 10`` or ``010`` (which a lax integer parser would take)."""
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        raise ValueError("must be a non-negative integer in decimal digits")
+    return value
+
+
+Decimal = Annotated[int, BeforeValidator(_decimal)]
 
 
 def device_request(
@@ -96,9 +112,9 @@ def _upstream_error(resp: httpx.Response) -> ServiceError:
 
 @router.get("/v1/users/{user_id}/recommendations", responses=ERRORS)
 async def recommendations(
-    user_id: int,
+    user_id: Decimal,
     state: StateDep,
-    k: Annotated[int, Query(ge=1, le=MAX_K, description="how many items")] = 10,
+    k: Annotated[Decimal, Query(ge=1, le=MAX_K, description="how many items")] = 10,
 ) -> RecommendationResponse:
     """Top-``k`` items for one user of this shard, from recommend_api."""
     s = state.settings

@@ -1,14 +1,16 @@
 """The worker's inbound side: its device API, served next to the worker loop.
 
 The routes (:mod:`services.client_sim.routes`) answer for the users of the worker's shard as
-their devices would. There is no authentication: the endpoints stand in for the users' own
-devices, so serve them only inside the deployment (``http_host`` defaults to 127.0.0.1). The
-app is built by :func:`create_app` (nothing connects until its lifespan starts) and served by
-:class:`DeviceApiServer`, uvicorn in a background thread.
+their devices would. They listen on 127.0.0.1 unless ``http_host`` says otherwise; with a
+``device_token`` (required off loopback) every request but ``/healthz`` must carry
+``Authorization: Bearer <token>`` (401 otherwise). Request bodies are bounded (413). The app is built by :func:`create_app`
+(nothing connects until its lifespan starts) and served by :class:`DeviceApiServer`, uvicorn in
+a background thread.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 import time
@@ -19,12 +21,13 @@ import anyio
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedrecgel.data import Split, load_split
 from services.client_sim.routes import AppState, router
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
-from services.error_handlers import install_error_handlers
+from services.error_handlers import error_response, install_error_handlers, limit_request_bodies
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,39 @@ def create_app(
     app = FastAPI(title="FedRecGEL worker (demo)", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
     app.include_router(router)
+    limit_request_bodies(app, settings.http_max_body_bytes)
+    if settings.device_token is not None:
+        app.add_middleware(DeviceTokenMiddleware, token=settings.device_token.get_secret_value())
     return app
+
+
+#: paths answered without the device token (the orchestrator's probes)
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+class DeviceTokenMiddleware:
+    """Pure ASGI middleware: every request but :data:`OPEN_PATHS` needs ``Authorization:
+    Bearer <token>`` (compared in constant time); 401 ``unauthorized`` otherwise."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(
+            401,
+            "unauthorized",
+            "send the device token as 'Authorization: Bearer <token>'",
+            {"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        given = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
+        return len(given) == 1 and hmac.compare_digest(given[0], self._expected)
 
 
 class DeviceApiServer:

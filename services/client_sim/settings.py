@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fedrecgel.config import DEFAULTS
+from services.error_handlers import DEFAULT_MAX_JSON_BYTES
+from services.secret_files import secret_from_file, weak_secret
 
 _ORDINAL = re.compile(r"-(\d+)$")
 
@@ -30,6 +33,16 @@ def hostname_ordinal(hostname: str) -> int:
     if match is None:
         raise ValueError(f"host name {hostname!r} does not end in -<ordinal>")
     return int(match.group(1))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, not known to be private
 
 
 class WorkerSettings(BaseSettings):
@@ -60,9 +73,15 @@ class WorkerSettings(BaseSettings):
     # Take ``shard`` from the trailing ordinal of the host name (``worker-3`` -> 3), as a
     # Kubernetes StatefulSet names its pods; overrides ``shard``.
     shard_from_hostname: bool = False
-    # The device API (services.client_sim.server): off unless a port is given.
+    # The device API (services.client_sim.server): off unless a port is given. On loopback it
+    # is open; bound to any other address it requires ``device_token`` (``Authorization:
+    # Bearer``) on every request but /healthz.
     http_port: int | None = Field(default=None, ge=0, le=65535)
     http_host: str = "127.0.0.1"
+    device_token: SecretStr | None = None
+    device_token_file: Path | None = None
+    # The largest request body the device API accepts (its routes take none: 413 above).
+    http_max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
     recommend_url: str = "http://127.0.0.1:8702"
     # How recommend_api names items: the dataset's own ids (it runs with FEDREC_REC_DATASET)
     # or catalogue indices as strings (it runs without labels).
@@ -82,4 +101,19 @@ class WorkerSettings(BaseSettings):
             raise ValueError("need 0 < poll_min_s <= poll_max_s")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ValueError("max_rounds must be >= 1")
+        self._check_device_token()
         return self
+
+    def _check_device_token(self) -> None:
+        if (token := secret_from_file(self, "device_token")) is not None:
+            self.device_token = SecretStr(token)
+        if self.device_token is not None:
+            why = weak_secret(self.device_token.get_secret_value(), "FEDREC_WORKER_DEVICE_TOKEN")
+            if why is not None:
+                raise ValueError(why)
+        elif self.http_port is not None and not is_loopback(self.http_host):
+            raise ValueError(
+                f"the device API listens on {self.http_host}, beyond this machine: set "
+                "FEDREC_WORKER_DEVICE_TOKEN or FEDREC_WORKER_DEVICE_TOKEN_FILE (callers send "
+                "it as 'Authorization: Bearer <token>'), or bind it to 127.0.0.1"
+            )

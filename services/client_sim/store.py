@@ -12,18 +12,25 @@ One row per user (SQLAlchemy 2.0, a SQLite file by default):
 A ``meta`` table holds the worker's token, run id, shard and dataset. Nothing here is pickled,
 and nothing here is ever sent to the aggregator: the worker only uploads gradients of the
 shared parameters and metric sums.
+
+A SQLite store file is private: created (or narrowed to) mode 0600 before SQLite opens it, so
+its journal, ``-wal`` and ``-shm`` files (SQLite gives them the database file's mode) are 0600
+too; it runs in WAL mode, so the device API reads while the worker loop writes.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Integer, LargeBinary, String, create_engine, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import Integer, LargeBinary, String, create_engine, event, select, update
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from fedrecgel.data import Split
@@ -140,6 +147,43 @@ def decode_private(blobs: Sequence[bytes], steps: Sequence[int]) -> PrivateState
     )
 
 
+PRIVATE_MODE = 0o600
+#: SQLite's companion files of a database file (they hold its pages too)
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (None: another database, or in memory)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    if u.database.startswith("file:"):
+        return None  # a URI filename: SQLite itself opens it
+    return Path(u.database)
+
+
+def make_private(path: Path) -> None:
+    """Create ``path`` readable and writable by its owner only, or narrow an existing file (and
+    its SQLite companions) to that: the store holds private vectors and the client token."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_MODE)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != PRIVATE_MODE:
+            os.fchmod(fd, PRIVATE_MODE)
+    finally:
+        os.close(fd)
+    for suffix in SQLITE_COMPANIONS:
+        companion = path.with_name(path.name + suffix)
+        if companion.exists() and stat.S_IMODE(companion.stat().st_mode) != PRIVATE_MODE:
+            companion.chmod(PRIVATE_MODE)
+
+
+def _wal_mode(dbapi_connection: Any, connection_record: Any) -> None:
+    """Each SQLite connection in WAL mode: a reader never waits for the writer."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
+
+
 def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
     for start in range(0, len(ids), _CHUNK):
         yield [int(u) for u in ids[start : start + _CHUNK]]
@@ -152,7 +196,12 @@ class WorkerStore:
         url = str(path_or_url)
         if "://" not in url:
             url = f"sqlite:///{Path(url).expanduser()}"
+        path = sqlite_file(url)
+        if path is not None:
+            make_private(path)
         self.engine: Engine = create_engine(url)
+        if path is not None:
+            event.listen(self.engine, "connect", _wal_mode)
         _Base.metadata.create_all(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 

@@ -32,6 +32,7 @@ from tests.fake_aggregator import FakeAggregator
 
 CFG = ModelConfig(n_items=30, factor=4, layers=2)
 SEED = 7
+DEVICE_TOKEN = "device-token-0123456789abcdef"
 LABELS = [f"film-{i}" for i in range(CFG.n_items)]
 
 
@@ -251,6 +252,7 @@ def test_item_labels_follow_the_recommend_item_ids_setting(tmp_path, split):
 def test_http_options_from_flags_and_environment(monkeypatch):
     monkeypatch.setenv("FEDREC_WORKER_HTTP_PORT", "8710")
     monkeypatch.setenv("FEDREC_WORKER_RECOMMEND_URL", "http://rec:8702")
+    monkeypatch.setenv("FEDREC_WORKER_DEVICE_TOKEN", DEVICE_TOKEN)
     s = settings_from_args(["--http-host", "0.0.0.0"])
     assert (s.http_port, s.http_host, s.recommend_url) == (8710, "0.0.0.0", "http://rec:8702")
     s = settings_from_args(["--http-port", "9000", "--recommend-item-ids", "index"])
@@ -356,3 +358,102 @@ def test_worker_process_serves_while_waiting_for_the_aggregator_and_stops_on_sig
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_device_api_listens_on_loopback_unless_told_and_then_needs_a_token(tmp_path):
+    assert WorkerSettings(http_port=8710).http_host == "127.0.0.1"
+    assert WorkerSettings(http_port=8710, http_host="::1").device_token is None
+    for host in ("0.0.0.0", "10.1.2.3", "worker-0"):
+        with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
+            WorkerSettings(http_port=8710, http_host=host)
+    s = WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
+    assert s.device_token is not None and s.device_token.get_secret_value() == DEVICE_TOKEN
+    (tmp_path / "device_token").write_text(DEVICE_TOKEN + "\n")
+    flags = ["--http-port", "8710", "--http-host", "0.0.0.0"]
+    s = settings_from_args([*flags, "--device-token-file", str(tmp_path / "device_token")])
+    assert s.device_token is not None and s.device_token.get_secret_value() == DEVICE_TOKEN
+
+
+@pytest.mark.parametrize("token", ["REPLACE_ME", "changethis", "short"])
+def test_a_placeholder_device_token_is_refused(tmp_path, token):
+    with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
+        WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=token)
+    (tmp_path / "t").write_text(token)
+    with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
+        WorkerSettings(device_token_file=tmp_path / "t")
+
+
+def test_with_a_device_token_every_request_but_healthz_needs_it(tmp_path, split):
+    store = _store(tmp_path, split)
+    settings = _settings(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
+    good = {"Authorization": f"Bearer {DEVICE_TOKEN}"}
+
+    async def go() -> list[httpx.Response]:
+        async with _both(settings, store, _holder()) as c:
+            return [
+                await c.get("/v1/users/0/recommendations"),
+                await c.get("/v1/users/0/recommendations", headers={"Authorization": "Bearer x"}),
+                await c.get("/openapi.json"),
+                await c.get("/v2/nothing"),
+                await c.get("/healthz"),
+                await c.get("/v1/users/0/recommendations", headers=good),
+            ]
+
+    *refused, health, ok = asyncio.run(go())
+    for r in refused:
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert health.status_code == 200 and ok.status_code == 200, ok.text
+
+
+def test_a_worker_process_bound_beyond_loopback_without_a_token_exits_with_a_message(tmp_path):
+    flags = ["--http-port", "0", "--http-host", "0.0.0.0", "--store", str(tmp_path / "w.db")]
+    r = subprocess.run(
+        [sys.executable, "-m", "services.client_sim", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "FEDREC_WORKER_DEVICE_TOKEN" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "w.db").exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/users/0/recommendations?k=10.0",
+        "/v1/users/0/recommendations?k=%2B10",
+        "/v1/users/0/recommendations?k=010",
+        "/v1/users/0/recommendations?k=1_0",
+        "/v1/users/0/recommendations?k=true",
+        "/v1/users/0.0/recommendations",
+        "/v1/users/%2B0/recommendations",
+        "/v1/users/1_0/recommendations",
+    ],
+)
+def test_integers_in_paths_and_queries_are_plain_decimal(tmp_path, split, path):
+    store = _store(tmp_path, split)
+
+    async def go() -> httpx.Response:
+        async with _both(_settings(tmp_path), store, _holder()) as c:
+            return await c.get(path)
+
+    r = asyncio.run(go())
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "validation_error"
+
+
+def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path, split):
+    store = _store(tmp_path, split)
+
+    async def go() -> list[httpx.Response]:
+        async with _both(_settings(tmp_path, http_max_body_bytes=1024), store, _holder()) as c:
+            return [
+                await c.post("/v1/users/0/recommendations"),
+                await c.request("GET", "/v1/users/0/recommendations", content=b"x" * 2048),
+            ]
+
+    not_allowed, too_large = asyncio.run(go())
+    assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "GET"
+    assert not_allowed.json()["error"] == "method_not_allowed"
+    assert too_large.status_code == 413 and too_large.json()["error"] == "body_too_large"

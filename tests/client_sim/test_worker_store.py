@@ -142,3 +142,30 @@ def test_aggregator_client_takes_no_private_state():
         for p in inspect.signature(fn).parameters.values():
             ann = str(p.annotation)
             assert "PrivateState" not in ann and "UserData" not in ann, (name, p.name)
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_store_and_its_sqlite_files_are_private(tmp_path, split):
+    import os
+
+    old = os.umask(0o022)  # the usual umask: files 0644 unless created otherwise
+    try:
+        path = tmp_path / "worker.db"
+        store = WorkerStore(path)
+        store.add_users(split, [0, 2, 4])
+        store.set_meta(token="client-token")
+        store.save_states([0, 2], _random_state(2), 1, 0)
+        companions = [path.with_name(path.name + s) for s in ("-wal", "-shm")]
+        assert all(p.exists() for p in companions)  # WAL mode: both exist while it is open
+        assert [_mode(p) for p in (path, *companions)] == [0o600] * 3
+        store.close()
+        # a store left readable by an older version is narrowed when it is opened again
+        path.chmod(0o644)
+        reopened = WorkerStore(f"sqlite:///{path}")
+        assert _mode(path) == 0o600 and reopened.get_meta("token") == "client-token"
+        reopened.close()
+    finally:
+        os.umask(old)
