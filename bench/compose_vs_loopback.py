@@ -220,7 +220,8 @@ def loopback_run(rounds: int) -> dict[str, Any]:
 
             def alive() -> None:
                 if proc.poll() is not None and proc.returncode != 0:
-                    raise RuntimeError(f"fedrec up exited with {proc.returncode}")
+                    tail = (Path(tmp) / "fedrec-up.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"fedrec up exited with {proc.returncode}:\n{tail}")
 
             watch = watch_run(f"http://127.0.0.1:{agg_port}", rounds, alive)
             proc.wait(timeout=300)

@@ -8,6 +8,10 @@ secret it writes ``<SECRETS_DIR>/<name>`` (mode 0600):
 * else the file as it already is (a second ``docker compose up`` keeps the first secrets);
 * else a fresh random one (``secrets.token_urlsafe``): the zero-configuration demo.
 
+From the enrolment secret it then derives each worker shard's enrolment token
+(``enrolment_token_<shard>`` for ``WORKER_SHARDS`` shards, default 2; services/enrolment.py),
+which the worker of that shard registers its users with.
+
 The services read them through their ``*_FILE`` settings (``FEDREC_AGG_OPERATOR_TOKEN_FILE``,
 ...), the convention of the official images. PostgreSQL only uses its password when it
 initialises an empty data volume: changing ``POSTGRES_PASSWORD`` later needs ``ALTER USER`` or
@@ -23,25 +27,27 @@ import sys
 from pathlib import Path
 
 # file name -> environment variable that may provide it
+from services.enrolment import enrolment_token
+from services.secret_files import weak_secret
+
 SECRETS = {
     "postgres_password": "POSTGRES_PASSWORD",
     "operator_token": "FEDREC_AGG_OPERATOR_TOKEN",
     "reader_token": "FEDREC_AGG_READER_TOKEN",
+    "enrolment_secret": "FEDREC_AGG_ENROLMENT_SECRET",
+    # the workers' device API (the demo's recommendations through a worker) asks for it
+    "device_token": "FEDREC_WORKER_DEVICE_TOKEN",
 }
-PLACEHOLDERS = {"changethis", "replace_me", "changeme", "secret", "password"}
-MIN_LENGTH = 16
 DEFAULT_DIR = "/run/fedrec-secrets"
 
 
 def check_given(name: str, value: str) -> str | None:
-    """Why a value given by the environment is refused, or None when it is acceptable."""
-    if value.lower() in PLACEHOLDERS:
-        return f"{name} is a placeholder; put a real secret (e.g. `openssl rand -hex 32`)"
-    if len(value) < MIN_LENGTH:
-        return f"{name} is shorter than {MIN_LENGTH} characters"
-    if name == "POSTGRES_PASSWORD" and any(c in value for c in "@:/?#%"):
+    """Why a value given by the environment is refused, or None when it is acceptable (the
+    services' own rules: services/secret_files.py)."""
+    why = weak_secret(value, name)
+    if why is None and name == "POSTGRES_PASSWORD" and any(c in value for c in "@:/?#%"):
         return f"{name} goes into a database URL: use URL-safe characters (letters, digits, -_)"
-    return None
+    return why
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -53,9 +59,10 @@ def write_secret(path: Path, value: str) -> None:
     os.replace(tmp, path)
 
 
-def ensure_secrets(directory: Path, env: dict[str, str]) -> list[str]:
-    """Create or update every secret file; returns one line per secret saying where it came
-    from. Raises ValueError (with every problem) when a given value is refused."""
+def ensure_secrets(directory: Path, env: dict[str, str], shards: int = 2) -> list[str]:
+    """Create or update every secret file and the shards' enrolment tokens; returns one line per
+    secret saying where it came from. Raises ValueError (with every problem) when a given value
+    is refused."""
     problems = [
         why
         for var in SECRETS.values()
@@ -76,15 +83,23 @@ def ensure_secrets(directory: Path, env: dict[str, str]) -> list[str]:
         else:
             write_secret(path, secrets.token_urlsafe(32))
             report.append(f"{name}: generated")
+    secret = (directory / "enrolment_secret").read_text().strip()
+    for shard in range(shards):
+        write_secret(directory / f"enrolment_token_{shard}", enrolment_token(secret, shard, shards))
+    report.append(f"enrolment tokens of {shards} shards: derived")
     return report
 
 
 def main() -> int:
     """Ensure the secrets in ``$SECRETS_DIR`` (default /run/fedrec-secrets)."""
     directory = Path(os.environ.get("SECRETS_DIR", DEFAULT_DIR))
+    shards = os.environ.get("WORKER_SHARDS", "2")
+    if not shards.isdigit() or int(shards) < 1:
+        sys.stderr.write(f"WORKER_SHARDS must be a positive integer, got {shards!r}\n")
+        return 1
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        report = ensure_secrets(directory, dict(os.environ))
+        report = ensure_secrets(directory, dict(os.environ), int(shards))
     except ValueError as err:
         sys.stderr.write(f"refusing the given secrets: {err}\n")
         return 1

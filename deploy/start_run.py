@@ -14,8 +14,8 @@
 With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
 until every round is closed and evaluated, waits until recommend-api (``RECOMMEND_URL``) serves
 the final model, and prints the top-10 of the first ``SHOW_USERS`` users (default 3), asked
-from their workers (``WORKER_URLS``, comma-separated, user ``u`` on worker ``u % n``) as their
-devices would.
+from their workers (``WORKER_URLS``, comma-separated, user ``u`` on worker ``u % n``; bearer
+token of their device API in ``WORKER_TOKEN_FILE``) as their devices would.
 
 Exit status 0 when the run started (and, with ``--follow``, finished) or one is already active
 (which is then followed), 1 otherwise. The same request by hand::
@@ -80,19 +80,24 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def operator_token() -> str:
-    """The operator token from the environment or the file it names."""
-    token = os.environ.get("FEDREC_AGG_OPERATOR_TOKEN", "").strip()
-    path = os.environ.get("FEDREC_AGG_OPERATOR_TOKEN_FILE", "").strip()
+def secret(variable: str, required: bool = True) -> str:
+    """``$variable``, or the content of the file ``$<variable>_FILE`` names."""
+    token = os.environ.get(variable, "").strip()
+    path = os.environ.get(f"{variable}_FILE", "").strip()
     if not token and path:
         try:
             with open(path, encoding="utf-8") as fh:
                 token = fh.read().strip()
         except OSError as err:
-            raise DemoError(f"cannot read FEDREC_AGG_OPERATOR_TOKEN_FILE {path}: {err}") from None
-    if not token:
-        raise DemoError("set FEDREC_AGG_OPERATOR_TOKEN or FEDREC_AGG_OPERATOR_TOKEN_FILE")
+            raise DemoError(f"cannot read {variable}_FILE {path}: {err}") from None
+    if not token and required:
+        raise DemoError(f"set {variable} or {variable}_FILE")
     return token
+
+
+def operator_token() -> str:
+    """The operator token from the environment or the file it names."""
+    return secret("FEDREC_AGG_OPERATOR_TOKEN")
 
 
 def run_config() -> dict[str, Any]:
@@ -210,7 +215,12 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
 
 
 def show_recommendations(
-    rec_url: str, worker_urls: list[str], version: int, users: int, timeout_s: float
+    rec_url: str,
+    worker_urls: list[str],
+    version: int,
+    users: int,
+    timeout_s: float,
+    worker_token: str = "",
 ) -> bool:
     """Wait until recommend-api serves ``version``, then print the first users' top-10 as their
     workers answer them; True when every user got an answer."""
@@ -226,7 +236,7 @@ def show_recommendations(
     ok = True
     for user in range(users):
         url = f"{worker_urls[user % len(worker_urls)]}/v1/users/{user}/recommendations?k=10"
-        status, body = _get_json(url, timeout_s=30)
+        status, body = _request(url, worker_token or None, timeout_s=30)
         if status != 200 or not isinstance(body, dict):
             say(f"user {user}: {url} -> {status} {json.dumps(body)}")
             ok = False
@@ -274,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         rec_url = os.environ.get("RECOMMEND_URL", "").rstrip("/")
         users = int(os.environ.get("SHOW_USERS", "3"))
         if workers and rec_url and users > 0:
-            return (
-                0 if show_recommendations(rec_url, workers, done["rounds"], users, timeout_s) else 1
-            )
+            device = secret("WORKER_TOKEN", required=False)
+            shown = show_recommendations(rec_url, workers, done["rounds"], users, timeout_s, device)
+            return 0 if shown else 1
         return 0
     except DemoError as err:
         sys.stderr.write(f"{err}\n")

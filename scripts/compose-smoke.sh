@@ -182,10 +182,11 @@ export FEDREC_WORKER0_PORT=$(free_port) FEDREC_WORKER1_PORT=$(free_port)
 export FEDREC_DEMO_ROUNDS=$ROUNDS
 agg=http://127.0.0.1:$FEDREC_AGGREGATOR_PORT
 
-py_get() {  # URL [python expression over the JSON body `b`]: print it, fail on non-2xx
-  python3 - "$1" "${2:-b}" <<'EOF'
+py_get() {  # URL [python expression over the JSON body `b`] [bearer token]: print it, fail on non-2xx
+  python3 - "$1" "${2:-b}" "${3:-}" <<'EOF'
 import json, sys, urllib.request
-with urllib.request.urlopen(sys.argv[1], timeout=30) as r:
+headers = {"Authorization": f"Bearer {sys.argv[3]}"} if sys.argv[3] else {}
+with urllib.request.urlopen(urllib.request.Request(sys.argv[1], headers=headers), timeout=30) as r:
     b = json.loads(r.read())
 print(eval(sys.argv[2], {"b": b}))
 EOF
@@ -239,8 +240,10 @@ grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fa
 [ "$(closed_rounds)" = "$ROUNDS" ] || fail "$(closed_rounds) rounds closed, not $ROUNDS"
 
 step "recommendations through a worker and through recommend-api"
+# the device API's bearer token, as the secrets service generated it
+device_token=$(compose exec -T worker-1 cat /run/fedrec-secrets/device_token)
 py_get "http://127.0.0.1:$FEDREC_WORKER1_PORT/v1/users/1/recommendations?k=10" \
-  '(b["model_version"], len(b["items"]))' | tee "$WORK/worker.txt"
+  '(b["model_version"], len(b["items"]))' "$device_token" | tee "$WORK/worker.txt"
 grep -qE "^\($ROUNDS, 10\)$" "$WORK/worker.txt" || fail "worker-1 did not answer 10 items of v$ROUNDS"
 python3 - "http://127.0.0.1:$FEDREC_RECOMMEND_PORT/v1/recommendations" "$ROUNDS" <<'EOF'
 import json, sys, urllib.request

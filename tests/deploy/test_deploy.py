@@ -459,7 +459,7 @@ def _compose_service_port(name: str, svc: dict[str, Any]) -> int | None:
 def _routes(module: str, tmp_path: Path) -> set[str]:
     """GET routes of the app a service module serves (built, not started)."""
     if module == "services.aggregator":
-        app = create_aggregator_app(AggregatorSettings())
+        app = create_aggregator_app(AggregatorSettings(environment="development"))
     elif module == "services.recommend_api":
         app = create_recommend_app(RecommendSettings(aggregator_url=None, workers=1))
     else:
@@ -483,6 +483,34 @@ def _healthcheck_url(test: list[str]) -> str | None:
 def _expand_k8s(value: str, env: dict[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion of an env value from the vars defined before it."""
     return K8S_VAR.sub(lambda m: env[m.group(1)], value)
+
+
+def _k8s_secret_files_in(
+    tmp_path: Path, container: dict[str, Any], env: dict[str, str]
+) -> dict[str, str]:
+    """``env`` with paths into a Secret mounted in ``container`` moved to ``tmp_path``, where the
+    Secret's keys are files: enrolment tokens derived as the Secret's comment says, from the
+    aggregator's enrolment secret (with its placeholder replaced as the caller did)."""
+    from services.enrolment import enrolment_token
+
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    pod = next(p for _, p in _pod_specs() if container in p["containers"])
+    enrol_secret = "a-real-secret-fedrec_agg_enrolment_secret"
+    for vol in pod.get("volumes", []):
+        if "secret" not in vol or vol["name"] not in mounts:
+            continue
+        data = _k8s_one("Secret", vol["secret"]["secretName"])["stringData"]
+        folder = tmp_path / vol["name"]
+        folder.mkdir(exist_ok=True)
+        for key in data:
+            shard, shards = int(key.rsplit("_", 1)[1]), len(data)
+            (folder / key).write_text(enrolment_token(enrol_secret, shard, shards) + "\n")
+        mount = mounts[vol["name"]].rstrip("/") + "/"
+        env = {
+            k: str(folder / v.removeprefix(mount)) if v.startswith(mount) else v
+            for k, v in env.items()
+        }
+    return env
 
 
 def _configmap_env(pod_container: dict[str, Any]) -> dict[str, str]:
@@ -628,17 +656,24 @@ def _compose_services_running(module: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def _init_secrets() -> Any:
+    spec = importlib.util.spec_from_file_location("init_secrets", DEPLOY / "init_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _secret_files_in(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
-    """``env`` with every file under the compose secrets volume moved to ``tmp_path``, where
-    it holds a realistic secret (what deploy/init_secrets.py writes)."""
-    out = {}
-    for k, v in env.items():
-        if v.startswith(SECRETS_MOUNT):
-            path = tmp_path / v.removeprefix(SECRETS_MOUNT)
-            path.write_text(f"generated-{path.name}-0123456789abcdef\n")
-            v = str(path)
-        out[k] = v
-    return out
+    """``env`` with the compose secrets volume in ``tmp_path``, filled by the secrets service's
+    own code (deploy/init_secrets.py) for the compose file's shard count."""
+    shards = int(_compose()["services"]["secrets"]["environment"]["WORKER_SHARDS"])
+    if not (tmp_path / "operator_token").exists():
+        _init_secrets().ensure_secrets(tmp_path, {}, shards)
+    return {
+        k: str(tmp_path / v.removeprefix(SECRETS_MOUNT)) if v.startswith(SECRETS_MOUNT) else v
+        for k, v in env.items()
+    }
 
 
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
@@ -660,7 +695,7 @@ def test_compose_environment_validates_into_the_settings(module, monkeypatch, tm
 
 
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
-def test_k8s_environment_validates_into_the_settings(module, monkeypatch):
+def test_k8s_environment_validates_into_the_settings(module, monkeypatch, tmp_path):
     """The same for k8s containers (ConfigMap + Secret with a real value in place)."""
     containers = [
         (w, c) for w, c in _containers() if command_module(c.get("command", [])) == module
@@ -669,8 +704,11 @@ def test_k8s_environment_validates_into_the_settings(module, monkeypatch):
     monkeypatch.setattr("socket.gethostname", lambda: "worker-1")  # a StatefulSet pod name
     for workload, c in containers:
         env = _configmap_env(c)
-        env = {k: ("a-real-secret" if v in PLACEHOLDERS else v) for k, v in env.items()}
+        env = {
+            k: (f"a-real-secret-{k.lower()}" if v in PLACEHOLDERS else v) for k, v in env.items()
+        }
         env = {k: _expand_k8s(v, env) for k, v in env.items()}
+        env = _k8s_secret_files_in(tmp_path, c, env)
         prefix = MODULE_PREFIX[module]
         assert all(not k.startswith("FEDREC_") or k.startswith(prefix) for k in env), workload
         for k in list(os.environ):
@@ -833,7 +871,7 @@ def test_compose_workers_cover_every_shard_with_their_own_store():
     (n,) = shards
     indices = sorted(int(w["environment"]["FEDREC_WORKER_SHARD"]) for w in workers.values())
     assert indices == list(range(n))
-    volumes = [v for w in workers.values() for v in w["volumes"]]
+    volumes = [v for w in workers.values() for v in w["volumes"] if not v.startswith("secrets:")]
     assert len(set(volumes)) == len(volumes) == n  # one store volume per shard
     demo = services["demo"]["environment"]
     wait_for = demo["WAIT_FOR"].split(",")
@@ -950,6 +988,9 @@ def test_no_secret_literal_is_committed():
                 checked += 1
     for cm in _k8s_objects("ConfigMap"):
         for var, value in cm["data"].items():
+            if var.endswith("_FILE"):
+                assert value.startswith("/run/"), var  # a mounted Secret's file
+                continue
             assert not SECRET_NAME.search(var), f"secret {var} belongs in the Secret"
             assert "@" not in value, f"{var}: credentials in a ConfigMap"
     # the example sets nothing: copying it must not put a placeholder in force

@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.aggregator.settings import Settings as AggregatorSettings
+from services.enrolment import enrolment_token
 from services.recommend_api.settings import Settings as RecommendSettings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -38,12 +39,28 @@ def _read(d: Path) -> dict[str, str]:
 def test_first_start_generates_every_secret_and_a_restart_keeps_them(tmp_path):
     report = init_secrets.ensure_secrets(tmp_path, {})
     first = _read(tmp_path)
-    assert set(first) == {"postgres_password", "operator_token", "reader_token"}
-    assert all(line.endswith("generated") for line in report)
-    assert len(set(first.values())) == 3 and all(len(v) >= 32 for v in first.values())
+    generated = set(init_secrets.SECRETS)
+    assert generated == {
+        "postgres_password",
+        "operator_token",
+        "reader_token",
+        "enrolment_secret",
+        "device_token",
+    }
+    assert set(first) == generated | {"enrolment_token_0", "enrolment_token_1"}
+    assert sum(line.endswith("generated") for line in report) == len(generated)
+    assert len(set(first.values())) == len(first) and all(len(v) >= 32 for v in first.values())
+    # each shard's token is the one the aggregator derives from the secret
+    for shard in (0, 1):
+        assert first[f"enrolment_token_{shard}"] == enrolment_token(
+            first["enrolment_secret"], shard, 2
+        )
     for p in tmp_path.iterdir():
         assert stat.S_IMODE(p.stat().st_mode) == 0o600
-    assert sorted(init_secrets.ensure_secrets(tmp_path, {})) == [f"{n}: kept" for n in first]
+    again = init_secrets.ensure_secrets(tmp_path, {})
+    assert sorted(line for line in again if line.endswith("kept")) == sorted(
+        f"{n}: kept" for n in generated
+    )
     assert _read(tmp_path) == first
     # a second deployment gets other secrets
     other = tmp_path / "other"
