@@ -20,14 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import optuna
-from optuna.trial import TrialState
 
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
+
+if TYPE_CHECKING:  # optuna is imported where a study runs (it pulls in storage clients)
+    import optuna
 
 #: the validation metric a study maximises
 OBJECTIVE = "hr@10"
@@ -94,6 +95,8 @@ def _objective(
 ) -> Callable[[optuna.Trial], float]:
     tuning_split = validation_only(split)
 
+    import optuna
+
     def run(trial: optuna.Trial) -> float:
         cfg = suggest(trial, spec.base, spec.round_choices)
         per_seed: list[float] = []
@@ -123,6 +126,9 @@ def _objective(
 def open_study(spec: TuneSpec) -> optuna.Study:
     """Create the study or load it from its SQLite file; a trial an interruption left
     RUNNING is marked failed and queued again with its parameters."""
+    import optuna
+    from optuna.trial import TrialState
+
     spec.storage.parent.mkdir(parents=True, exist_ok=True)
     storage = optuna.storages.RDBStorage(f"sqlite:///{spec.storage.resolve()}")
     study = optuna.create_study(
@@ -141,6 +147,8 @@ def open_study(spec: TuneSpec) -> optuna.Study:
 
 def finished(study: optuna.Study) -> int:
     """Trials that count towards the budget: completed or pruned."""
+    from optuna.trial import TrialState
+
     states = (TrialState.COMPLETE, TrialState.PRUNED)
     return len(study.get_trials(deepcopy=False, states=states))
 
@@ -151,6 +159,8 @@ def tune(
     """Run the study until ``spec.n_trials`` trials have finished (resuming a stored one)."""
     spec.validate()
     spec.base.validate()
+    import optuna
+
     study = open_study(spec)
     todo = spec.n_trials - finished(study)
     if todo > 0:
