@@ -35,7 +35,8 @@ def sqlite_url(directory: Path, name: str = "aggregator.db") -> str:
 
 
 def make_settings(database_url: str, **overrides: Any) -> Settings:
-    """Settings for an in-process app: test environment, no background polling by default."""
+    """Settings for an in-process app: test environment, the test enrolment secret and
+    population, no background polling by default."""
     values: dict[str, Any] = {
         "environment": "test",
         "database_url": database_url,
@@ -46,7 +47,8 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
         "max_body_bytes": 4 * 1024 * 1024,
     }
     values.update(overrides)
-    return Settings(**values)
+    # an override of None leaves the setting at its default (e.g. no population)
+    return Settings(**{k: v for k, v in values.items() if v is not None})
 
 
 def operator_headers() -> dict[str, str]:

@@ -1,0 +1,70 @@
+"""What a hostile holder of a valid client token sends: upload bodies and evaluation reports
+that break a rule the aggregator must enforce (each one must be refused with a 4xx and change
+nothing)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.wire import encode_updates
+from tests.support.aggregator import random_update
+
+OCTET = "application/octet-stream"
+
+
+def junk_uploads(
+    cfg: ModelConfig, round_id: int, client_id: int, seed: int = 0
+) -> dict[str, tuple[bytes, str | None]]:
+    """name -> (body, Content-Type) of uploads for ``client_id`` that must be refused."""
+    rng = np.random.default_rng(seed)
+    good = random_update(cfg, client_id, rng)
+
+    def body(**meta: object) -> bytes:
+        return encode_updates(round_id, [dataclasses.replace(good, **meta)])  # type: ignore[arg-type]
+
+    return {
+        "loss_nan": (body(loss=float("nan")), OCTET),
+        "loss_inf": (body(loss=float("inf")), OCTET),
+        "loss_negative": (body(loss=-1.0), OCTET),
+        "loss_huge": (body(loss=1e300), OCTET),
+        "n_samples_2_70": (body(n_samples=2**70), OCTET),
+        "n_samples_2_31": (body(n_samples=2**31), OCTET),
+        "n_samples_zero": (body(n_samples=0), OCTET),
+        "wrong_round": (encode_updates(round_id + 7, [good]), OCTET),
+        "garbage": (b"\x00" * 64, OCTET),
+        "text_plain": (encode_updates(round_id, [good]), "text/plain"),
+        "json": (encode_updates(round_id, [good]), "application/json"),
+        "no_content_type": (encode_updates(round_id, [good]), None),
+    }
+
+
+def junk_reports(version: int, own: list[int], foreign: list[int]) -> dict[str, object]:
+    """name -> a ``POST /v1/evaluations`` body (JSON, or raw text) that must be refused."""
+    n = len(own)
+
+    def report(sums: dict[str, object], ids: list[int] = own, count: object = n) -> object:
+        return {"model_version": version, "sums": sums, "count": count, "client_ids": ids}
+
+    return {
+        "overflow": report({"hr@10": 1e308, "ndcg@10": 1e308}),
+        "sum_above_count": report({"hr@10": n + 0.5}),
+        "negative": report({"hr@10": -1.0}),
+        "nan_literal": (
+            f'{{"model_version": {version}, "sums": {{"hr@10": NaN}}, "count": {n}, '
+            f'"client_ids": {own}}}'
+        ),
+        "infinity_literal": (
+            f'{{"model_version": {version}, "sums": {{"hr@10": Infinity}}, "count": {n}, '
+            f'"client_ids": {own}}}'
+        ),
+        "count_mismatch": report({"hr@10": 0.0}, count=n + 1),
+        "count_as_string": report({"hr@10": 0.0}, count=str(n)),
+        "ids_as_bools": report({"hr@10": 0.0}, ids=[False] * 1, count=1),
+        "foreign_ids": report({"hr@10": 0.0}, ids=foreign, count=len(foreign)),
+        "repeated_id": report({"hr@10": 0.0}, ids=[own[0], own[0]], count=2),
+        "too_many_metrics": report({f"m{i}": 0.0 for i in range(100)}),
+        "empty_metric_name": report({"": 0.0}),
+    }

@@ -1,0 +1,300 @@
+"""Bounded inputs (issue 8, findings 1, 2, 4, 6 and 9): every out-of-range value is a clear
+4xx before anything is built or stored, never a 500, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from fedrecgel.model import ModelConfig
+from fedrecgel.wire import encode_updates
+from services.aggregator import runs as runs_module
+from tests.aggregator.conftest import AggregatorFactory
+from tests.aggregator.junk import junk_reports, junk_uploads
+from tests.support.aggregator import (
+    bearer,
+    enrol_headers,
+    operator_headers,
+    random_update,
+    register,
+    upload_headers,
+)
+
+MODEL = ModelConfig(n_items=30, kind="ncf", factor=4, layers=2)
+RUN = {"n_items": 30, "factor": 4, "layers": 2, "rounds": 3, "fraction": 1.0, "seed": 1}
+
+
+@dataclass
+class Started:
+    """An aggregator with clients 0, 2, 4, 6 (token ``a``, shard 0 of 2) and 1, 3, 5, 7
+    (token ``b``, shard 1 of 2) and a started run."""
+
+    client: TestClient
+    a: str
+    b: str
+
+    def latest(self) -> tuple[str, bytes]:
+        r = self.client.get("/v1/models/latest", headers=bearer(self.a))
+        return r.headers["X-Model-Version"], r.content
+
+
+def _start(aggregator: AggregatorFactory, **settings: Any) -> Started:
+    client = aggregator(population=8, **settings)
+    a = register(client, [0, 2, 4, 6], 0, 2)
+    b = register(client, [1, 3, 5, 7], 1, 2)
+    r = client.post("/v1/runs", json=RUN, headers=operator_headers())
+    assert r.status_code == 201, r.text
+    return Started(client, a, b)
+
+
+@pytest.fixture
+def started(aggregator: AggregatorFactory) -> Started:
+    return _start(aggregator)
+
+
+def _close_round_1(s: Started) -> None:
+    for token, ids in ((s.a, [0, 2, 4, 6]), (s.b, [1, 3, 5, 7])):
+        rng = np.random.default_rng(ids[0])
+        body = encode_updates(1, [random_update(MODEL, c, rng) for c in ids])
+        r = s.client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+        assert r.status_code == 200, r.text
+    assert s.client.get("/v1/rounds/1").json()["state"] == "closed"
+
+
+# ----------------------------------------------------------------------------- finding 1
+
+
+@pytest.mark.parametrize("kind", list(junk_reports(1, [0], [1])))
+def test_out_of_range_evaluation_reports_are_422_and_honest_ones_complete(
+    started: Started, kind: str
+) -> None:
+    """Regression: {"sums": {"hr@10": 1e308}, "count": 1} overflowed the mean (and on
+    PostgreSQL made the honest reports fail with 500 for good)."""
+    s = started
+    _close_round_1(s)
+    bad = junk_reports(1, [0, 2], [1, 3])[kind]
+    if isinstance(bad, str):
+        r = s.client.post(
+            "/v1/evaluations",
+            content=bad,
+            headers={**bearer(s.a), "Content-Type": "application/json"},
+        )
+    else:
+        r = s.client.post("/v1/evaluations", json=bad, headers=bearer(s.a))
+    assert r.status_code in (403, 422), r.text
+    assert set(r.json()) == {"error", "detail"}
+    for token, ids, hr in ((s.a, [0, 2, 4, 6], 0.5), (s.b, [1, 3, 5, 7], 0.25)):
+        report = {"model_version": 1, "sums": {"hr@10": hr * 4}, "count": 4, "client_ids": ids}
+        r = s.client.post("/v1/evaluations", json=report, headers=bearer(token))
+        assert r.status_code == 202, r.text
+    assert r.json()["complete"] is True
+    assert s.client.get("/v1/rounds/1").json()["metrics"] == {"hr@10": 0.375}
+
+
+def test_the_operator_cannot_report_evaluations_for_clients(started: Started) -> None:
+    _close_round_1(started)
+    report = {"model_version": 1, "sums": {"hr@10": 1.0}, "count": 1, "client_ids": [0]}
+    r = started.client.post("/v1/evaluations", json=report, headers=operator_headers())
+    assert r.status_code == 403 and r.json()["error"] == "not_owned"
+
+
+def test_an_evaluation_over_too_many_ids_is_422(aggregator: AggregatorFactory) -> None:
+    client = aggregator(population=8, max_register_per_request=3)
+    token = register(client, [0, 1, 2])
+    report = {"model_version": 0, "sums": {"hr@10": 0.0}, "count": 4, "client_ids": [0, 1, 2, 3]}
+    r = client.post("/v1/evaluations", json=report, headers=bearer(token))
+    assert r.status_code == 422 and r.json()["error"] == "too_many_clients"
+
+
+# ----------------------------------------------------------------------------- finding 2
+
+
+def test_no_model_is_built_while_a_run_is_active(
+    started: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: POST /v1/runs built the model before finding the active run (with a huge
+    model: 21 GB, then OOM)."""
+    built: list[object] = []
+    real = runs_module.init_shared
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs_module, "init_shared", counting)
+    big = {**RUN, "factor": 64, "n_items": 5000}
+    r = started.client.post("/v1/runs", json=big, headers=operator_headers())
+    assert r.status_code == 409 and r.json()["error"] == "run_active"
+    assert built == []
+
+
+def test_a_model_over_the_parameter_budget_is_422_before_allocation(
+    aggregator: AggregatorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = aggregator(population=2, max_model_params=10_000)
+    register(client, [0, 1])
+    monkeypatch.setattr(runs_module, "init_shared", None)  # calling it would fail
+    r = client.post("/v1/runs", json={**RUN, "n_items": 2000}, headers=operator_headers())
+    assert r.status_code == 422 and r.json()["error"] == "model_too_large", r.text
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("layers", 10**10), ("n_items", 10**8), ("seed", 2**70), ("factor", 0), ("seed", -1)],
+)
+def test_out_of_bound_run_configs_are_422(started: Started, field: str, value: int) -> None:
+    r = started.client.post("/v1/runs", json={**RUN, field: value}, headers=operator_headers())
+    assert r.status_code == 422 and r.json()["error"] == "validation_error", r.text
+
+
+# ----------------------------------------------------------------------------- finding 4
+
+
+@pytest.mark.parametrize("kind", list(junk_uploads(MODEL, 1, 0)))
+def test_junk_uploads_are_refused_with_a_clear_body_and_change_nothing(
+    started: Started, kind: str
+) -> None:
+    """Regression: loss NaN -> 500 on SQLite (200 on PostgreSQL), Inf accepted, n_samples
+    2**70 -> 500: now 4xx with an ErrorBody, and the honest upload is accepted after."""
+    s = started
+    before = s.latest()
+    body, content_type = junk_uploads(MODEL, 1, 0)[kind]
+    headers = bearer(s.a) if content_type is None else {**bearer(s.a), "Content-Type": content_type}
+    r = s.client.post("/v1/rounds/1/updates", content=body, headers=headers)
+    assert r.status_code in (409, 415, 422), r.text
+    assert set(r.json()) == {"error", "detail"} and r.json()["detail"]
+    if kind.startswith(("loss", "n_samples_2")):  # n_samples 0: the wire refuses it
+        assert r.status_code == 422 and r.json()["error"] == "invalid_update_metadata"
+    if kind in ("text_plain", "json", "no_content_type"):
+        assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type"
+    assert s.client.get("/v1/rounds/1").json()["updates_received"] == 0
+    assert s.latest() == before
+    _close_round_1(s)
+    loss = s.client.get("/v1/rounds/1").json()["loss"]
+    assert loss is not None and math.isfinite(loss)
+
+
+# ----------------------------------------------------------------------------- finding 6
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/rounds/40471355875263758336",
+        "/v1/rounds/2147483648",
+        "/v1/rounds/-1",
+        "/v1/models/40471355875263758336",
+        "/v1/models/9223372036854775808",
+    ],
+)
+def test_huge_integers_in_paths_are_422(started: Started, path: str) -> None:
+    """Regression: GET /v1/rounds/40471355875263758336 and /v1/models/<huge> were 500s."""
+    r = started.client.get(path, headers=bearer(started.a))
+    assert r.status_code == 422 and r.json()["error"] == "validation_error", r.text
+
+
+def test_huge_round_in_an_upload_path_is_422(started: Started) -> None:
+    r = started.client.post(
+        "/v1/rounds/99999999999999999999/updates", content=b"x", headers=upload_headers(started.a)
+    )
+    assert r.status_code == 422
+
+
+@pytest.mark.postgres
+def test_a_database_outage_answers_503_json_with_retry_after(
+    aggregator: AggregatorFactory, postgres_url: str
+) -> None:
+    """Regression: a database outage answered a plain-text 500."""
+    client = aggregator(database_url=postgres_url, population=4)
+    token = register(client, [0, 1])
+    name = postgres_url.rsplit("/", 1)[1]
+    admin = postgres_url.rsplit("/", 1)[0].replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(f"{admin}/postgres", autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+        )
+    try:
+        for method, path, kw in (
+            ("GET", "/v1/rounds/current", {"headers": bearer(token)}),
+            ("GET", "/v1/rounds/1", {}),
+            ("GET", "/v1/clients/count", {}),
+            ("POST", "/v1/runs", {"json": RUN, "headers": operator_headers()}),
+        ):
+            r = client.request(method, path, **kw)
+            assert r.status_code == 503, (path, r.text)
+            assert r.json()["error"] == "database_unavailable"
+            assert int(r.headers["Retry-After"]) > 0
+        health = client.get("/healthz")
+        assert health.status_code == 503 and health.json()["status"] == "error"
+    finally:
+        with psycopg.connect(f"{admin}/postgres", autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    assert client.get("/v1/clients/count").json() == {"registered": 2}
+
+
+# ----------------------------------------------------------------------------- finding 9
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"client_ids": [False]},
+        {"client_ids": ["1"]},
+        {"client_ids": [1.0]},
+        {"client_ids": [True, 2]},
+    ],
+)
+def test_registration_ids_are_not_coerced(aggregator: AggregatorFactory, body: object) -> None:
+    """Regression: client_ids: [false] registered client 0."""
+    client = aggregator(population=4)
+    r = client.post("/v1/clients", json=body, headers=enrol_headers())
+    assert r.status_code == 422 and r.json()["error"] == "validation_error", r.text
+    assert client.get("/v1/clients/count").json() == {"registered": 0}
+
+
+@pytest.mark.parametrize("field,value", [("layers", "2"), ("seed", True), ("rounds", 3.0)])
+def test_run_config_fields_are_not_coerced(
+    aggregator: AggregatorFactory, field: str, value: object
+) -> None:
+    client = aggregator(population=2)
+    register(client, [0, 1])
+    r = client.post("/v1/runs", json={**RUN, field: value}, headers=operator_headers())
+    assert r.status_code == 422, r.text
+
+
+def test_a_body_that_is_not_json_is_422(started: Started) -> None:
+    r = started.client.post(
+        "/v1/runs",
+        content=b"\xff\x17K",
+        headers={**operator_headers(), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422 and set(r.json()) == {"error", "detail"}
+
+
+def test_405_names_the_allowed_methods(started: Started) -> None:
+    r = started.client.delete("/v1/clients")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+    assert r.headers["Allow"] == "POST"
+
+
+def test_openapi_describes_the_upload_body_and_every_refusal(started: Started) -> None:
+    spec = started.client.get("/openapi.json").json()
+    upload = spec["paths"]["/v1/rounds/{round_id}/updates"]["post"]
+    assert upload["requestBody"]["required"] is True
+    assert upload["requestBody"]["content"] == {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+    }
+    assert {"401", "403", "409", "413", "415", "422", "503"} <= set(upload["responses"])
+    params = {p["name"]: p["schema"] for p in upload["parameters"]}
+    assert params["round_id"]["maximum"] == 2**31 - 1
+    version = spec["paths"]["/v1/models/{version}"]["get"]["parameters"][0]["schema"]
+    assert version["maximum"] == 2**31 - 1
+    json.dumps(spec)  # serialisable
