@@ -1,0 +1,115 @@
+"""recommend_api (a model loaded) and a worker's device API (in front of that recommend_api)
+under schema-driven fuzzing: no 5xx, no answer their OpenAPI documents do not describe, no
+invalid request accepted, no hang.
+
+recommend_api is fuzzed twice: with its document as served, and with the document narrowed to
+the served model (vector lengths, float32 range, k, catalogue ids), so that generated vectors
+(huge, tiny, signed zeros) reach the ranking. Neither service takes a credential: every request is anonymous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from fedrecgel.model import ModelConfig, init_shared
+from fedrecgel.sam import PrivateState
+from fedrecgel.synthetic import synthetic_split
+from services.client_sim.server import create_app as create_device_app
+from services.client_sim.settings import WorkerSettings
+from services.client_sim.store import WorkerStore
+from services.recommend_api.app import create_app as create_recommend_app
+from services.recommend_api.ranking import ModelHolder
+from services.recommend_api.settings import Settings as RecommendSettings
+from tests.fuzz.harness import Tally, fuzz, load_schema, operation_labels
+from tests.fuzz.servers import served
+from tests.fuzz.targets import pinned_schema
+
+EXAMPLES = 25  # per operation and generation mode
+CFG = ModelConfig(n_items=30, factor=4, layers=2)
+LABELS = [f"film-{i}" for i in range(CFG.n_items)]
+N_USERS = 12
+MAX_K = 50
+
+
+@dataclass(frozen=True)
+class Services:
+    """recommend_api and the device API of worker shard 0 of 2, served on loopback."""
+
+    recommend: str
+    device: str
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    tmp = tmp_path_factory.mktemp("fuzz-device")
+    holder = ModelHolder(labels=LABELS)
+    holder.swap(holder.build(CFG, init_shared(CFG, 1), 4))
+    rec = create_recommend_app(
+        RecommendSettings(aggregator_url=None, workers=2, max_k=MAX_K), holder=holder
+    )
+    split = synthetic_split(n_users=N_USERS, n_items=CFG.n_items, seed=3, n_test_negatives=10)
+    store = WorkerStore(tmp / "worker.db")
+    users = [u for u in range(N_USERS) if u % 2 == 0]
+    store.add_users(split, users)
+    # half of the shard's users have joined a run (a private state), half not yet
+    joined = users[: len(users) // 2]
+    store.reset_states(joined, PrivateState.fresh(CFG, 7, np.asarray(joined)))
+    with served(rec) as rec_url:
+        settings = WorkerSettings(
+            shard=0,
+            shards=2,
+            dataset="synthetic",
+            store=str(tmp / "worker.db"),
+            recommend_url=rec_url,
+        )
+        with served(create_device_app(settings, store, LABELS)) as device_url:
+            yield Services(rec_url, device_url)
+
+
+def _assert_clean(tally: Tally, service: str) -> None:
+    assert tally.requests >= 2 * len(tally.by_operation)
+    assert tally.clean, f"{service}: {tally.requests} requests:\n{tally.report()}"
+
+
+@pytest.mark.timeout(180)
+def test_recommend_api_survives_fuzzing(services: Services) -> None:
+    schema = load_schema(services.recommend)
+    tally = fuzz(
+        schema,
+        services.recommend,
+        service="recommend_api",
+        token="anonymous",
+        max_examples=EXAMPLES,
+    )
+    assert set(tally.by_operation) == operation_labels(schema)
+    _assert_clean(tally, "recommend_api")
+
+
+@pytest.mark.timeout(180)
+def test_recommend_api_survives_fuzzed_vectors_of_the_right_length(services: Services) -> None:
+    schema = pinned_schema(services.recommend, CFG.private_dims(), LABELS, MAX_K)
+    tally = fuzz(
+        schema,
+        services.recommend,
+        service="recommend_api",
+        token="anonymous",
+        max_examples=2 * EXAMPLES,
+        include=lambda label: label == "POST /v1/recommendations",
+    )
+    # the narrowed document lets most valid requests through to the ranking
+    assert tally.answered(200, 300) >= EXAMPLES // 2, tally
+    _assert_clean(tally, "recommend_api")
+
+
+@pytest.mark.timeout(180)
+def test_device_api_survives_fuzzing(services: Services) -> None:
+    schema = load_schema(services.device)
+    tally = fuzz(
+        schema, services.device, service="worker", token="anonymous", max_examples=EXAMPLES
+    )
+    assert set(tally.by_operation) == operation_labels(schema)
+    _assert_clean(tally, "worker")
