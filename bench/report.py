@@ -191,6 +191,53 @@ def compose() -> list[str]:
     ]
 
 
+def fuzzing() -> list[str]:
+    """Schema-driven fuzzing of each service, per credential kind, and what it found."""
+    data = _load(RES / "fuzz.json")
+    if data is None:
+        return []
+    lines = [
+        "## Fuzzing the services (`bench/fuzz_services.py`)",
+        "",
+        f"The three services as processes on loopback, after a {data['training_s']:.0f} s "
+        f"{data['dataset']} run gave them their state; schemathesis {data['schemathesis']} "
+        f"generated {data['examples_per_operation_and_mode']} valid and "
+        f"{data['examples_per_operation_and_mode']} invalid requests per operation of each "
+        f"OpenAPI document (seed {data['seed']}), once per credential kind the service knows; "
+        "recommend_api once more with its document narrowed to the served model, so the "
+        "generated vectors reach the ranking. *Violations*: answers the document does not "
+        "describe (status, content type, headers, body schema); *invalid accepted*: invalid "
+        "requests answered with a success; *no answer*: no answer within "
+        f"{data['request_timeout_s']:g} s. The aggregator ran under a "
+        f"{data['aggregator_address_space_limit_gb']:g} GB address-space limit. "
+        f"{data['wall_s']:.0f} s in all.",
+        "",
+        "| service | credential | requests | 2xx | 4xx | 5xx | violations | invalid accepted "
+        "| no answer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    findings: list[str] = []
+    for service, kinds in data["services"].items():
+        for kind, t in kinds.items():
+            by_status = {int(k): v for k, v in t["by_status"].items()}
+            ok = sum(v for k, v in by_status.items() if 200 <= k < 300)
+            client = sum(v for k, v in by_status.items() if 400 <= k < 500)
+            lines.append(
+                f"| {service} | {kind} | {t['requests']} | {ok} | {client} | "
+                f"{t['server_errors']} | {t['schema_violations']} | {t['invalid_accepted']} | "
+                f"{t['transport_errors']} |"
+            )
+            findings += [
+                f"- {service}, {kind}: `{f['operation']}` {f['check']} (status {f['status']})"
+                for f in t["findings"]
+            ]
+    alive = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in data["alive_at_end"].items())
+    lines += ["", f"Processes still serving at the end: {alive}."]
+    if findings:
+        lines += ["", "Findings (first of each kind; the JSON has the requests):", "", *findings]
+    return lines
+
+
 def other(name: str, title: str) -> list[str]:
     """Any other benchmark JSON, shown as it is."""
     data = _load(RES / name)
@@ -260,6 +307,8 @@ def main() -> None:
         *other("http_vs_simulator.json", "Federated run over HTTP vs the simulator"),
         "",
         *compose(),
+        "",
+        *fuzzing(),
     ]
     (ROOT / "docs" / "RESULTS.md").write_text("\n".join(parts).rstrip() + "\n")
 
