@@ -2,9 +2,10 @@
 
 A :class:`~services.contract.ServiceError` is answered with its own status and code; a request
 that fails validation with 422 and the locations and messages of its errors (never the input
-itself, which may be a user's private vector); an unknown path or method with ``not_found`` /
-``method_not_allowed`` (a 405 keeps its ``Allow`` header). :class:`BodyLimitMiddleware` bounds
-the size of request bodies (413 ``body_too_large``) before any of it is parsed.
+itself, which may be a user's private vector), as is a body that is not JSON at all; an
+unknown path or method with ``not_found`` / ``method_not_allowed`` (a 405 keeps its ``Allow``
+header). :class:`BodyLimitMiddleware` bounds the size of request bodies (413
+``body_too_large``) before any of it is parsed.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def install_error_handlers(
 
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+            if exc.status_code == 400:  # a body that cannot be decoded at all (not UTF-8 JSON)
+                return error_response(422, validation_code, f"body: {exc.detail}")
             code = HTTP_CODES.get(exc.status_code, "http_error")
             return error_response(exc.status_code, code, str(exc.detail), exc.headers)
 

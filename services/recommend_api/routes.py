@@ -98,7 +98,7 @@ async def livez(state: StateDep) -> dict[str, object]:
     return {"status": "alive", "model_version": state.holder.version}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response)
 async def metrics(state: StateDep) -> Response:
     """Prometheus metrics of this app."""
     return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)

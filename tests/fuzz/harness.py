@@ -132,10 +132,16 @@ def unique(findings: Iterable[Finding]) -> list[Finding]:
     return list(seen.values())
 
 
-def load_schema(base_url: str, timeout_s: float = 30.0) -> schemathesis.BaseSchema:
-    """The OpenAPI document a running service serves at ``/openapi.json``."""
+def load_schema(
+    base_url: str, timeout_s: float = 30.0, headers: Mapping[str, str] | None = None
+) -> schemathesis.BaseSchema:
+    """The OpenAPI document a running service serves at ``/openapi.json`` (fetched with
+    ``headers``, e.g. a credential the service asks for it)."""
     return schemathesis.openapi.from_url(
-        f"{base_url}/openapi.json", timeout=timeout_s, wait_for_schema=timeout_s
+        f"{base_url}/openapi.json",
+        timeout=timeout_s,
+        wait_for_schema=timeout_s,
+        headers=dict(headers or {}),
     )
 
 

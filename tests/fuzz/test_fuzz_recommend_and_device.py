@@ -4,7 +4,8 @@ invalid request accepted, no hang.
 
 recommend_api is fuzzed twice: with its document as served, and with the document narrowed to
 the served model (vector lengths, float32 range, k, catalogue ids), so that generated vectors
-(huge, tiny, signed zeros) reach the ranking. Neither service takes a credential: every request is anonymous.
+(huge, tiny, signed zeros) reach the ranking. recommend_api takes no credential; the device
+API is fuzzed without one and with its device token.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import numpy as np
 import pytest
 
@@ -33,6 +35,8 @@ CFG = ModelConfig(n_items=30, factor=4, layers=2)
 LABELS = [f"film-{i}" for i in range(CFG.n_items)]
 N_USERS = 12
 MAX_K = 50
+DEVICE_TOKEN = "fuzz-device-token-8d2f6b1a7c4e93"
+DEVICE_KINDS = {"anonymous": None, "device": {"Authorization": f"Bearer {DEVICE_TOKEN}"}}
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             dataset="synthetic",
             store=str(tmp / "worker.db"),
             recommend_url=rec_url,
+            device_token=DEVICE_TOKEN,
         )
         with served(create_device_app(settings, store, LABELS)) as device_url:
             yield Services(rec_url, device_url)
@@ -106,10 +111,34 @@ def test_recommend_api_survives_fuzzed_vectors_of_the_right_length(services: Ser
 
 
 @pytest.mark.timeout(180)
-def test_device_api_survives_fuzzing(services: Services) -> None:
-    schema = load_schema(services.device)
+@pytest.mark.parametrize("kind", DEVICE_KINDS)
+def test_device_api_survives_fuzzing(services: Services, kind: str) -> None:
+    schema = load_schema(services.device, headers=DEVICE_KINDS["device"])
     tally = fuzz(
-        schema, services.device, service="worker", token="anonymous", max_examples=EXAMPLES
+        schema,
+        services.device,
+        service="worker",
+        token=kind,
+        headers=DEVICE_KINDS[kind],
+        max_examples=EXAMPLES,
     )
     assert set(tally.by_operation) == operation_labels(schema)
     _assert_clean(tally, "worker")
+
+
+def test_a_body_that_is_not_json_is_a_documented_422(services: Services) -> None:
+    """Found by fuzzing: such a body was answered 400, which the document does not list."""
+    r = httpx.post(
+        f"{services.recommend}/v1/recommendations",
+        content=b"\xff\x17K",
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_request"
+
+
+def test_metrics_are_documented_as_text() -> None:
+    """Found by fuzzing: recommend_api's /metrics answered text while its document said JSON."""
+    doc = create_recommend_app(RecommendSettings(aggregator_url=None)).openapi()
+    answer = doc["paths"]["/metrics"]["get"]["responses"]["200"]
+    assert "application/json" not in answer.get("content", {})
