@@ -35,10 +35,12 @@ from fedrecgel.wire import encode_updates
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/)
+from services.enrolment import enrolment_token  # noqa: E402
 from tests.support.loopback import free_port  # noqa: E402
 
 MODEL = ModelConfig(n_items=2059)
 TOKEN = "bench-operator-token"
+ENROLMENT_SECRET = "bench-enrolment-secret-8f3a91c2"
 
 
 def realistic_update(client_id: int, rng: np.random.Generator) -> Update:
@@ -135,7 +137,7 @@ def close_time(rounds: int = 5) -> dict[str, object]:
     from fastapi.testclient import TestClient
 
     from services.aggregator.app import create_app
-    from tests.support.aggregator import make_settings, sqlite_url
+    from tests.support.aggregator import make_settings, register, sqlite_url
 
     times = []
     downloads: list[float] = []
@@ -144,9 +146,7 @@ def close_time(rounds: int = 5) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         app = create_app(make_settings(sqlite_url(Path(tmp)), max_body_bytes=64 << 20))
         with TestClient(app) as client:
-            token = client.post("/v1/clients", json={"client_ids": list(range(1227))}).json()[
-                "token"
-            ]
+            token = register(client, list(range(1227)))
             op = {"Authorization": "Bearer test-operator-token"}
             cfg = {"n_items": MODEL.n_items, "rounds": rounds, "fraction": 0.1, "seed": 0}
             assert client.post("/v1/runs", json=cfg, headers=op).status_code == 201
@@ -218,6 +218,8 @@ def main() -> None:
             **os.environ,
             "FEDREC_AGG_DATABASE_URL": f"sqlite:///{tmp}/agg.db",
             "FEDREC_AGG_OPERATOR_TOKEN": TOKEN,
+            "FEDREC_AGG_ENROLMENT_SECRET": ENROLMENT_SECRET,
+            "FEDREC_AGG_POPULATION": str(n_clients),
             "FEDREC_AGG_PORT": str(agg_port),
             "FEDREC_AGG_LOG_LEVEL": "warning",
         }
@@ -227,8 +229,11 @@ def main() -> None:
             agg_url, noop_url = f"http://127.0.0.1:{agg_port}", f"http://127.0.0.1:{noop_port}"
             wait_healthy(f"{agg_url}/healthz", agg)
             wait_healthy(f"{noop_url}/healthz", noop)
+            enrol = {"Authorization": f"Bearer {enrolment_token(ENROLMENT_SECRET, 0, 1)}"}
             token = httpx.post(
-                f"{agg_url}/v1/clients", json={"client_ids": list(range(n_clients))}
+                f"{agg_url}/v1/clients",
+                json={"client_ids": list(range(n_clients))},
+                headers=enrol,
             ).json()["token"]
             cfg = {
                 "n_items": MODEL.n_items,

@@ -6,7 +6,9 @@
 registers a client id, then polls the current round, downloads the model (with its ETag, so an
 unchanged model is a 304) and, when its client is in the round's cohort, uploads one update
 encoded with ``fedrecgel.wire.encode_updates`` (sparse item rows, dense tower gradients).
-Its host is ``FEDREC_LOAD_AGGREGATOR`` (default: ``--host``). Pick classes by name, e.g.
+Its host is ``FEDREC_LOAD_AGGREGATOR`` (default: ``--host``); it registers with the shard
+enrolment token ``FEDREC_LOAD_ENROLMENT_TOKEN`` (``services.enrolment.enrolment_token(secret,
+0, 1)`` enrols every id), its ids counting up from ``FEDREC_LOAD_FIRST_CLIENT`` (default 0). Pick classes by name, e.g.
 ``locust -f loadtest/locustfile.py RecommendUser``. Model shape for the request vectors:
 ``FEDREC_LOAD_N_ITEMS`` (default 2059, FilmTrust), ``FEDREC_LOAD_FACTOR`` (32),
 ``FEDREC_LOAD_LAYERS`` (3), ``FEDREC_LOAD_ROWS`` (sparse rows per update, default 140 x 5).
@@ -99,9 +101,11 @@ class AggregatorClient(HttpUser):
         self.etag: str | None = None
         self.cfg: ModelConfig | None = None
         self.uploaded: set[int] = set()
+        enrolment = os.environ.get("FEDREC_LOAD_ENROLMENT_TOKEN", "")
         with self.client.post(
             "/v1/clients",
             json={"client_ids": [self.client_id]},
+            headers={"Authorization": f"Bearer {enrolment}"},
             name="register",
             catch_response=True,
         ) as r:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.enrolment import enrolment_token
 from tests.support.loopback import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +43,13 @@ def test_locust_headless_stores_uploads_without_failures(tmp_path: Path) -> None
     locust = _locust()
     port = free_port()
     operator = secrets.token_hex(16)
+    enrolment_secret = secrets.token_hex(16)
     env = {
         **os.environ,
         "FEDREC_AGG_DATABASE_URL": f"sqlite:///{tmp_path / 'agg.db'}",
         "FEDREC_AGG_OPERATOR_TOKEN": operator,
+        "FEDREC_AGG_ENROLMENT_SECRET": enrolment_secret,
+        "FEDREC_AGG_POPULATION": str(10 * USERS),
         "FEDREC_AGG_HOST": "127.0.0.1",
         "FEDREC_AGG_PORT": str(port),
         "FEDREC_AGG_LOG_LEVEL": "warning",
@@ -84,7 +88,11 @@ def test_locust_headless_stores_uploads_without_failures(tmp_path: Path) -> None
                 "1",
             ],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "FEDREC_LOAD_ENROLMENT_TOKEN": enrolment_token(enrolment_secret, 0, 1),
+            },
             stdout=(tmp_path / "locust.log").open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

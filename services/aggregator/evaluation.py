@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 #: the most metrics one report may carry, and the longest metric name
 MAX_METRICS = 32
 MAX_METRIC_NAME = 64
+#: the largest model version (a 32-bit column)
+MAX_VERSION = 2**31 - 1
 
 
 class Evaluations:
@@ -37,6 +39,10 @@ class Evaluations:
 
     def check(self, caller: Caller, req: EvaluationRequest) -> dict[str, float]:
         """The report's metric sums, once every rule holds (403 / 422 otherwise)."""
+        if req.model_version > MAX_VERSION:
+            raise Malformed(
+                f"model_version {req.model_version} is above {MAX_VERSION}", "version_out_of_range"
+            )
         if len(req.client_ids) > self.max_ids:
             raise Malformed(
                 f"{len(req.client_ids)} client ids in one report; at most {self.max_ids}",

@@ -61,6 +61,7 @@ def junk_reports(version: int, own: list[int], foreign: list[int]) -> dict[str, 
             f'"client_ids": {own}}}'
         ),
         "count_mismatch": report({"hr@10": 0.0}, count=n + 1),
+        "huge_version": {**report({"hr@10": 0.0}), "model_version": 2**70},  # type: ignore[dict-item]
         "count_as_string": report({"hr@10": 0.0}, count=str(n)),
         "ids_as_bools": report({"hr@10": 0.0}, ids=[False] * 1, count=1),
         "foreign_ids": report({"hr@10": 0.0}, ids=foreign, count=len(foreign)),
