@@ -1,11 +1,13 @@
 """The ``fedrec`` command: the core's commands (:mod:`fedrecgel.cli`) and the services'.
 
-Importing this module adds ``worker``, ``aggregator``, ``recommend`` and ``up`` to the core's
-:data:`~fedrecgel.cli.app`; the core imports nothing of the services.
+Importing this module adds ``worker``, ``aggregator``, ``recommend``, ``up`` and
+``enrolment-token`` to the core's :data:`~fedrecgel.cli.app`; the core imports nothing of the
+services.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -91,6 +93,52 @@ def up(
     except Stopped as stop:
         console.print(f"stopped by {stop.name}; every service was stopped")
         raise typer.Exit(128 + stop.signum) from None
+
+
+ENROLMENT_SECRET_VAR = "FEDREC_AGG_ENROLMENT_SECRET"
+
+
+def enrolment_secret(secret_file: Path | None) -> str:
+    """The aggregator's enrolment secret: from ``secret_file``, else the file named by
+    ``$FEDREC_AGG_ENROLMENT_SECRET_FILE``, else ``$FEDREC_AGG_ENROLMENT_SECRET``; ValueError
+    naming what to set when none is usable."""
+    from services.secret_files import read_secret_file
+
+    if secret_file is not None:
+        return read_secret_file(secret_file, "--secret-file")
+    from_env = os.environ.get(ENROLMENT_SECRET_VAR, "").strip()
+    file_env = os.environ.get(f"{ENROLMENT_SECRET_VAR}_FILE", "").strip()
+    if from_env and file_env:
+        raise ValueError(f"set {ENROLMENT_SECRET_VAR} or {ENROLMENT_SECRET_VAR}_FILE, not both")
+    if file_env:
+        return read_secret_file(Path(file_env), f"{ENROLMENT_SECRET_VAR}_FILE")
+    if from_env:
+        return from_env
+    raise ValueError(
+        f"no enrolment secret: pass --secret-file, or set {ENROLMENT_SECRET_VAR}_FILE or "
+        f"{ENROLMENT_SECRET_VAR} (the aggregator's own setting)"
+    )
+
+
+@app.command("enrolment-token")
+def enrolment_token(
+    shard: Annotated[int, typer.Option(min=0, help="The worker's shard index I.")],
+    shards: Annotated[int, typer.Option(min=1, help="The number of shards N.")],
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(help="File holding the aggregator's enrolment secret (default: env)."),
+    ] = None,
+) -> None:
+    """Print the enrolment token of worker shard I of N (it registers the users u % N == I),
+    derived from the aggregator's enrolment secret ($FEDREC_AGG_ENROLMENT_SECRET[_FILE])."""
+    from services.enrolment import EnrolmentTokenError
+    from services.enrolment import enrolment_token as derive
+
+    try:
+        token = derive(enrolment_secret(secret_file), shard, shards)
+    except (EnrolmentTokenError, ValueError) as err:
+        raise fail(str(err)) from None
+    typer.echo(token)
 
 
 def main() -> None:

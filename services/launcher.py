@@ -39,6 +39,7 @@ from rich.table import Table
 
 from fedrecgel.config import RunParams
 from fedrecgel.run_config import RunConfig
+from services.enrolment import enrolment_token as derive_enrolment_token
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -276,6 +277,10 @@ class Cluster:
         self.procs: list[Proc] = []
         self.operator_token = secrets.token_urlsafe(24)
         self.reader_token = secrets.token_urlsafe(24)
+        # workers register their shard's users with tokens derived from this secret
+        self.enrolment_secret = secrets.token_urlsafe(32)
+        # the aggregator's population (client ids 0..n-1); None: it reads the dataset's
+        self.population: int | None = None
         self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
         self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
 
@@ -351,10 +356,21 @@ class Cluster:
             "FEDREC_AGG_HOST": opts.host,
             "FEDREC_AGG_PORT": str(opts.aggregator_port),
             "FEDREC_AGG_LOG_LEVEL": opts.aggregator_log_level,
+            "FEDREC_AGG_ENROLMENT_SECRET": self.enrolment_secret,
         }
+        if self.population is not None:
+            env["FEDREC_AGG_POPULATION"] = str(self.population)
+        else:
+            env["FEDREC_AGG_POPULATION_DATASET"] = opts.dataset
+            if opts.data_dir is not None:
+                env["FEDREC_AGG_POPULATION_DATA_DIR"] = str(opts.data_dir)
         if opts.redis_url:
             env["FEDREC_AGG_REDIS_URL"] = opts.redis_url
         return env
+
+    def enrolment_token(self, shard: int) -> str:
+        """The enrolment token of worker ``shard``: it registers that shard's users only."""
+        return derive_enrolment_token(self.enrolment_secret, shard, self.opts.workers)
 
     def start_aggregator(self, wait: bool = True) -> Proc:
         """Start the aggregator (again, after a crash: same database, port and tokens)."""
@@ -418,10 +434,11 @@ class Cluster:
 
     def start_worker(self, shard: int) -> Proc:
         """Start worker ``shard`` (again, after a crash: the same store)."""
-        threads = str(worker_torch_threads(self.opts.workers))
-        return self.start(
-            f"worker-{shard}", self.worker_args(shard), {"FEDREC_WORKER_TORCH_THREADS": threads}
-        )
+        env = {
+            "FEDREC_WORKER_TORCH_THREADS": str(worker_torch_threads(self.opts.workers)),
+            "FEDREC_WORKER_ENROLMENT_TOKEN": self.enrolment_token(shard),
+        }
+        return self.start(f"worker-{shard}", self.worker_args(shard), env)
 
     def write_operator_token(self) -> Path:
         """Write the operator token to ``workdir/operator.token`` (mode 0600); its path."""
@@ -553,6 +570,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
         clear_workdir(opts.workdir)
         with cluster(opts) as c:
+            c.population = split.n_users
             token_file = c.write_operator_token()
             c.start_aggregator()
             console.print(f"aggregator up at {c.agg_url}")

@@ -34,6 +34,16 @@ from services.contract import (
     UploadResponse,
     UploadResult,
 )
+from services.enrolment import enrolment_token, verify_enrolment_token
+
+#: the fake's enrolment secret: :func:`enrolment_for` issues the tokens it accepts
+ENROLMENT_SECRET = "fake-aggregator-enrolment-secret"
+
+
+def enrolment_for(shard: int, shards: int) -> str:
+    """The enrolment token of shard ``shard`` of ``shards`` that the fake accepts."""
+    return enrolment_token(ENROLMENT_SECRET, shard, shards)
+
 
 _UPDATES = re.compile(r"^/v1/rounds/(\d+)/updates$")
 _MODEL = re.compile(r"^/v1/models/(latest|\d+)$")
@@ -56,6 +66,7 @@ class FakeAggregator:
 
     run_id: int = 1
     registered: dict[int, str] = field(default_factory=dict)  # client id -> token
+    population: int | None = 1_000_000  # client ids are 0 .. population - 1
     config: dict[str, Any] | None = None
     round_id: int | None = None
     attempt: int = 0
@@ -163,9 +174,18 @@ class FakeAggregator:
     def _route(self, request: httpx.Request, body: bytes) -> httpx.Response:
         path, method = request.url.path, request.method
         if method == "POST" and path == "/v1/clients":
+            # as specified: a shard enrolment token; ids of its shard within the population;
+            # ids the same shard registered before move to the fresh token
+            auth = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            shard = verify_enrolment_token(ENROLMENT_SECRET, auth)
+            if shard is None:
+                return _error(401, "unauthorized", "registration needs a shard enrolment token")
+            if self.population is None:
+                return _error(409, "no_population", "the aggregator declares no population")
             ids = [int(c) for c in json.loads(body)["client_ids"]]
-            if any(c in self.registered for c in ids):
-                return _error(409, "already_registered", "a client id is already registered")
+            bad = [c for c in ids if not (0 <= c < self.population and shard.owns(c))]
+            if bad:
+                return _error(403, "not_your_ids", f"client id {bad[0]} is not yours")
             token = secrets.token_hex(8)
             self.registered.update(dict.fromkeys(ids, token))
             answer = RegisterResponse(token=token, client_ids=ids)

@@ -139,7 +139,7 @@ class AggregatorClient:
     ) -> httpx.Response:
         """Send one request with retries; return a 2xx (or an ``ok``) answer, else raise."""
         hdrs = dict(headers or {})
-        if self.token is not None:
+        if self.token is not None and "Authorization" not in hdrs:
             hdrs["Authorization"] = f"Bearer {self.token}"
         attempts = self.retry.retries + 1
         for attempt in range(attempts):
@@ -162,11 +162,13 @@ class AggregatorClient:
 
     # ------------------------------------------------------------------ endpoints
 
-    def register(self, client_ids: Sequence[int]) -> str:
-        """Register ``client_ids`` under one credential; remember and return its token."""
+    def register(self, client_ids: Sequence[int], enrolment_token: str) -> str:
+        """Register ``client_ids`` with a shard enrolment token (services/enrolment.py) under
+        one credential; remember and return the client token."""
         # built unchecked: the aggregator is the one that refuses a bad list (422)
         body = RegisterRequest.model_construct(client_ids=[int(c) for c in client_ids])
-        resp = self._request("POST", "/v1/clients", json=body.model_dump())
+        auth = {"Authorization": f"Bearer {enrolment_token}"}
+        resp = self._request("POST", "/v1/clients", json=body.model_dump(), headers=auth)
         self.token = RegisterResponse.model_validate(resp.json()).token
         return self.token
 

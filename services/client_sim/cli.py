@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
+from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import StoreError
 from services.client_sim.worker import run_worker
@@ -31,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aggregator", help="aggregator base URL (default http://127.0.0.1:8700)")
     p.add_argument("--shard", type=int, help="this worker's shard index I (owns u %% N == I)")
     p.add_argument("--shards", type=int, help="number of shards N")
+    p.add_argument(
+        "--enrolment-token-file",
+        type=Path,
+        help="file holding the shard's enrolment token ({shard} is replaced by the shard; "
+        "or $FEDREC_WORKER_ENROLMENT_TOKEN)",
+    )
     p.add_argument("--dataset", help="dataset name (default filmtrust)")
     p.add_argument("--data-dir", type=Path, help="data directory (default: $FEDREC_DATA_DIR)")
     p.add_argument(
@@ -114,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_worker(settings)
     except (WorkerError, StoreError) as err:
         log.error("%s", err)
+        return 1
+    except AggregatorCallError as err:  # a refusal no retry can fix (e.g. an unknown token)
+        log.error("the aggregator refused a request: %s", err)
         return 1
     except KeyboardInterrupt:
         log.info("interrupted")

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from fedrecgel.config import DEFAULTS
+from services.enrolment import EnrolmentTokenError, parse_enrolment_token
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.secret_files import secret_from_file, weak_secret
 
@@ -53,6 +54,12 @@ class WorkerSettings(BaseSettings):
     aggregator: str = "http://127.0.0.1:8700"
     shard: int = 0
     shards: int = 1
+    # The shard enrolment token the users are registered with (services/enrolment.py; issued by
+    # `fedrec enrolment-token`): it names its shard, which must be this worker's. Needed until
+    # the store holds the client token the registration answered. ``{shard}`` in the file path
+    # is replaced by the shard (one file per shard in a mounted secret).
+    enrolment_token: SecretStr | None = None
+    enrolment_token_file: Path | None = None
     dataset: str = DEFAULTS.dataset
     data_dir: Path | None = None
     validation: bool = False
@@ -101,8 +108,30 @@ class WorkerSettings(BaseSettings):
             raise ValueError("need 0 < poll_min_s <= poll_max_s")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ValueError("max_rounds must be >= 1")
+        self._check_enrolment_token()
         self._check_device_token()
         return self
+
+    def _check_enrolment_token(self) -> None:
+        if self.enrolment_token_file is not None:
+            self.enrolment_token_file = Path(
+                str(self.enrolment_token_file).replace("{shard}", str(self.shard))
+            )
+        if (token := secret_from_file(self, "enrolment_token")) is not None:
+            self.enrolment_token = SecretStr(token)
+        if self.enrolment_token is None:
+            return
+        try:
+            named = parse_enrolment_token(self.enrolment_token.get_secret_value())
+        except EnrolmentTokenError as err:
+            raise ValueError(f"FEDREC_WORKER_ENROLMENT_TOKEN: {err}") from None
+        if (named.shard, named.shards) != (self.shard, self.shards):
+            raise ValueError(
+                f"FEDREC_WORKER_ENROLMENT_TOKEN enrols shard {named.shard} of {named.shards}, "
+                f"but this worker is shard {self.shard} of {self.shards}: give it the token of "
+                f"its own shard (`fedrec enrolment-token --shard {self.shard} --shards "
+                f"{self.shards}`)"
+            )
 
     def _check_device_token(self) -> None:
         if (token := secret_from_file(self, "device_token")) is not None:

@@ -116,12 +116,28 @@ class Worker:
         )
 
     def register(self) -> None:
-        """Register the owned users once; the token is kept in the store."""
+        """Register the owned users once, with the shard's enrolment token; the client token
+        is kept in the store. A worker that died before keeping it registers again (the
+        aggregator gives the same shard a fresh token). WorkerError when the aggregator refuses
+        (the message says why and what to change)."""
         token = self.store.get_meta("token")
         if token is not None:
             self.client.token = token
             return
-        token = self.client.register(self.users.tolist())
+        s = self.settings
+        if s.enrolment_token is None:
+            raise WorkerError(
+                f"registering the users of shard {s.shard} of {s.shards} needs the shard's "
+                "enrolment token: set FEDREC_WORKER_ENROLMENT_TOKEN or "
+                "FEDREC_WORKER_ENROLMENT_TOKEN_FILE (`fedrec enrolment-token --shard "
+                f"{s.shard} --shards {s.shards}` issues it from the aggregator's secret)"
+            )
+        try:
+            token = self.client.register(self.users.tolist(), s.enrolment_token.get_secret_value())
+        except AggregatorCallError as err:
+            if err.retryable:
+                raise
+            raise WorkerError(registration_refused(err, s, len(self.users))) from None
         self.store.set_meta(token=token)
         log.info("registered %d clients", len(self.users))
 
@@ -405,6 +421,30 @@ class Worker:
         self.client.close()
         self.waiter.close()
         self.store.close()
+
+
+#: what to change when the aggregator refuses a registration, by its error code
+_REGISTRATION_HINTS = {
+    "unauthorized": "the enrolment token must be derived from this aggregator's enrolment "
+    "secret (FEDREC_AGG_ENROLMENT_SECRET) for this worker's shard",
+    "not_your_ids": "the aggregator's population (FEDREC_AGG_POPULATION or "
+    "FEDREC_AGG_POPULATION_DATASET) must be the users of this worker's dataset",
+    "no_population": "the aggregator must declare its population: set FEDREC_AGG_POPULATION "
+    "or FEDREC_AGG_POPULATION_DATASET",
+    "too_many_clients": "use more shards, or raise FEDREC_AGG_MAX_REGISTER_PER_REQUEST",
+}
+
+
+def registration_refused(err: AggregatorCallError, settings: WorkerSettings, n_users: int) -> str:
+    """The message of a refused registration: what the aggregator said and what to change."""
+    hint = _REGISTRATION_HINTS.get(err.code, "")
+    if not hint and err.status_code == 401:
+        hint = _REGISTRATION_HINTS["unauthorized"]
+    return (
+        f"the aggregator refused to register the {n_users} users of shard {settings.shard} of "
+        f"{settings.shards} ({settings.dataset}): {err.status_code} {err.code}: {err.detail}"
+        + (f". Hint: {hint}" if hint else "")
+    )
 
 
 def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:

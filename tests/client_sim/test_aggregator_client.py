@@ -189,8 +189,8 @@ def test_register_keeps_the_token_for_later_calls():
         httpx.Response(200, json={"state": "idle"}),
     )
     client = AggregatorClient("http://agg", transport=httpx.MockTransport(rec))
-    assert client.register(np.array([1, 3])) == "secret"
-    assert "authorization" not in rec.requests[0].headers
+    assert client.register(np.array([1, 3]), "enrol-token") == "secret"
+    assert rec.requests[0].headers["Authorization"] == "Bearer enrol-token"
     assert json.loads(rec.bodies[0]) == {"client_ids": [1, 3]}
     client.current_round()
     assert rec.requests[1].headers["Authorization"] == "Bearer secret"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -28,7 +29,7 @@ from services.client_sim.worker import Worker
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.ranking import ModelHolder
 from services.recommend_api.settings import Settings as RecommendSettings
-from tests.fake_aggregator import FakeAggregator
+from tests.fake_aggregator import FakeAggregator, enrolment_for
 
 CFG = ModelConfig(n_items=30, factor=4, layers=2)
 SEED = 7
@@ -50,6 +51,9 @@ def _settings(tmp_path: Path, **kw: object) -> WorkerSettings:
         "recommend_url": "http://rec",
     }
     base.update(kw)
+    shard, shards = base["shard"], base["shards"]
+    assert isinstance(shard, int) and isinstance(shards, int)
+    base.setdefault("enrolment_token", enrolment_for(shard, shards))
     return WorkerSettings(**base)  # type: ignore[arg-type]
 
 
@@ -339,7 +343,10 @@ def test_worker_process_serves_while_waiting_for_the_aggregator_and_stops_on_sig
         "--poll-max-s",
         "0.5",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "FEDREC_WORKER_ENROLMENT_TOKEN": enrolment_for(1, 40)}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         deadline = time.monotonic() + 60
         body = None

@@ -17,7 +17,7 @@ from fedrecgel.wire import decode_updates, update_digest
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker
-from tests.fake_aggregator import FakeAggregator
+from tests.fake_aggregator import FakeAggregator, enrolment_for
 
 FACTOR, LAYERS, SEED = 8, 2, 3
 
@@ -71,6 +71,7 @@ def _worker(
     s = WorkerSettings(
         shard=shard,
         shards=shards,
+        enrolment_token=enrolment_for(shard, shards),
         dataset="synthetic",
         store=str(tmp_path / f"w{shard}.db"),
         **settings,

@@ -3,11 +3,7 @@ process) and reproduce the in-process simulator."""
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -16,60 +12,30 @@ import torch
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_model
+from services.client_sim.settings import WorkerSettings
+from services.client_sim.worker import Worker
+from services.enrolment import enrolment_token
+from tests.support.aggregator import ENROLMENT_SECRET, OPERATOR_TOKEN
 
-app_module = pytest.importorskip("services.aggregator.app")
-settings_module = pytest.importorskip("services.aggregator.settings")
-uvicorn = pytest.importorskip("uvicorn")
-
-from services.client_sim.settings import WorkerSettings  # noqa: E402
-from services.client_sim.worker import Worker  # noqa: E402
-
-OPERATOR = "operator-secret-for-tests"
 FACTOR, LAYERS, SEED, ROUNDS = 8, 2, 4, 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+N_USERS = 60
 
 
 @pytest.fixture()
-def aggregator(tmp_path: Path) -> Iterator[str]:
-    """The real aggregator app served on a free loopback port for the test."""
-    settings = settings_module.Settings(
-        environment="test",
-        database_url=f"sqlite:///{tmp_path / 'agg.db'}",
-        operator_token=OPERATOR,
-        deadline_poll_s=0.2,
-    )
-    port = _free_port()
-    config = uvicorn.Config(
-        app_module.create_app(settings), host="127.0.0.1", port=port, log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("aggregator did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+def aggregator(live_aggregator):
+    with live_aggregator(population=N_USERS, deadline_poll_s=0.2) as url:
+        yield url
 
 
 def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggregator):
-    split = synthetic_split(n_users=60, n_items=80, seed=7, n_test_negatives=20)
+    split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
     workers = [
         Worker(
             WorkerSettings(
                 aggregator=aggregator,
                 shard=i,
                 shards=2,
+                enrolment_token=enrolment_token(ENROLMENT_SECRET, i, 2),
                 dataset="synthetic",
                 store=str(tmp_path / f"worker-{i}.db"),
                 poll_min_s=0.01,
@@ -94,7 +60,9 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
         "dataset": "synthetic",
     }
     with httpx.Client(base_url=aggregator) as http:
-        resp = http.post("/v1/runs", json=run, headers={"Authorization": f"Bearer {OPERATOR}"})
+        resp = http.post(
+            "/v1/runs", json=run, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        )
         assert resp.status_code == 201, resp.text
 
         threads = [threading.Thread(target=w.run) for w in workers]

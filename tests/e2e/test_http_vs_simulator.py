@@ -612,6 +612,7 @@ def test_no_private_state_or_interactions_on_the_wire(
                     aggregator=c.agg_url,
                     shard=i,
                     shards=2,
+                    enrolment_token=c.enrolment_token(i),
                     dataset=DATASET,
                     store=str(c.worker_store(i)),
                 ),

@@ -1,0 +1,153 @@
+"""A worker registers its shard's users with the shard's enrolment token: the token must name
+its own shard, a refusal is a message (never a traceback), and a worker that died before
+keeping its client token registers again."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from fedrecgel.synthetic import synthetic_split
+from services.client_sim.cli import main as worker_main
+from services.client_sim.settings import WorkerError, WorkerSettings
+from services.client_sim.worker import Worker
+from services.enrolment import enrolment_token
+from tests.fake_aggregator import FakeAggregator, enrolment_for
+from tests.support.aggregator import ENROLMENT_SECRET
+
+N_USERS = 12
+
+
+@pytest.fixture(scope="module")
+def split():
+    return synthetic_split(n_users=N_USERS, n_items=30, seed=3, n_test_negatives=10)
+
+
+def _settings(tmp_path: Path, **kw: object) -> WorkerSettings:
+    base: dict[str, object] = {
+        "shard": 1,
+        "shards": 2,
+        "dataset": "synthetic",
+        "store": str(tmp_path / "w.db"),
+        "retries": 0,
+    }
+    base.update(kw)
+    return WorkerSettings(**base)  # type: ignore[arg-type]
+
+
+def test_the_token_must_name_the_workers_own_shard(tmp_path):
+    ok = _settings(tmp_path, enrolment_token=enrolment_for(1, 2))
+    assert ok.enrolment_token is not None
+    for shard, shards in ((0, 2), (1, 3)):
+        with pytest.raises(ValidationError, match=f"enrols shard {shard} of {shards}"):
+            _settings(tmp_path, enrolment_token=enrolment_for(shard, shards))
+    with pytest.raises(ValidationError, match="not an enrolment token"):
+        _settings(tmp_path, enrolment_token="REPLACE_ME")
+
+
+def test_the_token_file_may_name_the_shard(tmp_path, monkeypatch):
+    for i in range(2):
+        (tmp_path / f"shard-{i}.token").write_text(enrolment_for(i, 2) + "\n")
+    monkeypatch.setattr("socket.gethostname", lambda: "worker-1")  # a StatefulSet pod
+    s = _settings(
+        tmp_path,
+        shard_from_hostname=True,
+        enrolment_token_file=tmp_path / "shard-{shard}.token",
+    )
+    assert s.enrolment_token is not None
+    assert s.enrolment_token.get_secret_value() == enrolment_for(1, 2)
+
+
+def test_a_token_of_another_shard_ends_the_worker_with_a_message(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "FEDREC_WORKER_ENROLMENT_TOKEN": enrolment_for(0, 2)}
+    flags = ["--shard", "1", "--shards", "2", "--store", str(tmp_path / "w.db")]
+    r = subprocess.run(
+        [sys.executable, "-m", "services.client_sim", *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "enrols shard 0 of 2, but this worker is shard 1 of 2" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_registration_sends_the_enrolment_token_and_keeps_the_client_token(tmp_path, split):
+    fake = FakeAggregator()
+    w = Worker(
+        _settings(tmp_path, enrolment_token=enrolment_for(1, 2)),
+        split=split,
+        transport=fake.transport(),
+    )
+    w.register()
+    sent = fake.requests[0]
+    assert sent.path == "/v1/clients"
+    assert sent.headers["authorization"] == f"Bearer {enrolment_for(1, 2)}"
+    assert sorted(fake.registered) == list(range(1, N_USERS, 2))
+    assert w.store.get_meta("token") == fake.registered[1]
+    w.close()
+
+
+def test_without_a_token_registration_is_not_tried(tmp_path, split):
+    fake = FakeAggregator()
+    w = Worker(_settings(tmp_path), split=split, transport=fake.transport())
+    with pytest.raises(WorkerError, match="FEDREC_WORKER_ENROLMENT_TOKEN"):
+        w.register()
+    assert fake.requests == []
+    w.close()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "token_secret", "status", "hint"),
+    [
+        ({"population": None}, ENROLMENT_SECRET, "409 no_population", "FEDREC_AGG_POPULATION"),
+        ({"population": 5}, ENROLMENT_SECRET, "403 not_your_ids", "population"),
+        ({}, "another-deployments-enrolment-secret", "401", "FEDREC_AGG_ENROLMENT_SECRET"),
+    ],
+)
+def test_a_refused_registration_is_a_message_and_exit_status_1(
+    tmp_path, live_aggregator, caplog, overrides, token_secret, status, hint
+):
+    """The real aggregator refuses; `fedrec worker` logs why and what to change, and exits 1."""
+    token = enrolment_token(token_secret, 1, 2)
+    with live_aggregator(**overrides) as url:
+        argv = ["--aggregator", url, "--shard", "1", "--shards", "2", "--dataset", "filmtrust"]
+        argv += ["--store", str(tmp_path / "w.db"), "--retries", "0"]
+        with (
+            pytest.MonkeyPatch.context() as mp,
+            caplog.at_level(logging.ERROR, logger="services.client_sim.cli"),
+        ):
+            mp.setenv("FEDREC_WORKER_ENROLMENT_TOKEN", token)
+            assert worker_main(argv) == 1
+    message = caplog.records[-1].getMessage()
+    assert "refused to register" in message and status in message and hint in message
+    assert caplog.records[-1].exc_info is None  # a message, not a traceback
+
+
+def test_a_worker_that_died_before_keeping_its_token_registers_again(
+    tmp_path, live_aggregator, split
+):
+    with live_aggregator(population=N_USERS) as url:
+        enrol = enrolment_token(ENROLMENT_SECRET, 1, 2)
+        settings = _settings(tmp_path, aggregator=url, enrolment_token=enrol)
+        crashed = Worker(settings, split=split)
+        # registered, then died before the token reached the store
+        lost = crashed.client.register(crashed.users.tolist(), enrol)
+        assert crashed.store.get_meta("token") is None
+        crashed.close()
+        restarted = Worker(settings, split=split)
+        restarted.register()
+        token = restarted.store.get_meta("token")
+        assert token is not None and token != lost
+        info = restarted.client.current_round()  # the new token works ...
+        assert info.state == "idle"
+        old = httpx.get(f"{url}/v1/rounds/current", headers={"Authorization": f"Bearer {lost}"})
+        assert old.status_code == 401  # ... and the lost one holds no client any more
+        restarted.close()

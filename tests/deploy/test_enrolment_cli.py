@@ -1,0 +1,48 @@
+"""``fedrec enrolment-token``: the token of a worker shard, from the aggregator's secret."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from services.cli import app
+from services.enrolment import verify_enrolment_token
+
+SECRET = "deployment-enrolment-secret-0123456789"
+
+
+def _run(*args: str, env: dict[str, str] | None = None):
+    base = {"FEDREC_AGG_ENROLMENT_SECRET": "", "FEDREC_AGG_ENROLMENT_SECRET_FILE": ""}
+    return CliRunner().invoke(app, ["enrolment-token", *args], env={**base, **(env or {})})
+
+
+def test_prints_the_token_the_aggregator_verifies_from_env_or_file(tmp_path):
+    r = _run("--shard", "1", "--shards", "3", env={"FEDREC_AGG_ENROLMENT_SECRET": SECRET})
+    assert r.exit_code == 0, r.output
+    token = r.output.strip()
+    shard = verify_enrolment_token(SECRET, token)
+    assert shard is not None and (shard.shard, shard.shards) == (1, 3)
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    env = {"FEDREC_AGG_ENROLMENT_SECRET_FILE": str(tmp_path / "secret")}
+    assert _run("--shard", "1", "--shards", "3", env=env).output.strip() == token
+    flag = _run("--shard", "1", "--shards", "3", "--secret-file", str(tmp_path / "secret"))
+    assert flag.output.strip() == token
+    assert verify_enrolment_token("another-secret-0123456789", token) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--shard", "0", "--shards", "2"], {}, "no enrolment secret"),
+        (["--shard", "2", "--shards", "2"], {"FEDREC_AGG_ENROLMENT_SECRET": SECRET}, "shard"),
+        (
+            ["--shard", "0", "--shards", "2"],
+            {"FEDREC_AGG_ENROLMENT_SECRET_FILE": "/nonexistent/secret"},
+            "cannot read",
+        ),
+    ],
+)
+def test_unusable_input_is_a_message_and_exit_status_2(args, env, message):
+    r = _run(*args, env=env)
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert "Traceback" not in r.output
