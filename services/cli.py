@@ -71,8 +71,9 @@ def up(
     ] = False,
 ) -> None:
     """Start the aggregator, N workers and the recommendation API locally and train."""
-    from services.launcher import LaunchError, Stopped, UpOptions
-    from services.launcher import up as launch
+    from services.launcher import UpOptions
+    from services.supervise import LaunchError, Stopped
+    from services.up import up as launch
 
     opts = UpOptions(
         run=checked(run),

@@ -14,136 +14,29 @@ before it touches a file there).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import fcntl
 import logging
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from fedrecgel.config import RunParams
 from fedrecgel.run_config import RunConfig
 from services.enrolment import enrolment_token as derive_enrolment_token
+from services.supervise import TOKEN_FILE, LaunchError, die_with_parent, uninterrupted
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
-
-
-class LaunchError(RuntimeError):
-    """A process did not start or the run could not be driven; the message says which."""
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP arrived: stop everything, as Ctrl-C does."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def name(self) -> str:
-        """The signal's name (``SIGTERM``)."""
-        return signal.Signals(self.signum).name
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-LOCK_FILE = "fedrec-up.lock"
-TOKEN_FILE = "operator.token"
-# what a launcher leaves in its work directory; only these are cleared by the next one
-OWN_FILES = ("aggregator.db*", "worker-*.db*", "*.log", TOKEN_FILE)
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into :class:`Stopped` in the main thread for the block, so that
-    the cleanup of an interrupted ``with`` runs as it does on Ctrl-C (whether or not SIGINT is
-    ignored, as it is for a background job of a script). Previous handlers come back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Stopped(signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def _uninterrupted() -> Iterator[None]:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP for the block (a cleanup that must not be cut short)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, *STOP_SIGNALS)
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextlib.contextmanager
-def locked_workdir(workdir: Path) -> Iterator[Path]:
-    """Hold an exclusive lock on ``workdir`` (created if needed) for the block.
-
-    The lock is an ``flock`` on ``workdir/fedrec-up.lock``, which holds the owner's pid; the
-    kernel drops it when the owner exits, however it exits. Raises LaunchError, having changed
-    nothing, when another process holds it.
-    """
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(workdir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise LaunchError(f"cannot use work directory {workdir}: {err.strerror}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES):
-                raise LaunchError(f"cannot lock work directory {workdir}: {err}") from None
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise LaunchError(
-                f"work directory {workdir} is in use by another `fedrec up` (pid {owner}); "
-                "stop that one first or choose another --workdir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield workdir
-    finally:
-        os.close(fd)
-
-
-def clear_workdir(workdir: Path) -> None:
-    """Remove what an earlier launcher left in ``workdir`` (databases, stores, logs, token);
-    other files are left alone."""
-    for pattern in OWN_FILES:
-        for path in workdir.glob(pattern):
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
 
 
 def wanted_ports(opts: UpOptions) -> dict[int, str]:
@@ -182,25 +75,6 @@ def check_ports(opts: UpOptions) -> None:
             + "; port ".join(busy)
             + ". Stop what uses it, or choose other ports."
         )
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has Linux SIGTERM the child when the launcher dies (also by
-    SIGKILL); None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 @dataclass
@@ -296,7 +170,7 @@ class Cluster:
                 stderr=subprocess.STDOUT,
                 env=full_env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=die_with_parent(),
             )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
@@ -325,7 +199,7 @@ class Cluster:
     def stop(self) -> None:
         """SIGTERM every child, then SIGKILL what is left after a grace period (Ctrl-C, SIGTERM
         and SIGHUP are ignored meanwhile, so a second one cannot cut the cleanup short)."""
-        with _uninterrupted():
+        with uninterrupted():
             self._stop()
 
     def _stop(self) -> None:
@@ -553,160 +427,3 @@ def _data_args(opts: UpOptions) -> list[str]:
 def run_config(opts: UpOptions, n_items: int) -> dict[str, Any]:
     """The RunConfig body for ``POST /v1/runs``: the run's settings over ``n_items``."""
     return RunConfig(n_items=n_items, **opts.run.model_dump()).model_dump(mode="json")
-
-
-def up(opts: UpOptions) -> dict[str, Any]:
-    """Start everything, train, show progress; returns the run history.
-
-    Refuses (LaunchError) before starting anything when the work directory is in use by
-    another instance or a port is taken. SIGTERM and SIGHUP raise :class:`Stopped` after
-    every child is stopped, as Ctrl-C raises KeyboardInterrupt; with ``keep_running``, any of
-    them ends the wait normally.
-    """
-    from fedrecgel.data import load_split
-
-    with stop_on_signals(), locked_workdir(opts.workdir):
-        check_ports(opts)
-        split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
-        clear_workdir(opts.workdir)
-        with cluster(opts) as c:
-            c.population = split.n_users
-            token_file = c.write_operator_token()
-            c.start_aggregator()
-            console.print(f"aggregator up at {c.agg_url}")
-            if opts.recommend:
-                c.start_recommend()
-            for i in range(opts.workers):
-                c.start_worker(i)
-            c.wait_registered(split.n_users)
-            console.print(f"{split.n_users} clients registered by {opts.workers} workers")
-            c.start_run(split.n_items)
-            history = _follow(c, opts)
-            if opts.recommend:
-                _wait_serving(c, len(history.get("rounds", [])))
-                _show_recommendations(opts, split.n_users)
-            if opts.keep_running:
-                _print_try_it(c, opts, token_file)
-                with contextlib.suppress(KeyboardInterrupt, Stopped):
-                    while True:
-                        c.check_alive()
-                        time.sleep(1.0)
-            return history
-
-
-def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
-    """Show progress until the run finishes; returns its history."""
-    history: dict[str, Any] = {}
-    with Progress(
-        TextColumn("training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("rounds", total=opts.rounds, info="")
-        while True:
-            c.check_alive()
-            try:
-                history = httpx.get(f"{c.agg_url}/v1/runs/current/history", timeout=5).json()
-                rounds = history.get("rounds", [])
-                done = len(rounds)
-                last_hr = next(
-                    (
-                        r["metrics"]["hr@10"]
-                        for r in reversed(rounds)
-                        if r.get("metrics") and "hr@10" in r["metrics"]
-                    ),
-                    None,
-                )
-                info = f"HR@10 {last_hr:.4f}" if last_hr is not None else ""
-                if done < opts.rounds:
-                    cur = httpx.get(f"{c.agg_url}/v1/rounds/{done + 1}", timeout=5)
-                    if cur.status_code == 200:
-                        rj = cur.json()
-                        info = (
-                            f"round {done + 1}: {rj['updates_received']}/{rj['cohort_size']} "
-                            f"updates in  " + info
-                        )
-                progress.update(task, completed=done, info=info)
-                if run_complete(history, opts.rounds):
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-    rounds = history.get("rounds", [])
-    best = max(
-        (r for r in rounds if r.get("metrics")), key=lambda r: r["metrics"]["hr@10"], default=None
-    )
-    last = rounds[-1] if rounds else None
-    if last and last.get("metrics"):
-        m = last["metrics"]
-        console.print(
-            f"final round {last['round_id']}: HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f}"
-        )
-    if best:
-        console.print(
-            f"best round {best['round_id']}: HR@10 {best['metrics']['hr@10']:.4f} "
-            f"NDCG@10 {best['metrics']['ndcg@10']:.4f}"
-        )
-    return history
-
-
-def _wait_serving(c: Cluster, version: int) -> None:
-    """Wait until recommend_api serves model ``version`` (it follows the aggregator)."""
-    deadline = time.monotonic() + c.opts.startup_timeout_s
-    while time.monotonic() < deadline:
-        c.check_alive()
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            body = httpx.get(f"{c.rec_url}/healthz", timeout=2.0).json()
-            if (body.get("model_version") or -1) >= version:
-                return
-        time.sleep(0.3)
-    raise LaunchError(f"recommend_api did not load model version {version} in time")
-
-
-def _show_recommendations(opts: UpOptions, n_users: int) -> None:
-    """Ask a few users' workers for their top-10, as their devices would, and print them."""
-    users = list(range(min(opts.show_users, n_users)))
-    answers: dict[int, list[str]] = {}
-    version = None
-    for user in users:
-        port = opts.worker_http_port + user % opts.workers
-        url = f"http://{opts.host}:{port}/v1/users/{user}/recommendations?k=10"
-        try:
-            r = httpx.get(url, timeout=10)
-        except httpx.HTTPError as err:
-            console.print(f"user {user}: worker not reachable ({err})")
-            continue
-        if r.status_code != 200:
-            console.print(f"user {user}: {r.status_code} {r.text}")
-            continue
-        body = r.json()
-        version = body["model_version"]
-        answers[user] = [f"{it['item']}  {it['score']:+.3f}" for it in body["items"]]
-    if not answers:
-        return
-    table = Table(title=f"top-10 from recommend_api, model v{version} (item, logit)")
-    table.add_column("rank", justify="right")
-    for user in answers:
-        table.add_column(f"user {user}")
-    for rank in range(max(len(a) for a in answers.values())):
-        table.add_row(str(rank + 1), *(a[rank] if rank < len(a) else "" for a in answers.values()))
-    Console().print(table)
-
-
-def _print_try_it(c: Cluster, opts: UpOptions, token_file: Path) -> None:
-    lines = [
-        f"\nServices are running; Ctrl-C (or `kill {os.getpid()}`) stops them.",
-        f"The operator token is in {token_file} (mode 0600). Try:",
-        f"  curl -s {c.agg_url}/v1/runs/current/history",
-        f'  curl -s -H "Authorization: Bearer $(cat {token_file})" '
-        f"{c.agg_url}/v1/models/latest -o model.safetensors",
-    ]
-    if opts.recommend:
-        lines += [
-            f"  curl -s 'http://{opts.host}:{opts.worker_http_port}/v1/users/0/recommendations?k=5'",
-            f"  curl -s {c.rec_url}/healthz",
-        ]
-    console.print("\n".join(lines) + "\n")

@@ -14,7 +14,7 @@ import typer
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-import services.launcher
+import services.up
 from fedrecgel.config import DEFAULTS, RunParams
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
@@ -80,7 +80,7 @@ def test_every_field_reaches_up_and_the_launchers_run_body(
     assert options("up")[flag] == name
     assert set(options("up").values()) == set(FIELDS)
     seen: list[UpOptions] = []
-    monkeypatch.setattr(services.launcher, "up", lambda opts: seen.append(opts))
+    monkeypatch.setattr(services.up, "up", lambda opts: seen.append(opts))
     r = runner.invoke(app, ["up", flag, str(value)])
     assert r.exit_code == 0, r.output
     (opts,) = seen

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.launcher import Stopped, locked_workdir, stop_on_signals
+from services.supervise import Stopped, locked_workdir, stop_on_signals
 from tests.support.loopback import free_port
 from tests.support.procs import alive, descendants, fedrec_up, spawned, wait_for_text
 

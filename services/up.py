@@ -1,0 +1,175 @@
+"""``fedrec up`` itself: start the local deployment (:mod:`services.launcher`), train, show the
+progress and the users' recommendations, and stop everything at the end or on a stop signal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from services.launcher import Cluster, UpOptions, check_ports, cluster, console, run_complete
+from services.supervise import LaunchError, Stopped, clear_workdir, locked_workdir, stop_on_signals
+
+
+def up(opts: UpOptions) -> dict[str, Any]:
+    """Start everything, train, show progress; returns the run history.
+
+    Refuses (LaunchError) before starting anything when the work directory is in use by
+    another instance or a port is taken. SIGTERM and SIGHUP raise :class:`Stopped` after
+    every child is stopped, as Ctrl-C raises KeyboardInterrupt; with ``keep_running``, any of
+    them ends the wait normally.
+    """
+    from fedrecgel.data import load_split
+
+    with stop_on_signals(), locked_workdir(opts.workdir):
+        check_ports(opts)
+        split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
+        clear_workdir(opts.workdir)
+        with cluster(opts) as c:
+            c.population = split.n_users
+            token_file = c.write_operator_token()
+            c.start_aggregator()
+            console.print(f"aggregator up at {c.agg_url}")
+            if opts.recommend:
+                c.start_recommend()
+            for i in range(opts.workers):
+                c.start_worker(i)
+            c.wait_registered(split.n_users)
+            console.print(f"{split.n_users} clients registered by {opts.workers} workers")
+            c.start_run(split.n_items)
+            history = _follow(c, opts)
+            if opts.recommend:
+                _wait_serving(c, len(history.get("rounds", [])))
+                _show_recommendations(opts, split.n_users)
+            if opts.keep_running:
+                _print_try_it(c, opts, token_file)
+                with contextlib.suppress(KeyboardInterrupt, Stopped):
+                    while True:
+                        c.check_alive()
+                        time.sleep(1.0)
+            return history
+
+
+def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
+    """Show progress until the run finishes; returns its history."""
+    history: dict[str, Any] = {}
+    with Progress(
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("rounds", total=opts.rounds, info="")
+        while True:
+            c.check_alive()
+            try:
+                history = httpx.get(f"{c.agg_url}/v1/runs/current/history", timeout=5).json()
+                rounds = history.get("rounds", [])
+                done = len(rounds)
+                last_hr = next(
+                    (
+                        r["metrics"]["hr@10"]
+                        for r in reversed(rounds)
+                        if r.get("metrics") and "hr@10" in r["metrics"]
+                    ),
+                    None,
+                )
+                info = f"HR@10 {last_hr:.4f}" if last_hr is not None else ""
+                if done < opts.rounds:
+                    cur = httpx.get(f"{c.agg_url}/v1/rounds/{done + 1}", timeout=5)
+                    if cur.status_code == 200:
+                        rj = cur.json()
+                        info = (
+                            f"round {done + 1}: {rj['updates_received']}/{rj['cohort_size']} "
+                            f"updates in  " + info
+                        )
+                progress.update(task, completed=done, info=info)
+                if run_complete(history, opts.rounds):
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+    rounds = history.get("rounds", [])
+    best = max(
+        (r for r in rounds if r.get("metrics")), key=lambda r: r["metrics"]["hr@10"], default=None
+    )
+    last = rounds[-1] if rounds else None
+    if last and last.get("metrics"):
+        m = last["metrics"]
+        console.print(
+            f"final round {last['round_id']}: HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f}"
+        )
+    if best:
+        console.print(
+            f"best round {best['round_id']}: HR@10 {best['metrics']['hr@10']:.4f} "
+            f"NDCG@10 {best['metrics']['ndcg@10']:.4f}"
+        )
+    return history
+
+
+def _wait_serving(c: Cluster, version: int) -> None:
+    """Wait until recommend_api serves model ``version`` (it follows the aggregator)."""
+    deadline = time.monotonic() + c.opts.startup_timeout_s
+    while time.monotonic() < deadline:
+        c.check_alive()
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            body = httpx.get(f"{c.rec_url}/healthz", timeout=2.0).json()
+            if (body.get("model_version") or -1) >= version:
+                return
+        time.sleep(0.3)
+    raise LaunchError(f"recommend_api did not load model version {version} in time")
+
+
+def _show_recommendations(opts: UpOptions, n_users: int) -> None:
+    """Ask a few users' workers for their top-10, as their devices would, and print them."""
+    users = list(range(min(opts.show_users, n_users)))
+    answers: dict[int, list[str]] = {}
+    version = None
+    for user in users:
+        port = opts.worker_http_port + user % opts.workers
+        url = f"http://{opts.host}:{port}/v1/users/{user}/recommendations?k=10"
+        try:
+            r = httpx.get(url, timeout=10)
+        except httpx.HTTPError as err:
+            console.print(f"user {user}: worker not reachable ({err})")
+            continue
+        if r.status_code != 200:
+            console.print(f"user {user}: {r.status_code} {r.text}")
+            continue
+        body = r.json()
+        version = body["model_version"]
+        answers[user] = [f"{it['item']}  {it['score']:+.3f}" for it in body["items"]]
+    if not answers:
+        return
+    table = Table(title=f"top-10 from recommend_api, model v{version} (item, logit)")
+    table.add_column("rank", justify="right")
+    for user in answers:
+        table.add_column(f"user {user}")
+    for rank in range(max(len(a) for a in answers.values())):
+        table.add_row(str(rank + 1), *(a[rank] if rank < len(a) else "" for a in answers.values()))
+    Console().print(table)
+
+
+def _print_try_it(c: Cluster, opts: UpOptions, token_file: Path) -> None:
+    lines = [
+        f"\nServices are running; Ctrl-C (or `kill {os.getpid()}`) stops them.",
+        f"The operator token is in {token_file} (mode 0600). Try:",
+        f"  curl -s {c.agg_url}/v1/runs/current/history",
+        f'  curl -s -H "Authorization: Bearer $(cat {token_file})" '
+        f"{c.agg_url}/v1/models/latest -o model.safetensors",
+    ]
+    if opts.recommend:
+        lines += [
+            f"  curl -s 'http://{opts.host}:{opts.worker_http_port}/v1/users/0/recommendations?k=5'",
+            f"  curl -s {c.rec_url}/healthz",
+        ]
+    console.print("\n".join(lines) + "\n")
