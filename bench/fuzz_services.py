@@ -6,9 +6,9 @@ worker ``python -m services.client_sim`` serving its device API (all of FilmTrus
 enrolled with the shard's token); trains a short run so that every service has its state (a
 model, private vectors); then fuzzes each service's OpenAPI document with schemathesis
 (``tests/fuzz/harness.py``: valid and invalid requests per operation), with every credential
-kind the service knows: recommend_api and the device API take none; the aggregator is fuzzed
-anonymously and with the worker's client token, the reader token, the enrolment token and the
-operator token (last: it pauses, stops and starts runs). The aggregator runs under an
+kind the service knows: recommend_api takes none; the device API is fuzzed without and with its
+device token; the aggregator anonymously and with the worker's client token, the reader token,
+the enrolment token and the operator token (last: it pauses, stops and starts runs). The aggregator runs under an
 address-space limit, so an oversized model fails a request instead of the machine.
 
 Writes ``bench/results/fuzz.json``: per service and credential kind, the requests tried, the
@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ DATASET = "filmtrust"
 OPERATOR_TOKEN = "bench-fuzz-operator-token-7c1d93e5a2f48b60"
 READER_TOKEN = "bench-fuzz-reader-token-4e8a1f07c9d3b25e"
 ENROLMENT_SECRET = "bench-fuzz-enrolment-secret-b3f9061d8e2a47c5"
+DEVICE_TOKEN = "bench-fuzz-device-token-91e4c7a02f6d35b8"
 # the short run that gives every service its state before the fuzzing
 RUN: dict[str, Any] = {"rounds": 2, "fraction": 0.05, "seed": 0, "deadline_s": 600.0}
 # what the aggregator process may map beyond what it maps once started
@@ -114,7 +116,11 @@ def services(work: Path, n_users: int) -> Iterator[dict[str, Any]]:
         "FEDREC_REC_WORKERS": "2",
     }
     store = work / "worker-0.db"
-    worker_env = {**base_env, "FEDREC_WORKER_ENROLMENT_TOKEN": enrol}
+    worker_env = {
+        **base_env,
+        "FEDREC_WORKER_ENROLMENT_TOKEN": enrol,
+        "FEDREC_WORKER_DEVICE_TOKEN": DEVICE_TOKEN,
+    }
     worker_args = [
         *("--aggregator", agg, "--shard", "0", "--shards", "1", "--dataset", DATASET),
         *("--store", str(store), "--http-port", str(dev_port), "--recommend-url", rec),
@@ -178,7 +184,7 @@ def train(urls: dict[str, Any], n_users: int, n_items: int, timeout_s: float) ->
             raise SystemExit("the run did not finish in time")
         time.sleep(1.0)
     wait_ok(f"{urls['recommend_api']}/healthz", 120, "recommend_api (model loaded)")
-    wait_ok(f"{urls['worker']}/healthz", 120, "the device API")
+    wait_ok(f"{urls['worker']}/healthz", 120, "the device API")  # open without the token
     return config
 
 
@@ -198,16 +204,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="10 examples (a smoke run)")
     p.add_argument("--timeout-s", type=float, default=15.0, help="per request")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = p.parse_args(argv)
     examples = 10 if args.quick else args.examples
     split = load_split(DATASET)
     started = time.monotonic()
     results: dict[str, dict[str, Tally]] = {}
     common = {"max_examples": examples, "seed": args.seed, "timeout_s": args.timeout_s}
-    with (
-        tempfile.TemporaryDirectory(prefix="fedrec-fuzz-") as tmp,
-        services(Path(tmp), split.n_users) as urls,
-    ):
+    with work_dir(args.keep) as tmp, services(tmp, split.n_users) as urls:
         config = train(urls, split.n_users, split.n_items, timeout_s=900)
         trained_s = time.monotonic() - started
         dims = RunConfig.model_validate(config).model().private_dims()
@@ -229,8 +233,11 @@ def main(argv: list[str] | None = None) -> None:
         results["recommend_api"] = {"anonymous": tally}
         print("fuzzing the device API", flush=True)
         dev = urls["worker"]
+        device = bearer(DEVICE_TOKEN)
+        dev_schema = load_schema(dev, headers=device)
         results["worker"] = {
-            "anonymous": fuzz(load_schema(dev), dev, service="worker", token="anonymous", **common)
+            kind: fuzz(dev_schema, dev, service="worker", token=kind, headers=h, **common)
+            for kind, h in (("anonymous", None), ("device", device))
         }
         agg = urls["aggregator"]
         creds = AggregatorCredentials(
@@ -238,13 +245,19 @@ def main(argv: list[str] | None = None) -> None:
         )
         schema = load_schema(agg)
         results["aggregator"] = {}
+        # which processes still run after each credential's turn (a worker may exit when
+        # what the fuzzer did leaves it no way on)
+        alive: dict[str, dict[str, bool]] = {}
         for kind in AGGREGATOR_KINDS:
             print(f"fuzzing the aggregator, {kind}", flush=True)
             results["aggregator"][kind] = fuzz_aggregator(schema, agg, kind, creds, **common)
-        alive = {
-            "aggregator": urls["aggregator_process"].poll() is None,
-            "worker": urls["worker_process"].poll() is None,
-        }
+            alive[kind] = {
+                "aggregator": urls["aggregator_process"].poll() is None,
+                "worker": urls["worker_process"].poll() is None,
+            }
+        worker_log = _tail(tmp / "worker.log")
+        if args.keep:
+            print(f"logs kept in {tmp}")
         limit = urls["aggregator_address_space_limit"]
     out = {
         "dataset": DATASET,
@@ -255,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
         "schemathesis": _version("schemathesis"),
         "hypothesis": _version("hypothesis"),
         "aggregator_address_space_limit_gb": round(limit / 2**30, 2),
-        "alive_at_end": alive,
+        "alive_after_aggregator_fuzzing": alive,
+        "worker_log_tail": worker_log,
         "wall_s": round(time.monotonic() - started, 1),
         "training_s": round(trained_s, 1),
         "machine": {
@@ -280,6 +294,24 @@ def main(argv: list[str] | None = None) -> None:
             if not t.clean:
                 print(t.report())
     print(f"wrote {args.out}")
+
+
+@contextlib.contextmanager
+def work_dir(keep: bool) -> Iterator[Path]:
+    """A fresh directory for the databases and logs, removed at the end unless ``keep``."""
+    path = Path(tempfile.mkdtemp(prefix="fedrec-fuzz-"))
+    try:
+        yield path
+    finally:
+        if not keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _tail(path: Path, lines: int = 15) -> list[str]:
+    """The last lines of a log file."""
+    if not path.exists():
+        return []
+    return path.read_text(errors="replace").splitlines()[-lines:]
 
 
 def _version(name: str) -> str:

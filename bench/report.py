@@ -231,8 +231,18 @@ def fuzzing() -> list[str]:
                 f"- {service}, {kind}: `{f['operation']}` {f['check']} (status {f['status']})"
                 for f in t["findings"]
             ]
-    alive = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in data["alive_at_end"].items())
-    lines += ["", f"Processes still serving at the end: {alive}."]
+    alive = "; ".join(
+        f"{kind}: {', '.join(p for p, up in procs.items() if up) or 'none'}"
+        for kind, procs in data["alive_after_aggregator_fuzzing"].items()
+    )
+    lines += [
+        "",
+        f"Processes still running after the aggregator's turn with each credential: {alive}.",
+    ]
+    after = data["alive_after_aggregator_fuzzing"].values()
+    if not all(procs.get("worker", True) for procs in after):
+        tail = data.get("worker_log_tail") or ["(none)"]
+        lines[-1] += f" The worker's last log line: `{tail[-1]}`."
     if findings:
         lines += ["", "Findings (first of each kind; the JSON has the requests):", "", *findings]
     return lines

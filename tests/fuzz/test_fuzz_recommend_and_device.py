@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState
@@ -24,7 +25,7 @@ from services.client_sim.server import create_app as create_device_app
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.recommend_api.app import create_app as create_recommend_app
-from services.recommend_api.ranking import ModelHolder
+from services.recommend_api.ranking import ModelHolder, RankingConfig
 from services.recommend_api.settings import Settings as RecommendSettings
 from tests.fuzz.harness import Tally, fuzz, load_schema, operation_labels
 from tests.fuzz.servers import served
@@ -50,11 +51,9 @@ class Services:
 @pytest.fixture(scope="module")
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     tmp = tmp_path_factory.mktemp("fuzz-device")
-    holder = ModelHolder(labels=LABELS)
+    holder = ModelHolder(RankingConfig(max_k=MAX_K), labels=LABELS)
     holder.swap(holder.build(CFG, init_shared(CFG, 1), 4))
-    rec = create_recommend_app(
-        RecommendSettings(aggregator_url=None, workers=2, max_k=MAX_K), holder=holder
-    )
+    rec = create_recommend_app(RecommendSettings(aggregator_url=None, workers=2), holder=holder)
     split = synthetic_split(n_users=N_USERS, n_items=CFG.n_items, seed=3, n_test_negatives=10)
     store = WorkerStore(tmp / "worker.db")
     users = [u for u in range(N_USERS) if u % 2 == 0]
@@ -69,7 +68,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             dataset="synthetic",
             store=str(tmp / "worker.db"),
             recommend_url=rec_url,
-            device_token=DEVICE_TOKEN,
+            device_token=SecretStr(DEVICE_TOKEN),
         )
         with served(create_device_app(settings, store, LABELS)) as device_url:
             yield Services(rec_url, device_url)
