@@ -1,0 +1,99 @@
+"""The cryptographic primitives of secure aggregation, all from the ``cryptography`` package:
+X25519 key agreement, HKDF-SHA256 key derivation, AES-256-GCM authenticated encryption of the
+secret shares, a ChaCha20 keystream as the pseudorandom generator of the masks, and SHA-256
+commitments.
+
+Every derived key is bound to its purpose, the round and the ordered pair of clients through
+the HKDF ``info`` string, so no key is ever used for two things.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+DOMAIN = b"fedrecgel-secagg-v1"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+
+
+class DecryptError(ValueError):
+    """A ciphertext that does not authenticate (tampered, wrong key or wrong context)."""
+
+
+def new_private_key() -> X25519PrivateKey:
+    """A fresh X25519 key (one per purpose per round: keys are never reused across rounds)."""
+    return X25519PrivateKey.generate()
+
+
+def public_bytes(sk: X25519PrivateKey) -> bytes:
+    """The raw 32-byte public key of ``sk``."""
+    return sk.public_key().public_bytes_raw()
+
+
+def private_bytes(sk: X25519PrivateKey) -> bytes:
+    """The raw 32-byte private key (what is secret-shared)."""
+    return sk.private_bytes_raw()
+
+
+def private_from_bytes(b: bytes) -> X25519PrivateKey:
+    """Inverse of :func:`private_bytes` (ValueError on a bad length)."""
+    return X25519PrivateKey.from_private_bytes(b)
+
+
+def derive(secret: bytes, purpose: str, round_id: int, a: int, b: int) -> bytes:
+    """A 32-byte key for ``purpose`` in round ``round_id`` between clients ``a`` and ``b``."""
+    info = DOMAIN + f"|{purpose}|{round_id}|{a}|{b}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
+
+
+def agree(
+    sk: X25519PrivateKey, peer_public: bytes, purpose: str, round_id: int, u: int, v: int
+) -> bytes:
+    """The key clients ``u`` and ``v`` agree on for ``purpose``: X25519 then HKDF, with the
+    pair ordered (min, max) so both ends derive the same key."""
+    shared = sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
+    return derive(shared, purpose, round_id, min(u, v), max(u, v))
+
+
+def prg_words(key: bytes, n: int) -> np.ndarray:
+    """``n`` pseudorandom uint64 words: the ChaCha20 keystream of ``key`` (nonce 0; every key
+    is derived for one pair, round and purpose only)."""
+    enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * n)), dtype="<u8").astype(np.uint64, copy=False)
+
+
+def seal(key: bytes, plaintext: bytes, context: bytes) -> bytes:
+    """AES-256-GCM: nonce || ciphertext+tag, authenticated together with ``context``."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + AESGCM(key).encrypt(nonce, plaintext, context)
+
+
+def open_sealed(key: bytes, sealed: bytes, context: bytes) -> bytes:
+    """Inverse of :func:`seal`; :class:`DecryptError` when it does not authenticate."""
+    if len(sealed) < NONCE_BYTES + 16:
+        raise DecryptError("ciphertext too short")
+    try:
+        return AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], context)
+    except InvalidTag:
+        raise DecryptError("ciphertext does not authenticate") from None
+
+
+def commit(*parts: bytes | int | str) -> bytes:
+    """SHA-256 commitment to ``parts`` (domain-separated, length-prefixed)."""
+    h = hashlib.sha256(DOMAIN + b"|commit")
+    for p in parts:
+        if isinstance(p, int):
+            p = str(p)
+        if isinstance(p, str):
+            p = p.encode()
+        h.update(len(p).to_bytes(8, "big") + p)
+    return h.digest()
