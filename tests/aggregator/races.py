@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from fastapi.testclient import TestClient
@@ -19,6 +20,7 @@ from tests.support.aggregator import (
     operator_headers,
     random_update,
     register,
+    service_of,
     upload_headers,
 )
 
@@ -35,10 +37,23 @@ RACE_RUN = {
 }
 
 
-def service_of(client: TestClient) -> AggregatorService:
-    """The service behind an in-process app."""
-    service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
-    return service
+def start_race_run(client: TestClient) -> tuple[str, dict[str, Any]]:
+    """Register clients 0..19 and start :data:`RACE_RUN`; their token and the run's body."""
+    token = register(client, list(range(20)))
+    r = client.post("/v1/runs", json=RACE_RUN, headers=operator_headers())
+    assert r.status_code == 201, r.text
+    run: dict[str, Any] = r.json()
+    return token, run
+
+
+def upload_whole_cohort(
+    client: TestClient, token: str, round_id: int, rng: np.random.Generator
+) -> None:
+    """Upload random updates of every member of the open round's cohort in one body."""
+    cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
+    body = encode_updates(round_id, [random_update(RACE_MODEL, c, rng) for c in cohort])
+    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token))
+    assert r.status_code == 200, r.text
 
 
 def race_ticks(services: list[AggregatorService]) -> list[str | None]:
@@ -69,8 +84,7 @@ def two_instances_close_once(
     a: TestClient, b: TestClient, clock: FakeClock, on_closed: Callable[[], None] | None = None
 ) -> list[str | None]:
     """Both instances hold some of round 1's updates and race to close it at the deadline."""
-    token = register(a, list(range(20)))
-    assert a.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).status_code == 201
+    token, _ = start_race_run(a)
     cohort = b.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
     rng = np.random.default_rng(0)
     ups = [random_update(RACE_MODEL, c, rng) for c in cohort[:4]]

@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from fastapi.testclient import TestClient
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from services.aggregator.__main__ import configure_process
-from services.aggregator.app import create_app
+from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     bearer,
-    make_settings,
     operator_headers,
     random_update,
     register,
-    sqlite_url,
+    service_of,
     upload_headers,
 )
 
@@ -41,28 +38,28 @@ def server_process_settings() -> Iterator[None]:
 
 
 def test_filmtrust_size_round_closes_from_memory(
-    tmp_path: Path, server_process_settings: None, caplog: pytest.LogCaptureFixture
+    aggregator: AggregatorFactory,
+    server_process_settings: None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="services.aggregator")
-    settings = make_settings(sqlite_url(tmp_path), max_body_bytes=256 * 1024 * 1024)
-    configure_process(settings)
-    app = create_app(settings)
-    with TestClient(app) as client:
-        token = register(client, list(range(1220)))
-        run = {"n_items": 2059, "rounds": 2, "fraction": 0.1, "seed": 0}
-        assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
-        cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
-        assert len(cohort) == 122
-        rng = np.random.default_rng(0)
-        updates = [random_update(FILMTRUST, c, rng, n_rows=85) for c in cohort]
-        for start in range(0, 122, 41):
-            body = encode_updates(1, updates[start : start + 41])
-            r = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
-            assert r.status_code == 200, r.text
-        assert client.get("/v1/rounds/1").json()["state"] == "closed"
-        registry = app.state.metrics.registry
-        assert registry.get_sample_value("fedrec_agg_round_close_seconds_count") == 1
-        decoded = [r for r in caplog.records if "stored updates" in r.getMessage()]
-        assert decoded == []  # every update came from memory
-        r = client.get("/v1/models/latest", headers=bearer(token))
-        assert r.status_code == 200 and r.headers["X-Model-Version"] == "1"
+    client = aggregator(max_body_bytes=256 * 1024 * 1024)
+    configure_process(service_of(client).settings)
+    token = register(client, list(range(1220)))
+    run = {"n_items": 2059, "rounds": 2, "fraction": 0.1, "seed": 0}
+    assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
+    cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
+    assert len(cohort) == 122
+    rng = np.random.default_rng(0)
+    updates = [random_update(FILMTRUST, c, rng, n_rows=85) for c in cohort]
+    for start in range(0, 122, 41):
+        body = encode_updates(1, updates[start : start + 41])
+        r = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+        assert r.status_code == 200, r.text
+    assert client.get("/v1/rounds/1").json()["state"] == "closed"
+    registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+    assert registry.get_sample_value("fedrec_agg_round_close_seconds_count") == 1
+    decoded = [r for r in caplog.records if "stored updates" in r.getMessage()]
+    assert decoded == []  # every update came from memory
+    r = client.get("/v1/models/latest", headers=bearer(token))
+    assert r.status_code == 200 and r.headers["X-Model-Version"] == "1"

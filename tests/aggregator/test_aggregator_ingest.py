@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +17,18 @@ from sqlalchemy import create_engine, text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
-from services.aggregator.app import create_app
 from services.aggregator.db import alembic_config
 from services.aggregator.errors import AggregatorError, Conflict, Forbidden
 from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.schemas import UploadResult
 from services.aggregator.service import AggregatorService, Caller
+from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
-    make_settings,
+    FakeClock,
     operator_headers,
     random_update,
     register,
+    service_of,
     sqlite_url,
     upload_headers,
 )
@@ -113,12 +114,10 @@ def test_a_failed_batch_transaction_is_retried_item_by_item() -> None:
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> Iterator[tuple[TestClient, AggregatorService, str]]:
-    application = create_app(make_settings(sqlite_url(tmp_path)))
-    with TestClient(application) as client:
-        token = register(client, list(range(N_CLIENTS)))
-        service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
-        yield client, service, token
+def app(aggregator: AggregatorFactory) -> tuple[TestClient, AggregatorService, str]:
+    client = aggregator(database_url=aggregator.url())
+    token = register(client, list(range(N_CLIENTS)))
+    return client, service_of(client), token
 
 
 def _start(client: TestClient, **overrides: object) -> list[int]:
@@ -223,58 +222,58 @@ def test_refused_uploads_in_a_batch_do_not_fail_the_others(
     assert all(counter == rows for _, counter, rows in _counts(tmp_path / "aggregator.db"))
 
 
-def test_counter_follows_the_rows_through_a_retried_attempt(tmp_path: Path) -> None:
-    from tests.support.aggregator import FakeClock
-
+def test_counter_follows_the_rows_through_a_retried_attempt(
+    aggregator: AggregatorFactory, tmp_path: Path
+) -> None:
     clock = FakeClock()
-    application = create_app(make_settings(sqlite_url(tmp_path)), clock=clock)
-    with TestClient(application) as client:
-        token = register(client, list(range(N_CLIENTS)))
-        cohort = _start(client, quorum=0.9, deadline_s=10)
-        for c in cohort[:3]:
-            r = client.post("/v1/rounds/1/updates", content=_body(c), headers=upload_headers(token))
-            assert r.status_code == 200
-        assert _counts(tmp_path / "aggregator.db") == [(1, 3, 3)]
-        clock.advance(11)
-        assert client.app.state.service.tick() == "retried"  # type: ignore[attr-defined]
-        assert _counts(tmp_path / "aggregator.db") == [(1, 0, 0), (2, 0, 0)]
+    client = aggregator(clock=clock, database_url=aggregator.url())
+    token = register(client, list(range(N_CLIENTS)))
+    cohort = _start(client, quorum=0.9, deadline_s=10)
+    for c in cohort[:3]:
+        r = client.post("/v1/rounds/1/updates", content=_body(c), headers=upload_headers(token))
+        assert r.status_code == 200
+    assert _counts(tmp_path / "aggregator.db") == [(1, 3, 3)]
+    clock.advance(11)
+    assert service_of(client).tick() == "retried"
+    assert _counts(tmp_path / "aggregator.db") == [(1, 0, 0), (2, 0, 0)]
 
 
-def test_acknowledged_batched_uploads_survive_a_restart(tmp_path: Path) -> None:
-    settings = make_settings(sqlite_url(tmp_path))
-    with TestClient(create_app(settings)) as client:
-        token = register(client, list(range(N_CLIENTS)))
-        cohort = _start(client)
-        service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
-        _slow_writer(service)
-        half = cohort[: N_CLIENTS // 2]
-        out = _upload_concurrently(service, {c: _body(c) for c in half})
-        assert all(not isinstance(r, Exception) for r in out.values())
-    with TestClient(create_app(settings)) as client:  # a fresh process on the same database
-        assert client.get("/v1/rounds/1").json()["updates_received"] == len(half)
-        for c in cohort:
-            r = client.post("/v1/rounds/1/updates", content=_body(c), headers=upload_headers(token))
-            assert r.status_code == 200, r.text
-            assert r.json()["results"][0]["status"] == ("duplicate" if c in half else "accepted")
-        history = client.get("/v1/runs/current/history").json()["rounds"]
-        assert history[0]["n_updates"] == N_CLIENTS
+def test_acknowledged_batched_uploads_survive_a_restart(aggregator: AggregatorFactory) -> None:
+    client = aggregator(database_url=aggregator.url())
+    token = register(client, list(range(N_CLIENTS)))
+    cohort = _start(client)
+    service = service_of(client)
+    _slow_writer(service)
+    half = cohort[: N_CLIENTS // 2]
+    out = _upload_concurrently(service, {c: _body(c) for c in half})
+    assert all(not isinstance(r, Exception) for r in out.values())
+    aggregator.stop(client)
+    client = aggregator(database_url=aggregator.url())  # a fresh process on the same database
+    assert client.get("/v1/rounds/1").json()["updates_received"] == len(half)
+    for c in cohort:
+        r = client.post("/v1/rounds/1/updates", content=_body(c), headers=upload_headers(token))
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["status"] == ("duplicate" if c in half else "accepted")
+    history = client.get("/v1/runs/current/history").json()["rounds"]
+    assert history[0]["n_updates"] == N_CLIENTS
 
 
-def test_a_run_started_by_a_replica_is_picked_up_by_a_stale_cache(tmp_path: Path) -> None:
-    settings = make_settings(sqlite_url(tmp_path))
-    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
-        token = register(a, list(range(N_CLIENTS)))
-        cohort = _start(a)
-        r = a.post("/v1/rounds/1/updates", content=_body(cohort[0]), headers=upload_headers(token))
-        assert r.status_code == 200  # a now caches run 1
-        assert b.post("/v1/runs/current/stop", headers=operator_headers()).status_code == 200
-        bigger = {**RUN, "n_items": 60}
-        assert b.post("/v1/runs", json=bigger, headers=operator_headers()).status_code == 201
-        rng = np.random.default_rng(0)
-        body = encode_updates(1, [random_update(ModelConfig(60, "ncf", 4, 2), cohort[1], rng)])
-        r = a.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
-        assert r.status_code == 200, r.text  # decoded again with run 2's model
-        assert a.get("/v1/rounds/1").json()["updates_received"] == 1
+def test_a_run_started_by_a_replica_is_picked_up_by_a_stale_cache(
+    aggregator: AggregatorFactory,
+) -> None:
+    a, b = aggregator(database_url=aggregator.url()), aggregator(database_url=aggregator.url())
+    token = register(a, list(range(N_CLIENTS)))
+    cohort = _start(a)
+    r = a.post("/v1/rounds/1/updates", content=_body(cohort[0]), headers=upload_headers(token))
+    assert r.status_code == 200  # a now caches run 1
+    assert b.post("/v1/runs/current/stop", headers=operator_headers()).status_code == 200
+    bigger = {**RUN, "n_items": 60}
+    assert b.post("/v1/runs", json=bigger, headers=operator_headers()).status_code == 201
+    rng = np.random.default_rng(0)
+    body = encode_updates(1, [random_update(ModelConfig(60, "ncf", 4, 2), cohort[1], rng)])
+    r = a.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+    assert r.status_code == 200, r.text  # decoded again with run 2's model
+    assert a.get("/v1/rounds/1").json()["updates_received"] == 1
 
 
 def test_migration_0002_backfills_the_counter_and_downgrades(tmp_path: Path) -> None:

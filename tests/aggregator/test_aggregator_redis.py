@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
-from fastapi.testclient import TestClient
 
-from fedrecgel.wire import encode_updates
-from services.aggregator.app import create_app
 from services.aggregator.events import VERSIONS_CHANNEL, close_lock_name
-from tests.aggregator.races import (
-    RACE_MODEL,
-    RACE_RUN,
-    service_of,
-    two_instances_close_once,
-)
-from tests.support.aggregator import (
-    FakeClock,
-    bearer,
-    make_settings,
-    operator_headers,
-    random_update,
-    register,
-    sqlite_url,
-    upload_headers,
-)
+from tests.aggregator.conftest import AggregatorFactory
+from tests.aggregator.races import start_race_run, two_instances_close_once, upload_whole_cohort
+from tests.support.aggregator import FakeClock, bearer, service_of
 
 pytestmark = pytest.mark.redis
 
@@ -55,93 +38,70 @@ def _subscribe(url: str) -> redis.client.PubSub:
     return pubsub
 
 
-def test_a_closed_round_publishes_a_version_event(tmp_path: Path, redis_url: str) -> None:
+def test_a_closed_round_publishes_a_version_event(
+    aggregator: AggregatorFactory, redis_url: str
+) -> None:
     pubsub = _subscribe(redis_url)
-    app = create_app(make_settings(sqlite_url(tmp_path), redis_url=redis_url))
-    with TestClient(app) as client:
-        assert client.get("/healthz").json() == {"status": "ok", "database": "ok", "redis": "ok"}
-        token = register(client, list(range(20)))
-        assert client.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).status_code == 201
-        cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
-        rng = np.random.default_rng(0)
-        body = encode_updates(1, [random_update(RACE_MODEL, c, rng) for c in cohort])
-        assert (
-            client.post(
-                "/v1/rounds/1/updates", content=body, headers=upload_headers(token)
-            ).status_code
-            == 200
-        )
-        run_id = client.get("/v1/rounds/current", headers=bearer(token)).json()["run_id"]
+    client = aggregator(redis_url=redis_url)
+    assert client.get("/healthz").json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    token, _ = start_race_run(client)
+    upload_whole_cohort(client, token, 1, np.random.default_rng(0))
+    run_id = client.get("/v1/rounds/current", headers=bearer(token)).json()["run_id"]
+    aggregator.stop(client)
     assert _events(pubsub, 1) == [{"run_id": run_id, "version": 1, "round_id": 1}]
 
 
 def test_two_instances_on_one_database_and_redis_close_a_round_once(
-    tmp_path: Path, redis_url: str
+    aggregator: AggregatorFactory, redis_url: str
 ) -> None:
     pubsub = _subscribe(redis_url)
     clock = FakeClock()
-    settings = make_settings(sqlite_url(tmp_path), redis_url=redis_url)
-    with (
-        TestClient(create_app(settings, clock=clock)) as a,
-        TestClient(create_app(settings, clock=clock)) as b,
-    ):
-        two_instances_close_once(a, b, clock)
+    a, b = (
+        aggregator(clock=clock, database_url=aggregator.url(), redis_url=redis_url) for _ in "ab"
+    )
+    two_instances_close_once(a, b, clock)
+    aggregator.stop_all()
     assert [e["version"] for e in _events(pubsub, 1)] == [1]
 
 
-def test_a_held_closing_lock_defers_the_close(tmp_path: Path, redis_url: str) -> None:
-    clock = FakeClock()
-    settings = make_settings(sqlite_url(tmp_path), redis_url=redis_url, redis_lock_wait_s=0.2)
-    with TestClient(create_app(settings, clock=clock)) as client:
-        token = register(client, list(range(20)))
-        run = client.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).json()
-        service = service_of(client)
-        lock = redis.Redis.from_url(redis_url).lock(close_lock_name(run["run_id"], 1), timeout=30)
-        assert lock.acquire(blocking=False)
-        cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
-        rng = np.random.default_rng(0)
-        body = encode_updates(1, [random_update(RACE_MODEL, c, rng) for c in cohort])
-        # another replica "holds" the round: the in-request close waits briefly, then leaves it
-        assert (
-            client.post(
-                "/v1/rounds/1/updates", content=body, headers=upload_headers(token)
-            ).status_code
-            == 200
-        )
-        assert client.get("/v1/rounds/1").json()["state"] == "open"
-        lock.release()
-        assert service.tick() == "closed"
-        assert client.get("/v1/rounds/1").json()["state"] == "closed"
+def test_a_held_closing_lock_defers_the_close(
+    aggregator: AggregatorFactory, redis_url: str
+) -> None:
+    client = aggregator(clock=FakeClock(), redis_url=redis_url, redis_lock_wait_s=0.2)
+    token, run = start_race_run(client)
+    lock = redis.Redis.from_url(redis_url).lock(close_lock_name(run["run_id"], 1), timeout=30)
+    assert lock.acquire(blocking=False)
+    # another replica "holds" the round: the in-request close waits briefly, then leaves it
+    upload_whole_cohort(client, token, 1, np.random.default_rng(0))
+    assert client.get("/v1/rounds/1").json()["state"] == "open"
+    lock.release()
+    assert service_of(client).tick() == "closed"
+    assert client.get("/v1/rounds/1").json()["state"] == "closed"
 
 
 def test_without_redis_rounds_close_and_health_is_degraded(
-    tmp_path: Path, redis_server: Any
+    aggregator: AggregatorFactory, redis_server: Any
 ) -> None:
     """Redis is optional for progress: with it down, /healthz answers 200 "degraded", rounds
     still close (the database's guard alone) and their versions are served; an aggregator
     also starts while it is down (regression: 503 and no round ever closed)."""
-    settings = make_settings(sqlite_url(tmp_path), redis_url=redis_server.url)
-    with TestClient(create_app(settings)) as client:
-        token = register(client, list(range(20)))
-        assert client.post("/v1/runs", json=RACE_RUN, headers=operator_headers()).status_code == 201
-        redis_server.process.terminate()
-        redis_server.process.wait(timeout=10)
-        r = client.get("/healthz")
-        assert r.status_code == 200, r.text
-        assert r.json()["status"] == "degraded" and r.json()["database"] == "ok"
-        assert r.json()["redis"].startswith("error")
-        rng = np.random.default_rng(0)
-        for round_id in (1, 2):
-            cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
-            body = encode_updates(round_id, [random_update(RACE_MODEL, c, rng) for c in cohort])
-            r = client.post(
-                f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token)
-            )
-            assert r.status_code == 200, r.text
-            assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
-        latest = client.get("/v1/models/latest", headers=bearer(token))
-        assert latest.status_code == 200 and latest.headers["X-Model-Version"] == "2"
+    url = aggregator.url()
+    client = aggregator(database_url=url, redis_url=redis_server.url)
+    token, _ = start_race_run(client)
+    redis_server.process.terminate()
+    redis_server.process.wait(timeout=10)
+    r = client.get("/healthz")
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "degraded" and r.json()["database"] == "ok"
+    assert r.json()["redis"].startswith("error")
+    rng = np.random.default_rng(0)
+    for round_id in (1, 2):
+        upload_whole_cohort(client, token, round_id, rng)
+        assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
+    latest = client.get("/v1/models/latest", headers=bearer(token))
+    assert latest.status_code == 200 and latest.headers["X-Model-Version"] == "2"
+    aggregator.stop(client)
     # a restart while Redis is still down: serves, and says it is degraded
-    with TestClient(create_app(settings)) as client:
-        assert client.get("/healthz").json()["status"] == "degraded"
-        assert client.get("/v1/rounds/2").json()["state"] == "closed"
+    client = aggregator(database_url=url, redis_url=redis_server.url)
+    assert client.get("/healthz").json()["status"] == "degraded"
+    assert client.get("/v1/rounds/2").json()["state"] == "closed"

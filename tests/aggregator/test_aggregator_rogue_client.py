@@ -6,24 +6,21 @@ same run without it."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import numpy as np
 from fastapi.testclient import TestClient
 
 from fedrecgel.wire import decode_model, encode_updates
-from services.aggregator.app import create_app
+from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.junk import junk_reports, junk_uploads
 from tests.aggregator.scenarios import TRAIN, small_split, start_run
 from tests.support.aggregator import (
     FederatedDriver,
     bearer,
     enrol_headers,
-    make_settings,
     operator_headers,
     register,
     run_config_for,
-    sqlite_url,
     upload_headers,
 )
 
@@ -75,54 +72,53 @@ def _rogue_round(client: TestClient, token: str, owned: list[int], round_id: int
         assert 400 <= r.status_code < 500, r.text
 
 
-def _run(database: Path, rogue: bool) -> tuple[str, list[dict[str, float] | None]]:
+def _run(client: TestClient, rogue: bool) -> tuple[str, list[dict[str, float] | None]]:
     """The federated run over two shards; the final model's sha256 and every version's metrics."""
     split = small_split()
     driver = FederatedDriver(split, run_config_for(TRAIN, split.n_items))
-    database.mkdir()
-    settings = make_settings(sqlite_url(database), population=split.n_users)
-    with TestClient(create_app(settings)) as client:
-        shard_ids = [[c for c in range(split.n_users) if c % SHARDS == s] for s in range(SHARDS)]
-        tokens = [register(client, ids, s, SHARDS) for s, ids in enumerate(shard_ids)]
-        owner = {c: tokens[c % SHARDS] for c in range(split.n_users)}
-        start_run(client, split)
-        for round_id in range(1, TRAIN.rounds + 1):
-            if rogue:  # shard 1's client token, in hostile hands
-                _rogue_round(client, tokens[1], shard_ids[1], round_id)
-            cur = client.get("/v1/rounds/current", headers=operator_headers()).json()
-            assert cur["round_id"] == round_id and cur["state"] == "open", cur
-            _, shared, _ = decode_model(
-                client.get("/v1/models/latest", headers=bearer(tokens[0])).content
-            )
-            uploads = driver.uploads(shared, round_id, np.asarray(cur["cohort"]))
-            for s in range(SHARDS):
-                mine = [u for u in uploads if u.client_id % SHARDS == s]
-                if mine:
-                    r = client.post(
-                        f"/v1/rounds/{round_id}/updates",
-                        content=encode_updates(round_id, mine),
-                        headers=upload_headers(tokens[s]),
-                    )
-                    assert r.status_code == 200, r.text
-            assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
-            for ids in shard_ids:  # the honest evaluation of the new version
-                report = {
-                    "model_version": round_id,
-                    "sums": _metric(ids, round_id),
-                    "count": len(ids),
-                    "client_ids": ids,
-                }
-                r = client.post("/v1/evaluations", json=report, headers=bearer(owner[ids[0]]))
-                assert r.status_code == 202, r.text
-        final = client.get("/v1/models/latest", headers=bearer(tokens[0]))
-        assert final.headers["X-Model-Version"] == str(TRAIN.rounds)
-        history = client.get("/v1/runs/current/history").json()["rounds"]
+    shard_ids = [[c for c in range(split.n_users) if c % SHARDS == s] for s in range(SHARDS)]
+    tokens = [register(client, ids, s, SHARDS) for s, ids in enumerate(shard_ids)]
+    owner = {c: tokens[c % SHARDS] for c in range(split.n_users)}
+    start_run(client, split)
+    for round_id in range(1, TRAIN.rounds + 1):
+        if rogue:  # shard 1's client token, in hostile hands
+            _rogue_round(client, tokens[1], shard_ids[1], round_id)
+        cur = client.get("/v1/rounds/current", headers=operator_headers()).json()
+        assert cur["round_id"] == round_id and cur["state"] == "open", cur
+        _, shared, _ = decode_model(
+            client.get("/v1/models/latest", headers=bearer(tokens[0])).content
+        )
+        uploads = driver.uploads(shared, round_id, np.asarray(cur["cohort"]))
+        for s in range(SHARDS):
+            mine = [u for u in uploads if u.client_id % SHARDS == s]
+            if mine:
+                r = client.post(
+                    f"/v1/rounds/{round_id}/updates",
+                    content=encode_updates(round_id, mine),
+                    headers=upload_headers(tokens[s]),
+                )
+                assert r.status_code == 200, r.text
+        assert client.get(f"/v1/rounds/{round_id}").json()["state"] == "closed"
+        for ids in shard_ids:  # the honest evaluation of the new version
+            report = {
+                "model_version": round_id,
+                "sums": _metric(ids, round_id),
+                "count": len(ids),
+                "client_ids": ids,
+            }
+            r = client.post("/v1/evaluations", json=report, headers=bearer(owner[ids[0]]))
+            assert r.status_code == 202, r.text
+    final = client.get("/v1/models/latest", headers=bearer(tokens[0]))
+    assert final.headers["X-Model-Version"] == str(TRAIN.rounds)
+    history = client.get("/v1/runs/current/history").json()["rounds"]
+
     return hashlib.sha256(final.content).hexdigest(), [h["metrics"] for h in history]
 
 
-def test_a_rogue_client_does_not_change_the_run(tmp_path: Path) -> None:
-    honest_model, honest_metrics = _run(tmp_path / "honest", rogue=False)
-    rogue_model, rogue_metrics = _run(tmp_path / "rogue", rogue=True)
+def test_a_rogue_client_does_not_change_the_run(aggregator: AggregatorFactory) -> None:
+    population = small_split().n_users
+    honest_model, honest_metrics = _run(aggregator(population=population), rogue=False)
+    rogue_model, rogue_metrics = _run(aggregator(population=population), rogue=True)
     assert rogue_model == honest_model  # bit-identical final model
     assert rogue_metrics == honest_metrics
     assert all(m is not None for m in honest_metrics)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
-from services.aggregator.app import create_app
+from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.scenarios import (
     federated_matches_simulator,
     restart_mid_round_matches_simulator,
@@ -25,6 +25,7 @@ from tests.support.aggregator import (
     operator_headers,
     random_update,
     register,
+    service_of,
     sqlite_url,
     upload_headers,
 )
@@ -51,12 +52,10 @@ def test_restart_mid_round_resumes_with_acknowledged_updates(tmp_path: Path) -> 
 
 
 @pytest.fixture
-def clocked(tmp_path: Path) -> Iterator[tuple[TestClient, FakeClock, str]]:
+def clocked(aggregator: AggregatorFactory) -> Clocked:
     clock = FakeClock()
-    app = create_app(make_settings(sqlite_url(tmp_path)), clock=clock)
-    with TestClient(app) as client:
-        token = register(client, list(range(20)))
-        yield client, clock, token
+    client = aggregator(clock=clock)
+    return client, clock, register(client, list(range(20)))
 
 
 def _start(client: TestClient, **overrides: object) -> list[int]:
@@ -73,7 +72,7 @@ def _upload(client: TestClient, token: str, round_id: int, ids: list[int]) -> No
 
 
 def _tick(client: TestClient) -> str | None:
-    return client.app.state.service.tick()  # type: ignore[attr-defined]
+    return service_of(client).tick()
 
 
 def test_deadline_with_quorum_closes_with_the_updates_received(clocked: Clocked) -> None:
@@ -147,17 +146,57 @@ def test_last_round_finishes_the_run(clocked: Clocked) -> None:
     assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
 
 
-def test_background_task_enforces_a_tiny_deadline(tmp_path: Path) -> None:
-    app = create_app(make_settings(sqlite_url(tmp_path), deadline_poll_s=0.05))
-    with TestClient(app) as client:
-        token = register(client, list(range(20)))
-        cohort = _start(client, quorum=0.5, deadline_s=0.5)
-        _upload(client, token, 1, cohort[:4])
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if client.get("/v1/rounds/1").json()["state"] == "closed":
-                break
-            time.sleep(0.05)
-        info = client.get("/v1/rounds/1").json()
-        assert info["state"] == "closed" and info["model_version"] == 1
-        assert client.get("/v1/runs/current/history").json()["rounds"][0]["n_updates"] == 4
+class TickRecorder:
+    """Stands in for the service's ``tick`` and records the outcome of every call the app's
+    deadline task makes."""
+
+    def __init__(self, tick: Callable[[], str | None]) -> None:
+        self._tick = tick
+        self.outcomes: list[str | None] = []
+        self._changed = threading.Condition()
+
+    def __call__(self) -> str | None:
+        outcome = self._tick()
+        with self._changed:
+            self.outcomes.append(outcome)
+            self._changed.notify_all()
+        return outcome
+
+    def wait_for(self, done: Callable[[list[str | None]], bool], timeout_s: float = 60.0) -> None:
+        """Block until ``done(outcomes)``; a generous bound, not a timing claim."""
+        with self._changed:
+            assert self._changed.wait_for(lambda: done(self.outcomes), timeout_s), self.outcomes
+
+
+def test_background_task_closes_and_retries_at_the_deadline(
+    aggregator: AggregatorFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app's own deadline task (polling every 50 ms; the test never ticks) leaves a round
+    open before its deadline, closes it with quorum once the deadline has passed, and retries
+    the next one when nothing came. The clock only moves when the test moves it, so what
+    happens does not depend on how fast the machine runs."""
+    clock = FakeClock()
+    client = aggregator(clock=clock, deadline_poll_s=0.05)
+    service = service_of(client)
+    ticks = TickRecorder(service.tick)
+    monkeypatch.setattr(service, "tick", ticks)
+    token = register(client, list(range(20)))
+    cohort = _start(client, quorum=0.5)  # a 30 s deadline on the fake clock
+    _upload(client, token, 1, cohort[:4])
+    seen = len(ticks.outcomes)
+    ticks.wait_for(lambda out: len(out) >= seen + 3)  # three checks after the upload
+    assert ticks.outcomes[seen:] == [None] * (len(ticks.outcomes) - seen)
+    assert client.get("/v1/rounds/1").json()["state"] == "open"
+
+    clock.advance(31)
+    ticks.wait_for(lambda out: "closed" in out)
+    info = client.get("/v1/rounds/1").json()
+    assert info["state"] == "closed" and info["model_version"] == 1
+    assert client.get("/v1/runs/current/history").json()["rounds"][0]["n_updates"] == 4
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["round_id"] == 2 and cur["attempt"] == 0
+
+    clock.advance(31)  # round 2's deadline passes with nothing received
+    ticks.wait_for(lambda out: "retried" in out)
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["round_id"] == 2 and cur["attempt"] == 1 and cur["state"] == "open"

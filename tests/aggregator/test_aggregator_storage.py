@@ -4,8 +4,8 @@ the retention policy (410 when read), and the SQLite file really shrinks after c
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,29 +15,23 @@ from sqlalchemy import create_engine, text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import decode_model, encode_updates
-from services.aggregator.app import create_app
 from services.aggregator.db import Database, alembic_config
-from services.aggregator.service import AggregatorService
 from services.aggregator.settings import Settings
 from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeeper
+from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     bearer,
-    make_settings,
     operator_headers,
     random_update,
     register,
+    service_of,
     sqlite_url,
     upload_headers,
 )
 
 MODEL = ModelConfig(n_items=300, kind="ncf", factor=8, layers=2)
 RUN = {"n_items": 300, "factor": 8, "layers": 2, "rounds": 9, "fraction": 0.25, "seed": 5}
-KEEP = {"keep_latest_versions": 2, "keep_every_versions": 3}
-
-
-def service_of(client: TestClient) -> AggregatorService:
-    service: AggregatorService = client.app.state.service  # type: ignore[attr-defined]
-    return service
+KEEP: dict[str, Any] = {"keep_latest_versions": 2, "keep_every_versions": 3}
 
 
 def play_round(client: TestClient, token: str, rng: np.random.Generator) -> tuple[int, bytes]:
@@ -57,21 +51,18 @@ def play_round(client: TestClient, token: str, rng: np.random.Generator) -> tupl
     return round_id, bodies[0]
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return sqlite_url(tmp_path)
-    url: str = request.getfixturevalue("postgres_url")
-    return url
+def start_run(client: TestClient) -> str:
+    """Register clients 0..19 and start :data:`RUN`; their token."""
+    token = register(client, list(range(20)))
+    r = client.post("/v1/runs", json=RUN, headers=operator_headers())
+    assert r.status_code == 201, r.text
+    return token
 
 
 @pytest.fixture
-def started(database_url: str) -> Iterator[tuple[TestClient, str]]:
-    with TestClient(create_app(make_settings(database_url, **KEEP))) as client:
-        token = register(client, list(range(20)))
-        r = client.post("/v1/runs", json=RUN, headers=operator_headers())
-        assert r.status_code == 201, r.text
-        yield client, token
+def started(aggregator: AggregatorFactory, database_url: str) -> tuple[TestClient, str]:
+    client = aggregator(database_url=database_url, **KEEP)
+    return client, start_run(client)
 
 
 def stored(client: TestClient, sql: str) -> list[tuple[object, ...]]:
@@ -149,20 +140,21 @@ def test_retry_after_close_is_still_a_duplicate(started: tuple[TestClient, str])
     assert [x["status"] for x in r.json()["results"]] == ["duplicate"]
 
 
-def test_a_restart_resumes_from_the_kept_state(database_url: str) -> None:
-    settings = make_settings(database_url, **KEEP)
+def test_a_restart_resumes_from_the_kept_state(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
     rng = np.random.default_rng(2)
-    with TestClient(create_app(settings)) as client:
-        token = register(client, list(range(20)))
-        assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
-        for _ in range(4):
-            play_round(client, token, rng)
-        service_of(client).storage.free()
-    with TestClient(create_app(settings)) as client:
-        for _ in range(5):
-            play_round(client, token, rng)
-        cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
-        assert cur["state"] == "finished" and cur["model_version"] == 9
+    client = aggregator(database_url=database_url, **KEEP)
+    token = start_run(client)
+    for _ in range(4):
+        play_round(client, token, rng)
+    service_of(client).storage.free()
+    aggregator.stop(client)
+    client = aggregator(database_url=database_url, **KEEP)
+    for _ in range(5):
+        play_round(client, token, rng)
+    cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert cur["state"] == "finished" and cur["model_version"] == 9
 
 
 # ----------------------------------------------------------------------------- SQLite file
@@ -172,30 +164,33 @@ def _file_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
-def test_sqlite_file_shrinks_after_compaction(tmp_path: Path) -> None:
+def test_sqlite_file_shrinks_after_compaction(
+    aggregator: AggregatorFactory, tmp_path: Path
+) -> None:
     path = tmp_path / "aggregator.db"
-    settings = make_settings(
-        sqlite_url(tmp_path), keep_latest_versions=1, keep_every_versions=0, compact_interval_s=3600
-    )
     rng = np.random.default_rng(3)
-    with TestClient(create_app(settings)) as client:
-        token = register(client, list(range(20)))
-        assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
-        for _ in range(6):
-            play_round(client, token, rng)
-        service = service_of(client)
-        service.storage.free()  # (the background thread may have done it already)
-        with service.db.transaction() as s:
-            assert s.execute(text("PRAGMA auto_vacuum")).scalar_one() == 2  # incremental
-            free_before = s.execute(text("PRAGMA freelist_count")).scalar_one()
-        assert free_before > 0  # the released blobs
-        before = _file_bytes(path)
-        service.storage.compactor.run()
-        with service.db.transaction() as s:
-            assert s.execute(text("PRAGMA freelist_count")).scalar_one() == 0
-        after = _file_bytes(path)
-        assert after < before, (before, after)
-        assert (path.parent / (path.name + "-wal")).stat().st_size == 0
+    client = aggregator(
+        database_url=aggregator.url(),
+        keep_latest_versions=1,
+        keep_every_versions=0,
+        compact_interval_s=3600,
+    )
+    token = start_run(client)
+    for _ in range(6):
+        play_round(client, token, rng)
+    service = service_of(client)
+    service.storage.free()  # (the background thread may have done it already)
+    with service.db.transaction() as s:
+        assert s.execute(text("PRAGMA auto_vacuum")).scalar_one() == 2  # incremental
+        free_before = s.execute(text("PRAGMA freelist_count")).scalar_one()
+    assert free_before > 0  # the released blobs
+    before = _file_bytes(path)
+    service.storage.compactor.run()
+    with service.db.transaction() as s:
+        assert s.execute(text("PRAGMA freelist_count")).scalar_one() == 0
+    after = _file_bytes(path)
+    assert after < before, (before, after)
+    assert (path.parent / (path.name + "-wal")).stat().st_size == 0
 
 
 def test_an_old_sqlite_file_is_converted_and_pruned_by_the_migration(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from fedrecgel.sam import Update
 from fedrecgel.simulate import TrainConfig
 from services.aggregator.models import utcnow
 from services.aggregator.schemas import RunConfig
+from services.aggregator.service import AggregatorService
 from services.aggregator.settings import Settings
 from services.enrolment import enrolment_token
 
@@ -49,6 +50,12 @@ def make_settings(database_url: str, **overrides: Any) -> Settings:
     values.update(overrides)
     # an override of None leaves the setting at its default (e.g. no population)
     return Settings(**{k: v for k, v in values.items() if v is not None})
+
+
+def service_of(client: Any) -> AggregatorService:
+    """The service behind an in-process app (a started TestClient)."""
+    service: AggregatorService = client.app.state.service
+    return service
 
 
 def operator_headers() -> dict[str, str]:
