@@ -1,0 +1,269 @@
+"""JSON schemas of the subset of docker-compose and of the Kubernetes kinds the deployment
+uses: what each file must hold, so that a typo is an error rather than a silently ignored key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.deploy.manifests import HOST_PORT
+
+DURATION = {"type": "string", "pattern": r"^(\d+(ms|s|m|h))+$"}
+STRINGS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+ENV_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+
+COMPOSE_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["services"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9_-]*$"},
+        "services": {
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {"pattern": r"^[a-z0-9][a-z0-9-]*$"},  # valid host names
+            "additionalProperties": {"$ref": "#/$defs/service"},
+        },
+        "volumes": {
+            "type": "object",
+            "additionalProperties": {"type": ["object", "null"]},
+        },
+    },
+    "patternProperties": {"^x-": {}},
+    "additionalProperties": False,
+    "$defs": {
+        "service": {
+            "type": "object",
+            "anyOf": [{"required": ["image"]}, {"required": ["build"]}],
+            "properties": {
+                "image": {"type": "string"},
+                "build": {
+                    "type": "object",
+                    "required": ["context"],
+                    "properties": {"context": {"type": "string"}, "dockerfile": {"type": "string"}},
+                    "additionalProperties": False,
+                },
+                "command": STRINGS,
+                "entrypoint": STRINGS,
+                "environment": ENV_MAP,  # strings only: no YAML 1.1 bool/number surprises
+                "ports": {
+                    "type": "array",
+                    "items": {
+                        "type": "string",
+                        "pattern": rf"^(\d+\.\d+\.\d+\.\d+:)?{HOST_PORT}:\d+$",
+                    },
+                },
+                "volumes": {"type": "array", "items": {"type": "string", "pattern": r"^.+:/.*$"}},
+                "depends_on": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["condition"],
+                        "properties": {
+                            "condition": {
+                                "enum": [
+                                    "service_started",
+                                    "service_healthy",
+                                    "service_completed_successfully",
+                                ]
+                            }
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+                "healthcheck": {
+                    "type": "object",
+                    "oneOf": [
+                        {"required": ["test"], "not": {"required": ["disable"]}},
+                        {"required": ["disable"], "not": {"required": ["test"]}},
+                    ],
+                    "properties": {
+                        "test": {
+                            "type": "array",
+                            "prefixItems": [{"enum": ["CMD", "CMD-SHELL"]}],
+                            "minItems": 2,
+                            "items": {"type": "string"},
+                        },
+                        "interval": DURATION,
+                        "timeout": DURATION,
+                        "start_period": DURATION,
+                        "retries": {"type": "integer", "minimum": 1},
+                        "disable": {"const": True},
+                    },
+                    "additionalProperties": False,
+                },
+                "restart": {"enum": ["no", "always", "on-failure", "unless-stopped"]},
+                "profiles": STRINGS,
+                "user": {"type": "string"},
+                "deploy": {"type": "object"},
+            },
+            "additionalProperties": False,
+        }
+    },
+}
+
+METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+        "namespace": {"const": "fedrec"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+NAMESPACED_METADATA = {**METADATA, "required": ["name", "namespace"]}
+QUANTITIES = {
+    "type": "object",
+    "required": ["cpu", "memory"],
+    "properties": {"cpu": {"type": "string"}, "memory": {"type": "string"}},
+}
+PROBE = {
+    "type": "object",
+    "oneOf": [{"required": ["httpGet"]}, {"required": ["exec"]}, {"required": ["tcpSocket"]}],
+    "properties": {
+        "httpGet": {
+            "type": "object",
+            "required": ["path", "port"],
+            "properties": {"path": {"type": "string", "pattern": "^/"}},
+        },
+        "exec": {"type": "object", "required": ["command"], "properties": {"command": STRINGS}},
+    },
+}
+ENV_LIST = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["name"],
+        "oneOf": [{"required": ["value"]}, {"required": ["valueFrom"]}],
+        "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
+    },
+}
+BASE_CONTAINER: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "image", "resources"],
+    "properties": {
+        "name": {"type": "string"},
+        "image": {"type": "string", "pattern": r"^[^:\s]+:[^:\s]+$"},  # always a pinned tag
+        "command": STRINGS,
+        "args": {"type": "array", "items": {"type": "string"}},
+        "env": ENV_LIST,
+        "resources": {
+            "type": "object",
+            "required": ["requests", "limits"],
+            "properties": {"requests": QUANTITIES, "limits": QUANTITIES},
+        },
+    },
+}
+SERVING_CONTAINER = {
+    **BASE_CONTAINER,
+    "required": ["name", "image", "ports", "readinessProbe", "livenessProbe", "resources"],
+    "properties": {
+        **BASE_CONTAINER["properties"],
+        "ports": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["containerPort"],
+                "properties": {"containerPort": {"type": "integer"}, "name": {"type": "string"}},
+            },
+        },
+        "readinessProbe": PROBE,
+        "livenessProbe": PROBE,
+    },
+}
+
+
+def _pod_template(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["metadata", "spec"],
+        "properties": {
+            "metadata": {"type": "object", "required": ["labels"]},
+            "spec": {
+                "type": "object",
+                "required": ["containers", "securityContext"],
+                "properties": {
+                    "containers": {"type": "array", "minItems": 1, "items": container},
+                    "securityContext": {
+                        "type": "object",
+                        "required": ["runAsNonRoot"],
+                        "properties": {
+                            "runAsNonRoot": {"const": True},
+                            "runAsUser": {"type": "integer", "minimum": 1},
+                        },
+                    },
+                },
+            },
+        },
+    }
+
+
+def _kind(
+    api_version: str,
+    *required: str,
+    metadata: dict[str, Any] = NAMESPACED_METADATA,
+    **properties: Any,
+) -> dict[str, Any]:
+    """An object of ``api_version`` with apiVersion, kind, metadata and ``required`` keys;
+    ``properties`` are the schemas of its other top-level keys."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", *required],
+        "properties": {"apiVersion": {"const": api_version}, "metadata": metadata, **properties},
+    }
+
+
+def _workload(extra_required: list[str]) -> dict[str, Any]:
+    spec = {
+        "type": "object",
+        "required": ["replicas", "selector", "template", *extra_required],
+        "properties": {
+            "replicas": {"type": "integer", "minimum": 1},
+            "selector": {"type": "object", "required": ["matchLabels"]},
+            "template": _pod_template(SERVING_CONTAINER),
+        },
+    }
+    return _kind("apps/v1", "spec", spec=spec)
+
+
+SERVICE_SPEC = {
+    "type": "object",
+    "required": ["selector", "ports"],
+    "properties": {
+        "ports": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["name", "port", "targetPort"],
+                "properties": {"port": {"type": "integer"}},
+            },
+        }
+    },
+}
+JOB_SPEC = {
+    "type": "object",
+    "required": ["template"],
+    "properties": {"template": _pod_template(BASE_CONTAINER)},
+}
+
+K8S_SCHEMAS: dict[str, dict[str, Any]] = {
+    "Namespace": _kind("v1", metadata=METADATA),
+    "ConfigMap": _kind("v1", "data", data=ENV_MAP),
+    "Secret": {
+        **_kind("v1", "type", "stringData", type={"const": "Opaque"}, stringData=ENV_MAP),
+        "not": {"required": ["data"]},  # placeholders stay readable, not base64
+    },
+    "Service": _kind("v1", "spec", spec=SERVICE_SPEC),
+    "Deployment": _workload([]),
+    "StatefulSet": _workload(["serviceName"]),
+    "Job": _kind("batch/v1", "spec", spec=JOB_SPEC),
+    "Kustomization": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "resources"],
+        "properties": {
+            "apiVersion": {"const": "kustomize.config.k8s.io/v1beta1"},
+            "resources": STRINGS,
+        },
+    },
+}

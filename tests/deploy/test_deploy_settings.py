@@ -1,0 +1,197 @@
+"""Every ``FEDREC_*`` variable of the deployment is a field of the settings class of its
+prefix, the whole environment of each service validates into that class (secret files in
+place), and every container command is a real entry point."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.aggregator.settings import Settings as AggregatorSettings
+from tests.deploy.manifests import (
+    DEPLOY,
+    IMAGE,
+    K8S_VAR,
+    MODULE_PREFIX,
+    PLACEHOLDERS,
+    SECRETS_MOUNT,
+    SETTINGS,
+    command_is_real,
+    command_module,
+    compose,
+    compose_services_running,
+    configmap_env,
+    containers,
+    fake_compose_env,
+    k8s_objects,
+    k8s_one,
+    pod_specs,
+)
+
+
+def _compose_fedrec_vars() -> list[tuple[str, str]]:
+    return [
+        (name, var)
+        for name, svc in compose()["services"].items()
+        for var in svc.get("environment", {})
+        if var.startswith("FEDREC_")
+    ]
+
+
+def _k8s_fedrec_vars() -> list[tuple[str, str]]:
+    out = [
+        (cm["metadata"]["name"], var)
+        for cm in k8s_objects("ConfigMap")
+        for var in cm["data"]
+        if var.startswith("FEDREC_")
+    ]
+    out += [
+        (sec["metadata"]["name"], var)
+        for sec in k8s_objects("Secret")
+        for var in sec["stringData"]
+        if var.startswith("FEDREC_")
+    ]
+    out += [
+        (workload, e["name"])
+        for workload, c in containers()
+        for e in c.get("env", [])
+        if e["name"].startswith("FEDREC_")
+    ]
+    return out
+
+
+@pytest.mark.parametrize(("where", "var"), _compose_fedrec_vars() + _k8s_fedrec_vars())
+def test_every_fedrec_variable_is_a_settings_field(where, var):
+    prefix = next((p for p in SETTINGS if var.startswith(p)), None)
+    assert prefix is not None, f"{where}: {var} has no known settings prefix"
+    field = var.removeprefix(prefix).lower()
+    assert field in SETTINGS[prefix].model_fields, f"{where}: {var} is not a field of {prefix}*"
+
+
+def test_fedrec_variables_are_found_at_all():
+    """Guard for the parametrized check above: it really sees the variables."""
+    assert len(_compose_fedrec_vars()) > 20 and len(_k8s_fedrec_vars()) > 15
+
+
+def test_every_command_is_a_real_entry_point():
+    commands = [svc["command"] for svc in compose()["services"].values() if "command" in svc]
+    commands = [c for c in commands if c[0] not in ("redis-server", "postgres")]
+    commands += [c["command"] for _, c in containers() if c["image"] == IMAGE]
+    assert len(commands) >= 8
+    for command in commands:
+        assert command_is_real(command), command
+
+
+def test_command_check_can_fail():
+    assert command_is_real(["fedrec", "worker"]) and command_is_real(["fedrec", "aggregator"])
+    assert not command_is_real(["fedrec", "no-such-command"])
+    assert not command_is_real(["python", "-m", "services.no_such_service"])
+    assert not command_is_real(["python", "/app/missing.py"])
+
+
+def _expand_k8s(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of an env value from the vars defined before it."""
+    return K8S_VAR.sub(lambda m: env[m.group(1)], value)
+
+
+def _k8s_secret_files_in(
+    tmp_path: Path, container: dict[str, Any], env: dict[str, str]
+) -> dict[str, str]:
+    """``env`` with paths into a Secret mounted in ``container`` moved to ``tmp_path``, where the
+    Secret's keys are files: enrolment tokens derived as the Secret's comment says, from the
+    aggregator's enrolment secret (with its placeholder replaced as the caller did)."""
+    from services.enrolment import enrolment_token
+
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    pod = next(p for _, p in pod_specs() if container in p["containers"])
+    enrol_secret = "a-real-secret-fedrec_agg_enrolment_secret"
+    for vol in pod.get("volumes", []):
+        if "secret" not in vol or vol["name"] not in mounts:
+            continue
+        data = k8s_one("Secret", vol["secret"]["secretName"])["stringData"]
+        folder = tmp_path / vol["name"]
+        folder.mkdir(exist_ok=True)
+        for key in data:
+            shard, shards = int(key.rsplit("_", 1)[1]), len(data)
+            (folder / key).write_text(enrolment_token(enrol_secret, shard, shards) + "\n")
+        mount = mounts[vol["name"]].rstrip("/") + "/"
+        env = {
+            k: str(folder / v.removeprefix(mount)) if v.startswith(mount) else v
+            for k, v in env.items()
+        }
+    return env
+
+
+def _init_secrets() -> Any:
+    spec = importlib.util.spec_from_file_location("init_secrets", DEPLOY / "init_secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _secret_files_in(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the compose secrets volume in ``tmp_path``, filled by the secrets service's
+    own code (deploy/init_secrets.py) for the compose file's shard count."""
+    shards = int(compose()["services"]["secrets"]["environment"]["WORKER_SHARDS"])
+    if not (tmp_path / "operator_token").exists():
+        _init_secrets().ensure_secrets(tmp_path, {}, shards)
+    return {
+        k: str(tmp_path / v.removeprefix(SECRETS_MOUNT)) if v.startswith(SECRETS_MOUNT) else v
+        for k, v in env.items()
+    }
+
+
+def _settings_from(
+    env: dict[str, str], module: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Build ``module``'s settings class from exactly ``env`` (no other ``FEDREC_*`` variable):
+    raises on a bad value (type, range, placeholder secret, shard)."""
+    prefix = MODULE_PREFIX[module]
+    assert all(not k.startswith("FEDREC_") or k.startswith(prefix) for k in env), where
+    for k in list(os.environ):
+        if k.startswith("FEDREC_"):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    SETTINGS[prefix]()
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
+def test_compose_environment_validates_into_the_settings(module, monkeypatch, tmp_path):
+    """Each service's whole environment (secret files in place) builds its settings class."""
+    services = compose_services_running(module)
+    assert services
+    for name, svc in services:
+        env = {k: fake_compose_env(v) for k, v in svc.get("environment", {}).items()}
+        env = _secret_files_in(tmp_path, env)
+        _settings_from(env, module, name, monkeypatch)
+
+
+@pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
+def test_k8s_environment_validates_into_the_settings(module, monkeypatch, tmp_path):
+    """The same for k8s containers (ConfigMap + Secret with a real value in place)."""
+    found = [(w, c) for w, c in containers() if command_module(c.get("command", [])) == module]
+    assert found
+    monkeypatch.setattr("socket.gethostname", lambda: "worker-1")  # a StatefulSet pod name
+    for workload, c in found:
+        env = configmap_env(c)
+        env = {
+            k: (f"a-real-secret-{k.lower()}" if v in PLACEHOLDERS else v) for k, v in env.items()
+        }
+        env = {k: _expand_k8s(v, env) for k, v in env.items()}
+        env = _k8s_secret_files_in(tmp_path, c, env)
+        _settings_from(env, module, workload, monkeypatch)
+
+
+def test_the_committed_operator_token_placeholder_is_refused_in_production():
+    """A Secret applied without replacing the token cannot start the aggregator."""
+    token = k8s_one("Secret", "fedrec-secrets")["stringData"]["FEDREC_AGG_OPERATOR_TOKEN"]
+    env = k8s_one("ConfigMap", "aggregator-config")["data"]
+    assert env["FEDREC_AGG_ENVIRONMENT"] == "production"
+    with pytest.raises(ValueError, match="OPERATOR_TOKEN"):
+        AggregatorSettings(environment="production", operator_token=token)
