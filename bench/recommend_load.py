@@ -1,18 +1,25 @@
 """Load benchmark of the recommendation API against a no-op endpoint, in one run.
 
-Starts, as uvicorn subprocesses on loopback, the recommendation API serving a 12,000-item
-NCF model and a no-op FastAPI endpoint that parses the same JSON body; drives each with 50
-concurrent httpx callers (bounded by count and time); then the same API on a 1,000,000-item
-model (index shortlist + exact re-rank), single caller and concurrent, plus its recall@10
-against exact ranking. Writes ``bench/results/recommend_load.json``.
+Models are trained with the simulator (bench/trained_models.py, cached): Amazon-Video (about
+12,000 items) and a synthetic catalogue of 1,000,000 items; request bodies carry the vectors
+of that run's own users. Starts, as uvicorn subprocesses on loopback, a no-op FastAPI
+endpoint that parses the same JSON body and the recommendation API with its defaults
+(two-stage: index candidates re-ranked exactly); drives each with 50 concurrent httpx callers
+(bounded by count and time): no-op, two-stage, exact (``"exact": true``), no-op again, and
+reports the rates against the mean no-op rate. Then the API on the 1,000,000-item model with
+1 and 50 callers and its resident memory. Recall@10 of two-stage against exact ranking is
+measured in process per user (mean, 5th percentile, minimum). Client and servers share the
+machine's cores: only ratios within one run mean anything. Writes
+``bench/results/recommend_load.json`` after each part.
 
-    python bench/recommend_load.py [--quick]
+    python bench/recommend_load.py [--quick] [--only 12k|1m]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -29,30 +36,36 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from fedrecgel.model import ModelConfig, init_shared  # noqa: E402
+import trained_models  # noqa: E402
+
+from fedrecgel.model import ModelConfig  # noqa: E402
 from fedrecgel.wire import encode_model  # noqa: E402
 from services.contract import RecommendationRequest  # noqa: E402
+from services.recommend_api.ranking import RankingConfig  # noqa: E402
 from tests.support.loopback import free_port  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_load.json"
 
 
-def make_model(n_items: int, seed: int = 0) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A random FilmTrust-shaped NCF model (factor 32, 3 layers) with trained-like scales."""
-    cfg = ModelConfig(n_items=n_items, factor=32, layers=3)
-    shared = init_shared(cfg, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    for t in cfg.item_tables():
-        shared[t] = torch.randn(shared[t].shape, generator=g) * 0.1
-    return cfg, shared
+def trained(name: str) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A model trained with the simulator (bench/trained_models.py): config, shared
+    parameters and the private vectors of every user of its run."""
+    data = trained_models.load(name)
+    return data["cfg"], data["shared"], data["private"]
 
 
-def user_body(cfg: ModelConfig, seed: int, k: int = 10) -> dict[str, Any]:
-    """A request body with a random user vector."""
-    g = torch.Generator().manual_seed(10_000 + seed)
-    user = {n: (torch.randn(d, generator=g) * 0.1).tolist() for n, d in cfg.private_dims().items()}
-    return {"user": user, "k": k, "exclude": [str(seed % cfg.n_items)]}
+def user_bodies(
+    cfg: ModelConfig, private: dict[str, torch.Tensor], n: int, k: int = 10
+) -> list[dict[str, Any]]:
+    """Request bodies with the vectors of ``n`` trained users (a fixed random draw)."""
+    rows = torch.randperm(len(private["user_gmf"]), generator=torch.Generator().manual_seed(0))
+    out = []
+    for j, r in enumerate(rows[:n].tolist()):
+        user = {name: private[name][r].tolist() for name in cfg.private_dims()}
+        out.append({"user": user, "k": k, "exclude": [str(j % cfg.n_items)]})
+    return out
 
 
 # ----------------------------------------------------------------------------- servers
@@ -85,13 +98,15 @@ def serve(kind: str, port: int, model_path: str | None, ann_threshold: int) -> N
 
 
 def start(
-    kind: str, model_path: str | None = None, ann_threshold: int = 50_000
+    kind: str, model_path: str | None = None, ann_threshold: int | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start a server subprocess and wait until it answers."""
     port = free_port()
     cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
     if model_path:
-        cmd += ["--model", model_path, "--ann-threshold", str(ann_threshold)]
+        cmd += ["--model", model_path]
+    if ann_threshold is not None:
+        cmd += ["--ann-threshold", str(ann_threshold)]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -170,96 +185,158 @@ async def drive(
     }
 
 
-def recall_at_scale(
-    cfg: ModelConfig, shared: dict[str, torch.Tensor], users: int
+def server_memory_mb(proc: subprocess.Popen[bytes]) -> dict[str, float]:
+    """Resident memory of a server subprocess now and at its peak (Linux /proc), in MB."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out["rss_mb" if key == "VmRSS" else "peak_rss_mb"] = round(
+                    int(value.split()[0]) / 1024, 1
+                )
+    return out
+
+
+def recall(
+    cfg: ModelConfig,
+    shared: dict[str, torch.Tensor],
+    bodies: list[dict[str, Any]],
+    ranking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Recall@10 of shortlist + re-rank vs exact ranking, in process."""
+    """Recall@10 of the two-stage ranking (the service's defaults) against exact ranking of
+    the same snapshot, per user, in process; with the time of each path per request."""
     from services.recommend_api.ranking import ModelHolder, RankingConfig
 
-    holder = ModelHolder(RankingConfig(ann_threshold=0))
+    holder = ModelHolder(RankingConfig(ann_threshold=0, **(ranking or {})))
     t0 = time.perf_counter()
     snap = holder.build(cfg, shared, 1)
     build_s = time.perf_counter() - t0
     holder.swap(snap)
-    exact = ModelHolder(RankingConfig(ann_threshold=10**9))
-    exact.swap(exact.build(cfg, shared, 1))
-    recalls = []
-    for s in range(users):
-        b = user_body(cfg, s)
-        u = b["user"]
-        a = {i for i, _ in holder.recommend(u["user_gmf"], u["user_mlp"], 10).items}
-        e = {i for i, _ in exact.recommend(u["user_gmf"], u["user_mlp"], 10).items}
-        recalls.append(len(a & e) / 10)
+    assert snap.shortlist is not None
+    recalls, t_two, t_exact = [], 0.0, 0.0
+    for b in bodies:
+        u, ex = b["user"], b["exclude"]
+        t0 = time.perf_counter()
+        a = holder.recommend(u["user_gmf"], u.get("user_mlp"), 10, ex).items
+        t1 = time.perf_counter()
+        e = holder.recommend(u["user_gmf"], u.get("user_mlp"), 10, ex, exact=True).items
+        t2 = time.perf_counter()
+        t_two += t1 - t0
+        t_exact += t2 - t1
+        recalls.append(len({i for i, _ in a} & {i for i, _ in e}) / 10)
+    r = np.array(recalls)
     return {
-        "users": users,
-        "recall_at_10_mean": round(float(np.mean(recalls)), 3),
-        "recall_at_10_min": float(np.min(recalls)),
+        "users": len(bodies),
+        "recall_at_10_mean": round(float(r.mean()), 4),
+        "recall_at_10_p5": float(np.percentile(r, 5)),
+        "recall_at_10_min": float(r.min()),
+        "candidates": holder.config.ann_shortlist,
+        "index": type(snap.shortlist.index).__name__,
+        "index_dim": snap.shortlist.dim,
         "snapshot_build_s": round(build_s, 2),
-        "shortlist": holder.config.ann_shortlist,
+        "two_stage_ms_per_request": round(1000 * t_two / len(bodies), 2),
+        "exact_ms_per_request": round(1000 * t_exact / len(bodies), 2),
     }
 
 
+def _save(result: dict[str, Any]) -> None:
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def run_12k(tmp: str, n_req: int, max_s: float, n_recall: int) -> dict[str, Any]:
+    """Amazon-Video (trained): no-op, two-stage and exact rates with 50 callers; recall."""
+    cfg, shared, private = trained("amazon-video")
+    path = os.path.join(tmp, "av.safetensors")
+    Path(path).write_bytes(encode_model(cfg, shared, 1))
+    bodies = user_bodies(cfg, private, 200)
+    exact_bodies = [{**b, "exact": True} for b in bodies]
+    out: dict[str, Any] = {"model": "amazon-video (trained)", "n_items": cfg.n_items}
+    noop, url = start("noop")
+    try:
+        out["noop_before"] = asyncio.run(drive(url, bodies, 50, n_req, max_s))
+        print("noop", out["noop_before"], flush=True)
+        rec, rec_url = start("rec", path)
+        try:
+            out["rec_two_stage"] = asyncio.run(drive(rec_url, bodies, 50, n_req, max_s))
+            print("two-stage", out["rec_two_stage"], flush=True)
+            out["rec_exact"] = asyncio.run(drive(rec_url, exact_bodies, 50, n_req, max_s))
+            print("exact", out["rec_exact"], flush=True)
+            out["server_memory"] = server_memory_mb(rec)
+        finally:
+            stop(rec)
+        out["noop_after"] = asyncio.run(drive(url, bodies, 50, n_req, max_s))
+        print("noop", out["noop_after"], flush=True)
+    finally:
+        stop(noop)
+    noop_rate = (out["noop_before"]["req_per_s"] + out["noop_after"]["req_per_s"]) / 2
+    for kind in ("two_stage", "exact"):
+        out[f"ratio_to_noop_{kind}"] = round(out[f"rec_{kind}"]["req_per_s"] / noop_rate, 3)
+    out["recall"] = recall(cfg, shared, user_bodies(cfg, private, n_recall))
+    print("recall", out["recall"], flush=True)
+    return out
+
+
+def run_1m(tmp: str, n_req: int, max_s: float, n_recall: int) -> dict[str, Any]:
+    """Synthetic 1,000,000 items (trained): latency with 1 and 50 callers, RSS, recall."""
+    cfg, shared, private = trained("synthetic-1m")
+    path = os.path.join(tmp, "m1m.safetensors")
+    Path(path).write_bytes(encode_model(cfg, shared, 1))
+    bodies = user_bodies(cfg, private, 200)
+    out: dict[str, Any] = {"model": "synthetic-1m (trained)", "n_items": cfg.n_items}
+    del shared
+    t0 = time.perf_counter()
+    proc, url = start("rec", path)
+    out["server_start_s"] = round(time.perf_counter() - t0, 1)
+    try:
+        out["server_memory_loaded"] = server_memory_mb(proc)
+        out["single_caller"] = asyncio.run(drive(url, bodies, 1, n_req // 3, max_s))
+        print("1M single", out["single_caller"], flush=True)
+        out["concurrent_50"] = asyncio.run(drive(url, bodies, 50, n_req, max_s))
+        print("1M x50", out["concurrent_50"], flush=True)
+        out["server_memory"] = server_memory_mb(proc)
+        print("1M memory", out["server_memory"], flush=True)
+    finally:
+        stop(proc)
+    cfg, shared, private = trained("synthetic-1m")
+    out["recall"] = recall(cfg, shared, user_bodies(cfg, private, n_recall))
+    print("1M recall", out["recall"], flush=True)
+    return out
+
+
 def main() -> None:
-    """Run the benchmark and write the JSON result."""
+    """Run the benchmark and write the JSON result (each part as soon as it is measured)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", choices=["rec", "noop"])
     ap.add_argument("--port", type=int)
     ap.add_argument("--model")
-    ap.add_argument("--ann-threshold", type=int, default=50_000)
+    ap.add_argument("--ann-threshold", type=int, default=RankingConfig().ann_threshold)
     ap.add_argument("--quick", action="store_true", help="smaller counts (smoke run)")
-    ap.add_argument("--skip-million", action="store_true")
+    ap.add_argument("--only", choices=["12k", "1m"], help="run one part, keep the other's result")
     args = ap.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.model, args.ann_threshold)
         return
 
-    n_req, max_s = (500, 10.0) if args.quick else (3000, 30.0)
-    result: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    n_req, max_s = (600, 10.0) if args.quick else (3000, 30.0)
+    result: dict[str, Any] = json.loads(OUT.read_text()) if args.only and OUT.exists() else {}
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_avg_1m_at_start": os.getloadavg()[0],
     }
+    result["started"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    result["note"] = (
+        "client and servers share this machine's cores; rates are compared within one run"
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        cfg, shared = make_model(12_000)
-        path = os.path.join(tmp, "m12k.safetensors")
-        Path(path).write_bytes(encode_model(cfg, shared, 1))
-        bodies = [user_body(cfg, s) for s in range(200)]
-        out12: dict[str, Any] = {"n_items": cfg.n_items}
-        # rec_exact: whole catalogue through the tower; rec_shortlist: ann_threshold=0
-        for kind, thr in (("noop", 0), ("rec_exact", 10**9), ("rec_shortlist", 0)):
-            proc, url = start(kind.split("_")[0], path if kind != "noop" else None, thr)
-            try:
-                out12[kind] = asyncio.run(drive(url, bodies, 50, n_req, max_s))
-            finally:
-                stop(proc)
-            print(kind, out12[kind], flush=True)
-        for kind in ("rec_exact", "rec_shortlist"):
-            ratio = out12[kind]["req_per_s"] / out12["noop"]["req_per_s"]
-            out12[f"ratio_to_noop_{kind.split('_')[1]}"] = round(ratio, 3)
-        out12["recall_shortlist"] = recall_at_scale(cfg, shared, 30)
-        result["items_12k_50_callers"] = out12
-
-        if not args.skip_million:
-            cfg, shared = make_model(1_000_000)
-            path = os.path.join(tmp, "m1m.safetensors")
-            Path(path).write_bytes(encode_model(cfg, shared, 1))
-            bodies = [user_body(cfg, s) for s in range(200)]
-            out1m: dict[str, Any] = {"n_items": cfg.n_items, "mode": "index shortlist + exact"}
-            proc, url = start("rec", path)
-            try:
-                m = 200 if args.quick else 1000
-                out1m["single_caller"] = asyncio.run(drive(url, bodies, 1, m, max_s))
-                print("1M single", out1m["single_caller"], flush=True)
-                out1m["concurrent_8"] = asyncio.run(drive(url, bodies, 8, m, max_s))
-                print("1M x8", out1m["concurrent_8"], flush=True)
-                out1m["concurrent_50"] = asyncio.run(drive(url, bodies, 50, m, max_s))
-                print("1M x50", out1m["concurrent_50"], flush=True)
-            finally:
-                stop(proc)
-            out1m["recall"] = recall_at_scale(cfg, shared, 10 if args.quick else 30)
-            print("1M recall", out1m["recall"], flush=True)
-            result["items_1m"] = out1m
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+        if args.only in (None, "12k"):
+            result["items_12k_50_callers"] = run_12k(tmp, n_req, max_s, 100 if args.quick else 500)
+            _save(result)
+        if args.only in (None, "1m"):
+            result["items_1m"] = run_1m(tmp, n_req, max_s, 30 if args.quick else 100)
+            _save(result)
     print(json.dumps(result, indent=2))
 
 

@@ -246,7 +246,7 @@ class UserVector(BaseModel):
 
 class RecommendationRequest(BaseModel):
     """``POST /v1/recommendations`` (recommend_api): top-``k`` items for ``user``, leaving out
-    the item ids in ``exclude``. Strict: ``k`` is a JSON integer (``"10"``, ``true`` and
+    the item ids in ``exclude``; ``exact`` skips the candidate index. Strict: ``k`` is a JSON integer (``"10"``, ``true`` and
     ``10.0`` are refused), item ids are strings."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -254,6 +254,9 @@ class RecommendationRequest(BaseModel):
     user: UserVector
     k: int = 10
     exclude: list[str] = Field(default_factory=list)
+    # rank the whole catalogue with the model instead of re-ranking an index's candidates
+    # (the same answer for catalogues small enough to be ranked exactly anyway)
+    exact: bool = False
 
 
 class ScoredItem(BaseModel):

@@ -96,6 +96,8 @@ def holder_from_settings(settings: Settings) -> ModelHolder:
         ann_threshold=settings.ann_threshold,
         ann_shortlist=settings.ann_shortlist,
         ann_fit_samples=settings.ann_fit_samples,
+        ann_variance=settings.ann_variance,
+        ann_nprobe=settings.ann_nprobe,
         max_k=settings.max_k,
     )
     return ModelHolder(cfg, labels_from_settings(settings))

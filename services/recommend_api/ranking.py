@@ -22,19 +22,28 @@ from services.recommend_api.errors import (
     NoModel,
     UnknownItems,
 )
-from services.recommend_api.shortlist import ProxyShortlist, build_shortlist
+from services.recommend_api.shortlist import ProxyShortlist, ShortlistConfig, build_shortlist
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class RankingConfig:
-    """How snapshots rank: index above ``ann_threshold`` items, shortlist size, limits."""
+    """How snapshots rank: a candidate index above ``ann_threshold`` items, the number of
+    candidates re-ranked exactly, the index's shape (:class:`ShortlistConfig`), limits."""
 
-    ann_threshold: int = 50_000
-    ann_shortlist: int = 5_000
-    ann_fit_samples: int = 2_048
+    ann_threshold: int = 5_000
+    ann_shortlist: int = 300
+    ann_fit_samples: int = 512
+    ann_variance: float = 0.95
+    ann_nprobe: int = 48
     max_k: int = 10_000
+
+    def shortlist_config(self) -> ShortlistConfig:
+        """The candidate index's shape."""
+        return ShortlistConfig(
+            fit_samples=self.ann_fit_samples, variance=self.ann_variance, nprobe=self.ann_nprobe
+        )
 
 
 @dataclass(frozen=True)
@@ -137,9 +146,14 @@ class ModelHolder:
             labels = self.labels
             label_index = {lab: i for i, lab in enumerate(labels)}
         scorer = Scorer(cfg, {k: v.float().contiguous() for k, v in shared.items()})
+        # ranking reads the item MLP table only through its precomputed first-layer half
+        # (Scorer.item_first): dropping it saves a quarter of a large model's memory
+        scorer.shared.pop("item_mlp", None)
         shortlist = None
         if cfg.n_items > self.config.ann_threshold:
-            shortlist = build_shortlist(scorer, self.config.ann_fit_samples)
+            # built here, before the snapshot exists: a request sees a snapshot only after
+            # swap(), with its index complete
+            shortlist = build_shortlist(scorer, self.config.shortlist_config())
         return Snapshot(version, scorer, labels, label_index, shortlist, etag)
 
     def build_from_bytes(self, data: bytes, etag: str | None = None) -> Snapshot:
@@ -188,8 +202,10 @@ class ModelHolder:
         user_mlp: Sequence[float] | None,
         k: int,
         exclude: Sequence[str] = (),
+        exact: bool = False,
     ) -> Ranked:
-        """Top-``k`` items for one user vector with the current snapshot."""
+        """Top-``k`` items for one user vector with the current snapshot (``exact``: score the
+        whole catalogue instead of re-ranking the index's candidates)."""
         snap = self._snapshot  # one read: the whole request uses this version
         if snap is None:
             raise NoModel("no model version is loaded yet")
@@ -199,7 +215,8 @@ class ModelHolder:
             raise InvalidRequest(f"k must be at most {self.config.max_k}, got {k}")
         private = user_tensors(snap.scorer.cfg, user_gmf, user_mlp)
         excluded = resolve_items(snap, exclude)
-        idx, scores = top_k(snap, private, k, excluded, self.config.ann_shortlist)
+        shortlist = 0 if exact else self.config.ann_shortlist
+        idx, scores = top_k(snap, private, k, excluded, shortlist)
         return Ranked(
             snap.version,
             [(snap.label(i), float(s)) for i, s in zip(idx.tolist(), scores.tolist(), strict=True)],
@@ -254,8 +271,9 @@ def top_k(
 ) -> tuple[Tensor, Tensor]:
     """(indices, logits) of the best ``k`` non-excluded items, best first.
 
-    Exact over the whole catalogue unless the snapshot has an index and the request fits in
-    its shortlist; then the shortlist is re-scored with the exact model.
+    Exact over the whole catalogue unless the snapshot has an index, ``shortlist`` > 0 and
+    the request fits in the shortlist; then the index's candidates are re-scored with the
+    exact model.
     """
     n_left = snap.n_items - len(excluded)
     k = min(k, n_left)
@@ -263,7 +281,7 @@ def top_k(
         return torch.empty(0, dtype=torch.int64), torch.empty(0)
     index = snap.shortlist
     want = max(shortlist, 4 * k) + len(excluded)
-    if index is not None and want < snap.n_items // 2:
+    if index is not None and shortlist > 0 and want < snap.n_items // 2:
         cand = index.search(private, want)
         if len(excluded):
             cand = cand[~torch.isin(cand, excluded)]

@@ -63,6 +63,7 @@ async def recommend(body: RecommendationRequest, state: StateDep) -> Recommendat
         body.user.user_mlp,
         body.k,
         body.exclude,
+        body.exact,
     )
     return RecommendationResponse(
         model_version=ranked.version,

@@ -10,7 +10,10 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
+from services.recommend_api.ranking import RankingConfig
 from services.secret_files import secret_from_file, weak_secret
+
+_RANKING = RankingConfig()  # the ranking defaults live there once
 
 
 class Settings(BaseSettings):
@@ -40,11 +43,15 @@ class Settings(BaseSettings):
     dataset: str | None = None
     data_dir: Path | None = None
     item_labels: Path | None = None
-    # Catalogues larger than this are ranked from an index shortlist re-scored exactly.
-    ann_threshold: int = Field(default=50_000, ge=0)
-    ann_shortlist: int = Field(default=5_000, ge=1)
-    ann_fit_samples: int = Field(default=2_048, ge=16)
-    max_k: int = Field(default=10_000, ge=1)
+    # Catalogues larger than this are ranked in two stages: ``ann_shortlist`` candidates from
+    # an index, re-scored exactly (services/recommend_api/shortlist.py; the index's shape:
+    # fit samples, the share of the item side's variance kept, IVF lists probed). A request asks for exact ranking with "exact".
+    ann_threshold: int = Field(default=_RANKING.ann_threshold, ge=0)
+    ann_shortlist: int = Field(default=_RANKING.ann_shortlist, ge=1)
+    ann_fit_samples: int = Field(default=_RANKING.ann_fit_samples, ge=16)
+    ann_variance: float = Field(default=_RANKING.ann_variance, gt=0, le=1)
+    ann_nprobe: int = Field(default=_RANKING.ann_nprobe, ge=1)
+    max_k: int = Field(default=_RANKING.max_k, ge=1)
     # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     torch_threads: int = Field(default=1, ge=1)

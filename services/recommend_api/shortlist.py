@@ -1,4 +1,4 @@
-"""Candidate shortlists for large catalogues: an inner-product index over an NCF proxy.
+"""The candidate stage of two-stage ranking: an inner-product index over an NCF proxy.
 
 NCF is not an inner product: its score is
 
@@ -7,28 +7,37 @@ NCF is not an inner product: its score is
 with ``a_u = W0_user u_mlp + bias0`` and ``b_i = W0_item i_mlp`` (the item half of the first
 tower layer, which :class:`fedrecgel.model.Scorer` precomputes) and ``T`` the rest of the
 ReLU tower. The GMF half is already an inner product: ``<u_g, w_g * i_g>``. For the tower we
-fit, per request, a linear model in item features ``phi(b) = [b, |b|]``:
+fit, per request, a linear model in item features:
 
-    <w_m, T(a_u + b)>  ~  <v_u, phi(b)> + const(u)
+    <w_m, T(a_u + b)>  ~  <v_u, z(b)> + const(u),     z(b) = P^T (phi(b) - mean),  phi(b) = [b, |b|]
 
-by ridge regression over a fixed random sample of catalogue items scored exactly. ``[b, |b|]``
-spans ``relu(b)`` and ``relu(-b)``, so the fit captures the first ReLU exactly for units whose
-user pre-activation is near zero and linearly for units that are firmly on or off; with only
-``b`` it is Stein's average gradient (the best linear fit), which misses the former. The
-sample's design matrix is fixed per model version, so the fit costs one small tower pass over
-the sample plus a matrix-vector product. The index holds ``[w_g * i_g, phi(b_i)]`` (centred:
-a shift changes every item's proxy by the same amount), the query is ``[u_g, v_u]``, and the
-shortlist is re-ranked with the exact model. ``tests/test_recommend_ranking.py`` measures
-the recall of shortlist + re-rank against exact top-K.
+by ridge regression over a fixed random sample of catalogue items scored exactly.
+``[b, |b|]`` spans ``relu(b)`` and ``relu(-b)``, so the fit captures the first ReLU exactly
+for units whose user pre-activation is near zero and linearly for units that are firmly on
+or off. ``P`` holds the leading principal directions of ``phi`` over the catalogue that
+explain ``variance`` of it (the item side's own learned projection): a trained model's item
+side is low-rank (Amazon-Video: 8 of 256 directions explain 90%, about 30 explain 95%), so
+the fit and the index work in a few dozen dimensions instead of ``2H``, several times
+cheaper, with no recall lost there (bench/recommend_load.py reports it); an untrained model
+with random item tables keeps most directions. The
+sample's design matrix is fixed per model version, so a request costs one tower pass over
+the sample plus a (rank x sample) matrix-vector product. The index holds ``[w_g * i_g, z(b_i)]``,
+the query is ``[u_g, v_u]``, and the candidates are re-ranked with the exact model
+(:func:`services.recommend_api.ranking.top_k`).
 
-The index is faiss ``IndexPQFastScan`` (4-bit product quantisation, 1 dim per sub-quantiser,
-SIMD scan): a full scan of 1,000,000 items is a few ms, against ~20 GFLOP for the exact tower.
-faiss is optional: without it :func:`build_shortlist` returns None and ranking stays exact.
+Index: faiss ``IndexFlatIP`` (an exact inner-product scan of the proxy vectors) up to
+``ivf_above`` items, above that an IVF index with 8-bit scalar-quantised vectors scanned over
+``nprobe`` of its ``nlist`` lists, so a query at 1,000,000 items reads a few percent of the
+catalogue. Everything is built in item chunks, so a build never holds a second full-size
+copy of the catalogue. faiss is optional: without it :func:`build_shortlist` returns None
+and ranking stays exact.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,10 +48,6 @@ from fedrecgel.model import Scorer
 
 log = logging.getLogger(__name__)
 
-# dims per 4-bit PQ code: 1 costs twice the scan of 2 but removes most quantisation loss
-# (recall@10 0.97 vs 0.84 at 30k items, shortlist 1,000, in the recall test's setting)
-DIMS_PER_CODE = 1
-
 faiss: Any
 try:  # optional dependency
     import faiss as _faiss
@@ -52,10 +57,24 @@ try:  # optional dependency
 except ImportError:  # pragma: no cover - depends on the environment
     faiss = None
 
+_CHUNK = 65_536  # items per step when building the index
+
 
 def faiss_available() -> bool:
     """Whether the optional ANN library (faiss) can be used."""
     return faiss is not None
+
+
+@dataclass(frozen=True)
+class ShortlistConfig:
+    """Shape of the candidate index (see the module docstring)."""
+
+    fit_samples: int = 512
+    variance: float = 0.95
+    pca_samples: int = 20_000
+    ivf_above: int = 200_000
+    nprobe: int = 48
+    seed: int = 0
 
 
 def tower_tail(scorer: Scorer, pre: Tensor) -> Tensor:
@@ -75,58 +94,78 @@ def _features(b: Tensor) -> Tensor:
 class ProxyShortlist:
     """Inner-product index over proxy item vectors; see the module docstring."""
 
-    def __init__(self, scorer: Scorer, fit_samples: int = 2048, seed: int = 0) -> None:
+    def __init__(self, scorer: Scorer, config: ShortlistConfig | None = None) -> None:
         if faiss is None:
             raise RuntimeError("faiss is not installed")
+        self.config = c = config or ShortlistConfig()
         cfg, s = scorer.cfg, scorer.shared
         self.scorer = scorer
-        gen = torch.Generator().manual_seed(seed)
-        gmf = s["item_gmf"] * s["predict.weight"][0, : cfg.factor] if cfg.kind == "ncf" else None
+        n = cfg.n_items
+        gen = torch.Generator().manual_seed(c.seed)
         if cfg.kind == "ncf":
-            assert scorer.item_first is not None and gmf is not None
             b = scorer.item_first
-            n_fit = min(fit_samples, cfg.n_items)
-            self.fit_idx = torch.randperm(cfg.n_items, generator=gen)[:n_fit]
-            x = _features(b[self.fit_idx])
-            x = x - x.mean(0)
-            ridge = 1e-3 * float((x * x).sum()) / max(n_fit, 1) + 1e-12
-            # (2H, S): maps the sample's centred exact tower outputs to the fit's weights
-            self.fit_proj = torch.linalg.solve(
-                x.T @ x + ridge * torch.eye(x.shape[1]), x.T
-            ).contiguous()
+            assert b is not None
+            self.gmf_scale: Tensor | None = s["predict.weight"][0, : cfg.factor]
+            pca_rows = torch.randperm(n, generator=gen)[: min(c.pca_samples, n)]
+            x = _features(b[pca_rows])
+            self.mean = x.mean(0)
+            x = x - self.mean
+            _, sv, vt = torch.linalg.svd(x, full_matrices=False)
+            explained = (sv * sv).cumsum(0) / max(float((sv * sv).sum()), 1e-30)
+            rank = min(int((explained < c.variance).sum()) + 1, len(sv))
+            self.basis = vt[:rank].T.contiguous()  # (2H, rank)
+            # a ridge fit wants several samples per weight
+            n_fit = min(max(c.fit_samples, 8 * rank), n)
+            self.fit_idx = torch.randperm(n, generator=gen)[:n_fit]
+            z = self.project(b[self.fit_idx])
+            z = z - z.mean(0)
+            ridge = 1e-3 * float((z * z).sum()) / max(len(z), 1) + 1e-12
+            # (rank, S): maps the sample's centred exact tower outputs to the fit's weights
+            self.fit_proj = torch.linalg.solve(z.T @ z + ridge * torch.eye(rank), z.T).contiguous()
             self.fit_first = b[self.fit_idx].contiguous()
-            parts = [gmf, _features(b)]
         else:  # MF: the score is exactly <u_g, i_g>
-            parts = [s["item_gmf"]]
-        vecs = torch.cat(parts, dim=1)
-        vecs = vecs - vecs.mean(0)
-        dim = vecs.shape[1]
-        self.pad = dim % 2
-        if self.pad:
-            vecs = torch.cat([vecs, torch.zeros(len(vecs), 1)], dim=1)
-        data = np.ascontiguousarray(vecs.numpy(), dtype=np.float32)
-        d = data.shape[1]
-        index: Any = faiss.IndexPQFastScan(d, d // DIMS_PER_CODE, 4, faiss.METRIC_INNER_PRODUCT)
-        n_train = min(len(data), 65_536)
-        train_rows = np.sort(
-            torch.randperm(len(data), generator=gen)[:n_train].numpy().astype(np.int64)
-        )
-        index.train(data[train_rows])
-        index.add(data)
-        self.index = index
+            self.gmf_scale = None
+        self.dim = cfg.factor + (self.basis.shape[1] if cfg.kind == "ncf" else 0)
+        self.index = self._build_index(n, gen)
+
+    def project(self, b: Tensor) -> Tensor:
+        """Reduced tower features ``z(b)`` of first-layer item halves: (N, H) -> (N, rank)."""
+        return (_features(b) - self.mean) @ self.basis
+
+    def vectors(self, rows: Tensor | slice) -> np.ndarray:
+        """Index vectors of the items ``rows`` (float32, C-contiguous)."""
+        gmf = self.scorer.shared["item_gmf"][rows]
+        if self.gmf_scale is None:
+            v = gmf
+        else:
+            assert self.scorer.item_first is not None
+            v = torch.cat([gmf * self.gmf_scale, self.project(self.scorer.item_first[rows])], 1)
+        return np.ascontiguousarray(v.numpy(), dtype=np.float32)
+
+    def _build_index(self, n: int, gen: torch.Generator) -> Any:
+        c = self.config
+        if n <= c.ivf_above:
+            index: Any = faiss.IndexFlatIP(self.dim)
+        else:
+            nlist = max(16, min(4096, int(math.sqrt(n))))
+            index = faiss.index_factory(self.dim, f"IVF{nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
+            rows = torch.randperm(n, generator=gen)[: 40 * nlist].sort().values
+            index.train(self.vectors(rows))
+            index.nprobe = min(c.nprobe, nlist)
+        for start in range(0, n, _CHUNK):
+            index.add(self.vectors(slice(start, min(start + _CHUNK, n))))
+        return index
 
     @torch.no_grad()
     def query(self, private: dict[str, Tensor]) -> np.ndarray:
         """The proxy query vector of one user (rows of ``private`` are (1, d))."""
         ug = private["user_gmf"][0]
         parts = [ug]
-        if self.scorer.cfg.kind == "ncf":
+        if self.gmf_scale is not None:
             s = self.scorer.shared
             a = private["user_mlp"][0] @ self.scorer.user_w0.T + s["tower.0.bias"]
             y = tower_tail(self.scorer, a + self.fit_first)
             parts.append(self.fit_proj @ (y - y.mean()))
-        if self.pad:
-            parts.append(torch.zeros(1))
         return np.ascontiguousarray(torch.cat(parts).numpy()[None, :], dtype=np.float32)
 
     def search(self, private: dict[str, Tensor], n: int) -> Tensor:
@@ -136,7 +175,7 @@ class ProxyShortlist:
         return torch.from_numpy(found[found >= 0].astype(np.int64))
 
 
-def build_shortlist(scorer: Scorer, fit_samples: int) -> ProxyShortlist | None:
+def build_shortlist(scorer: Scorer, config: ShortlistConfig | None = None) -> ProxyShortlist | None:
     """A shortlist index for ``scorer``'s catalogue, or None (with a warning) without faiss."""
     if faiss is None:
         log.warning(
@@ -145,4 +184,4 @@ def build_shortlist(scorer: Scorer, fit_samples: int) -> ProxyShortlist | None:
             scorer.cfg.n_items,
         )
         return None
-    return ProxyShortlist(scorer, fit_samples=fit_samples)
+    return ProxyShortlist(scorer, config)

@@ -110,6 +110,8 @@ def test_recommendations_name_the_version_and_dataset_item_ids() -> None:
             )
             items = [i["item"] for i in r.json()["items"]]
             assert len(items) == CFG.n_items - 1 and body["items"][0]["item"] not in items
+            r = await c.post("/v1/recommendations", json={"user": _user(), "k": 3, "exact": True})
+            assert r.status_code == 200 and r.json()["items"] == body["items"]
 
     asyncio.run(go())
 
@@ -296,6 +298,8 @@ def test_the_default_body_bound_is_one_mebibyte() -> None:
         ({"k": True}, "k"),
         ({"k": 3.0}, "k"),
         ({"exclude": [1]}, "exclude.0"),
+        ({"exact": "yes"}, "exact"),
+        ({"exact": 1}, "exact"),
         ({"user": {"user_gmf": [True] * 4, "user_mlp": [0.1] * 8}}, "user.user_gmf.0"),
         ({"user": {"user_gmf": ["0.1"] * 4, "user_mlp": [0.1] * 8}}, "user.user_gmf.0"),
     ],

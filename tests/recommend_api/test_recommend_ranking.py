@@ -171,3 +171,79 @@ def test_shortlist_then_rerank_recalls_exact_top_10() -> None:
         e = {i for i, _ in exact.recommend(user["user_gmf"], user["user_mlp"], k=10).items}
         recalls.append(len(a & e) / 10)
     assert float(np.mean(recalls)) >= 0.9, recalls
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss-cpu is not installed")
+def test_exact_option_ranks_the_whole_catalogue_past_the_index(monkeypatch) -> None:
+    cfg, shared = _model(3_000, scale=30.0)
+    holder = _holder(cfg, shared, ann_threshold=0, ann_shortlist=50)
+    snap = holder.snapshot
+    assert snap is not None and snap.shortlist is not None
+    searches = []
+    real_search = snap.shortlist.search
+    monkeypatch.setattr(
+        snap.shortlist, "search", lambda p, n: searches.append(n) or real_search(p, n)
+    )
+    for seed in range(3):
+        user = _user(cfg, seed, scale=0.3)
+        ref = _brute_force(cfg, shared, user)
+        want = np.argsort(-ref, kind="stable")[:10].tolist()
+        exact = holder.recommend(user["user_gmf"], user["user_mlp"], k=10, exact=True)
+        assert [int(i) for i, _ in exact.items] == want
+        assert not searches  # the exact request never asked the index
+        two_stage = holder.recommend(user["user_gmf"], user["user_mlp"], k=10)
+        assert searches == [50]  # ... and a default request did, for 50 candidates
+        searches.clear()
+        # the re-rank is exact: every returned score is the model's own logit of that item
+        np.testing.assert_allclose(
+            [s for _, s in two_stage.items], ref[[int(i) for i, _ in two_stage.items]], rtol=1e-4
+        )
+
+
+@pytest.mark.skipif(not faiss_available(), reason="faiss-cpu is not installed")
+def test_a_new_version_swaps_in_with_its_index_complete(monkeypatch) -> None:
+    """While a new version's index is being built (held half-way here), every request is
+    answered by the old version with its complete index; then the new one serves, whole."""
+    import threading
+
+    from services.recommend_api import ranking
+
+    cfg, shared = _model(2_000, scale=30.0)
+    holder = _holder(cfg, shared, version=1, ann_threshold=0, ann_shortlist=100)
+    seen: list[tuple[int, int]] = []  # (version, items in that snapshot's index) per request
+    real_top_k = ranking.top_k
+
+    def spy_top_k(snap, *args, **kw):
+        assert snap.shortlist is not None
+        seen.append((snap.version, snap.shortlist.index.ntotal))
+        return real_top_k(snap, *args, **kw)
+
+    monkeypatch.setattr(ranking, "top_k", spy_top_k)
+    building, release = threading.Event(), threading.Event()
+    real_build = ranking.build_shortlist
+
+    def slow_build(scorer, config):
+        index = real_build(scorer, config)
+        building.set()
+        assert release.wait(30)
+        return index
+
+    monkeypatch.setattr(ranking, "build_shortlist", slow_build)
+    _, new_shared = _model(2_000, seed=5, scale=30.0)
+    loaded: list[bool] = []
+    loader = threading.Thread(
+        target=lambda: loaded.append(holder.load_bytes(encode_model(cfg, new_shared, 2)))
+    )
+    loader.start()
+    assert building.wait(60)
+    user = _user(cfg, 0, scale=0.3)
+    for _ in range(20):  # the new index is built but not swapped in: version 1 answers
+        assert holder.recommend(user["user_gmf"], user["user_mlp"], k=5).version == 1
+    release.set()
+    loader.join(60)
+    assert loaded == [True] and holder.version == 2
+    after = holder.recommend(user["user_gmf"], user["user_mlp"], k=5)
+    ref = _brute_force(cfg, new_shared, user)
+    assert after.version == 2
+    assert [int(i) for i, _ in after.items] == np.argsort(-ref, kind="stable")[:5].tolist()
+    assert seen[:20] == [(1, 2_000)] * 20 and seen[20:] == [(2, 2_000)]
