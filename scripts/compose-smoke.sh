@@ -15,6 +15,8 @@
 #    and free host ports: every service healthy, the aggregator's process killed with SIGKILL
 #    once the first round closed, restarted by Docker, the run finished all the same, the demo's
 #    top-10 printed, a recommendation answered through a worker and through recommend-api;
+#    the dashboard's page and its local assets served, its state showing the run, its user
+#    panel answered through a worker, an operator action without the token refused;
 # 6. `docker compose down -v` (also on failure): no container, volume or network is left.
 #
 # Prints each step's time; exits non-zero on the first failure (with the services' logs).
@@ -179,6 +181,7 @@ docker image ls "$IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export FEDREC_AGGREGATOR_PORT=$(free_port) FEDREC_RECOMMEND_PORT=$(free_port)
 export FEDREC_WORKER0_PORT=$(free_port) FEDREC_WORKER1_PORT=$(free_port)
+export FEDREC_DASHBOARD_PORT=$(free_port)
 export FEDREC_DEMO_ROUNDS=$ROUNDS
 agg=http://127.0.0.1:$FEDREC_AGGREGATOR_PORT
 
@@ -200,12 +203,12 @@ UP_T=$SECONDS
 compose up -d --no-build --quiet-pull
 step "every service healthy"
 health_of() { docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$1")"; }
-for svc in postgres redis aggregator worker-0 worker-1 recommend-api; do
+for svc in postgres redis aggregator worker-0 worker-1 recommend-api dashboard; do
   # `up` waited for the ones the demo depends on; recommend-api may still be starting
   for _ in $(seq 120); do [ "$(health_of "$svc")" = healthy ] && break; sleep 1; done
   [ "$(health_of "$svc")" = healthy ] || fail "$svc is $(health_of "$svc")"
 done
-echo "postgres redis aggregator worker-0 worker-1 recommend-api: healthy"
+echo "postgres redis aggregator worker-0 worker-1 recommend-api dashboard: healthy"
 echo "the aggregator's CPU cgroup: $(cpu_cgroup "$(docker inspect -f '{{.State.Pid}}' "$(compose ps -q aggregator)")")"
 [ "$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq secrets)")" = 0 ] || fail "secrets failed"
 
@@ -255,7 +258,35 @@ items = [it["item"] for it in b["items"]]
 print("recommend-api:", b["model_version"], items)
 assert b["model_version"] == int(sys.argv[2]) and len(items) == 10 and "1" not in items, b
 EOF
-for svc in aggregator worker-0 worker-1 recommend-api; do
+step "the dashboard"
+dash=http://127.0.0.1:$FEDREC_DASHBOARD_PORT
+python3 - "$dash" "$agg" <<'EOF'
+import re, sys, urllib.request
+dash, agg = sys.argv[1], sys.argv[2]
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return r.read().decode()
+page = get(f"{dash}/ui/")
+assert "FedRecGEL federation" in page, page[:300]
+# every script and style sheet of the page and of each /docs is served locally (no CDN)
+for base, html in ((dash, page), (dash, get(f"{dash}/docs")), (agg, get(f"{agg}/docs"))):
+    for url in re.findall(r"(?:src|href)=['\"](/[^'\"]+)['\"]", html):
+        get(base + url)
+print("dashboard page, chart library and Swagger UI assets: served locally")
+EOF
+py_get "$dash/ui/api/state" '(len(b["history"]), [w["ok"] for w in b["workers"]], b["recommend"]["model_version"])' \
+  | tee "$WORK/dashboard.txt"
+grep -qE "^\($ROUNDS, \[True, True\], $ROUNDS\)$" "$WORK/dashboard.txt" || fail "the dashboard does not show the run"
+# the user panel reaches the worker of the user's shard with the device token
+py_get "$dash/ui/api/users/1/recommendations?k=10" '(b["model_version"], len(b["items"]))' \
+  | tee "$WORK/dashboard-user.txt"
+grep -qE "^\($ROUNDS, 10\)$" "$WORK/dashboard-user.txt" || fail "the dashboard's user panel failed"
+# an operator action without the operator token is refused
+code=$(python3 -c 'import sys, urllib.request as u, urllib.error as e
+try: u.urlopen(u.Request(sys.argv[1], b"", method="POST"), timeout=30); print(200)
+except e.HTTPError as err: print(err.code)' "$dash/ui/api/runs/current/stop")
+[ "$code" = 401 ] || fail "an operator action without the token answered $code, not 401"
+for svc in aggregator worker-0 worker-1 recommend-api dashboard; do
   [ "$(health_of "$svc")" = healthy ] || fail "$svc not healthy after the run"
 done
 

@@ -49,6 +49,14 @@ def recommend(ctx: typer.Context) -> None:
     recommend_main(ctx.args)
 
 
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def dashboard(ctx: typer.Context) -> None:
+    """Run the web dashboard (settings: FEDREC_DASH_* variables)."""
+    from services.dashboard.__main__ import main as dashboard_main
+
+    dashboard_main(ctx.args)
+
+
 @app.command()
 @run_options(
     defaults={"rounds": UP_ROUNDS},
@@ -63,6 +71,10 @@ def up(
     worker_http_port: Annotated[
         int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
     ] = 8710,
+    dashboard_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="The web dashboard's port.")
+    ] = 8704,
+    dashboard: Annotated[bool, typer.Option(help="Also start the web dashboard.")] = True,
     workdir: Annotated[Path, typer.Option(help="SQLite files and logs.")] = Path("runs/up"),
     redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
     recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
@@ -82,6 +94,8 @@ def up(
         aggregator_port=aggregator_port,
         recommend_port=recommend_port,
         worker_http_port=worker_http_port,
+        dashboard=dashboard,
+        dashboard_port=dashboard_port,
         workdir=workdir,
         redis_url=redis_url,
         recommend=recommend,

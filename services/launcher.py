@@ -48,6 +48,8 @@ def wanted_ports(opts: UpOptions) -> dict[int, str]:
             (opts.worker_http_port + i, f"worker-{i} HTTP API, --worker-http-port + {i}")
             for i in range(opts.workers)
         ]
+    if opts.dashboard:
+        named.append((opts.dashboard_port, "dashboard, --dashboard-port"))
     out: dict[int, str] = {}
     for port, who in named:
         if port in out:
@@ -90,6 +92,8 @@ class UpOptions:
     aggregator_port: int = 8700
     recommend_port: int = 8702
     worker_http_port: int = 8710
+    dashboard: bool = True
+    dashboard_port: int = 8704
     workdir: Path = Path("runs/up")
     redis_url: str | None = None
     keep_running: bool = False
@@ -157,6 +161,8 @@ class Cluster:
         self.population: int | None = None
         self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
         self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
+        self.dashboard_base = f"http://{opts.host}:{opts.dashboard_port}"
+        self.dashboard_url = f"{self.dashboard_base}/ui/"
 
     def start(self, name: str, args: list[str], env: dict[str, str]) -> Proc:
         """Start ``python -m <args>`` with ``env`` added, logging to the work directory."""
@@ -268,6 +274,23 @@ class Cluster:
         if opts.redis_url:
             env["FEDREC_REC_REDIS_URL"] = opts.redis_url
         return self.start("recommend_api", ["services.recommend_api"], env)
+
+    def start_dashboard(self) -> Proc:
+        """Start the dashboard: it reads the aggregator with the reader token, the workers'
+        device APIs and recommend_api (all on loopback); the operator types the operator
+        token into the page."""
+        opts = self.opts
+        workers = (f"http://{opts.host}:{opts.worker_http_port + i}" for i in range(opts.workers))
+        env = {
+            "FEDREC_DASH_AGGREGATOR_URL": self.agg_url,
+            "FEDREC_DASH_AGGREGATOR_TOKEN": self.reader_token,
+            "FEDREC_DASH_RECOMMEND_URL": self.rec_url if opts.recommend else "",
+            "FEDREC_DASH_WORKER_URLS": ",".join(workers) if opts.recommend else "",
+            "FEDREC_DASH_HOST": opts.host,
+            "FEDREC_DASH_PORT": str(opts.dashboard_port),
+            "FEDREC_DASH_LOG_LEVEL": opts.aggregator_log_level,
+        }
+        return self.start("dashboard", ["services.dashboard"], env)
 
     def worker_store(self, shard: int) -> Path:
         """The store file of worker ``shard``."""

@@ -37,10 +37,15 @@ def up(opts: UpOptions) -> dict[str, Any]:
             token_file = c.write_operator_token()
             c.start_aggregator()
             console.print(f"aggregator up at {c.agg_url}")
+            if opts.dashboard:
+                c.start_dashboard()
             if opts.recommend:
                 c.start_recommend()
             for i in range(opts.workers):
                 c.start_worker(i)
+            if opts.dashboard:  # shown once it answers (the workers load their data meanwhile)
+                c.wait_healthy(f"{c.dashboard_base}/healthz", "dashboard")
+                console.print(f"dashboard: {c.dashboard_url}")
             c.wait_registered(split.n_users)
             console.print(f"{split.n_users} clients registered by {opts.workers} workers")
             c.start_run(split.n_items)
@@ -162,7 +167,9 @@ def _show_recommendations(opts: UpOptions, n_users: int) -> None:
 def _print_try_it(c: Cluster, opts: UpOptions, token_file: Path) -> None:
     lines = [
         f"\nServices are running; Ctrl-C (or `kill {os.getpid()}`) stops them.",
-        f"The operator token is in {token_file} (mode 0600). Try:",
+        f"The operator token is in {token_file} (mode 0600)."
+        + (f" Dashboard: {c.dashboard_url}" if opts.dashboard else ""),
+        "Try:",
         f"  curl -s {c.agg_url}/v1/runs/current/history",
         f'  curl -s -H "Authorization: Bearer $(cat {token_file})" '
         f"{c.agg_url}/v1/models/latest -o model.safetensors",

@@ -20,6 +20,8 @@ from services.cli import app as fedrec_cli
 from services.client_sim.server import create_app as create_worker_app
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import WorkerStore
+from services.dashboard.app import create_app as create_dashboard_app
+from services.dashboard.settings import DashboardSettings
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.settings import Settings as RecommendSettings
 
@@ -32,16 +34,18 @@ IMAGE = "fedrecgel:0.1.0"
 
 SETTINGS: dict[str, type[BaseSettings]] = {
     str(cls.model_config["env_prefix"]): cls
-    for cls in (AggregatorSettings, WorkerSettings, RecommendSettings)
+    for cls in (AggregatorSettings, WorkerSettings, RecommendSettings, DashboardSettings)
 }
 # the service module each settings prefix configures
 MODULE_PREFIX = {
     "services.aggregator": "FEDREC_AGG_",
     "services.client_sim": "FEDREC_WORKER_",
     "services.recommend_api": "FEDREC_REC_",
+    "services.dashboard": "FEDREC_DASH_",
 }
 CLI_MODULE = {"aggregator": "services.aggregator", "worker": "services.client_sim"}
 CLI_MODULE["recommend"] = "services.recommend_api"
+CLI_MODULE["dashboard"] = "services.dashboard"
 PLACEHOLDERS = {"REPLACE_ME", "changethis"}
 SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|SECRET|API_KEY|PRIVATE_KEY)", re.IGNORECASE)
 COMPOSE_VAR = re.compile(r"\$\{(\w+)(?::?[-?][^}]*)?\}")
@@ -167,6 +171,8 @@ def get_routes(module: str, tmp_path: Path) -> set[str]:
         app = create_aggregator_app(AggregatorSettings(environment="development"))
     elif module == "services.recommend_api":
         app = create_recommend_app(RecommendSettings(aggregator_url=None, workers=1))
+    elif module == "services.dashboard":
+        app = create_dashboard_app(DashboardSettings())
     else:
         app = create_worker_app(WorkerSettings(), WorkerStore(tmp_path / "routes.db"))
     # the OpenAPI document lists every route (included routers too) with its methods

@@ -52,7 +52,7 @@ def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path):
         want = "/livez" if module == "services.recommend_api" else "/healthz"
         assert path == want and path in routes[module], f"{name}: {path}"
         checked += 1
-    assert checked == 4  # aggregator, two workers, recommend-api
+    assert checked == 5  # aggregator, two workers, recommend-api, dashboard
 
 
 def test_compose_healthchecks_use_the_image_probe():
@@ -136,6 +136,8 @@ def test_k8s_ports_probes_and_service_urls_agree(tmp_path):
 # (a worker retries its registration until the aggregator answers; the demo waits until
 # recommend-api serves the final model), so they start side by side.
 PATIENT = {("worker-0", "aggregator"), ("worker-1", "aggregator"), ("demo", "recommend-api")}
+# the dashboard shows which service does not answer yet
+PATIENT |= {("dashboard", "aggregator")}
 
 
 def test_depends_on_waits_for_health_where_there_is_a_healthcheck():

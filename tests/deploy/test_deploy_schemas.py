@@ -52,6 +52,8 @@ def test_k8s_has_every_piece_of_the_deployment():
         ("Service", "worker"),
         ("Deployment", "recommend-api"),
         ("Service", "recommend-api"),
+        ("Deployment", "dashboard"),
+        ("Service", "dashboard"),
         ("Job", "start-run"),
     ]:
         assert needed in kinds

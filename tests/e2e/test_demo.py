@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
-    agg, rec, http0 = free_port(), free_port(), free_port()
+    agg, rec, http0, dash = free_port(), free_port(), free_port(), free_port()
     http1 = http0 + 1
     workdir = tmp_path / "up"
     log_path = tmp_path / "up.log"
@@ -44,6 +44,8 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
                 str(rec),
                 "--worker-http-port",
                 str(http0),
+                "--dashboard-port",
+                str(dash),
                 "--keep-running",
             ),
             log,
@@ -53,6 +55,10 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
         text = wait_for_text(log_path, "Services are running", proc, timeout_s=400)
         assert "top-10 from recommend_api, model v2" in text
         assert "final round 2: HR@10" in text
+        # the dashboard's address is shown at the start, and it shows the run
+        assert f"dashboard: http://127.0.0.1:{dash}/ui/" in text
+        state = httpx.get(f"http://127.0.0.1:{dash}/ui/api/state", timeout=30).json()
+        assert [r["round_id"] for r in state["history"]] == [1, 2]
         # the operator token is shown as a file only its owner can read
         token_file = workdir / "operator.token"
         assert str(token_file) in text
@@ -92,14 +98,14 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
         r = httpx.get(f"http://127.0.0.1:{http0}/v1/users/1/recommendations?k=10")
         assert r.status_code == 404
         children = descendants(proc.pid)
-        assert len(children) >= 4  # aggregator, recommend_api, two workers
+        assert len(children) >= 5  # aggregator, recommend_api, two workers, dashboard
         # SIGTERM ends a --keep-running instance as Ctrl-C does
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0, log_path.read_text()
     # everything it started is gone: no process left, the ports are free again
     assert [pid for pid in children if alive(pid)] == []
-    for port in (agg, rec, http0, http1):
+    for port in (agg, rec, http0, http1, dash):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
 

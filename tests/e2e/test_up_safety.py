@@ -54,6 +54,8 @@ def _up_args(workdir: Path, ports: tuple[int, int, int], *extra: str) -> list[st
         str(rec),
         "--worker-http-port",
         str(http0),
+        "--dashboard-port",
+        str(free_port()),
         *extra,
     )
 

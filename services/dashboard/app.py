@@ -1,0 +1,51 @@
+"""The dashboard's app factory: the routes, the page's own static files, the vendored chart
+library and Swagger UI (no CDN), bounded bodies and the JSON error answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from services.dashboard.routes import router
+from services.dashboard.settings import DashboardSettings
+from services.dashboard.upstream import Upstream
+from services.error_handlers import install_error_handlers, limit_request_bodies
+from services.web_assets import install_local_docs
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+
+def create_app(
+    settings: DashboardSettings | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """Build the dashboard; ``transport`` reaches the upstream services (tests)."""
+    settings = settings or DashboardSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.upstream = Upstream(settings, transport)
+        try:
+            yield
+        finally:
+            await app.state.upstream.aclose()
+
+    app = FastAPI(
+        title="FedRecGEL dashboard",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    install_local_docs(app)
+    app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
+    install_error_handlers(app)
+    limit_request_bodies(app, settings.max_body_bytes)
+    app.include_router(router)
+    return app

@@ -1,0 +1,68 @@
+"""The start-a-run form, derived from the run configuration's own schema: every field of
+:class:`~fedrecgel.run_config.RunConfig` with its default, bounds and description as the core
+config declares them (no default is written here again)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedrecgel.run_config import RunConfig
+
+
+@dataclass(frozen=True)
+class FormField:
+    """One input of the form."""
+
+    name: str
+    label: str
+    help: str
+    kind: str  # "integer", "number", "choice", "text"
+    default: Any
+    required: bool
+    optional: bool  # may be left empty (null)
+    minimum: float | None
+    maximum: float | None
+    exclusive_minimum: bool
+    choices: tuple[str, ...]
+    max_length: int | None
+
+    @property
+    def step(self) -> str:
+        """The HTML ``step`` of a number input."""
+        return "1" if self.kind == "integer" else "any"
+
+
+def _field(name: str, spec: dict[str, Any], required: bool) -> FormField:
+    optional = False
+    if "anyOf" in spec:  # X | None
+        options = [s for s in spec["anyOf"] if s.get("type") != "null"]
+        optional = len(options) < len(spec["anyOf"])
+        spec = {**spec, **options[0]}
+    kind = {"integer": "integer", "number": "number"}.get(spec.get("type", ""), "text")
+    if "enum" in spec:
+        kind = "choice"
+    minimum = spec.get("minimum", spec.get("exclusiveMinimum"))
+    return FormField(
+        name=name,
+        label=spec.get("title", name),
+        help=spec.get("description", ""),
+        kind=kind,
+        default=spec.get("default"),
+        required=required,
+        optional=optional,
+        minimum=minimum,
+        maximum=spec.get("maximum", spec.get("exclusiveMaximum")),
+        exclusive_minimum="exclusiveMinimum" in spec,
+        choices=tuple(spec.get("enum", ())),
+        max_length=spec.get("maxLength"),
+    )
+
+
+def run_form_fields() -> list[FormField]:
+    """The form's inputs: the catalogue size first, then the run settings in their order."""
+    schema = RunConfig.model_json_schema()
+    required = set(schema.get("required", ()))
+    props = schema["properties"]
+    order = sorted(props, key=lambda n: (n not in required, list(props).index(n)))
+    return [_field(n, props[n], n in required) for n in order]

@@ -1,0 +1,262 @@
+// The dashboard's script: polls /ui/api/state (ETag, 304 when nothing changed), draws the
+// charts and tables, runs the recommendation panels and the operator actions.
+// The operator token lives in this tab's sessionStorage (and in memory); it is sent in the
+// Authorization header of an action and nowhere else: never in a URL, a cookie or a log.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const TOKEN_KEY = "fedrec-operator-token";
+  const POLL_MS = Number(document.body.dataset.pollMs) || 2000;
+  let etag = null;
+  let last = null;
+  let skewMs = 0; // server clock minus browser clock, from the Date header
+  const charts = {};
+
+  // ------------------------------------------------------------------ formatting
+  const fmt = (x, d = 4) => (x === null || x === undefined || Number.isNaN(x) ? "–" : Number(x).toFixed(d));
+  const text = (id, value) => { const el = $(id); if (el) el.textContent = value; };
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
+  }
+  function cell(row, value) { const td = document.createElement("td"); td.textContent = value; row.appendChild(td); }
+
+  // ------------------------------------------------------------------ charts
+  const COLORS = { loss: "#1f4e9c", hr: "#1f4e9c", ndcg: "#b3261e", vhr: "#1b6e3a", vndcg: "#6b3fa0" };
+  function makeChart(id, datasets, yTitle) {
+    if (!window.Chart) return null;
+    return new window.Chart($(id), {
+      type: "line",
+      data: { labels: [], datasets },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        interaction: { mode: "index", intersect: false },
+        // series without data (validation metrics when the run has no validation split) stay out
+        plugins: { legend: { labels: { filter: (item, data) => !data.datasets[item.datasetIndex].hidden } } },
+        scales: { x: { title: { display: true, text: "round" } }, y: { title: { display: true, text: yTitle } } },
+      },
+    });
+  }
+  function line(label, color, dashed) {
+    return { label, data: [], borderColor: color, backgroundColor: color, borderDash: dashed ? [6, 4] : [], pointRadius: 2, spanGaps: true };
+  }
+  function initCharts() {
+    charts.loss = makeChart("chart-loss", [line("loss", COLORS.loss)], "loss");
+    charts.metrics = makeChart("chart-metrics", [
+      line("HR@10 (test)", COLORS.hr), line("NDCG@10 (test)", COLORS.ndcg),
+      line("HR@10 (validation)", COLORS.vhr, true), line("NDCG@10 (validation)", COLORS.vndcg, true),
+    ], "metric");
+  }
+  function drawCharts(history) {
+    const labels = history.map((r) => r.round_id);
+    const m = (r, key) => (r.metrics && key in r.metrics ? r.metrics[key] : null);
+    const series = {
+      loss: [history.map((r) => r.loss)],
+      metrics: [
+        history.map((r) => m(r, "hr@10")), history.map((r) => m(r, "ndcg@10")),
+        history.map((r) => m(r, "val/hr@10")), history.map((r) => m(r, "val/ndcg@10")),
+      ],
+    };
+    for (const [name, data] of Object.entries(series)) {
+      const chart = charts[name];
+      if (!chart) continue;
+      chart.data.labels = labels;
+      data.forEach((d, i) => { chart.data.datasets[i].data = d; chart.data.datasets[i].hidden = d.every((v) => v === null); });
+      chart.update("none");
+      chart.canvas.dataset.points = String(chart.data.labels.length);
+    }
+  }
+
+  // ------------------------------------------------------------------ the snapshot
+  function render(s) {
+    const run = s.run;
+    const agg = s.aggregator;
+    text("ov-state", run ? run.state : agg && agg.error ? `aggregator: ${agg.error}` : "–");
+    text("ov-run", run && run.run_id ? `#${run.run_id}` : "none yet");
+    const cfg = run && run.config ? run.config : null;
+    text("ov-round", run && run.round_id ? `${run.round_id} of ${cfg ? cfg.rounds : "?"}` : "–");
+    text("ov-version", run && run.model_version !== null && run.model_version !== undefined ? `v${run.model_version}` : "–");
+    const secs = s.history.map((r) => r.seconds);
+    text("ov-time", secs.length ? `${fmt(secs[secs.length - 1], 1)} s last, ${fmt(secs.reduce((a, b) => a + b, 0) / secs.length, 1)} s mean` : "–");
+    text("ov-registered", s.registered === null ? "–" : String(s.registered));
+    text("ov-size", run && run.size ? `${run.size.parameters.toLocaleString()} shared parameters (${bytes(run.size.bytes)} float32)` : "–");
+    text("ov-serving", s.recommend ? (s.recommend.model_version !== null ? `model v${s.recommend.model_version}` : "no model yet") : "not configured");
+    text("ov-counters", s.counters ? `${s.counters.rounds_retried} / ${s.counters.updates_refused}` : "–");
+    text("ov-config", cfg ? JSON.stringify(cfg, null, 2) : "–");
+    const wb = $("workers-table").tBodies[0];
+    wb.replaceChildren();
+    for (const w of s.workers) {
+      const tr = document.createElement("tr");
+      cell(tr, String(w.shard)); cell(tr, w.users ?? "–");
+      cell(tr, w.registered === true ? "yes" : w.registered === false ? "no" : "–");
+      cell(tr, w.ok ? "up" : `down (${w.error || "no answer"})`);
+      wb.appendChild(tr);
+    }
+    renderRound(s);
+    renderVersions(s);
+    drawCharts(s.history);
+  }
+
+  function renderRound(s) {
+    const r = s.round;
+    const q = s.run && s.run.config ? s.run.config.quorum : null;
+    text("rd-id", r ? `${r.round_id} / attempt ${r.attempt}` : "–");
+    text("rd-state", r ? r.state : "–");
+    text("rd-cohort", r ? String(r.cohort_size) : "–");
+    text("rd-updates", r ? `${r.updates_received} of ${r.cohort_size}` : "–");
+    const p = $("rd-progress");
+    p.max = r && r.cohort_size ? r.cohort_size : 1;
+    p.value = r ? r.updates_received : 0;
+    text("rd-quorum", r && q !== null ? `${Math.ceil(q * r.cohort_size)} of ${r.cohort_size} (quorum ${q})` : "–");
+    text("rd-retries", r ? String(r.attempt) : "–");
+    tickDeadline();
+  }
+
+  function tickDeadline() {
+    const r = last && last.round;
+    if (!r || r.state !== "open" || !r.deadline) { text("rd-deadline", r ? `– (${r.state})` : "–"); return; }
+    const left = (Date.parse(r.deadline) - (Date.now() + skewMs)) / 1000;
+    text("rd-deadline", left > 0 ? `${Math.ceil(left)} s` : "due");
+  }
+
+  function renderVersions(s) {
+    const tb = $("versions-table").tBodies[0];
+    tb.replaceChildren();
+    const size = s.run && s.run.size ? bytes(s.run.size.bytes) : "–";
+    for (const r of [...s.history].reverse()) {
+      const tr = document.createElement("tr");
+      const m = r.metrics || {};
+      cell(tr, `v${r.model_version}`); cell(tr, String(r.round_id));
+      cell(tr, new Date(r.closed_at).toLocaleTimeString()); cell(tr, fmt(r.seconds, 1));
+      cell(tr, String(r.n_updates)); cell(tr, fmt(r.loss)); cell(tr, fmt(m["hr@10"])); cell(tr, fmt(m["ndcg@10"]));
+      cell(tr, size);
+      tb.appendChild(tr);
+    }
+  }
+
+  async function poll() {
+    try {
+      const headers = etag ? { "If-None-Match": etag } : {};
+      const resp = await fetch("/ui/api/state", { headers, cache: "no-store" });
+      const date = resp.headers.get("Date");
+      if (date) skewMs = Date.parse(date) - Date.now();
+      if (resp.status === 200) {
+        etag = resp.headers.get("ETag");
+        last = await resp.json();
+        render(last);
+      }
+      text("conn", resp.ok || resp.status === 304 ? `Live: updated ${new Date().toLocaleTimeString()}` : `Dashboard answered ${resp.status}`);
+    } catch (err) {
+      text("conn", "Dashboard not reachable; retrying");
+    }
+    setTimeout(poll, POLL_MS);
+  }
+
+  // ------------------------------------------------------------------ recommendations
+  function showItems(tableId, items) {
+    const table = $(tableId);
+    const tb = table.tBodies[0];
+    tb.replaceChildren();
+    items.forEach((it, i) => {
+      const tr = document.createElement("tr");
+      cell(tr, String(i + 1)); cell(tr, String(it.item)); cell(tr, fmt(it.score));
+      tb.appendChild(tr);
+    });
+    table.hidden = false;
+  }
+  const problem = (resp, body) => `${resp.status} ${body && body.error ? body.error : ""}: ${body && body.detail ? body.detail : ""}`;
+
+  $("rec-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const user = $("rec-user").value;
+    const k = $("rec-k").value || "10";
+    text("rec-status", `Asking the worker of user ${user}…`);
+    const resp = await fetch(`/ui/api/users/${encodeURIComponent(user)}/recommendations?k=${encodeURIComponent(k)}`);
+    const body = await resp.json().catch(() => null);
+    if (!resp.ok) { $("rec-table").hidden = true; text("rec-status", `Refused: ${problem(resp, body)}`); return; }
+    showItems("rec-table", body.items);
+    text("rec-status", `User ${user}: top ${body.items.length}, model v${body.model_version}`);
+  });
+
+  const recapi = $("recapi-form");
+  if (recapi) {
+    recapi.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      text("recapi-status", "Sending…");
+      const resp = await fetch("/ui/api/recommendations", {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: $("recapi-body").value,
+      });
+      const body = await resp.json().catch(() => null);
+      if (!resp.ok) { $("recapi-table").hidden = true; text("recapi-status", `Refused: ${problem(resp, body)}`); return; }
+      showItems("recapi-table", body.items);
+      text("recapi-status", `Top ${body.items.length}, model v${body.model_version}`);
+    });
+  }
+
+  // ------------------------------------------------------------------ operator
+  let token = sessionStorage.getItem(TOKEN_KEY);
+  function operatorState() {
+    const on = Boolean(token);
+    $("op-actions").disabled = !on;
+    $("start-fields").disabled = !on;
+    text("op-state", on ? "Operator token set for this tab." : "No operator token in this tab.");
+  }
+  $("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const value = $("op-token").value.trim();
+    $("op-token").value = "";
+    if (!value) return;
+    token = value;
+    sessionStorage.setItem(TOKEN_KEY, value);
+    operatorState();
+  });
+  $("op-forget").addEventListener("click", () => {
+    token = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    operatorState();
+  });
+
+  async function operator(path, body) {
+    const headers = { "Content-Type": "application/json" };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const resp = await fetch(path, { method: "POST", headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    const answer = await resp.json().catch(() => null);
+    if (resp.ok) {
+      text("op-result", `Done: run #${answer.run_id} is ${answer.state}${answer.round_id ? `, round ${answer.round_id}` : ""}.`);
+    } else {
+      text("op-result", `Refused: ${problem(resp, answer)}`);
+    }
+    etag = null; // show the effect at the next poll
+    return resp.status;
+  }
+  for (const b of document.querySelectorAll("#op-actions button")) {
+    b.addEventListener("click", () => operator(`/ui/api/runs/current/${b.dataset.action}`));
+  }
+  $("start-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const cfg = {};
+    for (const el of document.querySelectorAll("#start-form [data-field]")) {
+      const v = el.value.trim();
+      if (v === "") { if (el.dataset.optional === "yes") cfg[el.dataset.field] = null; continue; }
+      cfg[el.dataset.field] = el.dataset.kind === "integer" || el.dataset.kind === "number" ? Number(v) : v;
+    }
+    operator("/ui/api/runs", cfg);
+  });
+
+  // prefill the catalogue size from the current run, once
+  function prefill() {
+    const n = $("cfg-n_items");
+    if (n && !n.value && last && last.run && last.run.config) n.value = last.run.config.n_items;
+  }
+
+  // expose the operator call for the browser tests' refusal check
+  window.fedrecDashboard = { operator };
+  operatorState();
+  initCharts();
+  setInterval(() => { tickDeadline(); prefill(); }, 1000);
+  poll();
+})();

@@ -1,0 +1,182 @@
+"""The dashboard service in process, reading a real in-process aggregator: the page and its
+run form, the live state with ETag, operator actions refused without the operator token (by
+the aggregator, whatever the page shows), and the local Swagger UI of every service."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from fedrecgel.run_config import RunConfig
+from services.aggregator.app import create_app as create_aggregator
+from services.dashboard.app import create_app
+from services.dashboard.settings import DashboardSettings
+from services.dashboard.upstream import counters
+from tests.support.aggregator import make_settings, operator_headers, register, sqlite_url
+
+READER = "test-reader-token-5f1c9a7e2b"
+
+
+@pytest.fixture
+def agg(tmp_path: Path) -> Iterator[TestClient]:
+    """A started in-process aggregator with a reader token."""
+    app = create_aggregator(make_settings(sqlite_url(tmp_path), reader_token=READER))
+    with TestClient(app) as client:
+        yield client
+
+
+class Routed(httpx.AsyncBaseTransport):
+    """Host ``aggregator`` is the in-process aggregator; every other host refuses to connect."""
+
+    def __init__(self, agg: TestClient) -> None:
+        self.agg = httpx.ASGITransport(app=agg.app)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "aggregator":
+            return await self.agg.handle_async_request(request)
+        raise httpx.ConnectError("connection refused", request=request)
+
+
+def dashboard(agg: TestClient, **overrides: Any) -> TestClient:
+    """The dashboard over ``agg`` (its ASGI app, reached through an httpx transport)."""
+    values: dict[str, Any] = {
+        "environment": "test",
+        "aggregator_url": "http://aggregator",
+        "aggregator_token": READER,
+        "recommend_url": None,
+    }
+    settings = DashboardSettings(**{**values, **overrides})
+    return TestClient(create_app(settings, transport=Routed(agg)))
+
+
+def test_the_page_is_self_contained_and_has_every_run_setting(agg: TestClient) -> None:
+    with dashboard(agg) as dash:
+        r = dash.get("/ui/")
+    assert r.status_code == 200
+    policy = r.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+    html = r.text
+    # every script and style sheet comes from the dashboard itself (works offline)
+    for url in re.findall(r'(?:src|href)="([^"]+)"', html):
+        assert not url.startswith(("http:", "https:", "//")), url
+    assert 'src="/static/vendor/chartjs/chart.umd.min.js"' in html
+    assert dash.get("/static/vendor/chartjs/chart.umd.min.js").status_code == 200
+    # the start form has one input per run setting, with the core config's default
+    for name, field in RunConfig.model_fields.items():
+        tag = re.search(rf'<(?:input|select)[^>]*id="cfg-{name}"[^>]*>', html)
+        assert tag is not None, name
+        if field.is_required() or field.default is None or isinstance(field.default, str):
+            continue
+        assert f'value="{field.default}"' in tag.group(0), name
+    # the operator token input has no name: a form submitted without the script sends nothing
+    token_input = re.search(r'<input[^>]*id="op-token"[^>]*>', html)
+    assert token_input is not None and "name=" not in token_input.group(0)
+
+
+def test_state_has_an_etag_and_changes_when_the_run_does(agg: TestClient) -> None:
+    with dashboard(agg) as dash:
+        first = dash.get("/ui/api/state")
+        assert first.status_code == 200
+        body = first.json()
+        assert body["aggregator"]["ok"] and body["run"] == {"state": "idle"}
+        etag = first.headers["etag"]
+        again = dash.get("/ui/api/state", headers={"If-None-Match": etag})
+        assert again.status_code == 304 and again.content == b""
+        register(agg, [0, 1, 2, 3])
+        config = RunConfig(n_items=50, rounds=3).model_dump(mode="json")
+        assert agg.post("/v1/runs", json=config, headers=operator_headers()).status_code == 201
+        changed = dash.get("/ui/api/state", headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["etag"] != etag
+    state = changed.json()
+    assert state["registered"] == 4
+    run = state["run"]
+    assert run["state"] == "open" and run["round_id"] == 1 and run["config"]["rounds"] == 3
+    assert run["size"]["parameters"] > 0 and run["size"]["bytes"] == 4 * run["size"]["parameters"]
+    assert state["round"]["cohort_size"] == run["cohort_size"] > 0
+    assert state["round"]["updates_received"] == 0
+    assert state["counters"]["rounds_closed"] == 0
+
+
+def test_without_the_reader_token_the_state_says_why(agg: TestClient) -> None:
+    with dashboard(agg, aggregator_token=None) as dash:
+        body = dash.get("/ui/api/state").json()
+    assert body["run"] is None and body["aggregator"]["status"] == 401
+
+
+def test_operator_actions_need_the_operator_token(agg: TestClient) -> None:
+    register(agg, [0, 1, 2, 3])
+    config = RunConfig(n_items=50, rounds=3).model_dump(mode="json")
+    with dashboard(agg) as dash:
+        for headers in ({}, {"Authorization": f"Bearer {READER}"}, {"Authorization": "Bearer x"}):
+            r = dash.post("/ui/api/runs", json=config, headers=headers)
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+            r = dash.post("/ui/api/runs/current/pause", headers=headers)
+            assert r.status_code == 401, r.text
+        # nothing was started by the refused calls
+        assert dash.get("/ui/api/state").json()["run"] == {"state": "idle"}
+        r = dash.post("/ui/api/runs", json=config, headers=operator_headers())
+        assert r.status_code == 201, r.text
+        assert (
+            dash.post("/ui/api/runs/current/pause", headers=operator_headers()).json()["state"]
+            == "paused"
+        )
+        assert dash.get("/ui/api/state").json()["round"]["state"] == "paused"
+        r = dash.post("/ui/api/runs/current/resume", headers=operator_headers())
+        assert r.json()["state"] == "running"
+        r = dash.post("/ui/api/runs/current/stop", headers=operator_headers())
+        assert r.json()["state"] == "stopped"
+        # a bad configuration is the aggregator's 422, passed on
+        bad = dash.post("/ui/api/runs", json={**config, "rounds": 0}, headers=operator_headers())
+        assert bad.status_code == 422
+        assert dash.post("/ui/api/runs/current/delete").status_code == 404
+
+
+def test_recommendation_panels_refuse_clearly(agg: TestClient) -> None:
+    with dashboard(agg) as dash:
+        assert dash.get("/ui/api/users/0/recommendations").json()["error"] == "no_workers"
+        assert dash.get("/ui/api/users/-1/recommendations").status_code == 422
+        assert dash.get("/ui/api/users/0/recommendations?k=0").status_code == 422
+        assert dash.post("/ui/api/recommendations", content=b"{}").status_code == 503
+    with dashboard(agg, worker_urls="http://worker-0:8710") as dash:
+        r = dash.get("/ui/api/users/0/recommendations")
+        assert r.status_code == 502 and r.json()["error"] == "upstream_unavailable"
+        workers = dash.get("/ui/api/state").json()["workers"]
+        assert [w["ok"] for w in workers] == [False]
+
+
+def test_swagger_ui_is_served_locally(agg: TestClient) -> None:
+    with dashboard(agg) as dash:
+        for client in (agg, dash):
+            html = client.get("/docs").text
+            assert "cdn" not in html.lower()
+            for url in re.findall(r"(?:src|href)=['\"]([^'\"]+)['\"]", html):
+                assert url.startswith("/"), url
+                assert client.get(url).status_code == 200, url
+            assert client.get("/redoc").status_code == 404
+
+
+def test_settings_refuse_weak_tokens_and_read_lists() -> None:
+    with pytest.raises(ValueError, match="placeholder"):
+        DashboardSettings(aggregator_token="changethis")
+    with pytest.raises(ValueError, match="shorter"):
+        DashboardSettings(worker_token="short")
+    s = DashboardSettings(worker_urls=" http://a:1/ ,http://b:2", recommend_url="")
+    assert s.workers == ["http://a:1", "http://b:2"] and s.recommend_url is None
+
+
+def test_counters_are_read_from_the_exposition() -> None:
+    text = (
+        "# TYPE fedrec_agg_updates_refused_total counter\n"
+        'fedrec_agg_updates_refused_total{reason="unauthorized"} 2.0\n'
+        'fedrec_agg_updates_refused_total{reason="round_not_open"} 3.0\n'
+        "# TYPE fedrec_agg_rounds_retried_total counter\n"
+        "fedrec_agg_rounds_retried_total 1.0\n"
+    )
+    got = counters(text)
+    assert got["updates_refused"] == 5 and got["rounds_retried"] == 1

@@ -1,0 +1,166 @@
+"""The dashboard in a real browser (the system's Chromium, headless) against a live loopback
+deployment started by the test (``fedrec up``): the page loads without a console error, the
+chart gains points as rounds close, both recommendation panels show what the services' JSON
+endpoints answer, and operator actions are refused without the operator token and work with
+it, the token never leaving the tab's session storage.
+
+Screenshots of the main views go to ``$FEDREC_DASHBOARD_SCREENSHOTS`` when set (the README's
+come from ``FEDREC_DASHBOARD_SCREENSHOTS=docs/img``), else to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from services.client_sim.store import WorkerStore
+from tests.dashboard.browser import chromium
+from tests.support.loopback import free_port
+from tests.support.procs import fedrec_up, spawned, wait_for_text
+
+pytestmark = pytest.mark.slow
+
+ROUNDS = 8
+LAPTOP = {"width": 1366, "height": 900}
+PHONE = {"width": 390, "height": 844}
+
+
+def _until(what: str, cond: Callable[[], Any], timeout_s: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
+
+
+def _screenshot_dir(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("FEDREC_DASHBOARD_SCREENSHOTS") or tmp_path / "img")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def test_dashboard_in_a_browser(tmp_path: Path) -> None:
+    agg, rec, http0, dash = free_port(), free_port(), free_port(), free_port()
+    workdir, log_path = tmp_path / "up", tmp_path / "up.log"
+    shots = _screenshot_dir(tmp_path)
+    args = fedrec_up(
+        "--rounds", str(ROUNDS), "--workdir", str(workdir), "--aggregator-port", str(agg),
+        "--recommend-port", str(rec), "--worker-http-port", str(http0),
+        "--dashboard-port", str(dash), "--keep-running",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{dash}/ui/"
+    with (
+        chromium() as browser,
+        log_path.open("w") as log,
+        spawned(args, log, env={**os.environ, "COLUMNS": "200"}) as proc,
+    ):
+        wait_for_text(log_path, f"dashboard: {url}", proc, timeout_s=300)
+        context = browser.new_context(viewport=LAPTOP)
+        page = context.new_page()
+        load_errors: list[str] = []
+        script_errors: list[str] = []
+        page.on("console", lambda m: load_errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: script_errors.append(str(e)))
+        page.goto(url)
+        page.wait_for_selector("#conn:has-text('Live')")
+        assert load_errors == [] and script_errors == []
+
+        # the chart gains points as rounds close, without reloading the page
+        def points() -> int:
+            return int(page.get_attribute("#chart-metrics", "data-points") or 0)
+
+        first = _until("a first closed round on the chart", points, timeout_s=400)
+        _until("another closed round on the chart", lambda: points() > first, timeout_s=300)
+        assert page.evaluate("performance.getEntriesByType('navigation').length") == 1
+        _until("half the run on the chart", lambda: points() >= ROUNDS // 2, timeout_s=400)
+        page.screenshot(path=str(shots / "dashboard-live.png"), full_page=True)
+        phone = context.new_page()
+        phone.set_viewport_size(PHONE)
+        phone.goto(url)
+        phone.wait_for_selector("#conn:has-text('Live')")
+        # readable at phone width: nothing wider than the screen but the scrolling tables
+        assert phone.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        phone.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
+        phone.close()
+
+        text = wait_for_text(log_path, "Services are running", proc, timeout_s=600)
+        assert f"top-10 from recommend_api, model v{ROUNDS}" in text
+        _until("every round on the chart", lambda: points() == ROUNDS)
+
+        # the user panel shows what the user's worker answers (its JSON endpoint)
+        user = 3  # shard 1
+        worker = httpx.get(
+            f"http://127.0.0.1:{http0 + 1}/v1/users/{user}/recommendations?k=10", timeout=30
+        ).json()
+        page.fill("#rec-user", str(user))
+        page.fill("#rec-k", "10")
+        page.click("#rec-form button[type=submit]")
+        page.wait_for_selector(f"#rec-status:has-text('model v{worker['model_version']}')")
+        shown = page.eval_on_selector_all(
+            "#rec-table tbody tr td:nth-child(2)", "cells => cells.map(c => c.textContent)"
+        )
+        assert shown == [it["item"] for it in worker["items"]] and len(shown) == 10
+
+        # the pasted-vector panel shows what recommend_api answers for that vector
+        store = WorkerStore(workdir / "worker-1.db")
+        params = store.load_states([user]).params
+        store.close()
+        body = {"user": {k: v[0].tolist() for k, v in params.items()}, "k": 5, "exclude": []}
+        direct = httpx.post(f"http://127.0.0.1:{rec}/v1/recommendations", json=body).json()
+        page.fill("#recapi-body", json.dumps(body))
+        page.click("#recapi-form button[type=submit]")
+        page.wait_for_selector("#recapi-status:has-text('Top 5')")
+        shown = page.eval_on_selector_all(
+            "#recapi-table tbody tr td:nth-child(2)", "cells => cells.map(c => c.textContent)"
+        )
+        assert shown == [it["item"] for it in direct["items"]]
+
+        # without the operator token: the buttons are off, and the API refuses the calls
+        assert page.is_disabled("#op-actions button[data-action=pause]")
+        for path in ("/ui/api/runs/current/stop", "/ui/api/runs"):
+            status = page.evaluate(f"window.fedrecDashboard.operator('{path}', {{}})")
+            assert status == 401
+        page.wait_for_selector("#op-result:has-text('Refused: 401')")
+        # a wrong token is refused by the aggregator too
+        page.fill("#op-token", "not-the-operator-token-123")
+        page.click("#token-form button[type=submit]")
+        page.click("#op-actions button[data-action=pause]")
+        page.wait_for_selector("#op-result:has-text('Refused: 401 unauthorized')")
+
+        # with it: start a run from the form, pause, resume, stop
+        token = (workdir / "operator.token").read_text().strip()
+        page.fill("#op-token", token)
+        page.click("#token-form button[type=submit]")
+        page.click("#start-details summary")
+        _until("the catalogue size taken from the run", lambda: page.input_value("#cfg-n_items"))
+        page.fill("#cfg-rounds", "500")
+        page.click("#start-form button[type=submit]")
+        page.wait_for_selector("#op-result:has-text('Done: run #2 is running')")
+        page.wait_for_selector("#ov-run:has-text('#2')")
+        for action, state, shown_state in (
+            ("pause", "paused", "paused"),
+            ("resume", "running", "open"),
+            ("stop", "stopped", "finished"),
+        ):
+            page.click(f"#op-actions button[data-action={action}]")
+            page.wait_for_selector(f"#op-result:has-text('run #2 is {state}')")
+            page.wait_for_selector(f"#ov-state:text-is('{shown_state}')")
+        page.screenshot(path=str(shots / "dashboard-operator.png"), full_page=True)
+
+        # the token stayed in the tab: not in a URL, a cookie, local storage or any log
+        assert token not in page.url and context.cookies() == []
+        assert page.evaluate("JSON.stringify(localStorage)") == "{}"
+        assert page.evaluate("sessionStorage.getItem('fedrec-operator-token')") == token
+        for logfile in [log_path, *workdir.glob("*.log")]:
+            assert token not in logfile.read_text(errors="replace"), logfile
+        assert script_errors == []
+        context.close()
