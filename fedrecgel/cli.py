@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -140,6 +139,13 @@ PRESET_FIELDS = {
 }
 
 
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where option ``name`` got its value (by name: typer may carry its own copy of click, so
+    its enum is not ``click.core.ParameterSource``)."""
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
 def _apply_preset(
     ctx: typer.Context, base: TrainConfig, preset: str | None, dataset: str
 ) -> TrainConfig:
@@ -155,8 +161,7 @@ def _apply_preset(
     chosen = {
         k: v
         for k, v in settings.items()
-        if k in PRESET_FIELDS
-        and ctx.get_parameter_source(PRESET_FIELDS[k]) != click.core.ParameterSource.COMMANDLINE
+        if k in PRESET_FIELDS and _source(ctx, PRESET_FIELDS[k]) != "COMMANDLINE"
     }
     cfg = replace(base, **chosen)
     try:

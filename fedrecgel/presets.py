@@ -1,6 +1,7 @@
 """Named settings for ``fedrec train --preset``: the paper's, and ones found by ``fedrec tune``.
 
-* ``paper``: the faithful settings (the defaults of :mod:`fedrecgel.config`);
+* ``paper``: the faithful settings (the defaults of :mod:`fedrecgel.config`, with the SAM radii
+  the authors used on the dataset, :data:`PAPER_RHO`);
 * ``tuned-<dataset>``: the best validation settings of a study on that dataset
   (``fedrec tune --save-preset``), stored in ``presets.json`` beside this module with the
   study's figures;
@@ -21,6 +22,12 @@ from typing import Any
 PRESETS_FILE = Path(__file__).with_name("presets.json")
 #: settings averaged on a log scale when learned across datasets
 _LOG_SCALE = ("server_lr", "client_lr", "rho_sh", "rho_ns")
+#: (rho_sh, rho_ns) the authors used per dataset (ALGORITHM.md) where they are not the defaults
+#: (FilmTrust's are)
+PAPER_RHO: dict[str, tuple[float, float]] = {
+    "amazon-video": (0.01, 0.2),
+    "lastfm-2k": (0.01, 0.01),
+}
 
 
 class PresetError(ValueError):
@@ -64,7 +71,8 @@ def learned_default(presets: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def resolve(name: str, dataset: str, path: Path = PRESETS_FILE) -> dict[str, Any]:
     """The TrainConfig settings of preset ``name`` for ``dataset``."""
     if name == "paper":
-        return {}
+        rho = PAPER_RHO.get(dataset)
+        return {"rho_sh": rho[0], "rho_ns": rho[1]} if rho else {}
     presets = stored(path)
     if name == "tuned":
         own = presets.get(f"tuned-{dataset}")

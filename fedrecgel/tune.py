@@ -8,11 +8,16 @@ out from the seeds the results tables use (default: tune on seed 100, report see
 
 A study lives in an SQLite file and resumes: running the same command again continues with the
 trials still to do, and a trial that an interruption left running is marked failed and tried
-again with the same parameters. One process tunes a study at a time.
+again with the same parameters. More processes can tune one study together: start the first
+as usual and the others with ``join`` (they leave running trials alone, so they cannot tell an
+interrupted trial from another process's).
 
 Searched: server lr and client lr (log scale), the two SAM radii (FedRecGEL only), the number
-of rounds and the server optimizer. Pruning (median of earlier trials at the same round) stops
-trials that fall clearly behind.
+of rounds and the server optimizer (ranges in :data:`SPACE`). A trial evaluates every
+``eval_every`` rounds and reports its best validation HR@10 so far; pruning (median of earlier
+trials at the same round) stops trials that fall clearly behind. A new study can start from
+given settings (``first``), e.g. the paper's with a larger server step, so that the sampler
+has one sensible point before it explores.
 """
 
 from __future__ import annotations
@@ -34,7 +39,15 @@ if TYPE_CHECKING:  # optuna is imported where a study runs (it pulls in storage 
 OBJECTIVE = "hr@10"
 #: rounds a trial may choose (the validation-selected round is within them)
 ROUND_CHOICES: tuple[int, ...] = (100, 200, 300)
-SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "fedadam", "fedyogi", "sgd")
+SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "fedadam", "fedyogi")
+#: (low, high) of the log-scale searched settings. The paper's server step (Adam, 0.001) is the
+#: low end: at it item rows barely move in 100 rounds on the real datasets.
+SPACE: dict[str, tuple[float, float]] = {
+    "server_lr": (1e-3, 0.1),
+    "client_lr": (1e-2, 1.0),
+    "rho_sh": (1e-3, 0.2),
+    "rho_ns": (1e-3, 0.5),
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,15 @@ class TuneSpec:
     seeds: tuple[int, ...] = (100,)
     round_choices: tuple[int, ...] = ROUND_CHOICES
     sampler_seed: int = 0
+    #: evaluate (and report to the pruner) every this many rounds, and at the last round
+    eval_every: int = 10
+    #: settings of the first trials of a new study (searched keys only)
+    first: tuple[dict[str, Any], ...] = ()
+    #: the pruner's patience: completed trials before it prunes, rounds before it judges
+    prune_after_trials: int = 2
+    prune_after_rounds: int = 30
+    #: another process is tuning this study too: leave its running trials alone
+    join: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -57,6 +79,12 @@ class TuneSpec:
             raise ValueError("at least one tuning seed is needed")
         if not self.round_choices or min(self.round_choices) < 1:
             raise ValueError(f"round choices must be >= 1, got {self.round_choices}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+        for params in self.first:
+            unknown = set(params) - {*SPACE, "rounds", "server_optimizer"}
+            if unknown:
+                raise ValueError(f"first trial: unknown settings {sorted(unknown)}")
 
 
 def validation_only(split: Split) -> Split:
@@ -78,15 +106,12 @@ def validation_only(split: Split) -> Split:
 
 def suggest(trial: optuna.Trial, base: TrainConfig, round_choices: Sequence[int]) -> TrainConfig:
     """The trial's config: ``base`` with the searched settings drawn by ``trial``."""
-    values: dict[str, Any] = {
-        "server_lr": trial.suggest_float("server_lr", 1e-4, 0.1, log=True),
-        "client_lr": trial.suggest_float("client_lr", 1e-3, 1.0, log=True),
-        "rounds": trial.suggest_categorical("rounds", list(round_choices)),
-        "server_optimizer": trial.suggest_categorical("server_optimizer", SERVER_OPTIMIZERS),
-    }
+    names = ["server_lr", "client_lr"]
     if base.method == "fedrecgel":
-        values["rho_sh"] = trial.suggest_float("rho_sh", 1e-3, 0.5, log=True)
-        values["rho_ns"] = trial.suggest_float("rho_ns", 1e-3, 1.0, log=True)
+        names += ["rho_sh", "rho_ns"]
+    values: dict[str, Any] = {n: trial.suggest_float(n, *SPACE[n], log=True) for n in names}
+    values["rounds"] = trial.suggest_categorical("rounds", list(round_choices))
+    values["server_optimizer"] = trial.suggest_categorical("server_optimizer", SERVER_OPTIMIZERS)
     return replace(base, **values)
 
 
@@ -98,7 +123,7 @@ def _objective(
     import optuna
 
     def run(trial: optuna.Trial) -> float:
-        cfg = suggest(trial, spec.base, spec.round_choices)
+        cfg = replace(suggest(trial, spec.base, spec.round_choices), eval_every=spec.eval_every)
         per_seed: list[float] = []
         for k, seed in enumerate(spec.seeds):
             best = 0.0
@@ -125,7 +150,7 @@ def _objective(
 
 def open_study(spec: TuneSpec) -> optuna.Study:
     """Create the study or load it from its SQLite file; a trial an interruption left
-    RUNNING is marked failed and queued again with its parameters."""
+    RUNNING is marked failed and queued again with its parameters (not when ``spec.join``)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -137,9 +162,18 @@ def open_study(spec: TuneSpec) -> optuna.Study:
         direction="maximize",
         load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=spec.sampler_seed, n_startup_trials=8),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=20),
+        pruner=optuna.pruners.MedianPruner(
+            n_startup_trials=spec.prune_after_trials, n_warmup_steps=spec.prune_after_rounds
+        ),
     )
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    if not study.get_trials(deepcopy=False):
+        for params in spec.first:
+            study.enqueue_trial(params)
+    if spec.join:  # another sampler seed, or both processes would draw the same settings
+        seed = spec.sampler_seed + len(study.get_trials(deepcopy=False))
+        study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
+    running = () if spec.join else study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in running:
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         study.enqueue_trial(t.params, skip_if_exists=False)
     return study

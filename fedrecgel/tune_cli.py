@@ -3,6 +3,7 @@ preset (see :mod:`fedrecgel.tune` and :mod:`fedrecgel.presets`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,24 @@ def tune_command(
         str, typer.Option(help="Round counts a trial may choose, comma-separated.")
     ] = ",".join(map(str, ROUND_CHOICES)),
     fraction: Annotated[float, typer.Option(min=0.0, max=1.0)] = DEFAULTS.fraction,
+    eval_every: Annotated[
+        int,
+        typer.Option(min=1, help="Evaluate (and report to the pruner) every this many rounds."),
+    ] = 10,
+    first: Annotated[
+        list[str] | None,
+        typer.Option(
+            help='Settings of a first trial of a new study, as JSON (e.g. \'{"server_lr": '
+            "0.01}'); repeatable."
+        ),
+    ] = None,
+    join: Annotated[
+        bool,
+        typer.Option(
+            help="Tune alongside a process already running this study (its running trials "
+            "are not taken for interrupted ones)."
+        ),
+    ] = False,
     storage: Annotated[
         Path | None,
         typer.Option(help="SQLite file of the study [default: runs/tune/<study>.db]."),
@@ -63,6 +82,12 @@ def tune_command(
         split = load_data(dataset, data_dir, True, protocol, split_dir)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
+    try:
+        first_trials = tuple(json.loads(f) for f in first or [])
+    except json.JSONDecodeError as err:
+        raise fail(f"--first must be a JSON object: {err}") from None
+    if not all(isinstance(f, dict) for f in first_trials):
+        raise fail("--first must be a JSON object")
     name = study or f"{split.name}-{method}-{protocol}"
     spec = TuneSpec(
         storage=storage or Path("runs") / "tune" / f"{name}.db",
@@ -71,6 +96,9 @@ def tune_command(
         n_trials=trials,
         seeds=tuple(seed_list),
         round_choices=round_choices,
+        eval_every=eval_every,
+        first=first_trials,
+        join=join,
     )
     try:
         result = tune(split, spec, progress=console.print)

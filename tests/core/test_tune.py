@@ -5,15 +5,25 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import optuna
 import pytest
 from optuna.trial import TrialState
 
 from fedrecgel import presets
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
-from fedrecgel.tune import TuneSpec, best_settings, finished, open_study, tune, validation_only
+from fedrecgel.tune import (
+    SPACE,
+    TuneSpec,
+    best_settings,
+    finished,
+    open_study,
+    tune,
+    validation_only,
+)
 
 
 def _split():  # type: ignore[no-untyped-def]
@@ -46,7 +56,7 @@ def test_an_interrupted_study_resumes(tmp_path: Path) -> None:
     tune(split, spec)
     # an interruption in the middle of a trial leaves it RUNNING in the stored study
     interrupted = open_study(spec).ask()
-    interrupted.suggest_float("server_lr", 1e-4, 0.1, log=True)
+    interrupted.suggest_float("server_lr", *SPACE["server_lr"], log=True)
     del interrupted
     more = replace(spec, n_trials=3)
     study = tune(split, more)
@@ -84,3 +94,31 @@ def test_presets_paper_tuned_and_learned_default(tmp_path: Path) -> None:
         presets.resolve("nope", "a", path)
     with pytest.raises(presets.PresetError, match="tuned-<dataset>"):
         presets.save("mine", {}, {}, path)
+
+
+def test_a_joining_process_leaves_running_trials_alone(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, 1)
+    running = open_study(spec).ask()  # another process's trial, in progress
+    study = open_study(replace(spec, join=True))
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states == [TrialState.RUNNING]
+    # and draws other settings than the first process would
+    first_process = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    mine = study.ask()
+    assert mine.suggest_float("x", 0, 1) != first_process.ask().suggest_float("x", 0, 1)
+    study.tell(mine, state=TrialState.FAIL)
+    # a process that does not join takes it for an interrupted trial and queues it again
+    study = open_study(spec)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states[0] == TrialState.FAIL and TrialState.RUNNING not in states
+    assert states[-1] == TrialState.WAITING
+    del running
+
+
+def test_a_new_study_starts_from_the_given_settings(tmp_path: Path) -> None:
+    first: dict[str, Any] = {"server_lr": 0.01, "client_lr": 0.1, "rho_sh": 0.01}
+    first |= {"rho_ns": 0.2, "rounds": 2, "server_optimizer": "adam"}
+    study = tune(_split(), replace(_spec(tmp_path, 2), first=(first,)))
+    assert study.trials[0].params == first
+    with pytest.raises(ValueError, match="unknown settings"):
+        tune(_split(), replace(_spec(tmp_path, 2), first=({"lr": 1.0},)))

@@ -1,0 +1,163 @@
+"""The accuracy table users quote: every method on every dataset, 3 seeds, validation-selected
+and best-test figures side by side.
+
+    .venv/bin/python bench/accuracy_table.py [--cells amazon-video/paper:tuned-fedrecgel,...]
+        [--seeds 0,1,2] [--data-dir ../shared/datasets] [--eval-every 10]
+
+A cell is ``<dataset>/<protocol>:<label>``; labels:
+
+* ``popularity``, ``random``: the reference rankings (:mod:`fedrecgel.baselines`);
+* ``faithful``: FedRecGEL with ``--preset paper`` (the paper's settings, the authors' rho pair);
+* ``tuned-fedrecgel``, ``tuned-fedncf``, ``tuned-fedmf``: ``--preset tuned`` (the dataset's own
+  ``tuned-<dataset>``, else the default learned across tuned datasets) with that method; FedNCF
+  and FedMF take the same settings with SAM off (and the MF model).
+
+Each federated cell is what ``fedrec train --dataset D --protocol P --method M --preset X
+--seeds S --eval-every 10`` computes, run in this process seed by seed. Results land in
+``bench/results/accuracy/<dataset>-<protocol>/<label>/seed-<seed>.json``, one file per seed;
+a seed already there is not run again (delete its file to redo it), and the seeds of a cell can
+run in parallel processes (``--seeds 0``, ``--seeds 1``, ...). The synthetic set is
+``synthetic_split(2000, 1000, interactions_per_user=20, skew=1.0, seed=0)``. Reported seeds
+(0, 1, 2) are apart from the tuning seed (100). ``bench/report.py`` turns the JSON into
+docs/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedrecgel.baselines import popularity, random_ranking
+from fedrecgel.data import Split, load_split
+from fedrecgel.presets import resolve, stored
+from fedrecgel.simulate import RunResult, Simulator, TrainConfig
+from fedrecgel.synthetic import synthetic_split
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "accuracy"
+#: federated cells: label -> (method, preset)
+FEDERATED = {
+    "faithful": ("fedrecgel", "paper"),
+    "tuned-fedrecgel": ("fedrecgel", "tuned"),
+    "tuned-fedncf": ("fedncf", "tuned"),
+    "tuned-fedmf": ("fedmf", "tuned"),
+}
+LABELS = ("popularity", "random", *FEDERATED)
+DATASETS = ("amazon-video/paper", "lastfm-2k/clean", "filmtrust/paper", "lastfm-2k/paper")
+SYNTHETIC = "synthetic/paper"
+
+
+def load(key: str, data_dir: Path) -> Split:
+    """The split of ``<dataset>/<protocol>``, with a validation item per user."""
+    name, protocol = key.split("/")
+    if name == "synthetic":
+        return replace(
+            synthetic_split(
+                2000, 1000, interactions_per_user=20, skew=1.0, seed=0, validation=True
+            ),
+            name="synthetic",
+        )
+    return load_split(name, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
+
+
+def config_of(label: str, split: Split, eval_every: int) -> TrainConfig:
+    """The run ``fedrec train --method M --preset X`` makes for this cell."""
+    method, preset = FEDERATED[label]
+    base = TrainConfig(method=method, eval_every=eval_every)  # type: ignore[arg-type]
+    return replace(base, **resolve(preset, split.name))
+
+
+def record(res: RunResult, seed: int) -> dict[str, Any]:
+    """What the table and the learning-curve plots need of one run."""
+    return {
+        "seed": seed,
+        "config": res.config,
+        "wall_seconds": res.wall_seconds,
+        "selected": res.selected(),
+        "best_test": res.best_test(),
+        "curve": [
+            {"round": r.round, "val_hr@10": r.val["hr@10"], "test_hr@10": r.test["hr@10"]}
+            for r in res.rounds
+            if r.val
+        ],
+    }
+
+
+def cell_dir(key: str, label: str) -> Path:
+    """Where the seeds of one cell are stored, one JSON file each."""
+    return OUT / key.replace("/", "-") / label
+
+
+def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: int) -> None:
+    """Run the seeds of one cell not stored yet (seeds of a cell may run in parallel
+    processes: each writes its own file)."""
+    folder = cell_dir(key, label)
+    for seed in seeds:
+        path = folder / f"seed-{seed}.json"
+        if path.exists():
+            continue
+        t0 = time.perf_counter()
+        data: dict[str, Any] = {"dataset": key, "label": label, "eval_every": eval_every}
+        if label == "popularity":
+            res = popularity(split)
+        elif label == "random":
+            res = random_ranking(split, seed=seed)
+        else:
+            cfg = replace(config_of(label, split, eval_every), seed=seed)
+            data["method"], data["preset"] = FEDERATED[label]
+            own = f"tuned-{split.name}" in stored()
+            data["settings_from"] = (
+                "paper" if label == "faithful" else f"tuned-{split.name}" if own else "learned"
+            )
+            data["settings"] = {
+                k: getattr(cfg, k) for k in ("rounds", "server_lr", "client_lr", "server_optimizer")
+            } | dict(zip(("rho_sh", "rho_ns"), cfg.effective_rho(), strict=True))
+            res = Simulator(split, cfg).run()
+        data.update(record(res, seed))
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        sel = res.selected() or {}
+        print(
+            f"{key} {label} seed {seed}: selected HR@10 {sel.get('hr@10', float('nan')):.4f} "
+            f"({time.perf_counter() - t0:.0f}s)",
+            flush=True,
+        )
+        if label == "popularity":
+            break  # deterministic: one run stands for every seed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument(
+        "--cells",
+        default=",".join(f"{d}:{label}" for d in (*DATASETS, SYNTHETIC) for label in LABELS),
+        help="comma-separated <dataset>/<protocol>:<label>, in the order to run",
+    )
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("FEDREC_THREADS", "1")))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    splits: dict[str, Split] = {}
+    for cell in args.cells.split(","):
+        key, label = cell.split(":")
+        if label not in LABELS:
+            raise SystemExit(f"unknown label {label!r}; one of {', '.join(LABELS)}")
+        if key not in splits:
+            splits[key] = load(key, args.data_dir)
+        try:
+            run_cell(key, label, splits[key], seeds, args.eval_every)
+        except ValueError as err:  # e.g. no tuned preset yet
+            print(f"{key} {label}: skipped ({err})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
