@@ -9,7 +9,8 @@
   ``n_items`` is taken from the dataset (default filmtrust) when it is not given;
 * ``WAIT_FOR``: comma-separated worker ``/healthz`` URLs that must report ``registered`` first
   (the first round's cohort is drawn from the clients registered when the run starts);
-* ``WAIT_TIMEOUT_S`` (default 600).
+* ``WAIT_TIMEOUT_S`` (default 600);
+* ``DASHBOARD_PORT``: when set, the web dashboard's address on the host is printed first.
 
 With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
 until every round is closed and evaluated, waits until recommend-api (``RECOMMEND_URL``) serves
@@ -259,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--follow", action="store_true", help="print progress until the end")
     args = parser.parse_args(argv)
     base = os.environ.get("AGGREGATOR_URL", "http://aggregator:8700").rstrip("/")
+    if dashboard_port := os.environ.get("DASHBOARD_PORT", "").strip():
+        say(f"dashboard: http://127.0.0.1:{dashboard_port}/ui/ (on the host)")
     try:
         timeout_s = float(os.environ.get("WAIT_TIMEOUT_S", "600"))
         token = operator_token()

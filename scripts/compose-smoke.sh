@@ -239,6 +239,7 @@ code=$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq demo)")
 docker logs "$(compose ps -aq demo)" 2>&1 | tee "$WORK/demo.log"
 [ "$code" = 0 ] || fail "the demo exited with $code"
 grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fail "the run did not finish"
+grep -qF "dashboard: http://127.0.0.1:$FEDREC_DASHBOARD_PORT/ui/" "$WORK/demo.log" || fail "the demo did not print the dashboard's address"
 [ "$(grep -cE '^ +[0-9]+  ' "$WORK/demo.log")" -ge 10 ] || fail "no top-10 in the demo's log"
 [ "$(closed_rounds)" = "$ROUNDS" ] || fail "$(closed_rounds) rounds closed, not $ROUNDS"
 

@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow
 ROUNDS = 8
 LAPTOP = {"width": 1366, "height": 900}
 PHONE = {"width": 390, "height": 844}
+#: axe-core (MPL-2.0), the accessibility rules engine, vendored for the tests only
+AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
+WCAG = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 
 
 def _until(what: str, cond: Callable[[], Any], timeout_s: float = 180.0) -> Any:
@@ -46,6 +49,27 @@ def _screenshot_dir(tmp_path: Path) -> Path:
     out = Path(os.environ.get("FEDREC_DASHBOARD_SCREENSHOTS") or tmp_path / "img")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def _accessibility_violations(browser: Any, url: str, viewport: dict[str, int]) -> list[Any]:
+    """axe-core's WCAG 2.1 A/AA violations of the page with every panel open (operator
+    controls enabled by a token that is never sent, the start form unfolded). The page's
+    policy admits no injected script, so this context alone bypasses it."""
+    context = browser.new_context(viewport=viewport, bypass_csp=True)
+    page = context.new_page()
+    page.goto(url)
+    page.wait_for_selector("#conn:has-text('Live')")
+    page.fill("#op-token", "only-to-enable-the-controls")
+    page.click("#token-form button[type=submit]")
+    page.click("#start-details summary")
+    page.add_script_tag(path=str(AXE))
+    found: list[Any] = page.evaluate(
+        """async (tags) => (await axe.run(document, {runOnly: tags})).violations.map(
+            v => ({id: v.id, impact: v.impact, nodes: v.nodes.map(n => n.target.join(' '))}))""",
+        WCAG,
+    )
+    context.close()
+    return found
 
 
 def test_dashboard_in_a_browser(tmp_path: Path) -> None:
@@ -91,6 +115,12 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
         assert phone.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
         phone.screenshot(path=str(shots / "dashboard-phone.png"), full_page=True)
         phone.close()
+        # accessible at both widths (labels, contrast, names, roles, focusable scroll regions)
+        for viewport in (LAPTOP, PHONE):
+            assert _accessibility_violations(browser, url, viewport) == [], viewport
+        # keyboard: the first Tab reaches the skip link
+        page.keyboard.press("Tab")
+        assert page.evaluate("document.activeElement.className") == "skip"
 
         text = wait_for_text(log_path, "Services are running", proc, timeout_s=600)
         assert f"top-10 from recommend_api, model v{ROUNDS}" in text
@@ -103,7 +133,7 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
         ).json()
         page.fill("#rec-user", str(user))
         page.fill("#rec-k", "10")
-        page.click("#rec-form button[type=submit]")
+        page.keyboard.press("Enter")  # from the k input: the form is used by keyboard
         page.wait_for_selector(f"#rec-status:has-text('model v{worker['model_version']}')")
         shown = page.eval_on_selector_all(
             "#rec-table tbody tr td:nth-child(2)", "cells => cells.map(c => c.textContent)"
@@ -138,8 +168,9 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
 
         # with it: start a run from the form, pause, resume, stop
         token = (workdir / "operator.token").read_text().strip()
-        page.fill("#op-token", token)
-        page.click("#token-form button[type=submit]")
+        page.focus("#op-token")
+        page.keyboard.type(token)
+        page.keyboard.press("Enter")
         page.click("#start-details summary")
         _until("the catalogue size taken from the run", lambda: page.input_value("#cfg-n_items"))
         page.fill("#cfg-rounds", "500")
@@ -151,7 +182,8 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
             ("resume", "running", "open"),
             ("stop", "stopped", "finished"),
         ):
-            page.click(f"#op-actions button[data-action={action}]")
+            page.focus(f"#op-actions button[data-action={action}]")
+            page.keyboard.press("Enter")
             page.wait_for_selector(f"#op-result:has-text('run #2 is {state}')")
             page.wait_for_selector(f"#ov-state:text-is('{shown_state}')")
         page.screenshot(path=str(shots / "dashboard-operator.png"), full_page=True)
