@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,9 @@ class Upstream:
         self, settings: DashboardSettings, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.settings = settings
+        # one snapshot serves every viewer polling within half a poll period of it
+        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
         timeout = settings.timeout_s
         reader = {}
         if settings.aggregator_token is not None:
@@ -112,6 +116,15 @@ class Upstream:
     # ------------------------------------------------------------------ the snapshot
 
     async def snapshot(self) -> dict[str, Any]:
+        """The latest snapshot, read again when older than half a poll period: however many
+        pages are open, the services are asked about once per half period."""
+        max_age = self.settings.poll_interval_s / 2
+        async with self._lock:
+            if self._cached is None or time.monotonic() - self._cached[0] >= max_age:
+                self._cached = (time.monotonic(), await self.read_snapshot())
+            return self._cached[1]
+
+    async def read_snapshot(self) -> dict[str, Any]:
         """Everything the page shows, read concurrently."""
         run, history, registered, metrics, workers, rec = await asyncio.gather(
             self._get_json(self.agg, "/v1/rounds/current", self.reader_headers),
@@ -190,6 +203,7 @@ class Upstream:
             resp = await self.agg.post(path, content=body or b"", headers=headers)
         except httpx.HTTPError as err:
             return _unavailable("aggregator", err)
+        self._cached = None  # the next page poll shows the action's effect
         return Answer(resp.status_code, _json(resp))
 
 

@@ -50,6 +50,7 @@ def dashboard(agg: TestClient, **overrides: Any) -> TestClient:
         "aggregator_url": "http://aggregator",
         "aggregator_token": READER,
         "recommend_url": None,
+        "poll_interval_s": 0.001,  # no snapshot is reused across the calls of a test
     }
     settings = DashboardSettings(**{**values, **overrides})
     return TestClient(create_app(settings, transport=Routed(agg)))
@@ -101,6 +102,17 @@ def test_state_has_an_etag_and_changes_when_the_run_does(agg: TestClient) -> Non
     assert state["round"]["cohort_size"] == run["cohort_size"] > 0
     assert state["round"]["updates_received"] == 0
     assert state["counters"]["rounds_closed"] == 0
+
+
+def test_viewers_polling_together_share_one_snapshot(agg: TestClient) -> None:
+    with dashboard(agg, poll_interval_s=3600) as dash:
+        assert dash.get("/ui/api/state").json()["registered"] == 0
+        register(agg, [0, 1])
+        # within half a poll period: the same snapshot, the services are not asked again
+        assert dash.get("/ui/api/state").json()["registered"] == 0
+        # an operator action (refused or not) makes the next poll read again
+        dash.post("/ui/api/runs/current/pause")
+        assert dash.get("/ui/api/state").json()["registered"] == 2
 
 
 def test_without_the_reader_token_the_state_says_why(agg: TestClient) -> None:
