@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedrecgel.secagg.fixedpoint import FixedPoint
 
 ModelKind = Literal["ncf", "mf"]
 Weighting = Literal["mean", "samples"]
 OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
+SecAggMode = Literal["off", "dense"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
 MAX_SEED = 2**32 - 1
@@ -72,6 +75,48 @@ class RunParams(BaseModel):
         max_length=200,
         description="Dataset of the run (a label the workers check).",
     )
+
+    secure_aggregation: SecAggMode = Field(
+        default="off",
+        description="Secure aggregation of uploads: off (plain sparse uploads, the server sees "
+        "each one) or dense (masked dense vectors: the server learns only the cohort's sum).",
+    )
+    secagg_neighbours: int = Field(
+        default=8,
+        ge=0,
+        le=1000,
+        description="SecAgg+ graph: each client masks with this many peers on either side of a "
+        "public random ring; 0 = every pair (SecAgg).",
+    )
+    secagg_dropout: float = Field(
+        default=0.3,
+        ge=0.0,
+        lt=0.5,
+        description="Fraction of a client's neighbours that may drop out after masking "
+        "(the secret-sharing threshold is the rest).",
+    )
+    secagg_range: float = Field(
+        default=16.0,
+        gt=0.0,
+        le=1e6,
+        description="Fixed-point range: each uploaded value is clipped to [-range, range].",
+    )
+    secagg_scale_bits: int = Field(
+        default=32, ge=8, le=48, description="Fixed-point step: 2^-bits (values mod 2^64)."
+    )
+
+    @model_validator(mode="after")
+    def _secagg_fits(self) -> RunParams:
+        if self.secure_aggregation != "off":
+            if self.weighting != "mean":
+                raise ValueError("secure aggregation needs weighting=mean")
+            if self.secagg_fixed_point().max_cohort() < 2:
+                raise ValueError("secagg_range * 2^secagg_scale_bits leaves no room for a sum")
+        return self
+
+    def secagg_fixed_point(self) -> FixedPoint:
+        """The fixed-point encoding of secure-aggregated uploads."""
+        return FixedPoint(self.secagg_range, self.secagg_scale_bits)
 
     def quorum_count(self, cohort_size: int) -> int:
         """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""

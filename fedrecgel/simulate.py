@@ -18,13 +18,14 @@ import torch
 
 from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import select_cohort
-from fedrecgel.config import DEFAULTS, RunParams, check
+from fedrecgel.config import DEFAULTS, RunParams, SecAggMode, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
+from fedrecgel.secagg.aggregate import secure_mean
 from fedrecgel.strategy import OptimizerName, Strategy, Weighting, make_strategy
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,11 @@ class TrainConfig:
     factor: int = DEFAULTS.factor
     layers: int = DEFAULTS.layers
     seed: int = DEFAULTS.seed
+    secure_aggregation: SecAggMode = DEFAULTS.secure_aggregation
+    secagg_neighbours: int = DEFAULTS.secagg_neighbours
+    secagg_dropout: float = DEFAULTS.secagg_dropout
+    secagg_range: float = DEFAULTS.secagg_range
+    secagg_scale_bits: int = DEFAULTS.secagg_scale_bits
     eval_every: int = 1
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a
@@ -88,6 +94,11 @@ class TrainConfig:
             factor=params.factor,
             layers=params.layers,
             seed=params.seed,
+            secure_aggregation=params.secure_aggregation,
+            secagg_neighbours=params.secagg_neighbours,
+            secagg_dropout=params.secagg_dropout,
+            secagg_range=params.secagg_range,
+            secagg_scale_bits=params.secagg_scale_bits,
             **own,
         )
 
@@ -111,6 +122,11 @@ class TrainConfig:
             "client_lr": self.client_lr,
             "n_negatives": self.n_negatives,
             "chunk_size": self.chunk_size,
+            "secure_aggregation": self.secure_aggregation,
+            "secagg_neighbours": self.secagg_neighbours,
+            "secagg_dropout": self.secagg_dropout,
+            "secagg_range": self.secagg_range,
+            "secagg_scale_bits": self.secagg_scale_bits,
             **overrides,
         }
         return check(values, RunParams)
@@ -232,6 +248,7 @@ class Simulator:
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.clients = ClientRound(self.model_cfg, self.hp, config.seed)
+        self.params = config.run_params()
         self.round_id = 0
 
     def samples_for(
@@ -251,13 +268,15 @@ class Simulator:
             result = self.clients.step_in(self.store, self.shared, r, part, self.split.user_train)
             uploads += result.uploads
             losses.append(result.losses)
-        self.strategy.round(self.shared, uploads)
-        rec = RoundRecord(
-            round=r,
-            n_clients=len(cohort),
-            loss=float(np.concatenate(losses).mean()),
-            seconds=0.0,
-        )
+        if self.config.secure_aggregation == "off":
+            self.strategy.round(self.shared, uploads)
+            loss = float(np.concatenate(losses).mean())
+        else:
+            # the server sees masked vectors only: it unmasks the mean, then takes its step
+            mean = secure_mean(self.model_cfg, self.params, r, uploads)
+            self.strategy.apply(self.shared, mean.grads)
+            loss = mean.loss
+        rec = RoundRecord(round=r, n_clients=len(cohort), loss=loss, seconds=0.0)
         every = self.config.eval_every
         if every and (r % every == 0 or r == self.config.rounds):
             rec.test, rec.val = self.evaluate()

@@ -188,6 +188,20 @@ class FedAvgGradients(Strategy):
         self.optimizer.load_state_dict(state)
 
 
+def clip_update(u: Update, max_norm: float) -> Update:
+    """``u`` scaled to L2 norm at most ``max_norm`` (over rows and score network together)."""
+    sq = sum(float((v**2).sum()) for _, v in u.rows.values())
+    sq += sum(float((g**2).sum()) for g in u.dense.values())
+    f = min(1.0, max_norm / (math.sqrt(sq) + 1e-12))
+    return Update(
+        client_id=u.client_id,
+        n_samples=u.n_samples,
+        rows={k: (i, v * f) for k, (i, v) in u.rows.items()},
+        dense={k: g * f for k, g in u.dense.items()},
+        loss=u.loss,
+    )
+
+
 class ClipUpdates(Strategy):
     """Wraps a strategy; first scales every update to L2 norm at most ``max_norm``."""
 
@@ -201,21 +215,7 @@ class ClipUpdates(Strategy):
         self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
     ) -> dict[str, Tensor]:
         """Clip each update, then aggregate with the inner strategy."""
-        clipped = []
-        for u in updates:
-            sq = sum(float((v**2).sum()) for _, v in u.rows.values())
-            sq += sum(float((g**2).sum()) for g in u.dense.values())
-            f = min(1.0, self.max_norm / (math.sqrt(sq) + 1e-12))
-            clipped.append(
-                Update(
-                    client_id=u.client_id,
-                    n_samples=u.n_samples,
-                    rows={k: (i, v * f) for k, (i, v) in u.rows.items()},
-                    dense={k: g * f for k, g in u.dense.items()},
-                    loss=u.loss,
-                )
-            )
-        return self.inner.aggregate(clipped, shapes)
+        return self.inner.aggregate([clip_update(u, self.max_norm) for u in updates], shapes)
 
     def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
         """Delegate to the inner strategy."""

@@ -27,14 +27,12 @@ class OverflowRefused(ValueError):
 class FixedPoint:
     """Encoding parameters: values in ``[-range_, range_]``, step ``2^-scale_bits``."""
 
-    range_: float = 16.0
-    scale_bits: int = 32
+    range_: float
+    scale_bits: int
 
     def __post_init__(self) -> None:
         if not (self.range_ > 0 and 0 <= self.scale_bits <= 60):
             raise ValueError("range must be > 0 and scale_bits in [0, 60]")
-        if self.max_cohort() < 1:
-            raise ValueError("range * 2^scale_bits leaves no room for even one client")
 
     @property
     def step(self) -> float:
@@ -47,7 +45,7 @@ class FixedPoint:
 
     def max_cohort(self) -> int:
         """Most clients whose sum cannot wrap: n * max_abs_word < 2^63."""
-        return (2 ** (WORD_BITS - 1) - 1) // self.max_abs_word()
+        return max(0, (2 ** (WORD_BITS - 1) - 1) // self.max_abs_word())
 
     def check_cohort(self, n: int) -> None:
         """Refuse a cohort whose sum could wrap around the ring."""

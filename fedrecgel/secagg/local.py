@@ -5,7 +5,7 @@ misbehave at a given step)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -34,9 +34,10 @@ class Faults:
 
 @dataclass
 class LocalRound:
-    """The messages and the outcome of one in-process round."""
+    """The outcome of one in-process round, the masked vectors of the clients asked for in
+    ``record`` (what the server saw of them), and how many values were clipped."""
 
-    spec: Server
+    server: Server
     outcome: Outcome
     masked: dict[int, np.ndarray] = field(default_factory=dict)
     clipped: int = 0
@@ -48,13 +49,21 @@ def _corrupt(sh: Shares, receivers: set[int]) -> Shares:
 
 
 def secure_sum(
-    spec: RoundSpec, inputs: Mapping[int, np.ndarray], faults: Faults | None = None
+    spec: RoundSpec,
+    inputs: Mapping[int, np.ndarray] | Callable[[int], np.ndarray],
+    faults: Faults | None = None,
+    record: Iterable[int] = (),
 ) -> LocalRound:
-    """Run one round over ``inputs`` (client id -> float vector, one per cohort member);
-    :class:`~fedrecgel.secagg.protocol.RoundFailed` when it cannot close."""
+    """Run one round over ``inputs`` (client id -> float vector, for every cohort member; a
+    function is called once per client when it masks, so a cohort's dense inputs need not all
+    be in memory at once); :class:`~fedrecgel.secagg.protocol.RoundFailed` when it cannot
+    close."""
     f = faults or Faults()
-    if set(inputs) != set(spec.cohort):
+    get = inputs if callable(inputs) else inputs.__getitem__
+    if not callable(inputs) and set(inputs) != set(spec.cohort):
         raise ValueError("one input per cohort member")
+    keep = set(record)
+    masked: dict[int, np.ndarray] = {}
     server = Server(spec)
     clients = {u: Client(spec, u) for u in spec.cohort}
     live = [u for u in spec.cohort if u not in f.no_keys]
@@ -68,8 +77,10 @@ def secure_sum(
     live = [u for u in live if u not in f.no_input]
     clipped = 0
     for u in live:
-        m = clients[u].masked(inputs[u], server.shares_for(u))
+        m = clients[u].masked(get(u), server.shares_for(u))
         clipped += clients[u].clipped
+        if u in keep:
+            masked[u] = m.y.copy()
         server.add_masked(m)
     alive, gone = server.survivors()
     reveals = []
@@ -85,7 +96,7 @@ def secure_sum(
             )
         reveals.append(rv)
     outcome = server.unmask(reveals)
-    return LocalRound(server, outcome, {u: server.masked[u].y for u in alive}, clipped)
+    return LocalRound(server, outcome, masked, clipped)
 
 
 __all__ = ["Faults", "LocalRound", "RoundFailed", "secure_sum"]

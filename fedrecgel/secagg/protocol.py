@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -70,10 +70,10 @@ class RoundSpec:
     round_id: int
     cohort: tuple[int, ...]
     length: int
-    fixed: FixedPoint = field(default_factory=FixedPoint)
-    neighbours: int = 0
-    dropout: float = 0.3
-    graph_seed: int = 0
+    fixed: FixedPoint
+    neighbours: int
+    dropout: float
+    graph_seed: int
 
     def __post_init__(self) -> None:
         if len(set(self.cohort)) != len(self.cohort) or len(self.cohort) < 2:

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedrecgel.secagg import crypto, shamir
-from fedrecgel.secagg.protocol import Keys, Masked, Reveal, RoundFailed, RoundSpec, Shares, _sign
+from fedrecgel.secagg.protocol import (
+    Keys,
+    Masked,
+    Reveal,
+    RoundFailed,
+    RoundSpec,
+    Shares,
+    _sign,
+)
 
 
 @dataclass
@@ -33,7 +41,8 @@ class Server:
         self.spec = spec
         self.keys: dict[int, Keys] = {}
         self.shares: dict[int, Shares] = {}
-        self.masked: dict[int, Masked] = {}
+        self.arrived: dict[int, tuple[int, ...]] = {}  # client -> its complaints
+        self._total = np.zeros(spec.length, dtype=np.uint64)  # running sum of the y's
 
     # step 0 -> 1
     def add_keys(self, msg: Keys) -> None:
@@ -69,17 +78,18 @@ class Server:
     def add_masked(self, msg: Masked) -> None:
         """Keep a client's masked vector."""
         u = msg.client_id
-        if u not in self.shares or u in self.masked:
+        if u not in self.shares or u in self.arrived:
             raise ValueError(f"client {u} did not share, or already sent its input")
         y = np.asarray(msg.y)
         if y.dtype != np.uint64 or y.shape != (self.spec.length,):
             raise ValueError(f"client {u}: masked vector must be uint64 ({self.spec.length},)")
-        self.masked[u] = msg
+        self._total += y  # only the sum is kept
+        self.arrived[u] = msg.complaints
 
     def survivors(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(survivors: input arrived, dropped: shared but no input)."""
-        alive = tuple(sorted(self.masked))
-        gone = tuple(sorted(set(self.shares) - set(self.masked)))
+        alive = tuple(sorted(self.arrived))
+        gone = tuple(sorted(set(self.shares) - set(self.arrived)))
         return alive, gone
 
     # step 3 -> sum
@@ -109,9 +119,7 @@ class Server:
                         bad[w] = bad.get(w, 0) + 1
                         continue
                     into[owner][w + 1] = shamir.from_bytes(yb)
-        total = np.zeros(n, dtype=np.uint64)
-        for u in alive:
-            total += self.masked[u].y
+        total = self._total.copy()
         for u in alive:
             seed = self._recover(u, b_sh[u])
             if crypto.commit("seed", r, u, seed) != self.shares[u].b_commit:
@@ -137,7 +145,7 @@ class Server:
             survivors=alive,
             dropped=gone,
             bad_shares=bad,
-            complaints={u: m.complaints for u, m in self.masked.items() if m.complaints},
+            complaints={u: c for u, c in self.arrived.items() if c},
         )
 
     def _recover(self, owner: int, shares: Mapping[int, int]) -> bytes:

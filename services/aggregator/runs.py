@@ -127,6 +127,12 @@ class RunLifecycle:
         shared parameters is refused (422), and so is a start while a run is active or no
         client is registered (409); the transaction below checks the latter again.
         """
+        if cfg.secure_aggregation != "off":
+            raise Malformed(
+                "secure aggregation is not served over HTTP yet (it runs in the simulator: "
+                "fedrec train --secure-aggregation dense)",
+                "unsupported_setting",
+            )
         mcfg = cfg.model()
         n_params = sum(math.prod(shape) for shape in mcfg.shared_shapes().values())
         if n_params > self.max_model_params:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedrecgel.config import DEFAULTS
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import Update
 from fedrecgel.secagg import crypto, shamir
@@ -20,6 +21,22 @@ from fedrecgel.secagg.server import Server
 
 COHORT = tuple(range(3, 3 + 2 * 12, 2))  # 12 clients, non-contiguous ids
 LENGTH = 500
+
+
+FP = DEFAULTS.secagg_fixed_point()
+
+
+def make(
+    round_id: int,
+    cohort: tuple[int, ...] = COHORT,
+    *,
+    length: int = LENGTH,
+    fixed: FixedPoint = FP,
+    neighbours: int = 0,
+    dropout: float = DEFAULTS.secagg_dropout,
+    graph_seed: int = 0,
+) -> RoundSpec:
+    return RoundSpec(round_id, cohort, length, fixed, neighbours, dropout, graph_seed)
 
 
 def inputs(seed: int = 0, cohort: tuple[int, ...] = COHORT) -> dict[int, np.ndarray]:
@@ -62,7 +79,7 @@ def test_the_cohort_bound_is_exactly_where_the_sum_would_wrap() -> None:
     with pytest.raises(OverflowRefused):
         fp.check_cohort(8)
     with pytest.raises(OverflowRefused):
-        RoundSpec(1, tuple(range(8)), 4, fixed=fp)
+        make(1, tuple(range(8)), length=4, fixed=fp)
 
 
 # --------------------------------------------------------------------------------- shamir
@@ -102,7 +119,7 @@ def test_a_tampered_share_changes_the_interpolation() -> None:
 @pytest.mark.parametrize("neighbours", [0, 2])
 def test_the_secure_sum_is_the_plain_sum_within_the_step(neighbours: int) -> None:
     x = inputs()
-    spec = RoundSpec(7, COHORT, LENGTH, neighbours=neighbours, graph_seed=3)
+    spec = make(7, COHORT, neighbours=neighbours, graph_seed=3)
     r = secure_sum(spec, x)
     step = spec.fixed.step
     assert np.abs(r.outcome.total - plain_sum(x)).max() <= len(COHORT) * step / 2
@@ -110,7 +127,7 @@ def test_the_secure_sum_is_the_plain_sum_within_the_step(neighbours: int) -> Non
 
 
 def test_the_neighbourhood_graph_is_symmetric_and_sparse() -> None:
-    spec = RoundSpec(7, COHORT, LENGTH, neighbours=2, graph_seed=3)
+    spec = make(7, COHORT, neighbours=2, graph_seed=3)
     for u in COHORT:
         nb = spec.neighbours_of(u)
         assert len(nb) == 4 and u not in nb
@@ -121,7 +138,7 @@ def test_the_neighbourhood_graph_is_symmetric_and_sparse() -> None:
 @pytest.mark.parametrize("neighbours", [0, 3])
 def test_dropouts_before_and_after_masking_still_give_the_survivors_sum(neighbours: int) -> None:
     x = inputs(1)
-    spec = RoundSpec(2, COHORT, LENGTH, neighbours=neighbours, dropout=0.4, graph_seed=1)
+    spec = make(2, COHORT, neighbours=neighbours, dropout=0.4, graph_seed=1)
     faults = Faults(
         no_keys=frozenset({COHORT[0]}),
         no_input=frozenset({COHORT[5]}),  # shared its keys, never masked: its masks removed
@@ -134,7 +151,7 @@ def test_dropouts_before_and_after_masking_still_give_the_survivors_sum(neighbou
 
 
 def test_too_many_dropouts_fail_the_round_instead_of_giving_a_wrong_sum() -> None:
-    spec = RoundSpec(2, COHORT, LENGTH, neighbours=0, dropout=0.2)
+    spec = make(2, COHORT, neighbours=0, dropout=0.2)
     # t = 11 - 2 = 9 of each client's 11 neighbours: 4 silent revealers leave 8
     faults = Faults(no_reveal=frozenset(COHORT[:4]))
     with pytest.raises(RoundFailed, match="valid shares"):
@@ -145,15 +162,16 @@ def test_unmasking_with_fewer_than_the_threshold_of_shares_fails() -> None:
     """The server holding every masked vector and t-1 shares of each seed learns nothing:
     it cannot unmask, and what it holds of one client is not that client's input."""
     x = inputs(2)
-    spec = RoundSpec(4, COHORT, LENGTH, neighbours=0)
+    spec = make(4, COHORT, neighbours=0)
     server = Server(spec)
     clients = {u: Client(spec, u) for u in COHORT}
     for u in COHORT:
         server.add_keys(clients[u].advertise())
     for u in COHORT:
         server.add_shares(clients[u].share(server.keys_for(u)))
-    for u in COHORT:
-        server.add_masked(clients[u].masked(x[u], server.shares_for(u)))
+    sent = {u: clients[u].masked(x[u], server.shares_for(u)) for u in COHORT}
+    for m in sent.values():
+        server.add_masked(m)
     alive, gone = server.survivors()
     t = spec.threshold(COHORT[0])
     # t - 1 clients other than the first reveal: t - 1 shares of the first client's seed
@@ -161,7 +179,7 @@ def test_unmasking_with_fewer_than_the_threshold_of_shares_fails() -> None:
     with pytest.raises(RoundFailed, match=f"client {COHORT[0]}: {t - 1} valid shares, {t} needed"):
         server.unmask(reveals)
     # the best it can do with one masked vector: decode it as it is -> noise, not the input
-    y = spec.fixed.decode(server.masked[COHORT[0]].y)
+    y = spec.fixed.decode(sent[COHORT[0]].y)
     assert abs(np.corrcoef(y, x[COHORT[0]])[0, 1]) < 0.2
     # with every client's shares it closes (the same masked vectors)
     reveals += [clients[u].reveal(alive, gone) for u in (COHORT[0], *COHORT[t:])]
@@ -171,7 +189,7 @@ def test_unmasking_with_fewer_than_the_threshold_of_shares_fails() -> None:
 
 def test_malformed_revealed_shares_are_detected_and_the_round_still_closes() -> None:
     x = inputs(3)
-    spec = RoundSpec(5, COHORT, LENGTH, neighbours=0, dropout=0.3)
+    spec = make(5, COHORT, neighbours=0, dropout=0.3)
     faults = Faults(no_input=frozenset({COHORT[2]}), bad_reveal=frozenset({COHORT[7]}))
     r = secure_sum(spec, x, faults)
     # every share it revealed: 10 surviving neighbours' seeds and the dropped one's key
@@ -181,14 +199,14 @@ def test_malformed_revealed_shares_are_detected_and_the_round_still_closes() -> 
 
 
 def test_too_many_malformed_shares_fail_the_round_never_a_wrong_sum() -> None:
-    spec = RoundSpec(5, COHORT, LENGTH, neighbours=0, dropout=0.2)
+    spec = make(5, COHORT, neighbours=0, dropout=0.2)
     with pytest.raises(RoundFailed):
         secure_sum(spec, inputs(), Faults(bad_reveal=frozenset(COHORT[:4])))
 
 
 def test_a_corrupted_share_ciphertext_is_refused_by_its_receiver() -> None:
     x = inputs(4)
-    spec = RoundSpec(6, COHORT, LENGTH, neighbours=0)
+    spec = make(6, COHORT, neighbours=0)
     sender, receiver = COHORT[1], COHORT[6]
     r = secure_sum(spec, x, Faults(bad_seal=frozenset({(sender, receiver)})))
     assert r.outcome.complaints == {receiver: (sender,)}
@@ -196,7 +214,7 @@ def test_a_corrupted_share_ciphertext_is_refused_by_its_receiver() -> None:
 
 
 def test_a_client_never_reveals_both_secrets_of_one_client() -> None:
-    spec = RoundSpec(6, COHORT[:4], LENGTH)
+    spec = make(6, COHORT[:4])
     server = Server(spec)
     clients = {u: Client(spec, u) for u in spec.cohort}
     for u in spec.cohort:
@@ -210,14 +228,14 @@ def test_a_client_never_reveals_both_secrets_of_one_client() -> None:
 
 
 def test_the_server_refuses_malformed_messages() -> None:
-    spec = RoundSpec(6, COHORT[:3], LENGTH)
+    spec = make(6, COHORT[:3])
     server = Server(spec)
     c = Client(spec, COHORT[0])
     server.add_keys(c.advertise())
     with pytest.raises(ValueError):
         server.add_keys(c.advertise())  # twice
     with pytest.raises(ValueError):
-        RoundSpec(6, (1,), LENGTH)  # a sum of one client is no secret
+        make(6, (1,))  # a sum of one client is no secret
 
 
 def test_keys_are_fresh_and_the_prg_depends_on_its_key() -> None:
