@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy_report import section as accuracy_section
+from secagg_report import section as secagg_section
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results"
@@ -323,6 +324,8 @@ def main() -> None:
         *compose(),
         "",
         *fuzzing(),
+        "",
+        *secagg_section(),
     ]
     (ROOT / "docs" / "RESULTS.md").write_text("\n".join(parts).rstrip() + "\n")
 
