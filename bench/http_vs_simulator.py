@@ -33,10 +33,11 @@ import torch
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
-from services.launcher import UpOptions, cluster, worker_torch_threads
+from services.launcher import worker_torch_threads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from tests.support.loopback import free_port, redis_server
+from tests.support.loopback import redis_server
+from tests.support.parity import aggregator_started, parity_options, start_workers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
 
@@ -51,22 +52,12 @@ def http_run(
 ) -> dict[str, Any]:
     """The run over HTTP: timings, history and the final model's shared parameters."""
     split = load_split(dataset)
-    opts = UpOptions(
-        run=train.run_params(dataset=dataset, deadline_s=3600.0),
-        workers=workers,
-        aggregator_port=free_port(),
-        workdir=workdir,
-        recommend=False,
-        redis_url=redis_url,
-        worker_poll_max_s=poll_max_s,
-        startup_timeout_s=300.0,
+    opts = parity_options(
+        train, dataset, workdir, workers=workers, redis_url=redis_url, worker_poll_max_s=poll_max_s
     )
     t0 = time.perf_counter()
-    with cluster(opts) as c:
-        c.start_aggregator()
-        for i in range(workers):
-            c.start_worker(i)
-        c.wait_registered(split.n_users)
+    with aggregator_started(opts) as c:
+        start_workers(c, split.n_users)
         t_ready = time.perf_counter()
         c.start_run(split.n_items)
         history = c.wait_complete(timeout_s=3600.0, poll_s=0.05)

@@ -20,7 +20,7 @@ from fedrecgel.model import Scorer
 from fedrecgel.wire import decode_model
 from services.client_sim.store import WorkerStore
 from tests.support.loopback import free_port
-from tests.support.procs import alive, descendants, fedrec_up, spawned, wait_for_text
+from tests.support.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 
 pytestmark = pytest.mark.slow
 
@@ -33,20 +33,8 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
     with (
         log_path.open("w") as log,
         spawned(
-            fedrec_up(
-                "--rounds",
-                "2",
-                "--workdir",
-                str(workdir),
-                "--aggregator-port",
-                str(agg),
-                "--recommend-port",
-                str(rec),
-                "--worker-http-port",
-                str(http0),
-                "--dashboard-port",
-                str(dash),
-                "--keep-running",
+            fedrec_up_on(
+                workdir, (agg, rec, http0), "--rounds", "2", "--keep-running", dashboard_port=dash
             ),
             log,
             env={**os.environ, "COLUMNS": "200"},

@@ -17,7 +17,7 @@ import pytest
 
 from services.supervise import Stopped, locked_workdir, stop_on_signals
 from tests.support.loopback import free_port
-from tests.support.procs import alive, descendants, fedrec_up, spawned, wait_for_text
+from tests.support.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 
 
 def _ignore_sigint() -> None:
@@ -41,23 +41,6 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _up_args(workdir: Path, ports: tuple[int, int, int], *extra: str) -> list[str]:
-    agg, rec, http0 = ports
-    return fedrec_up(
-        "--workdir",
-        str(workdir),
-        "--aggregator-port",
-        str(agg),
-        "--recommend-port",
-        str(rec),
-        "--worker-http-port",
-        str(http0),
-        "--dashboard-port",
-        str(free_port()),
-        *extra,
-    )
 
 
 WIDE = {**os.environ, "COLUMNS": "500"}  # messages on one line
@@ -92,7 +75,7 @@ def test_a_busy_port_is_named_before_anything_starts(
     else:
         http0 = busy - 1
     workdir = tmp_path / "up"
-    code, out = _run(_up_args(workdir, (agg, rec, http0)), tmp_path / "up.log")
+    code, out = _run(fedrec_up_on(workdir, (agg, rec, http0)), tmp_path / "up.log")
     assert code == 2, out
     assert f"port {busy} ({which}" in out, out
     assert "Traceback" not in out
@@ -110,7 +93,7 @@ def test_a_second_instance_is_refused_without_touching_the_first_workdir(tmp_pat
         (workdir / name).write_bytes(data)
     with locked_workdir(workdir):
         before = {p.name: p.stat().st_mtime_ns for p in workdir.iterdir()}
-        code, out = _run(_up_args(workdir, _ports()), tmp_path / "up.log")
+        code, out = _run(fedrec_up_on(workdir, _ports()), tmp_path / "up.log")
         assert code == 2, out
         assert f"work directory {workdir} is in use" in out and f"pid {os.getpid()}" in out, out
         assert "Traceback" not in out
@@ -142,7 +125,7 @@ def test_running_instance_is_safe_from_a_second_one_and_sigterm_stops_everything
     with (
         log_path.open("w") as log,
         spawned(
-            _up_args(workdir, ports, "--rounds", "20"), log, env=WIDE, preexec_fn=_ignore_sigint
+            fedrec_up_on(workdir, ports, "--rounds", "20"), log, env=WIDE, preexec_fn=_ignore_sigint
         ) as first,
     ):
         wait_for_text(log_path, "clients registered", first, timeout_s=300)
@@ -151,9 +134,9 @@ def test_running_instance_is_safe_from_a_second_one_and_sigterm_stops_everything
         db = workdir / "aggregator.db"
         inode, logs = db.stat().st_ino, sorted(p.name for p in workdir.glob("*.log"))
 
-        code, out = _run(_up_args(workdir, _ports()), tmp_path / "second.log")
+        code, out = _run(fedrec_up_on(workdir, _ports()), tmp_path / "second.log")
         assert code == 2 and f"pid {first.pid}" in out and "Traceback" not in out, out
-        code, out = _run(_up_args(tmp_path / "third", ports), tmp_path / "third.log")
+        code, out = _run(fedrec_up_on(tmp_path / "third", ports), tmp_path / "third.log")
         assert code == 2 and f"port {ports[0]} (aggregator" in out, out
 
         assert db.stat().st_ino == inode and db.stat().st_size > 0
@@ -179,7 +162,7 @@ def test_running_instance_is_safe_from_a_second_one_and_sigterm_stops_everything
 def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
     """SIGKILL cannot be caught: the children still go, as the kernel signals them."""
     log_path = tmp_path / "up.log"
-    with log_path.open("w") as log, spawned(_up_args(tmp_path / "w", _ports()), log) as proc:
+    with log_path.open("w") as log, spawned(fedrec_up_on(tmp_path / "w", _ports()), log) as proc:
         wait_for_text(log_path, "aggregator up", proc, timeout_s=300)
         children = descendants(proc.pid)
         assert children

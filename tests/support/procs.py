@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from tests.support.loopback import free_port
+
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) of ``pid`` from /proc, or None when it is gone."""
@@ -103,6 +105,28 @@ def wait_for_text(path: Path, text: str, proc: subprocess.Popen[bytes], timeout_
 def fedrec_up(*args: str) -> list[str]:
     """The command line of ``fedrec up`` with ``args``, run by this interpreter."""
     return [sys.executable, "-m", FEDREC_MODULE, "up", *args]
+
+
+def fedrec_up_on(
+    workdir: Path, ports: tuple[int, int, int], *args: str, dashboard_port: int | None = None
+) -> list[str]:
+    """:func:`fedrec_up` in ``workdir`` with the aggregator, recommend_api and first worker
+    HTTP ports ``ports``, the dashboard on ``dashboard_port`` (else a free port), and
+    ``args``."""
+    agg, rec, http0 = ports
+    return fedrec_up(
+        "--workdir",
+        str(workdir),
+        "--aggregator-port",
+        str(agg),
+        "--recommend-port",
+        str(rec),
+        "--worker-http-port",
+        str(http0),
+        "--dashboard-port",
+        str(free_port() if dashboard_port is None else dashboard_port),
+        *args,
+    )
 
 
 # the module whose ``python -m`` is the ``fedrec`` command

@@ -1,0 +1,21 @@
+"""Fixtures of the end-to-end tests: the FilmTrust split and the simulator's reference run,
+computed once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedrecgel.data import Split, load_split
+from tests.e2e.http_run import DATASET, Reference, simulate_reference
+
+
+@pytest.fixture(scope="session")
+def split() -> Split:
+    """The FilmTrust split shipped with the package (no validation hold-out)."""
+    return load_split(DATASET)
+
+
+@pytest.fixture(scope="session")
+def reference(split: Split) -> Reference:
+    """The simulator's 20-round run, computed once per session (snapshot after SHORT rounds)."""
+    return simulate_reference(split)
