@@ -8,8 +8,8 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import torch
 from pydantic import ValidationError
@@ -22,6 +22,52 @@ from services.client_sim.worker import run_worker
 log = logging.getLogger(__name__)
 
 
+#: the help of every option: ``--a-name`` sets the WorkerSettings field ``a_name`` and takes
+#: its type (an on/off switch for a bool, the choices of a Literal)
+HELP: dict[str, str] = {
+    "aggregator": "aggregator base URL (default http://127.0.0.1:8700)",
+    "shard": "this worker's shard index I (owns u %% N == I)",
+    "shards": "number of shards N",
+    "enrolment_token_file": "file holding the shard's enrolment token ({shard} is replaced by "
+    "the shard; or $FEDREC_WORKER_ENROLMENT_TOKEN)",
+    "dataset": "dataset name (default filmtrust)",
+    "data_dir": "data directory (default: $FEDREC_DATA_DIR)",
+    "validation": "hold out a validation item per user (default off)",
+    "store": "store path or SQLAlchemy URL; {shard} is replaced by the shard (default worker-0.db)",
+    "redis_url": "subscribe to version events on this Redis",
+    "max_rounds": "stop after this many model versions",
+    "exit_when_finished": "stop when the run finishes (default on)",
+    "poll_min_s": "first poll interval when idle",
+    "poll_max_s": "longest poll interval when idle",
+    "timeout_s": "HTTP timeout",
+    "retries": "retries of a failed request",
+    "max_body_bytes": "byte budget of one upload body",
+    "log_level": "logging level (default INFO)",
+    "torch_threads": "torch intra-op threads (default: cores)",
+    "shard_from_hostname": "take --shard from the host name's trailing ordinal (StatefulSet "
+    "pod worker-I)",
+    "http_port": "serve the demo HTTP API on this port",
+    "http_host": "bind address of the HTTP API (default 127.0.0.1; another needs a device token)",
+    "device_token_file": "file holding the token the HTTP API requires (or "
+    "$FEDREC_WORKER_DEVICE_TOKEN)",
+    "recommend_url": "recommend_api base URL (default http://127.0.0.1:8702)",
+    "recommend_item_ids": "item ids recommend_api uses: the dataset's (default) or catalogue "
+    "indices",
+}
+
+
+def _option(field: str) -> dict[str, Any]:
+    """``add_argument`` keywords of the option of a settings field, typed as the field is."""
+    kind = WorkerSettings.model_fields[field].annotation
+    if get_origin(kind) in (Union, UnionType):  # X | None: the flag takes an X
+        (kind,) = [a for a in get_args(kind) if a is not type(None)]
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if get_origin(kind) is Literal:
+        return {"choices": get_args(kind)}
+    return {"type": kind}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The worker's argument parser (every flag defaults to the env / settings value)."""
     p = argparse.ArgumentParser(
@@ -29,61 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate the clients of one shard of users against an aggregator.",
         argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("--aggregator", help="aggregator base URL (default http://127.0.0.1:8700)")
-    p.add_argument("--shard", type=int, help="this worker's shard index I (owns u %% N == I)")
-    p.add_argument("--shards", type=int, help="number of shards N")
-    p.add_argument(
-        "--enrolment-token-file",
-        type=Path,
-        help="file holding the shard's enrolment token ({shard} is replaced by the shard; "
-        "or $FEDREC_WORKER_ENROLMENT_TOKEN)",
-    )
-    p.add_argument("--dataset", help="dataset name (default filmtrust)")
-    p.add_argument("--data-dir", type=Path, help="data directory (default: $FEDREC_DATA_DIR)")
-    p.add_argument(
-        "--validation",
-        action=argparse.BooleanOptionalAction,
-        help="hold out a validation item per user (default off)",
-    )
-    p.add_argument(
-        "--store",
-        help="store path or SQLAlchemy URL; {shard} is replaced by the shard (default worker-0.db)",
-    )
-    p.add_argument("--redis-url", help="subscribe to version events on this Redis")
-    p.add_argument("--max-rounds", type=int, help="stop after this many model versions")
-    p.add_argument(
-        "--exit-when-finished",
-        action=argparse.BooleanOptionalAction,
-        help="stop when the run finishes (default on)",
-    )
-    p.add_argument("--poll-min-s", type=float, help="first poll interval when idle")
-    p.add_argument("--poll-max-s", type=float, help="longest poll interval when idle")
-    p.add_argument("--timeout-s", type=float, help="HTTP timeout")
-    p.add_argument("--retries", type=int, help="retries of a failed request")
-    p.add_argument("--max-body-bytes", type=int, help="byte budget of one upload body")
-    p.add_argument("--log-level", help="logging level (default INFO)")
-    p.add_argument("--torch-threads", type=int, help="torch intra-op threads (default: cores)")
-    p.add_argument(
-        "--shard-from-hostname",
-        action=argparse.BooleanOptionalAction,
-        help="take --shard from the host name's trailing ordinal (StatefulSet pod worker-I)",
-    )
-    p.add_argument("--http-port", type=int, help="serve the demo HTTP API on this port")
-    p.add_argument(
-        "--http-host",
-        help="bind address of the HTTP API (default 127.0.0.1; another needs a device token)",
-    )
-    p.add_argument(
-        "--device-token-file",
-        type=Path,
-        help="file holding the token the HTTP API requires (or $FEDREC_WORKER_DEVICE_TOKEN)",
-    )
-    p.add_argument("--recommend-url", help="recommend_api base URL (default http://127.0.0.1:8702)")
-    p.add_argument(
-        "--recommend-item-ids",
-        choices=("dataset", "index"),
-        help="item ids recommend_api uses: the dataset's (default) or catalogue indices",
-    )
+    for field, help_text in HELP.items():
+        p.add_argument("--" + field.replace("_", "-"), help=help_text, **_option(field))
     return p
 
 
