@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 class LaunchError(RuntimeError):
@@ -41,38 +42,36 @@ OWN_FILES = ("aggregator.db*", "worker-*.db*", "*.log", TOKEN_FILE)
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into :class:`Stopped` in the main thread for the block, so that
-    the cleanup of an interrupted ``with`` runs as it does on Ctrl-C (whether or not SIGINT is
-    ignored, as it is for a background job of a script). Previous handlers come back after."""
+def _signals_handled(
+    handler: Callable[[int, Any], None] | signal.Handlers, signals: tuple[signal.Signals, ...]
+) -> Iterator[None]:
+    """``handler`` for ``signals`` during the block, the previous handlers back after; only in
+    the main thread (elsewhere Python cannot set handlers, and the block runs as it is)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def stop_on_signals() -> contextlib.AbstractContextManager[None]:
+    """Turn SIGTERM and SIGHUP into :class:`Stopped` in the main thread for the block, so that
+    the cleanup of an interrupted ``with`` runs as it does on Ctrl-C (whether or not SIGINT is
+    ignored, as it is for a background job of a script). Previous handlers come back after."""
 
     def handler(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return _signals_handled(handler, STOP_SIGNALS)
 
 
-@contextlib.contextmanager
-def uninterrupted() -> Iterator[None]:
+def uninterrupted() -> contextlib.AbstractContextManager[None]:
     """Ignore Ctrl-C, SIGTERM and SIGHUP for the block (a cleanup that must not be cut short)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, *STOP_SIGNALS)
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return _signals_handled(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS))
 
 
 @contextlib.contextmanager
