@@ -14,6 +14,7 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -24,6 +25,7 @@ from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import Update
 from fedrecgel.strategy import Strategy, make_strategy
 from fedrecgel.wire import WireError, decode_updates, encode_model
+from services.client_sim.settings import WorkerSettings
 from services.contract import (
     MODEL_VERSION_HEADER,
     CurrentRound,
@@ -43,6 +45,22 @@ ENROLMENT_SECRET = "fake-aggregator-enrolment-secret"
 def enrolment_for(shard: int, shards: int) -> str:
     """The enrolment token of shard ``shard`` of ``shards`` that the fake accepts."""
     return enrolment_token(ENROLMENT_SECRET, shard, shards)
+
+
+def worker_settings(store_dir: Path, *, enrol: bool = True, **fields: Any) -> WorkerSettings:
+    """Settings of a worker of the synthetic dataset with its store in ``store_dir``: shard 0
+    of 2 unless ``fields`` say otherwise, holding its shard's enrolment token unless ``enrol``
+    is false or ``fields`` name one."""
+    values: dict[str, Any] = {
+        "shard": 0,
+        "shards": 2,
+        "dataset": "synthetic",
+        "store": str(store_dir / "w.db"),
+        **fields,
+    }
+    if enrol:
+        values.setdefault("enrolment_token", enrolment_for(values["shard"], values["shards"]))
+    return WorkerSettings(**values)
 
 
 _UPDATES = re.compile(r"^/v1/rounds/(\d+)/updates$")

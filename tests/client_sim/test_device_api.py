@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -29,7 +30,7 @@ from services.client_sim.worker import Worker
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.ranking import ModelHolder
 from services.recommend_api.settings import Settings as RecommendSettings
-from tests.fake_aggregator import FakeAggregator, enrolment_for
+from tests.fake_aggregator import FakeAggregator, enrolment_for, worker_settings
 
 CFG = ModelConfig(n_items=30, factor=4, layers=2)
 SEED = 7
@@ -42,19 +43,8 @@ def split():
     return synthetic_split(n_users=12, n_items=CFG.n_items, seed=3, n_test_negatives=10)
 
 
-def _settings(tmp_path: Path, **kw: object) -> WorkerSettings:
-    base: dict[str, object] = {
-        "shard": 0,
-        "shards": 2,
-        "dataset": "synthetic",
-        "store": str(tmp_path / "w.db"),
-        "recommend_url": "http://rec",
-    }
-    base.update(kw)
-    shard, shards = base["shard"], base["shards"]
-    assert isinstance(shard, int) and isinstance(shards, int)
-    base.setdefault("enrolment_token", enrolment_for(shard, shards))
-    return WorkerSettings(**base)  # type: ignore[arg-type]
+def _settings(tmp_path: Path, **kw: Any) -> WorkerSettings:
+    return worker_settings(tmp_path, **{"recommend_url": "http://rec", **kw})
 
 
 def _store(tmp_path: Path, split, with_state: bool = True) -> WorkerStore:

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +19,7 @@ from services.client_sim.cli import main as worker_main
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
-from tests.fake_aggregator import FakeAggregator, enrolment_for
+from tests.fake_aggregator import FakeAggregator, enrolment_for, worker_settings
 from tests.support.aggregator import ENROLMENT_SECRET
 
 N_USERS = 12
@@ -29,16 +30,8 @@ def split():
     return synthetic_split(n_users=N_USERS, n_items=30, seed=3, n_test_negatives=10)
 
 
-def _settings(tmp_path: Path, **kw: object) -> WorkerSettings:
-    base: dict[str, object] = {
-        "shard": 1,
-        "shards": 2,
-        "dataset": "synthetic",
-        "store": str(tmp_path / "w.db"),
-        "retries": 0,
-    }
-    base.update(kw)
-    return WorkerSettings(**base)  # type: ignore[arg-type]
+def _settings(tmp_path: Path, **kw: Any) -> WorkerSettings:
+    return worker_settings(tmp_path, enrol=False, **{"shard": 1, "retries": 0, **kw})
 
 
 def test_the_token_must_name_the_workers_own_shard(tmp_path):
