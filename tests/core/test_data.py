@@ -240,25 +240,65 @@ def test_missing_file(tmp_path: Path) -> None:
         load_csv(tmp_path / "nope.csv")
 
 
-def test_empty_file(tmp_path: Path) -> None:
-    write(tmp_path / "filmtrust" / "ratings.txt", "")
-    with pytest.raises(DataError, match=r"ratings\.txt: file is empty"):
-        load_raw("filmtrust", tmp_path)
+# a raw file of a dataset (its path under the data directory), its text, and the refusal
+LASTFM = "lastfm-2k/user_taggedartists.dat"
+BAD_RAW_FILES: dict[str, tuple[str, str, str]] = {
+    "empty": ("filmtrust/ratings.txt", "", r"ratings\.txt: file is empty"),
+    "too_many_fields": (
+        "filmtrust/ratings.txt",
+        "1 2 3\n\n1 3 3\n1 4 3 9\n",
+        r"ratings\.txt, line 4: expected 3 fields, saw 4",
+    ),
+    "too_few_fields": (
+        "amazon-video/ratings.dat",
+        "a,b,5.0,1\n\na,c,5.0\na,d,4.0,3\n",
+        r"ratings\.dat, line 3: expected 4 fields, saw 3",
+    ),
+    "item_id_not_an_integer": (
+        "filmtrust/ratings.txt",
+        "1 2 3\n1 x 3\n",
+        r"ratings\.txt, line 2: item id must be an integer",
+    ),
+    "rating_not_numeric": (
+        "filmtrust/ratings.txt",
+        "1 2 3\n1 3 3\n1 4 good\n",
+        r"ratings\.txt, line 3: rating must be numeric",
+    ),
+    "timestamp_not_an_integer": (
+        "amazon-video/ratings.dat",
+        "a,b,5.0,1\na,c,5.0,yesterday\n",
+        r"ratings\.dat, line 2: timestamp must be an integer",
+    ),
+    "lastfm_invalid_date": (
+        LASTFM,
+        _lastfm_text(["2 52 13 1 4 2009", "2 53 13 31 2 2009"]),
+        r"user_taggedartists\.dat, line 3: invalid date",
+    ),
+    "lastfm_tag_id_not_an_integer": (
+        LASTFM,
+        _lastfm_text(["2 52 13 1 4 2009", "2 53 x 1 2 2009"]),
+        r"user_taggedartists\.dat, line 3: tagID must be",
+    ),
+    "lastfm_no_header": (
+        LASTFM,
+        "2\t52\t13\t1\t4\t2009\n",
+        r"user_taggedartists\.dat, line 1: expected the header",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RAW_FILES))
+def test_bad_raw_file_is_refused(tmp_path: Path, case: str) -> None:
+    path, text, refusal = BAD_RAW_FILES[case]
+    write(tmp_path / path, text)
+    with pytest.raises(DataError, match=refusal):
+        load_raw(path.split("/")[0], tmp_path)
+
+
+def test_empty_csv_file(tmp_path: Path) -> None:
     write(tmp_path / "blank.csv", "\n\n")
     with pytest.raises(DataError, match=r"blank\.csv: file is empty"):
         load_csv(tmp_path / "blank.csv")
-
-
-def test_too_many_fields(tmp_path: Path) -> None:
-    write(tmp_path / "filmtrust" / "ratings.txt", "1 2 3\n\n1 3 3\n1 4 3 9\n")
-    with pytest.raises(DataError, match=r"ratings\.txt, line 4: expected 3 fields, saw 4"):
-        load_raw("filmtrust", tmp_path)
-
-
-def test_too_few_fields(tmp_path: Path) -> None:
-    write(tmp_path / "amazon-video" / "ratings.dat", "a,b,5.0,1\n\na,c,5.0\na,d,4.0,3\n")
-    with pytest.raises(DataError, match=r"ratings\.dat, line 3: expected 4 fields, saw 3"):
-        load_raw("amazon-video", tmp_path)
 
 
 def test_first_row_too_wide(tmp_path: Path) -> None:
@@ -267,32 +307,10 @@ def test_first_row_too_wide(tmp_path: Path) -> None:
         load_csv(p)
 
 
-def test_non_numeric(tmp_path: Path) -> None:
-    write(tmp_path / "filmtrust" / "ratings.txt", "1 2 3\n1 x 3\n")
-    with pytest.raises(DataError, match=r"ratings\.txt, line 2: item id must be an integer"):
-        load_raw("filmtrust", tmp_path)
-    write(tmp_path / "filmtrust" / "ratings.txt", "1 2 3\n1 3 3\n1 4 good\n")
-    with pytest.raises(DataError, match=r"ratings\.txt, line 3: rating must be numeric"):
-        load_raw("filmtrust", tmp_path)
-    write(tmp_path / "amazon-video" / "ratings.dat", "a,b,5.0,1\na,c,5.0,yesterday\n")
-    with pytest.raises(DataError, match=r"ratings\.dat, line 2: timestamp must be an integer"):
-        load_raw("amazon-video", tmp_path)
+def test_non_numeric_csv_timestamp(tmp_path: Path) -> None:
     p = write(tmp_path / "h.csv", "user,item,time\nu,i,1\nu,j,1.5\n")
     with pytest.raises(DataError, match=r"h\.csv, line 3: timestamp must be an integer"):
         load_csv(p, header=True)
-
-
-def test_lastfm_bad_rows(tmp_path: Path) -> None:
-    f = tmp_path / "lastfm-2k" / "user_taggedartists.dat"
-    write(f, _lastfm_text(["2 52 13 1 4 2009", "2 53 13 31 2 2009"]))
-    with pytest.raises(DataError, match=r"user_taggedartists\.dat, line 3: invalid date"):
-        load_raw("lastfm-2k", tmp_path)
-    write(f, _lastfm_text(["2 52 13 1 4 2009", "2 53 x 1 2 2009"]))
-    with pytest.raises(DataError, match=r"user_taggedartists\.dat, line 3: tagID must be"):
-        load_raw("lastfm-2k", tmp_path)
-    write(f, "2\t52\t13\t1\t4\t2009\n")
-    with pytest.raises(DataError, match=r"user_taggedartists\.dat, line 1: expected the header"):
-        load_raw("lastfm-2k", tmp_path)
 
 
 def test_empty_result(tmp_path: Path) -> None:
