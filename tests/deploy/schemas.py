@@ -137,6 +137,18 @@ ENV_LIST = {
         "properties": {"name": {"type": "string"}, "value": {"type": "string"}},
     },
 }
+INTEGER = {"type": "integer"}
+
+
+def _objects(*required: str, **properties: Any) -> dict[str, Any]:
+    """A non-empty list of objects with ``required`` keys, ``properties`` their schemas."""
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", "required": list(required), "properties": properties},
+    }
+
+
 BASE_CONTAINER: dict[str, Any] = {
     "type": "object",
     "required": ["name", "image", "resources"],
@@ -158,15 +170,7 @@ SERVING_CONTAINER = {
     "required": ["name", "image", "ports", "readinessProbe", "livenessProbe", "resources"],
     "properties": {
         **BASE_CONTAINER["properties"],
-        "ports": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["containerPort"],
-                "properties": {"containerPort": {"type": "integer"}, "name": {"type": "string"}},
-            },
-        },
+        "ports": _objects("containerPort", containerPort=INTEGER, name={"type": "string"}),
         "readinessProbe": PROBE,
         "livenessProbe": PROBE,
     },
@@ -229,17 +233,7 @@ def _workload(extra_required: list[str]) -> dict[str, Any]:
 SERVICE_SPEC = {
     "type": "object",
     "required": ["selector", "ports"],
-    "properties": {
-        "ports": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["name", "port", "targetPort"],
-                "properties": {"port": {"type": "integer"}},
-            },
-        }
-    },
+    "properties": {"ports": _objects("name", "port", "targetPort", port=INTEGER)},
 }
 JOB_SPEC = {
     "type": "object",
