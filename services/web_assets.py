@@ -10,6 +10,8 @@ CDN script) off. The vendored files and their licences are listed in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -48,3 +50,15 @@ def install_local_docs(app: FastAPI) -> None:
             swagger_css_url=SWAGGER_CSS,
             swagger_favicon_url=SWAGGER_FAVICON,
         )
+
+
+def service_app(
+    title: str,
+    version: str,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
+) -> FastAPI:
+    """A service's app: ``/docs`` served by the app itself (:func:`install_local_docs`), no
+    ReDoc."""
+    app = FastAPI(title=title, version=version, lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_local_docs(app)
+    return app

@@ -29,7 +29,7 @@ from services.aggregator.models import utcnow
 from services.aggregator.routes import router
 from services.aggregator.service import AggregatorService
 from services.aggregator.settings import Settings, resolve_population
-from services.web_assets import install_local_docs
+from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
 
@@ -203,14 +203,7 @@ def create_app(
                 bus.close()
             db.dispose()
 
-    app = FastAPI(
-        title="FedRecGEL aggregator",
-        version="1.0",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-    )
-    install_local_docs(app)  # /docs without a CDN
+    app = service_app("FedRecGEL aggregator", "1.0", lifespan)  # /docs without a CDN
     app.state.settings = settings
     app.state.metrics = metrics
     app.add_middleware(

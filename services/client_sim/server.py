@@ -28,7 +28,7 @@ from services.client_sim.routes import AppState, router
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.error_handlers import error_response, install_error_handlers, limit_request_bodies
-from services.web_assets import install_local_docs
+from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,7 @@ def create_app(
             )
             yield
 
-    app = FastAPI(
-        title="FedRecGEL worker (demo)",
-        version="0.1.0",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-    )
-    install_local_docs(app)  # /docs without a CDN
+    app = service_app("FedRecGEL worker (demo)", "0.1.0", lifespan)  # /docs without a CDN
     install_error_handlers(app)
     app.include_router(router)
     limit_request_bodies(app, settings.http_max_body_bytes)

@@ -15,7 +15,7 @@ from services.dashboard.routes import router
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.upstream import Upstream
 from services.error_handlers import install_error_handlers, limit_request_bodies
-from services.web_assets import install_local_docs
+from services.web_assets import service_app
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -35,15 +35,8 @@ def create_app(
         finally:
             await app.state.upstream.aclose()
 
-    app = FastAPI(
-        title="FedRecGEL dashboard",
-        version="0.1.0",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-    )
+    app = service_app("FedRecGEL dashboard", "0.1.0", lifespan)  # /docs without a CDN
     app.state.settings = settings
-    install_local_docs(app)
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="ui-static")
     install_error_handlers(app)
     limit_request_bodies(app, settings.max_body_bytes)

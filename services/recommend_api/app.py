@@ -26,7 +26,7 @@ from services.recommend_api.ranking import (
 )
 from services.recommend_api.routes import AppState, router
 from services.recommend_api.settings import Settings
-from services.web_assets import install_local_docs
+from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
 
@@ -167,14 +167,7 @@ def create_app(
                 await redis.aclose()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(
-        title="FedRecGEL recommendations",
-        version="0.1.0",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-    )
-    install_local_docs(app)  # /docs without a CDN
+    app = service_app("FedRecGEL recommendations", "0.1.0", lifespan)  # /docs without a CDN
     limit_request_bodies(app, settings.max_body_bytes)
     app.add_middleware(_LatencyMiddleware)  # added last: outermost, so a 413 is timed too
     # only locations and messages: pydantic's "input" would echo the user vector back
