@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import report_studies
 from accuracy_report import section as accuracy_section
 from secagg_report import section as secagg_section
 
@@ -311,6 +312,9 @@ def main() -> None:
         "",
         *baselines(),
         "",
+        *report_studies.central(),
+        *report_studies.sensitivity(),
+        *report_studies.landscape(),
         *speed(),
         "",
         *other("aggregator_ingest.json", "Aggregator ingest"),

@@ -1,0 +1,206 @@
+"""The centralized upper bound: the same NCF trained in one place on the same validation split.
+
+    nice -n 5 .venv/bin/python bench/central.py [--only filmtrust/paper,...] \
+        [--lr-grid 0.001,0.003] [--seeds 0,1,2] [--epochs N] [--threads 1]
+
+For every dataset (FilmTrust, Amazon-Video, Lastfm-2K under the paper and the clean protocol,
+and a synthetic set) the Adam step size is chosen on **validation only**: one run per step size
+of ``--lr-grid`` on the tuning seed (100) on a split whose test candidates are replaced by the
+validation ones (:func:`fedrecgel.tune.validation_only`, so no test figure is computed); the
+step size with the best validation HR@10 wins. Then the reported seeds (0, 1, 2) train at that
+step size for ``--epochs`` epochs (default: as many as the tuning runs; a smaller number just past
+the tuning run's best validation epoch saves time); the epoch is chosen per seed on validation
+HR@10 (``selected``), and the best test epoch is reported beside it (``best_test``, the
+optimistic figure).
+
+Resumable and parallel: every finished run is kept in ``bench/results/central.json`` (``runs``,
+updated under a file lock, so one process per seed may run at once) and not run again; the
+per-dataset summary (``datasets``) is rebuilt at the end. Torch runs on one thread by default:
+on a shared, loaded 2-core machine two threads were ten times slower per step than one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrecgel.baselines import CentralConfig, central
+from fedrecgel.data import Split, load_split
+from fedrecgel.model import ModelConfig
+from fedrecgel.synthetic import synthetic_split
+from fedrecgel.tune import validation_only
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "central.json"
+TUNE_SEED = 100
+SEEDS = (0, 1, 2)
+LR_GRID = (0.001, 0.003)
+BATCH = 1024
+#: the synthetic set of the results tables
+SYNTHETIC = {"n_users": 2000, "n_items": 1000, "interactions_per_user": 20.0, "skew": 1.0}
+
+
+def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
+    """Dataset key -> (split loader, epochs)."""
+
+    def real(name: str, protocol: str) -> Callable[[], Split]:
+        return lambda: load_split(name, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
+
+    return {
+        "filmtrust/paper": (real("filmtrust", "paper"), 20),
+        "synthetic/paper": (lambda: synthetic_split(**SYNTHETIC, seed=0, validation=True), 20),
+        "amazon-video/paper": (real("amazon-video", "paper"), 8),
+        "lastfm-2k/clean": (real("lastfm-2k", "clean"), 8),
+        "lastfm-2k/paper": (real("lastfm-2k", "paper"), 8),
+    }
+
+
+def _run(split: Split, lr: float, seed: int, epochs: int) -> dict[str, Any]:
+    """One training run, summarised: validation curve, test curve, the two headline picks."""
+    cfg = CentralConfig(
+        ModelConfig(n_items=split.n_items), epochs=epochs, lr=lr, batch_size=BATCH, seed=seed
+    )
+
+    def show(rec: Any) -> None:
+        val = rec.val.get("hr@10", rec.test.get("hr@10", float("nan")))
+        print(
+            f"  lr={lr} seed={seed} epoch {rec.round}: loss {rec.loss:.4f} "
+            f"val-or-test hr@10 {val:.4f} ({rec.seconds:.0f} s)",
+            flush=True,
+        )
+
+    res = central(split, cfg, on_epoch=show)
+    out: dict[str, Any] = {
+        "lr": lr,
+        "seed": seed,
+        "epochs": epochs,
+        "seconds": res.wall_seconds,
+        "loss": [r.loss for r in res.rounds],
+        "test_hr@10": [r.test.get("hr@10") for r in res.rounds],
+        "test_ndcg@10": [r.test.get("ndcg@10") for r in res.rounds],
+        "val_hr@10": [r.val.get("hr@10") for r in res.rounds],
+    }
+    sel, best = res.selected(), res.best_test()
+    if sel is not None:
+        val_at = next(r.val["hr@10"] for r in res.rounds if r.round == sel["round"])
+        out["selected"] = {
+            "epoch": sel["round"],
+            "hr@10": sel["hr@10"],
+            "ndcg@10": sel["ndcg@10"],
+            "val_hr@10": val_at,
+        }
+    if best is not None:
+        out["best_test"] = {
+            "epoch": best["round"],
+            "hr@10": best["hr@10"],
+            "ndcg@10": best["ndcg@10"],
+        }
+    return out
+
+
+def _stats(vals: list[float]) -> dict[str, float]:
+    return {"mean": float(np.mean(vals)), "std": float(np.std(vals))}
+
+
+def _summary(key: str, epochs: int, lrs: list[float], runs: dict[str, Any]) -> dict[str, Any]:
+    """The dataset's figures from the finished runs: the step size with the best validation
+    HR@10 on the tuning seed, then mean / std over the reported seeds run at it."""
+    lr_val = {
+        lr: max(v for v in runs[f"{key}|tune|lr={lr}"]["test_hr@10"] if v is not None) for lr in lrs
+    }
+    lr = max(lrs, key=lambda x: lr_val[x])
+    done = [runs[n] for s in SEEDS if (n := f"{key}|seed={s}|lr={lr}") in runs]
+    out: dict[str, Any] = {
+        "lr": lr,
+        "epochs": epochs,
+        "batch_size": BATCH,
+        "tune_seed": TUNE_SEED,
+        "lr_grid": {str(k): v for k, v in lr_val.items()},
+        "seeds": [r["seed"] for r in done],
+        "complete": len(done) == len(SEEDS),
+        "tune_epochs": runs[f"{key}|tune|lr={lr}"]["epochs"],
+        "per_seed": [
+            {k: r[k] for k in ("seed", "epochs", "selected", "best_test", "seconds")} for r in done
+        ],
+    }
+    for pick in ("selected", "best_test"):
+        if done:
+            out[pick] = {m: _stats([r[pick][m] for r in done]) for m in ("hr@10", "ndcg@10")}
+    return out
+
+
+def _update(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Read, change and write the results file under a lock (several processes may share it)."""
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with open(OUT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+        results.setdefault("runs", {})
+        results.setdefault("datasets", {})
+        change(results)
+        tmp = OUT.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, OUT)
+        return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--only", default="", help="comma-separated dataset keys (default: all)")
+    ap.add_argument("--lr-grid", default=",".join(str(x) for x in LR_GRID))
+    ap.add_argument("--seeds", default=",".join(str(x) for x in SEEDS), help="of 0,1,2 to run")
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=0,
+        help="epochs of the reported seeds (default: the tuning runs'; e.g. just past the "
+        "tuning run's best validation epoch)",
+    )
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    loaders = _loaders(args.data_dir)
+    keys = [k for k in args.only.split(",") if k] or list(loaders)
+    unknown = [k for k in keys if k not in loaders]
+    if unknown:
+        raise SystemExit(f"unknown dataset keys {unknown}; known: {sorted(loaders)}")
+    try:
+        lrs = [float(x) for x in args.lr_grid.split(",")]
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError as err:
+        raise SystemExit(f"bad --lr-grid or --seeds: {err}") from None
+    for key in keys:
+        load, epochs = loaders[key]
+        split = load()
+        print(f"{key}: {split.n_users} users, {split.n_items} items, {split.n_train} rows")
+        tuning = validation_only(split)
+        for lr in lrs:
+            name = f"{key}|tune|lr={lr}"
+            if name not in _update(lambda r: None)["runs"]:
+                run = _run(tuning, lr, TUNE_SEED, epochs)
+                _update(lambda r, name=name, run=run: r["runs"].__setitem__(name, run))
+        lr = _summary(key, epochs, lrs, _update(lambda r: None)["runs"])["lr"]
+        for seed in seeds:
+            name = f"{key}|seed={seed}|lr={lr}"
+            if name not in _update(lambda r: None)["runs"]:
+                run = _run(split, lr, seed, args.epochs or epochs)
+                _update(lambda r, name=name, run=run: r["runs"].__setitem__(name, run))
+
+        def summarise(r: dict[str, Any], key: str = key, epochs: int = epochs) -> None:
+            r["datasets"][key] = _summary(key, args.epochs or epochs, lrs, r["runs"])
+
+        s = _update(summarise)["datasets"][key]
+        print(key, "lr", s["lr"], "selected", s.get("selected"), flush=True)
+
+
+if __name__ == "__main__":
+    main()

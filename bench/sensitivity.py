@@ -1,0 +1,158 @@
+"""The rho_sh x rho_ns sensitivity grid of FedRecGEL (the paper's hyperparameter study).
+
+    nice -n 5 .venv/bin/python bench/sensitivity.py [--dataset filmtrust] \
+        [--rho-sh 0,R,5R] [--rho-ns 0,R,5R]  (R: the default radius) [--rounds 100] [--worker 0/1]
+
+Every cell is a FedRecGEL run at the paper's settings except the two radii (cell (0, 0) is
+FedNCF), on the validation split, one seed. A cell reports the validation HR@10 / NDCG@10 at the
+round chosen on validation HR@10 (evaluated every ``--eval-every`` rounds), and the test figures
+at that round beside them. Finished runs are kept (``bench/trained.py``), so the command resumes
+cell by cell; ``--worker i/n`` trains only the cells ``i, i+n, ...`` so that n processes can
+share the grid, and ``--report-only`` rebuilds the outputs from the finished cells:
+``bench/results/sensitivity-<dataset>.json`` and ``docs/sensitivity-<dataset>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from trained import ROOT, run_path, train_cached
+
+from fedrecgel.config import DEFAULTS
+from fedrecgel.data import load_split
+from fedrecgel.simulate import TrainConfig
+
+#: radii of the grid: none, the default of both radii, and five times that
+GRID = f"0,{DEFAULTS.rho_sh},{5 * DEFAULTS.rho_sh}"
+
+
+def cell_config(rho_sh: float, rho_ns: float, rounds: int, eval_every: int, seed: int):
+    """The run of one cell (rho 0/0 is FedNCF: the same procedure with one pass)."""
+    if rho_sh == 0 and rho_ns == 0:
+        return TrainConfig(method="fedncf", rounds=rounds, eval_every=eval_every, seed=seed)
+    return TrainConfig(
+        method="fedrecgel",
+        rho_sh=rho_sh,
+        rho_ns=rho_ns,
+        rounds=rounds,
+        eval_every=eval_every,
+        seed=seed,
+    )
+
+
+def _cell_figures(result: dict[str, Any]) -> dict[str, Any]:
+    evald = [r for r in result["rounds"] if r["val"]]
+    best = max(evald, key=lambda r: r["val"]["hr@10"])
+    return {
+        "round": best["round"],
+        "val_hr@10": best["val"]["hr@10"],
+        "val_ndcg@10": best["val"]["ndcg@10"],
+        "test_hr@10": best["test"]["hr@10"],
+        "test_ndcg@10": best["test"]["ndcg@10"],
+        "final_val_hr@10": evald[-1]["val"]["hr@10"],
+        "train_seconds": result["wall_seconds"],
+    }
+
+
+def _heatmap(out: Path, sh: list[float], ns: list[float], cells: dict, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, key, label in zip(
+        axes,
+        ("val_hr@10", "val_ndcg@10"),
+        ("validation HR@10", "validation NDCG@10"),
+        strict=True,
+    ):
+        grid = np.full((len(sh), len(ns)), np.nan)
+        for i, a in enumerate(sh):
+            for j, b in enumerate(ns):
+                c = cells.get(f"{a},{b}")
+                if c is not None:
+                    grid[i, j] = 100 * c[key]
+        im = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
+        for i in range(len(sh)):
+            for j in range(len(ns)):
+                txt = "not run" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}"
+                ax.text(j, i, txt, ha="center", va="center", color="white", fontsize=9)
+        ax.set_xticks(range(len(ns)), [str(b) for b in ns])
+        ax.set_yticks(range(len(sh)), [str(a) for a in sh])
+        ax.set_xlabel("rho_ns (private)")
+        ax.set_ylabel("rho_sh (shared)")
+        ax.set_title(label)
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", default="filmtrust")
+    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--rho-sh", default=GRID)
+    ap.add_argument("--rho-ns", default=GRID)
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--worker", default="0/1", help="i/n: train cells i, i+n, ... only")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    try:
+        sh = [float(x) for x in args.rho_sh.split(",")]
+        ns = [float(x) for x in args.rho_ns.split(",")]
+        idx, n_workers = (int(x) for x in args.worker.split("/"))
+    except ValueError as err:
+        raise SystemExit(f"bad grid or worker option: {err}") from None
+    split = load_split(args.dataset, args.data_dir, validation=True)
+    pairs = [(a, b) for a in sh for b in ns]
+    if not args.report_only:
+        for k, (a, b) in enumerate(pairs):
+            if k % n_workers == idx:
+                print(f"cell rho_sh={a} rho_ns={b}", flush=True)
+                train_cached(split, cell_config(a, b, args.rounds, args.eval_every, args.seed))
+    cells: dict[str, Any] = {}
+    for a, b in pairs:
+        cfg = cell_config(a, b, args.rounds, args.eval_every, args.seed)
+        if run_path(split.name, cfg).exists():
+            _, _, result = train_cached(split, cfg)
+            cells[f"{a},{b}"] = {"rho_sh": a, "rho_ns": b, **_cell_figures(result)}
+    out = {
+        "dataset": args.dataset,
+        "rho_sh": sh,
+        "rho_ns": ns,
+        "rounds": args.rounds,
+        "eval_every": args.eval_every,
+        "seed": args.seed,
+        "settings": "paper settings (server Adam lr 0.001, client lr 0.1, 10% of users a round)",
+        "cells_done": len(cells),
+        "cells_total": len(pairs),
+        "cells": cells,
+    }
+    path = ROOT / "bench" / "results" / f"sensitivity-{args.dataset}.json"
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    _heatmap(
+        ROOT / "docs" / f"sensitivity-{args.dataset}.png",
+        sh,
+        ns,
+        cells,
+        f"FedRecGEL on {args.dataset}: validation figures by SAM radius "
+        f"({args.rounds} rounds, seed {args.seed})",
+    )
+    print(f"{len(cells)}/{len(pairs)} cells -> {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
