@@ -297,7 +297,10 @@ def train(
         results = _run_baseline(method, split, base, seed_list, central_lr)
     for seed in seed_list if federated else []:
         cfg = with_seed(base, seed)
-        sim = Simulator(split, cfg)
+        try:
+            sim = Simulator(split, cfg)
+        except ValueError as err:
+            raise fail(str(err)) from None
         with Progress(
             TextColumn(f"seed {seed}"),
             BarColumn(),

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedrecgel.client_round import ClientRound
-from fedrecgel.cohort import select_cohort
+from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.config import DEFAULTS, RunParams, SecAggMode, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
@@ -249,6 +249,14 @@ class Simulator:
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.clients = ClientRound(self.model_cfg, self.hp, config.seed)
         self.params = config.run_params()
+        if config.secure_aggregation != "off":
+            m = cohort_size(split.n_users, config.fraction)
+            if m < 2:
+                raise ValueError(
+                    f"secure aggregation needs cohorts of at least 2 clients; --fraction "
+                    f"{config.fraction:g} of {split.n_users} users gives {m}"
+                )
+            self.params.secagg_fixed_point().check_cohort(m)
         self.round_id = 0
 
     def samples_for(

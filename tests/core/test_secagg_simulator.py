@@ -8,7 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from fedrecgel.cli import app
 from fedrecgel.cohort import select_cohort
 from fedrecgel.config import ConfigError, RunParams
 from fedrecgel.secagg.aggregate import secure_mean
@@ -80,3 +82,13 @@ def test_secure_aggregation_refuses_settings_it_cannot_honour() -> None:
     with pytest.raises(ValueError, match="room"):
         RunParams(secure_aggregation="dense", secagg_range=1e6, secagg_scale_bits=48)
     RunParams(secagg_range=1e6, secagg_scale_bits=48)  # only checked when it is on
+
+
+def test_a_cohort_too_small_for_a_secret_sum_is_a_clear_cli_error() -> None:
+    with pytest.raises(ValueError, match="at least 2 clients"):
+        Simulator(SPLIT, replace(SECURE, fraction=0.01))
+    r = CliRunner().invoke(
+        app, ["train", "--secure-aggregation", "dense", "--fraction", "0.0001", "--rounds", "1"]
+    )
+    assert r.exit_code != 0 and "at least 2 clients" in r.output, r.output
+    assert "Traceback" not in r.output
