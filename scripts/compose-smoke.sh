@@ -266,11 +266,11 @@ import re, sys, urllib.request
 dash, agg = sys.argv[1], sys.argv[2]
 def get(url):
     with urllib.request.urlopen(url, timeout=30) as r:
-        return r.read().decode()
-page = get(f"{dash}/ui/")
+        return r.read()
+page = get(f"{dash}/ui/").decode()
 assert "FedRecGEL federation" in page, page[:300]
-# every script and style sheet of the page and of each /docs is served locally (no CDN)
-for base, html in ((dash, page), (dash, get(f"{dash}/docs")), (agg, get(f"{agg}/docs"))):
+# every script, style sheet and icon of the page and of each /docs is served locally (no CDN)
+for base, html in ((dash, page), (dash, get(f"{dash}/docs").decode()), (agg, get(f"{agg}/docs").decode())):
     for url in re.findall(r"(?:src|href)=['\"](/[^'\"]+)['\"]", html):
         get(base + url)
 print("dashboard page, chart library and Swagger UI assets: served locally")
