@@ -208,18 +208,21 @@ class RunResult:
 
     def best_test(self, key: str = "hr@10") -> dict[str, Any] | None:
         """Test metrics at the round with the best test ``key`` (the paper's optimistic figure)."""
-        evald = [r for r in self.rounds if r.test]
-        if not evald:
-            return None
-        best = max(evald, key=lambda r: r.test[key])
-        return {"round": best.round, **best.test}
+        return self._test_at_best(lambda r: r.test, key)
 
     def selected(self, key: str = "hr@10") -> dict[str, Any] | None:
         """Test metrics at the round chosen on the validation ``key`` (the honest figure)."""
-        evald = [r for r in self.rounds if r.val]
+        return self._test_at_best(lambda r: r.val, key)
+
+    def _test_at_best(
+        self, metrics: Callable[[RoundRecord], dict[str, float]], key: str
+    ) -> dict[str, Any] | None:
+        """Test metrics (and the round) where ``metrics(round)[key]`` is highest, over the
+        rounds that have such metrics; None when none has."""
+        evald = [r for r in self.rounds if metrics(r)]
         if not evald:
             return None
-        best = max(evald, key=lambda r: r.val[key])
+        best = max(evald, key=lambda r: metrics(r)[key])
         return {"round": best.round, **best.test}
 
     def to_json(self) -> dict[str, Any]:
