@@ -1,0 +1,164 @@
+"""The secure-aggregation messages as bytes: what a client sends to (and receives from) the
+server in each step, for a transport to carry.
+
+Keys, shares and reveals are canonical JSON (bytes as base64, client ids as decimal strings);
+the masked vector is a safetensors blob holding one uint64 tensor ``y``. Every decoder
+checks types, lengths and the declared kind, and raises :class:`MessageError` on anything else.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from fedrecgel.secagg import shamir
+from fedrecgel.secagg.protocol import Keys, Masked, Reveal, Shares
+
+FORMAT = "fedrecgel-secagg"
+
+
+class MessageError(ValueError):
+    """A body that is not a well-formed secure-aggregation message."""
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _unb64(s: Any, length: int | None = None) -> bytes:
+    if not isinstance(s, str):
+        raise MessageError("expected a base64 string")
+    try:
+        b = base64.b64decode(s, validate=True)
+    except (binascii.Error, ValueError):
+        raise MessageError("bad base64") from None
+    if length is not None and len(b) != length:
+        raise MessageError(f"expected {length} bytes, got {len(b)}")
+    return b
+
+
+def _dump(kind: str, body: dict[str, Any]) -> bytes:
+    return json.dumps({"format": FORMAT, "kind": kind, **body}, sort_keys=True).encode()
+
+
+def _load(data: bytes, kind: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise MessageError("not JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("kind") != kind:
+        raise MessageError(f"not a {kind} message")
+    return doc
+
+
+def _cid(s: Any) -> int:
+    try:
+        v = int(s)
+    except (TypeError, ValueError):
+        raise MessageError(f"bad client id {s!r}") from None
+    if v < 0 or str(v) != str(s).strip():
+        raise MessageError(f"bad client id {s!r}")
+    return v
+
+
+def _map(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    m = doc.get(key)
+    if not isinstance(m, dict):
+        raise MessageError(f"{key} must be an object")
+    return m
+
+
+def encode_keys(m: Keys) -> bytes:
+    """Step 0 body."""
+    return _dump("keys", {"client_id": m.client_id, "c_pk": _b64(m.c_pk), "s_pk": _b64(m.s_pk)})
+
+
+def decode_keys(data: bytes) -> Keys:
+    """Inverse of :func:`encode_keys`."""
+    d = _load(data, "keys")
+    return Keys(_cid(d.get("client_id")), _unb64(d.get("c_pk"), 32), _unb64(d.get("s_pk"), 32))
+
+
+def encode_shares(m: Shares) -> bytes:
+    """Step 1 body."""
+    return _dump(
+        "shares",
+        {
+            "client_id": m.client_id,
+            "sealed": {str(v): _b64(c) for v, c in m.sealed.items()},
+            "commits": {str(v): [_b64(a), _b64(b)] for v, (a, b) in m.share_commits.items()},
+            "b_commit": _b64(m.b_commit),
+        },
+    )
+
+
+def decode_shares(data: bytes) -> Shares:
+    """Inverse of :func:`encode_shares`."""
+    d = _load(data, "shares")
+    sealed = {_cid(v): _unb64(c) for v, c in _map(d, "sealed").items()}
+    commits: dict[int, tuple[bytes, bytes]] = {}
+    for v, pair in _map(d, "commits").items():
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise MessageError("a share commitment is a pair")
+        commits[_cid(v)] = (_unb64(pair[0], 32), _unb64(pair[1], 32))
+    return Shares(_cid(d.get("client_id")), sealed, commits, _unb64(d.get("b_commit"), 32))
+
+
+def encode_masked(m: Masked) -> bytes:
+    """Step 2 body."""
+    meta = {
+        "format": FORMAT,
+        "kind": "masked",
+        "client_id": str(m.client_id),
+        "complaints": json.dumps(list(m.complaints)),
+    }
+    return st_save({"y": np.ascontiguousarray(m.y, dtype=np.uint64)}, metadata=meta)
+
+
+def decode_masked(data: bytes, length: int) -> Masked:
+    """Inverse of :func:`encode_masked` (``length``: the round's vector length)."""
+    try:
+        tensors = st_load(data)
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+        complaints = json.loads(meta.get("complaints", "[]"))
+    except (SafetensorError, ValueError, UnicodeDecodeError):
+        raise MessageError("not a safetensors blob") from None
+    if meta.get("format") != FORMAT or meta.get("kind") != "masked" or set(tensors) != {"y"}:
+        raise MessageError("not a masked-input message")
+    y = tensors["y"]
+    if y.dtype != np.uint64 or y.shape != (length,):
+        raise MessageError(f"masked vector must be uint64 ({length},)")
+    if not isinstance(complaints, list):
+        raise MessageError("complaints must be a list")
+    return Masked(_cid(meta.get("client_id")), y, tuple(_cid(c) for c in complaints))
+
+
+def encode_reveal(m: Reveal) -> bytes:
+    """Step 3 body."""
+    return _dump(
+        "reveal",
+        {
+            "client_id": m.client_id,
+            "b": {str(u): _b64(y) for u, y in m.b_shares.items()},
+            "s": {str(v): _b64(y) for v, y in m.s_shares.items()},
+        },
+    )
+
+
+def decode_reveal(data: bytes) -> Reveal:
+    """Inverse of :func:`encode_reveal`."""
+    d = _load(data, "reveal")
+    n = shamir.SHARE_BYTES
+    return Reveal(
+        _cid(d.get("client_id")),
+        {_cid(u): _unb64(y, n) for u, y in _map(d, "b").items()},
+        {_cid(v): _unb64(y, n) for v, y in _map(d, "s").items()},
+    )
