@@ -24,6 +24,7 @@ import platform
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     worker_threads = worker_torch_threads(args.workers)
     torch.set_num_threads(worker_threads)
-    sim = Simulator(load_split(args.dataset), train)
+    sim = Simulator(load_split(args.dataset), replace(train, per_client_uploads=True))
     try:
         exact = sim.run()
     finally:

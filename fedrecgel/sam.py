@@ -8,30 +8,28 @@ For one client c with private parameters u_c and the round's shared parameters w
 3. pass 3: e_ns = rho_ns g_ns / (||g_ns|| + 1e-12); g_ns^SAM = dL/du_c at (w, u_c + e_ns)
 4. one Adam step on u_c with g_ns^SAM (per-client Adam state, private)
 
-Clients of one round share w, so they are independent: here C clients are stacked on a
-leading axis. Each client gets its own *view* of the shared part it touches: the rows of the
-item tables for the items in its samples (a local table, (C, U, d)) and, where it is perturbed
-per client, its own copy of the small dense score network (C, *shape). Gradients with respect
-to the local tables are exactly the sparse item-row upload. Nothing of size clients x items is
-built, and the full item tables are never copied.
-
-Clients are grouped by padded sample count; the padding of a client depends only on its own
-sample count, so its arithmetic does not depend on which other clients share its batch (the
-in-process simulator and a worker owning a shard of the users compute the same uploads).
+Clients of one round share w, so they are independent: here a group of clients is computed
+together (:mod:`fedrecgel.passes`: their samples back to back, no padding, forward and
+backward written out). Each client's item-row gradients are kept per (client, item) pair,
+which is exactly the sparse item-row upload; its perturbed copy of the small dense score
+network exists only in pass 2. Nothing of size clients x items is built, and the full item
+tables are never copied. Clients go in groups of consecutive clients in input order, so the
+in-process simulator and a worker owning a shard of the users compute the same uploads for
+the same cohort (a client's float rounding may depend on which clients share its group).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from fedrecgel import passes
 from fedrecgel.config import DEFAULTS
-from fedrecgel.model import ModelConfig, forward_batched, init_private
+from fedrecgel.model import ModelConfig, init_private
+from fedrecgel.passes import Layout, SharedGrads, make_layout
 
 
 @dataclass(frozen=True)
@@ -45,8 +43,8 @@ class SAMConfig:
     chunk_size: int = DEFAULTS.chunk_size
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    # Cap on padded samples per batched group (memory knob; does not change results).
-    max_batch_samples: int = 1 << 16
+    # Cap on the samples of one group of clients computed together (a memory knob).
+    max_batch_samples: int = 1 << 15
 
 
 @dataclass
@@ -162,13 +160,6 @@ def chunk_weights(n: int, chunk_size: int) -> np.ndarray:
     return w
 
 
-def padded_length(n: int) -> int:
-    """Bucketed sample count: a client's padding depends on its own size only."""
-    if n <= 32:
-        return 32
-    return int(32 * 1.25 ** math.ceil(math.log(n / 32, 1.25)) + 7) // 8 * 8
-
-
 @dataclass
 class StepResult:
     """What a cohort's client step produces: uploads (in input order) and the new private state."""
@@ -176,6 +167,8 @@ class StepResult:
     uploads: list[Update]
     state: PrivateState
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: ``sum_c weights_c upload_c`` (dense) when :func:`cohort_step` was given weights
+    aggregate: dict[str, Tensor] | None = None
 
 
 def _adam_(
@@ -195,112 +188,96 @@ def _adam_(
         state.params[k].sub_(lr / bc1 * m / denom)
 
 
-def _per_client_norm(tensors: Sequence[Tensor]) -> Tensor:
-    """L2 norm over several (C, ...) tensors together, one value per client: (C,)."""
-    total = torch.zeros(tensors[0].shape[0], dtype=torch.float32)
-    for t in tensors:
-        total = total + t.reshape(t.shape[0], -1).pow(2).sum(1)
-    return total.sqrt()
+def _norm_factor(rho: float, sq: Tensor) -> Tensor:
+    """rho / (||g|| + 1e-12) per client, from the squared norms (C,)."""
+    return rho / (sq.sqrt() + 1e-12)
 
 
-def _scale(t: Tensor, factor: Tensor) -> Tensor:
-    """Multiply a (C, ...) tensor by a per-client factor (C,)."""
-    return t * factor.reshape(-1, *([1] * (t.dim() - 1)))
+def _bcast(f: Tensor, t: Tensor) -> Tensor:
+    """A per-client factor (C,) shaped to multiply a (C, ...) tensor."""
+    return f.reshape(-1, *([1] * (t.dim() - 1)))
+
+
+def _reduce(
+    lay: Layout, g: SharedGrads, weights: Tensor, tables: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """``sum_c weights_c g_c`` of per-client shared gradients, the item rows added to
+    ``tables`` (I, d), the dense ones with the parameters' shapes."""
+    out: dict[str, Tensor] = {}
+    w_pair = weights[lay.pair_client][:, None]
+    for t, r in g.rows.items():
+        out[t] = tables[t].index_add_(0, lay.pair_items, r * w_pair)
+    for n, d in g.dense.items():
+        out[n] = torch.tensordot(weights, d, dims=1)
+    return out
 
 
 def _group_step(
     cfg: ModelConfig,
     shared: dict[str, Tensor],
-    private: dict[str, Tensor],
+    priv: dict[str, Tensor],
     samples: list[tuple[np.ndarray, np.ndarray]],
-    s_pad: int,
     hp: SAMConfig,
-) -> tuple[
-    list[tuple[np.ndarray, dict[str, Tensor]]], dict[str, Tensor], dict[str, Tensor], Tensor
-]:
-    """The three passes for C clients padded to ``s_pad`` samples.
+    weights: Tensor | None,
+    tables: dict[str, Tensor],
+) -> tuple[Layout, SharedGrads | dict[str, Tensor], dict[str, Tensor], Tensor]:
+    """The three passes for one group of clients (:mod:`fedrecgel.passes`).
 
-    Returns per client (unique items, row grads), dense upload grads name -> (C, *shape),
-    the private SAM gradient name -> (C, d), and the pass-1 loss (C,).
+    Returns the layout, the shared upload gradients (per client, or ``sum_c weights_c g_c``
+    when ``weights`` is given: item rows added to ``tables``, the dense part new), the private
+    SAM gradient name -> (C, d) and the pass-1 loss (C,).
     """
-    c = len(samples)
-    tables = cfg.item_tables()
+    lay = make_layout(samples, cfg.n_items, hp.chunk_size)
     dense_names = cfg.dense_names()
-    uniq_list, local_idx = [], np.zeros((c, s_pad), dtype=np.int64)
-    labels = np.zeros((c, s_pad), dtype=np.float32)
-    weights = np.zeros((c, s_pad), dtype=np.float32)
-    for i, (items, lab) in enumerate(samples):
-        uniq, inv = np.unique(items, return_inverse=True)
-        uniq_list.append(uniq)
-        n = len(items)
-        local_idx[i, :n] = inv
-        labels[i, :n] = lab
-        weights[i, :n] = chunk_weights(n, hp.chunk_size)
-    u_pad = max(len(u) for u in uniq_list)
-    uniq_pad = np.zeros((c, u_pad), dtype=np.int64)
-    for i, u in enumerate(uniq_list):
-        uniq_pad[i, : len(u)] = u
-    uniq_t = torch.from_numpy(uniq_pad)
-    idx_t = torch.from_numpy(local_idx)
-    lab_t = torch.from_numpy(labels)
-    w_t = torch.from_numpy(weights)
-
-    def gather(local: Tensor) -> Tensor:
-        return local.gather(1, idx_t[:, :, None].expand(-1, -1, local.shape[-1]))
-
-    def loss_fn(
-        priv: dict[str, Tensor],
-        local: dict[str, Tensor],
-        dense: dict[str, Tensor],
-        per_client: bool,
-    ) -> Tensor:
-        rows = {t: gather(local[t]) for t in tables}
-        logits = forward_batched(cfg, priv, rows, dense, per_client_dense=per_client)
-        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, lab_t, reduction="none")
-        return (bce * w_t).sum(1)  # (C,)
-
-    local0 = {t: shared[t][uniq_t] for t in tables}  # (C, U, d)
-    dense0 = {n: shared[n].expand(c, *shared[n].shape) for n in dense_names}
+    dense = {n: shared[n] for n in dense_names}
+    ig = shared["item_gmf"][lay.items]
+    im = shared["item_mlp"][lay.items] if cfg.kind == "ncf" else None
 
     # pass 1: gradients at the unperturbed point
-    priv1 = {k: v.detach().clone().requires_grad_() for k, v in private.items()}
-    local1 = {t: v.clone().requires_grad_() for t, v in local0.items()}
-    dense1 = {n: v.clone().requires_grad_() for n, v in dense0.items()}
-    loss1 = loss_fn(priv1, local1, dense1, True)
-    leaves = [*priv1.values(), *local1.values(), *dense1.values()]
-    g = torch.autograd.grad(loss1.sum(), leaves)
-    g_ns = dict(zip(priv1, g[: len(priv1)], strict=True))
-    g_sh = dict(zip([*local1, *dense1], g[len(priv1) :], strict=True))
+    fw1 = passes.forward(cfg, lay, priv, ig, im, dense, False)
+    loss, d1 = passes.loss_grad(lay, fw1.logits)
+    g_sh, g_ns = passes.backward(cfg, lay, fw1, priv, dense, False, d1, "per_client", True)
+    assert g_sh is not None
 
-    # pass 2: shared SAM gradient (the upload)
+    # pass 2: the shared SAM gradient (the upload), at each client's own perturbed point
+    upload: SharedGrads | dict[str, Tensor] = g_sh
     if hp.rho_sh > 0:
-        factor = hp.rho_sh / (_per_client_norm(list(g_sh.values())) + 1e-12)
-        local2 = {t: (local0[t] + _scale(g_sh[t], factor)).requires_grad_() for t in tables}
-        dense2 = {n: (dense0[n] + _scale(g_sh[n], factor)).requires_grad_() for n in dense_names}
-        priv2 = {k: v.detach() for k, v in private.items()}
-        loss2 = loss_fn(priv2, local2, dense2, True)
-        g2 = torch.autograd.grad(loss2.sum(), [*local2.values(), *dense2.values()])
-        g_up = dict(zip([*local2, *dense2], g2, strict=True))
-    else:
-        g_up = g_sh
-
-    # pass 3: private SAM gradient, shared part unperturbed and common to all clients
-    if hp.rho_ns > 0:
-        factor = hp.rho_ns / (_per_client_norm(list(g_ns.values())) + 1e-12)
-        priv3 = {
-            k: (v.detach() + _scale(g_ns[k], factor)).requires_grad_() for k, v in private.items()
+        sq = torch.zeros(lay.n_clients)
+        for r in g_sh.rows.values():
+            sq.index_add_(0, lay.pair_client, r.pow(2).sum(1))
+        for d in g_sh.dense.values():
+            sq += d.reshape(lay.n_clients, -1).pow(2).sum(1)
+        factor = _norm_factor(hp.rho_sh, sq)
+        f_pair = factor[lay.pair_client][:, None]
+        rows2 = {
+            t: torch.addcmul(shared[t][lay.pair_items], g_sh.rows[t], f_pair) for t in g_sh.rows
         }
-        loss3 = loss_fn(priv3, local0, {n: shared[n] for n in dense_names}, False)
-        g3 = torch.autograd.grad(loss3.sum(), list(priv3.values()))
-        g_priv = dict(zip(priv3, g3, strict=True))
-    else:
-        g_priv = g_ns
+        ig2 = rows2["item_gmf"][lay.sample_pair]
+        im2 = rows2["item_mlp"][lay.sample_pair] if cfg.kind == "ncf" else None
+        dense2 = {n: g.mul_(_bcast(factor, g)).add_(shared[n]) for n, g in g_sh.dense.items()}
+        del g_sh, rows2
+        fw2 = passes.forward(cfg, lay, priv, ig2, im2, dense2, True)
+        _, d2 = passes.loss_grad(lay, fw2.logits, weights)
+        mode = "per_client" if weights is None else "aggregate"
+        g2, _ = passes.backward(cfg, lay, fw2, priv, dense2, True, d2, mode, False, tables)
+        assert g2 is not None
+        del fw2, dense2
+        upload = g2 if weights is None else {**g2.rows, **g2.dense}
+    elif weights is not None:
+        upload = _reduce(lay, g_sh, weights, tables)
 
-    per_client = []
-    for i, uniq in enumerate(uniq_list):
-        per_client.append((uniq, {t: g_up[t][i, : len(uniq)] for t in tables}))
-    dense_up = {n: g_up[n] for n in dense_names}
-    return per_client, dense_up, g_priv, loss1.detach()
+    # pass 3: the private SAM gradient, shared part unperturbed and common to all clients
+    g_priv = g_ns
+    if hp.rho_ns > 0:
+        sq = torch.zeros(lay.n_clients)
+        for g in g_ns.values():
+            sq += g.pow(2).sum(1)
+        factor = _norm_factor(hp.rho_ns, sq)
+        priv3 = {k: torch.addcmul(v, g_ns[k], factor[:, None]) for k, v in priv.items()}
+        fw3 = passes.forward(cfg, lay, priv3, ig, im, dense, False, fw1.item_first)
+        _, d3 = passes.loss_grad(lay, fw3.logits)
+        _, g_priv = passes.backward(cfg, lay, fw3, priv3, dense, False, d3, None, True)
+    return lay, upload, g_priv, loss
 
 
 def cohort_step(
@@ -310,46 +287,84 @@ def cohort_step(
     state: PrivateState,
     samples: list[tuple[np.ndarray, np.ndarray]],
     hp: SAMConfig,
+    weights: np.ndarray | None = None,
 ) -> StepResult:
     """Run the hierarchical SAM client step for C clients together.
 
     shared:   the round's global parameters (not modified)
     user_ids: (C,) the clients; ``state`` holds their private state in the same order
     samples:  per client (items, labels) from :func:`client_samples`
+    weights:  when given (C,), no uploads are built: the result's ``aggregate`` is
+              ``sum_c weights_c upload_c``, summed inside the backward (dense, the parameters'
+              shapes); what a weighted-mean server strategy needs, in less time and memory
     Returns the uploads (in input order), the new private state (a copy) and losses (C,).
+    Clients go in groups of consecutive clients of at most ``hp.max_batch_samples`` samples
+    (one client may exceed it); a client's arithmetic depends on its group.
     """
     c = len(user_ids)
     new_state = state.select(slice(None))
-    uploads: list[Update | None] = [None] * c
+    uploads: list[Update] = []
     losses = np.zeros(c, dtype=np.float64)
-    sizes = np.array([len(s[0]) for s in samples])
-    pads = np.array([padded_length(int(n)) for n in sizes])
-    priv_grads = {k: torch.zeros_like(v) for k, v in state.params.items()}
+    sizes = np.fromiter((len(s[0]) for s in samples), dtype=np.int64, count=c)
+    priv_grads = {k: torch.empty_like(v) for k, v in state.params.items()}
+    shared_d = {k: v.detach() for k, v in shared.items()}
+    total: dict[str, Tensor] | None = None
+    tables: dict[str, Tensor] = {}
+    if weights is not None:
+        shapes = cfg.shared_shapes()
+        tables = {t: torch.zeros(shapes[t]) for t in cfg.item_tables()}
+    w_all = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+    start = 0
     with torch.no_grad():
-        shared_d = {k: v.detach() for k, v in shared.items()}
-    for s_pad in np.unique(pads):
-        members = np.flatnonzero(pads == s_pad)
-        per_batch = max(1, hp.max_batch_samples // int(s_pad))
-        for start in range(0, len(members), per_batch):
-            rows = members[start : start + per_batch]
-            priv = {k: v[torch.from_numpy(rows)] for k, v in state.params.items()}
-            with torch.enable_grad():
-                per_client, dense_up, g_priv, loss = _group_step(
-                    cfg, shared_d, priv, [samples[i] for i in rows], int(s_pad), hp
-                )
-            for j, i in enumerate(rows):
-                uniq, row_grads = per_client[j]
-                idx = torch.from_numpy(uniq)
-                uploads[i] = Update(
-                    client_id=int(user_ids[i]),
-                    n_samples=int(sizes[i]),
-                    rows={t: (idx, g.detach().clone()) for t, g in row_grads.items()},
-                    dense={n: g[j].detach().clone() for n, g in dense_up.items()},
-                    loss=float(loss[j]),
-                )
-                losses[i] = float(loss[j])
+        while start < c:
+            stop = start + 1
+            n = int(sizes[start])
+            while stop < c and n + sizes[stop] <= hp.max_batch_samples:
+                n += int(sizes[stop])
+                stop += 1
+            priv = {k: v[start:stop] for k, v in state.params.items()}
+            w = None if w_all is None else w_all[start:stop]
+            lay, up, g_priv, loss = _group_step(
+                cfg, shared_d, priv, samples[start:stop], hp, w, tables
+            )
+            if isinstance(up, dict):
+                if total is None:
+                    total = up
+                else:
+                    for k, v in up.items():
+                        if k not in tables:  # the item tables were summed in place
+                            total[k].add_(v)
+            else:
+                uploads += _uploads(cfg, lay, up, user_ids[start:stop], sizes[start:stop], loss)
+            losses[start:stop] = loss.numpy()
             for k, g in g_priv.items():
-                priv_grads[k][torch.from_numpy(rows)] = g.detach()
-    with torch.no_grad():
+                priv_grads[k][start:stop] = g
+            start = stop
         _adam_(new_state, priv_grads, hp.client_lr, hp.betas, hp.eps)
-    return StepResult(uploads=[u for u in uploads if u is not None], state=new_state, losses=losses)
+    return StepResult(uploads=uploads, state=new_state, losses=losses, aggregate=total)
+
+
+def _uploads(
+    cfg: ModelConfig,
+    lay: Layout,
+    g: SharedGrads,
+    user_ids: np.ndarray,
+    sizes: np.ndarray,
+    loss: Tensor,
+) -> list[Update]:
+    """Each client's upload: views of the group's gradients (no copies)."""
+    out = []
+    po = lay.pair_offsets.tolist()
+    for i, uid in enumerate(user_ids.tolist()):
+        a, b = po[i], po[i + 1]
+        idx = lay.pair_items[a:b]
+        out.append(
+            Update(
+                client_id=int(uid),
+                n_samples=int(sizes[i]),
+                rows={t: (idx, r[a:b]) for t, r in g.rows.items()},
+                dense={n: d[i] for n, d in g.dense.items()},
+                loss=float(loss[i]),
+            )
+        )
+    return out

@@ -24,7 +24,7 @@ from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
-from fedrecgel.sam import SAMConfig
+from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.secagg.aggregate import secure_mean
 from fedrecgel.strategy import OptimizerName, Strategy, Weighting, make_strategy
 
@@ -73,6 +73,11 @@ class TrainConfig:
     # workers do. The maths is the same; only float rounding depends on which clients share a
     # batch, so set it to the worker count to reproduce a federated run bit for bit.
     shards: int = 1
+    # Build every client's upload and let the strategy aggregate them, as the aggregator does
+    # (with ``shards`` = the worker count this is a federated run bit for bit). Otherwise, when
+    # the strategy's aggregate is a weighted mean, the clients' gradients are summed inside
+    # the batched backward: faster and far less memory, the same maths up to float rounding.
+    per_client_uploads: bool = False
 
     @classmethod
     def from_params(cls, params: RunParams, **own: Any) -> TrainConfig:
@@ -274,19 +279,7 @@ class Simulator:
         self.round_id += 1
         r = self.round_id
         cohort = select_cohort(self.users, self.config.fraction, self.config.seed, r)
-        uploads, losses = [], []
-        for part in self._shards(cohort):
-            result = self.clients.step_in(self.store, self.shared, r, part, self.split.user_train)
-            uploads += result.uploads
-            losses.append(result.losses)
-        if self.config.secure_aggregation == "off":
-            self.strategy.round(self.shared, uploads)
-            loss = float(np.concatenate(losses).mean())
-        else:
-            # the server sees masked vectors only: it unmasks the mean, then takes its step
-            mean = secure_mean(self.model_cfg, self.params, r, uploads)
-            self.strategy.apply(self.shared, mean.grads)
-            loss = mean.loss
+        loss = self._train(r, cohort)
         rec = RoundRecord(round=r, n_clients=len(cohort), loss=loss, seconds=0.0)
         every = self.config.eval_every
         if every and (r % every == 0 or r == self.config.rounds):
@@ -294,6 +287,49 @@ class Simulator:
         rec.seconds = time.perf_counter() - t0
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)
         return rec
+
+    def _train(self, r: int, cohort: np.ndarray) -> float:
+        """The cohort's client step and the server's step; the clients' mean loss."""
+        train = self.split.user_train
+        losses = []
+        weights = None
+        secure = self.config.secure_aggregation != "off"
+        if not self.config.per_client_uploads and not secure:
+            samples = self.clients.samples(r, cohort, train)
+            sizes = np.fromiter((len(s[0]) for s in samples), dtype=np.int64, count=len(samples))
+            weights = self.strategy.linear_weights(sizes)
+        if weights is None:
+            uploads = []
+            for part in self._shards(cohort):
+                result = self.clients.step_in(self.store, self.shared, r, part, train)
+                uploads += result.uploads
+                losses.append(result.losses)
+            if not secure:
+                self.strategy.round(self.shared, uploads)
+                return float(np.concatenate(losses).mean())
+            # the server sees masked vectors only: it unmasks the mean, then takes its step
+            mean = secure_mean(self.model_cfg, self.params, r, uploads)
+            self.strategy.apply(self.shared, mean.grads)
+            return mean.loss
+        total: dict[str, torch.Tensor] = {}
+        for part in self._shards(cohort):
+            pos = np.searchsorted(cohort, part)
+            res = cohort_step(
+                self.model_cfg,
+                self.shared,
+                part,
+                self.store.get(part),
+                [samples[i] for i in pos],
+                self.hp,
+                weights[pos],
+            )
+            self.store.put(part, res.state)
+            assert res.aggregate is not None
+            for k, v in res.aggregate.items():
+                total[k] = total[k].add_(v) if k in total else v
+            losses.append(res.losses)
+        self.strategy.apply(self.shared, total)
+        return float(np.concatenate(losses).mean())
 
     def _shards(self, users: np.ndarray) -> list[np.ndarray]:
         """``users`` split by user id % shards (the layout of the client workers)."""

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -36,11 +37,7 @@ def aggregate_gradients(
     if not updates:
         raise ValueError("cannot aggregate an empty round")
     ordered = sorted(updates, key=lambda u: u.client_id)
-    if weighting == "mean":
-        weights = [1.0 / len(ordered)] * len(ordered)
-    else:
-        total = float(sum(u.n_samples for u in ordered))
-        weights = [u.n_samples / total for u in ordered]
+    weights = mean_weights(np.array([u.n_samples for u in ordered]), weighting).tolist()
     out = {name: torch.zeros(shape) for name, shape in shapes.items()}
     for u, w in zip(ordered, weights, strict=True):
         for name, (idx, vals) in u.rows.items():
@@ -48,6 +45,14 @@ def aggregate_gradients(
         for name, g in u.dense.items():
             out[name].add_(g, alpha=w)
     return out
+
+
+def mean_weights(n_samples: np.ndarray, weighting: Weighting) -> np.ndarray:
+    """Each client's weight in the mean: 1/m, or its share of the round's samples (float64)."""
+    n = np.asarray(n_samples, dtype=np.float64)
+    if weighting == "mean":
+        return np.full(len(n), 1.0 / len(n))
+    return n / float(n.sum())
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,13 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def linear_weights(self, n_samples: np.ndarray) -> np.ndarray | None:
+        """The weights ``a_c`` when :meth:`aggregate` of a round's uploads is exactly the
+        linear combination ``sum_c a_c upload_c`` (``n_samples``: each client's sample count,
+        in cohort order); None otherwise. The simulator then sums the clients' gradients
+        inside the batched backward instead of building every upload."""
+        return None
+
     def round(self, params: dict[str, Tensor], updates: Sequence[Update]) -> dict[str, Tensor]:
         """Aggregate and apply; returns the aggregated gradient."""
         grads = self.aggregate(updates, {k: tuple(v.shape) for k, v in params.items()})
@@ -174,6 +186,12 @@ class FedAvgGradients(Strategy):
     ) -> dict[str, Tensor]:
         """Weighted mean of the uploads."""
         return aggregate_gradients(updates, shapes, self.weighting)
+
+    def linear_weights(self, n_samples: np.ndarray) -> np.ndarray | None:
+        """The mean's weights (None in a subclass that aggregates otherwise)."""
+        if type(self).aggregate is not FedAvgGradients.aggregate:
+            return None
+        return mean_weights(n_samples, self.weighting)
 
     def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
         """One optimizer step."""

@@ -149,11 +149,12 @@ def encode_updates(round_id: int, updates: list[Update]) -> bytes:
     info = []
     for i, u in enumerate(updates):
         for name, (idx, vals) in u.rows.items():
-            # tables of one update usually share one index tensor; safetensors wants copies
+            # uploads are views of their group's gradients (tables of one update share one
+            # index tensor, clients share buffers); safetensors wants tensors of their own
             tensors[f"{i}/{name}.rows"] = idx.to(torch.int64).clone()
-            tensors[f"{i}/{name}.values"] = vals.to(torch.float32).contiguous()
+            tensors[f"{i}/{name}.values"] = vals.to(torch.float32).clone()
         for name, g in u.dense.items():
-            tensors[f"{i}/{name}"] = g.to(torch.float32).contiguous()
+            tensors[f"{i}/{name}"] = g.to(torch.float32).clone()
         info.append({"client_id": u.client_id, "n_samples": u.n_samples, "loss": u.loss})
     meta = {"format": UPDATES_FORMAT, "round": str(round_id), "updates": json.dumps(info)}
     return st_save(tensors, metadata=meta)

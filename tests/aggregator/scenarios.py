@@ -29,7 +29,16 @@ from tests.support.aggregator import (
     upload_headers,
 )
 
-TRAIN = TrainConfig(rounds=3, fraction=0.2, factor=8, layers=2, seed=3, chunk_size=16, eval_every=0)
+TRAIN = TrainConfig(
+    rounds=3,
+    fraction=0.2,
+    factor=8,
+    layers=2,
+    seed=3,
+    chunk_size=16,
+    eval_every=0,
+    per_client_uploads=True,
+)
 
 
 @lru_cache(maxsize=1)

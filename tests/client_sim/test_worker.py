@@ -36,7 +36,13 @@ def sim3(split) -> tuple[Simulator, RunResult]:
 
 def _train_config(rounds: int = 3) -> TrainConfig:
     return TrainConfig(
-        rounds=rounds, fraction=0.3, factor=FACTOR, layers=LAYERS, seed=SEED, chunk_size=16
+        rounds=rounds,
+        fraction=0.3,
+        factor=FACTOR,
+        layers=LAYERS,
+        seed=SEED,
+        chunk_size=16,
+        per_client_uploads=True,
     )
 
 

@@ -80,7 +80,13 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
     sim = Simulator(
         split,
         TrainConfig(
-            rounds=ROUNDS, fraction=0.3, factor=FACTOR, layers=LAYERS, seed=SEED, chunk_size=16
+            rounds=ROUNDS,
+            fraction=0.3,
+            factor=FACTOR,
+            layers=LAYERS,
+            seed=SEED,
+            chunk_size=16,
+            per_client_uploads=True,
         ),
     )
     result = sim.run()

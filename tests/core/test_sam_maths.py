@@ -13,7 +13,6 @@ from fedrecgel.sam import (
     client_rng,
     client_samples,
     cohort_step,
-    padded_length,
 )
 from fedrecgel.strategy import (
     ClipUpdates,
@@ -129,12 +128,6 @@ def test_chunk_weights_make_a_sum_of_chunk_means():
     assert w[:256].tolist() == [1 / 128] * 256
     assert w[256:] == pytest.approx([1 / 44] * 44)
     assert w.sum() == pytest.approx(3.0)
-
-
-def test_padding_depends_only_on_own_size():
-    assert padded_length(1) == 32
-    assert all(padded_length(n) >= n for n in range(1, 5000, 7))
-    assert all(padded_length(n) % 8 == 0 for n in range(1, 5000, 7))
 
 
 def _update(cid: int, rows: list[int], vals: list[list[float]], dense: float, n: int = 1) -> Update:

@@ -27,7 +27,8 @@ ROUNDS = 20  # the full run (cases 1 and 2)
 SHORT = 6  # crash and privacy runs
 TOL = 1e-5  # on parameters and metrics
 # shards=2: the simulator batches each round as the two workers do (see TrainConfig.shards)
-TRAIN = TrainConfig(rounds=ROUNDS, shards=2)  # the default settings
+# per-client uploads aggregated as the aggregator does (not summed inside the backward)
+TRAIN = TrainConfig(rounds=ROUNDS, shards=2, per_client_uploads=True)  # the default settings
 RUN_TIMEOUT_S = 400.0
 
 
