@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import report_simulator
 import report_studies
 from accuracy_report import section as accuracy_section
 from secagg_report import section as secagg_section
@@ -316,6 +317,14 @@ def main() -> None:
         *report_studies.sensitivity(),
         *report_studies.landscape(),
         *speed(),
+        "",
+        *report_simulator.before_after(),
+        "",
+        *report_simulator.roofline(),
+        "",
+        *report_simulator.memory(),
+        "",
+        *report_simulator.scaling(),
         "",
         *other("aggregator_ingest.json", "Aggregator ingest"),
         "",

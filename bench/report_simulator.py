@@ -1,0 +1,177 @@
+"""RESULTS sections of the simulator's roofline, memory and scaling benchmarks.
+
+Used by ``bench/report.py``; every figure comes from a JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RES = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
+def _load(name: str) -> Any:
+    path = RES / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def roofline() -> list[str]:
+    """The achieved fraction of the matmul rate and the speed-up over the per-client loop."""
+    rf = _load("roofline.json")
+    if rf is None:
+        return []
+    ft = rf["filmtrust"]
+    lines = [
+        "## Simulator against the arithmetic floor (`bench/roofline.py`)",
+        "",
+        f"FilmTrust, default settings: {ft['clients_per_round']} clients a round, "
+        f"{ft['samples_per_round_mean']:.0f} samples, {ft['rounds']} rounds; "
+        f"{rf['machine']['threads']} torch threads. Analytic work of a round (2 FLOP per "
+        f"multiply-add, the actual samples, no padding): *full* = forward and backward of "
+        f"every pass {ft['gflop_per_round_full_mean']:.2f} GFLOP; *needed* = only the "
+        f"gradients each pass's result depends on, pass 1's first-layer item half reused "
+        f"{ft['gflop_per_round_needed_mean']:.2f} GFLOP. The matmul rate is torch's float32 "
+        f"1024x1024 product with the same threads, probed between the rounds of the same run "
+        f"(median {ft['matmul_gflops_median']:.1f} GFLOP/s). A round is client samples, the "
+        "three passes, aggregation and the server step (no evaluation).",
+        "",
+        "| client path | s / round (median) | GFLOP/s (full) | fraction of matmul (full) "
+        "| fraction (needed) | x per-client loop (same rounds) |",
+        "|---|---|---|---|---|---|",
+    ]
+    names = {
+        "aggregate": "aggregate inside the backward (simulator default)",
+        "per_client": "per-client uploads (worker path; bit-identity tests)",
+    }
+    for key, label in names.items():
+        p = ft[key]
+        lines.append(
+            f"| {label} | {p['s_per_round_median']:.3f} | {p['gflops_full_median']:.1f} | "
+            f"{p['fraction_of_matmul_full']:.2f} | {p['fraction_of_matmul_needed']:.2f} | "
+            f"{p.get('speedup_vs_loop', float('nan')):.1f}x |"
+        )
+    if "per_client_loop_s_per_round_median" in ft:
+        lines.append(
+            f"| per-client loop (`fedrecgel/reference.py`) | "
+            f"{ft['per_client_loop_s_per_round_median']:.3f} | | | | 1.0x |"
+        )
+    lines += [
+        "",
+        f"Targets: >= {ft['targets']['fraction_of_matmul']:.0%} of the matmul rate, >= "
+        f"{ft['targets']['speedup_vs_loop']:.0f}x the per-client loop.",
+    ]
+    return lines
+
+
+def memory() -> list[str]:
+    """Peak RSS per case, each in its own process."""
+    mem = _load("memory.json")
+    if not mem:
+        return []
+    before = _load("memory_before.json") or {}
+    lines = [
+        "## Simulator memory (`bench/memory.py`)",
+        "",
+        "Peak RSS (`ru_maxrss`) of a child process per case, data included. *before*: the same "
+        "case run by the batched client step this replaced (padded groups, autograd), where "
+        "measured.",
+        "",
+        "| case | clients / round | rounds | peak RSS | after loading data | s / round "
+        "(median) | before | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case, m in mem.items():
+        if "error" in m:
+            lines.append(f"| {case} | failed: {' '.join(m['error'])[:120]} | | | | | | |")
+            continue
+        secs = sorted(m["seconds_per_round"])
+        b = before.get(case, {})
+        target = m.get("target_peak_mb")
+        old = f"{b['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in b else "-"
+        lines.append(
+            f"| {case} | {m['clients_per_round']:,} | {m['rounds']} | {m['peak_rss_mb']:.0f} MB | "
+            f"{m['peak_rss_mb_after_data']:.0f} MB | {secs[len(secs) // 2]:.2f} | "
+            f"{old} | "
+            f"{f'<= {target} MB' if target else '-'} |"
+        )
+    return lines
+
+
+def scaling() -> list[str]:
+    """Seconds per round against clients and against items."""
+    sc = _load("scaling.json")
+    if not sc:
+        return []
+    lines = [
+        "## Simulator scaling (`bench/scaling.py`)",
+        "",
+        "Synthetic data, default model and client path, one child process per point, the "
+        "clients' private state created before the timed round. Plots: "
+        "`docs/scaling_clients.png`, `docs/scaling_items.png`.",
+        "",
+        "| sweep | users | items | clients | samples | s / round | server step s | us / sample |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sweep in ("clients", "items"):
+        for p in sc.get(sweep, []):
+            if "error" in p:
+                lines.append(
+                    f"| {sweep} | {p['users']:,} | {p['items']:,} | {p['clients']:,} | "
+                    "failed | | | |"
+                )
+                continue
+            lines.append(
+                f"| {sweep} | {p['users']:,} | {p['items']:,} | {p['clients']:,} | "
+                f"{p['samples']:,} | {p['seconds_per_round']:.3f} | "
+                f"{p['server_step_seconds']:.3f} | "
+                f"{1e6 * p['seconds_per_round'] / max(p['samples'], 1):.1f} |"
+            )
+    return lines
+
+
+def before_after() -> list[str]:
+    """The simulator's figures before and after the hand-written passes."""
+    old = _load("simulator_before.json")
+    rf = _load("roofline.json")
+    sp = _load("speed.json")
+    if old is None or rf is None:
+        return []
+    ft = rf["filmtrust"]
+    o = old["filmtrust"]
+    lines = [
+        "## Simulator before / after",
+        "",
+        "*before*: `bench/results/simulator_before.json`, the last run of `bench/speed.py` with "
+        "the padded autograd client step; *after*: this revision. Each speed-up is a same-run "
+        "ratio against the unchanged per-client loop.",
+        "",
+        "| figure | before | after |",
+        "|---|---|---|",
+        f"| FilmTrust round, x per-client loop (same run) | {o['speedup']:.1f}x | "
+        f"{ft['aggregate'].get('speedup_vs_loop', float('nan')):.1f}x (aggregate path), "
+        f"{ft['per_client'].get('speedup_vs_loop', float('nan')):.1f}x (per-client uploads) |",
+    ]
+    if sp is not None:
+        agree = sp["filmtrust"].get("upload_agreement_round_1")
+        if agree:
+            lines.append(
+                "| uploads vs per-client loop, round 1, max over clients of "
+                "`||a-b|| / ||b||` (whole upload) | - | "
+                f"{agree['max_rel_to_upload_norm']:.1e} |"
+            )
+            old_m = agree["old_metric_max_abs_over_max_abs"]
+            lines.append(
+                "| the earlier metric (`max|a-b| / max|b|` per tensor), worst case | "
+                f"{o['max_rel_upload_difference_round_1']:.1e} | {old_m['value']:.1e} "
+                f"({old_m['tensor']}, a tensor {old_m['tensor_norm_over_upload_norm']:.1e} of "
+                "its upload's norm) |"
+            )
+    mem, mem_old = _load("memory.json") or {}, _load("memory_before.json") or {}
+    for case in ("filmtrust-all", "synthetic-1e6x1e5"):
+        a, b = mem.get(case, {}), mem_old.get(case, {})
+        if "peak_rss_mb" in a:
+            before = f"{b['peak_rss_mb']:.0f} MB" if "peak_rss_mb" in b else "-"
+            lines.append(f"| peak RSS, {case} | {before} | {a['peak_rss_mb']:.0f} MB |")
+    return lines

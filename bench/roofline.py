@@ -1,0 +1,216 @@
+"""The simulator's round against the arithmetic floor of this machine, measured in one run.
+
+    .venv/bin/python bench/roofline.py [--rounds 5] [--loop-rounds 2] [--threads N]
+
+For a default FilmTrust round (fraction 0.1) it counts the floating-point work analytically
+(:func:`round_flops`: the multiply-adds of the three SAM passes for the actual samples, no
+padding), times the round (client samples, the three passes, aggregation, server step; no
+evaluation) in both client paths (the aggregate path the simulator uses by default, and the
+per-client uploads a worker builds), and in the same run, interleaved with the rounds,
+torch's dense float32 matmul rate with the same thread count, and the plain per-client loop
+(:mod:`fedrecgel.reference`) on the same cohorts. The machine is shared: every figure that
+matters is a ratio of two things measured side by side. Writes bench/results/roofline.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedrecgel.cohort import select_cohort
+from fedrecgel.data import load_split
+from fedrecgel.model import ModelConfig
+from fedrecgel.reference import reference_client_step
+from fedrecgel.sam import PrivateState, Update
+from fedrecgel.simulate import Simulator, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "roofline.json"
+
+
+def round_flops(
+    cfg: ModelConfig, sizes: np.ndarray, rho_sh: float, rho_ns: float
+) -> dict[str, float]:
+    """Floating-point operations of one round's client step (2 per multiply-add).
+
+    Per sample, a forward pass costs the tower as the model computes it: the item half of the
+    first layer (E -> H), the hidden layers, the predict layer over concat(GMF, MLP) and the
+    GMF product; the user half of the first layer is once per client. A backward pass costs
+    twice its forward (input and weight gradients).
+
+    * ``full``: forward and backward of each pass that runs (pass 1 always, pass 2 when
+      rho_sh > 0, pass 3 when rho_ns > 0), every layer, every gradient;
+    * ``needed``: only what each pass's result depends on: pass 2 computes no private
+      gradients, pass 3 no weight gradients and no item gradients and reuses pass 1's item
+      half of the first layer.
+    """
+    n = float(np.sum(sizes))
+    c = float(len(sizes))
+    f = cfg.factor
+    if cfg.kind == "mf":
+        per_fwd, user_fwd, first_item, hidden = 2.0 * f, 0.0, 0.0, 0.0
+    else:
+        e = cfg.mlp_dim
+        sizes_t = cfg.tower_sizes()
+        h0 = sizes_t[0][1]
+        first_item = 2.0 * e * h0
+        hidden = sum(2.0 * i * o for i, o in sizes_t[1:])
+        per_fwd = first_item + hidden + 2.0 * 2 * f + f
+        user_fwd = 2.0 * e * h0
+    fwd = n * per_fwd + c * user_fwd
+    passes = 1 + (rho_sh > 0) + (rho_ns > 0)
+    full = passes * 3 * fwd
+    needed = 3 * fwd  # pass 1: everything
+    if rho_sh > 0:  # pass 2: all shared gradients, the user half's input gradient skipped
+        needed += 3 * fwd - c * user_fwd
+    if rho_ns > 0:  # pass 3: forward without the item half, input gradients without it
+        fwd3 = fwd - n * first_item
+        needed += fwd3 + (fwd3 - c * user_fwd) + c * user_fwd
+    return {"full": full, "needed": needed, "samples": n, "clients": c}
+
+
+def matmul_rate(size: int = 1024, repeats: int = 5) -> float:
+    """torch's dense float32 matmul rate (FLOP/s, best of ``repeats``) with the current threads."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    torch.mm(a, b, out=out)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * size**3 / best
+
+
+def _time_round(sim: Simulator, r: int, cohort: np.ndarray) -> float:
+    """One training round of ``sim`` on ``cohort`` (no evaluation), seconds."""
+    t0 = time.perf_counter()
+    sim._train(r, cohort)
+    return time.perf_counter() - t0
+
+
+def _time_loop(
+    sim: Simulator,
+    shared: dict[str, torch.Tensor],
+    states: dict[int, PrivateState],
+    r: int,
+    cohort: np.ndarray,
+) -> float:
+    """The plain per-client loop on the same cohort and samples (its own model copy)."""
+    strategy = sim.config.strategy()
+    t0 = time.perf_counter()
+    samples = sim.samples_for(cohort, r)
+    ups = []
+    with torch.enable_grad():
+        _loop(sim, shared, states, cohort, samples, ups)
+    strategy.round(shared, ups)
+    return time.perf_counter() - t0
+
+
+def _loop(
+    sim: Simulator,
+    shared: dict[str, torch.Tensor],
+    states: dict[int, PrivateState],
+    cohort: np.ndarray,
+    samples: list[tuple[np.ndarray, np.ndarray]],
+    ups: list[Update],
+) -> None:
+    for u, (items, labels) in zip(cohort, samples, strict=True):
+        st = states.get(int(u)) or PrivateState.fresh(sim.model_cfg, sim.config.seed, np.array([u]))
+        up, states[int(u)] = reference_client_step(
+            sim.model_cfg, shared, int(u), st, items, labels, sim.hp
+        )
+        ups.append(up)
+
+
+def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
+    """Interleaved rounds of both client paths, matmul probes and the per-client loop."""
+    split = load_split("filmtrust")
+    cfg = TrainConfig(eval_every=0, fraction=fraction)
+    fast = Simulator(split, cfg)
+    exact = Simulator(split, replace(cfg, per_client_uploads=True))
+    loop_shared = {k: v.clone() for k, v in fast.shared.items()}
+    loop_states: dict[int, PrivateState] = {}
+    times: dict[str, list[float]] = {"aggregate": [], "per_client": [], "loop": [], "rate": []}
+    flops: list[dict[str, float]] = []
+    torch.set_grad_enabled(False)
+    for r in range(1, rounds + 1):
+        cohort = select_cohort(fast.users, cfg.fraction, cfg.seed, r)
+        sizes = np.array([len(s[0]) for s in fast.samples_for(cohort, r)])
+        flops.append(round_flops(fast.model_cfg, sizes, *cfg.effective_rho()))
+        times["rate"].append(matmul_rate())
+        times["aggregate"].append(_time_round(fast, r, cohort))
+        times["rate"].append(matmul_rate())
+        times["per_client"].append(_time_round(exact, r, cohort))
+        if r <= loop_rounds:
+            times["rate"].append(matmul_rate())
+            times["loop"].append(_time_loop(fast, loop_shared, loop_states, r, cohort))
+    rate = statistics.median(times["rate"])
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "clients_per_round": int(flops[0]["clients"]),
+        "samples_per_round_mean": float(np.mean([f["samples"] for f in flops])),
+        "gflop_per_round_full_mean": float(np.mean([f["full"] for f in flops])) / 1e9,
+        "gflop_per_round_needed_mean": float(np.mean([f["needed"] for f in flops])) / 1e9,
+        "matmul_gflops_median": rate / 1e9,
+        "matmul_gflops": [x / 1e9 for x in times["rate"]],
+    }
+    for path in ("aggregate", "per_client"):
+        ts = times[path]
+        full = [f["full"] / t for f, t in zip(flops, ts, strict=True)]
+        needed = [f["needed"] / t for f, t in zip(flops, ts, strict=True)]
+        out[path] = {
+            "s_per_round": ts,
+            "s_per_round_median": statistics.median(ts),
+            "gflops_full_median": statistics.median(full) / 1e9,
+            "gflops_needed_median": statistics.median(needed) / 1e9,
+            "fraction_of_matmul_full": statistics.median(full) / rate,
+            "fraction_of_matmul_needed": statistics.median(needed) / rate,
+        }
+    if times["loop"]:
+        loop = statistics.median(times["loop"])
+        out["per_client_loop_s_per_round"] = times["loop"]
+        out["per_client_loop_s_per_round_median"] = loop
+        # ratios over the rounds both ran, side by side
+        k = len(times["loop"])
+        for path in ("aggregate", "per_client"):
+            out[path]["speedup_vs_loop"] = loop / statistics.median(times[path][:k])
+    out["targets"] = {"fraction_of_matmul": 0.5, "speedup_vs_loop": 5.0}
+    return out
+
+
+def main() -> None:
+    """Run the benchmark and write bench/results/roofline.json."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--loop-rounds", type=int, default=2)
+    ap.add_argument("--fraction", type=float, default=TrainConfig().fraction)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res = {
+        "machine": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+        },
+        "filmtrust": bench(args.rounds, args.loop_rounds, args.fraction),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Seconds per simulator round against clients per round and against catalogue size.
+
+    .venv/bin/python bench/scaling.py [--max-clients 100000] [--max-items 1000000]
+
+Synthetic data (:func:`fedrecgel.synthetic.synthetic_split`), the default client path and
+model, no evaluation. Each point runs in its own child process; the timed round's clients
+have their private state created beforehand (first participation costs a keyed draw per
+user, measured apart as ``first_join_seconds``). Two sweeps:
+
+- clients per round 100 ... 100,000 over 200,000 users x 10,000 items (mean 8 interactions
+  a user, so about 35 training samples a client);
+- catalogue 1e3 ... 1e6 items, 1,000 clients per round over 10,000 users (mean 14).
+
+Writes bench/results/scaling.json (incrementally) and docs/scaling_clients.png,
+docs/scaling_items.png. The machine is shared: read the shape of the curves (time per
+sample, time per item), not the absolute seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "scaling.json"
+DOCS = ROOT / "docs"
+CLIENTS = (100, 300, 1_000, 3_000, 10_000, 30_000, 100_000)
+ITEMS = (1_000, 10_000, 100_000, 1_000_000)
+
+
+def child(users: int, items: int, mean: float, clients: int, rounds: int) -> dict[str, Any]:
+    """One point: ``rounds`` timed rounds, median seconds and their parts."""
+    import numpy as np
+    import torch
+
+    from fedrecgel.cohort import select_cohort
+    from fedrecgel.simulate import Simulator, TrainConfig
+    from fedrecgel.synthetic import synthetic_split
+
+    torch.set_grad_enabled(False)
+    split = synthetic_split(users, items, interactions_per_user=mean, seed=0)
+    cfg = TrainConfig(fraction=clients / users, eval_every=0, rounds=rounds)
+    sim = Simulator(split, cfg)
+    times, joins, samples, server = [], [], [], []
+    for r in range(1, rounds + 1):
+        cohort = select_cohort(sim.users, cfg.fraction, cfg.seed, r)
+        t0 = time.perf_counter()
+        sim.store.get(cohort)
+        joins.append(time.perf_counter() - t0)
+        samples.append(int(sum(len(split.user_train(int(u))) for u in cohort)) * 5)
+        apply = sim.strategy.apply
+        spent = [0.0]
+
+        def timed_apply(params: Any, grads: Any, apply: Any = apply, spent: Any = spent) -> None:
+            t = time.perf_counter()
+            apply(params, grads)
+            spent[0] += time.perf_counter() - t
+
+        sim.strategy.apply = timed_apply  # type: ignore[method-assign]
+        t0 = time.perf_counter()
+        sim.step()
+        times.append(time.perf_counter() - t0)
+        server.append(spent[0])
+        sim.strategy.apply = apply  # type: ignore[method-assign]
+    k = int(np.argsort(times)[len(times) // 2])
+    return {
+        "users": users,
+        "items": items,
+        "clients": len(cohort),
+        "samples": samples[k],
+        "seconds_per_round": times[k],
+        "server_step_seconds": server[k],
+        "first_join_seconds": joins[k],
+        "seconds_per_round_all": times,
+    }
+
+
+def _point(args: argparse.Namespace, users: int, items: int, mean: float, clients: int) -> Any:
+    rounds = 1 if clients >= 30_000 else args.rounds
+    cmd = [sys.executable, __file__, "--child", f"{users},{items},{mean},{clients},{rounds}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return {"users": users, "items": items, "clients": clients, "error": proc.stderr[-500:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def plot(results: dict[str, Any]) -> None:
+    """The two curves as PNGs in docs/ (log-log, with a linear reference)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for key, xkey, xlabel, name in (
+        ("clients", "clients", "clients per round", "scaling_clients.png"),
+        ("items", "items", "catalogue size (items)", "scaling_items.png"),
+    ):
+        pts = [p for p in results.get(key, []) if "error" not in p]
+        if not pts:
+            continue
+        x = [p[xkey] for p in pts]
+        y = [p["seconds_per_round"] for p in pts]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.loglog(x, y, "o-", label="seconds per round")
+        ax.loglog(x, [p["server_step_seconds"] for p in pts], "s--", label="server step")
+        ax.loglog(x, [y[0] * xi / x[0] for xi in x], ":", color="grey", label="linear from first")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("seconds")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        ax.set_title(f"simulator round vs {xlabel} (synthetic)")
+        fig.tight_layout()
+        fig.savefig(DOCS / name, dpi=100)
+        plt.close(fig)
+
+
+def main() -> None:
+    """Run both sweeps (children), write the JSON as points arrive, then the plots."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-clients", type=int, default=CLIENTS[-1])
+    ap.add_argument("--max-items", type=int, default=ITEMS[-1])
+    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per point (1 from 30k)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--plot-only", action="store_true")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    if args.child:
+        u, i, m, c, r = args.child.split(",")
+        print(json.dumps(child(int(u), int(i), float(m), int(c), int(r))))
+        return
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if not args.plot_only:
+        results = {"clients": [], "items": []}
+        for c in (c for c in CLIENTS if c <= args.max_clients):
+            results["clients"].append(_point(args, 200_000, 10_000, 8.0, c))
+            print(json.dumps(results["clients"][-1]))
+            args.out.write_text(json.dumps(results, indent=1))
+        for i in (i for i in ITEMS if i <= args.max_items):
+            results["items"].append(_point(args, 10_000, i, 14.0, 1_000))
+            print(json.dumps(results["items"][-1]))
+            args.out.write_text(json.dumps(results, indent=1))
+    plot(results)
+
+
+if __name__ == "__main__":
+    main()
