@@ -113,6 +113,9 @@ def table(key: str) -> list[str]:
             f"{_pm(_vals(runs, 'selected', 'ndcg@10'))} | {_pm(_vals(runs, 'best_test', 'hr@10'))} "
             f"| {_pm(_vals(runs, 'best_test', 'ndcg@10'))} | {_settings(runs)} |"
         )
+    earlier = _earlier_faithful(key) if not cell(key, "faithful") else None
+    if earlier:
+        lines.append(earlier)
     cen = central(key)
     lines.append(
         f"| centralized NCF (`bench/results/central.json`) | "
@@ -131,6 +134,118 @@ def table(key: str) -> list[str]:
         ),
     ]
     return lines
+
+
+def _reproduction(key: str) -> dict[str, Any] | None:
+    """``bench/reproduce.py``'s FedRecGEL run of ``key`` on the validation split, if stored."""
+    name, protocol = key.split("/")
+    path = RES / "reproduce" / name / "fedrecgel-validation" / "results.json"
+    if protocol != "paper" or not path.exists():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _earlier_faithful(key: str) -> str | None:
+    """A row for the paper-settings runs of ``bench/reproduce.py`` (made before the split's
+    first-appearance numbering, evaluated every round), labelled as such."""
+    data = _reproduction(key)
+    if data is None:
+        return None
+    runs = data["runs"]
+    cfg = runs[0]["config"]
+
+    def figs(pick: str, metric: str) -> str:
+        return _pm([100 * r[pick][metric] for r in runs])
+
+    return (
+        f"| faithful, earlier split numbering (`bench/reproduce.py`) | {len(runs)}/{SEEDS} | "
+        f"{figs('selected_on_validation', 'hr@10')} | {figs('selected_on_validation', 'ndcg@10')} "
+        f"| {figs('best_test', 'hr@10')} | {figs('best_test', 'ndcg@10')} | "
+        f"{cfg['server_optimizer']} {cfg['server_lr']:.3g}, client {cfg['client_lr']:.3g}, rho "
+        f"{cfg['rho_sh']:.3g}/{cfg['rho_ns']:.3g}, {cfg['rounds']} rounds (paper) |"
+    )
+
+
+def studies() -> list[str]:
+    """Each exported tuning study: its trials, and its validation curves beside the paper
+    settings' (from the reproduction, seeds 0-2) and popularity's."""
+    lines: list[str] = []
+    for path in sorted((ACC / "studies").glob("*.json")):
+        data = json.loads(path.read_text())
+        lines += [
+            f"### Tuning study `{data['study']}` (validation only, tuning seed)",
+            "",
+            "| trial | state | validation HR@10 | settings |",
+            "|---|---|---|---|",
+        ]
+        for t in data["trials"]:
+            if t["state"] == "WAITING":  # queued again after an interruption, not run
+                continue
+            value = "-" if t["value"] is None else f"{100 * t['value']:.2f}"
+            last = max((int(k) for k in t["reports"]), default=0)
+            state = {"COMPLETE": "complete", "PRUNED": f"pruned at round {last}"}.get(
+                t["state"], f"interrupted after round {last}"
+            )
+            lines.append(f"| {t['number']} | {state} | {value} | {t['params']} |")
+        key = data["study"].split("-fedrecgel-")[0] + "/paper"
+        pop = cell(key, "popularity")
+        done = [t for t in data["trials"] if t["value"] is not None]
+        if pop and done:
+            best = max(done, key=lambda t: t["value"])
+            lines += [
+                "",
+                f"Best completed trial: {best['number']}, validation HR@10 "
+                f"{100 * best['value']:.2f}; popularity on the same validation items: "
+                f"{100 * pop[0]['curve'][0]['val_hr@10']:.2f}.",
+            ]
+        png = _study_plot(data)
+        lines += ["", f"![study {data['study']}]({png})", ""]
+    return lines
+
+
+def _study_plot(data: dict[str, Any]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = data["study"].split("-fedrecgel-")[0] + "/paper"
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for t in data["trials"]:
+        if t["reports"]:
+            xs = [int(k) for k in t["reports"]]
+            ys = [100 * v for v in t["reports"].values()]
+            ax.plot(
+                xs,
+                ys,
+                marker="o",
+                label=f"trial {t['number']} (server lr "
+                f"{t['params'].get('server_lr', 0):.3g}, {t['params'].get('server_optimizer')})",
+            )
+    rep = _reproduction(key)
+    for i, run in enumerate(rep["runs"] if rep else []):
+        best, xs, ys = 0.0, [], []
+        for r in run["rounds"]:
+            if r["val"]:
+                best = max(best, 100 * r["val"]["hr@10"])
+                xs.append(r["round"])
+                ys.append(best)
+        ax.plot(
+            xs, ys, color="grey", alpha=0.7, label="paper settings, seeds 0-2" if i == 0 else None
+        )
+    pop = cell(key, "popularity")
+    if pop and pop[0]["curve"]:
+        ax.axhline(100 * pop[0]["curve"][0]["val_hr@10"], color="k", ls="--", label="popularity")
+    ax.set_xlabel("round")
+    ax.set_ylabel("best validation HR@10 so far (%)")
+    ax.set_title(f"{data['study']}: validation curves")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    name = f"accuracy_study_{data['study']}.png"
+    fig.savefig(DOCS / name, dpi=100)
+    plt.close(fig)
+    return name
 
 
 def _mean(key: str, label: str) -> float | None:
@@ -250,4 +365,4 @@ def section() -> list[str]:
             png = curves(key)
             if png:
                 lines += [f"![learning curves {key}]({png})", ""]
-    return [*lines, *targets()]
+    return [*lines, *studies(), *targets()]

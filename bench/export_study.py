@@ -1,0 +1,55 @@
+"""Export a tuning study (``fedrec tune``'s SQLite file) to JSON for the results page: every
+trial's settings, state, validation value and intermediate reports (best validation HR@10 so
+far, by round).
+
+    .venv/bin/python bench/export_study.py runs/tune/<study>.db [--study NAME]
+
+Writes bench/results/accuracy/studies/<study>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "accuracy" / "studies"
+
+
+def export(db: Path, name: str | None = None) -> dict[str, Any]:
+    """The study's trials as a JSON-ready dict."""
+    storage = f"sqlite:///{db.resolve()}"
+    name = name or optuna.get_all_study_names(storage)[0]
+    study = optuna.load_study(study_name=name, storage=storage)
+    return {
+        "study": name,
+        "trials": [
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "params": t.params,
+                "value": t.value,
+                "reports": {str(k): v for k, v in sorted(t.intermediate_values.items())},
+            }
+            for t in study.get_trials(deepcopy=False)
+        ],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("db", type=Path)
+    ap.add_argument("--study")
+    args = ap.parse_args()
+    data = export(args.db, args.study)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{data['study']}.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{data['study']}: {len(data['trials'])} trials")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The presets shipped in fedrecgel/presets.json reach `fedrec train` as stored."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from typer.testing import CliRunner
+
+from fedrecgel import cli, presets
+from fedrecgel.simulate import RunResult, TrainConfig
+
+runner = CliRunner()
+
+
+class _Capture:
+    """Stands in for the simulator: records the config ``fedrec train`` built, trains nothing."""
+
+    configs: ClassVar[list[TrainConfig]] = []
+
+    def __init__(self, split: Any, config: TrainConfig) -> None:
+        self.config = config
+        _Capture.configs.append(config)
+
+    def run(self, on_round: Any = None) -> RunResult:
+        return RunResult(dataclasses.asdict(self.config), "d", [], 0.0)
+
+
+def _csv(tmp_path: Path) -> Path:
+    rows = [f"{u},{(u * 7 + k * 5) % 150},{k}" for u in range(30) for k in range(6)]
+    path = tmp_path / "d.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("name", ["tuned-amazon-video"])
+def test_fedrec_train_preset_resolves_to_the_shipped_settings(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = presets.stored()
+    assert name in shipped, f"{name} is not shipped in {presets.PRESETS_FILE}"
+    settings = shipped[name]["settings"]
+    assert set(settings) >= {"server_lr", "client_lr", "rounds", "server_optimizer"}
+    monkeypatch.setattr(cli, "Simulator", _Capture)
+    _Capture.configs.clear()
+    args = ["train", "--dataset", str(_csv(tmp_path)), "--preset", name, "--quiet"]
+    r = runner.invoke(cli.app, [*args, "--eval-every", "0", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    (cfg,) = _Capture.configs
+    for key, value in settings.items():
+        assert getattr(cfg, key) == value, key
+    # what is not in the preset keeps the paper's value; the command line still wins
+    assert cfg.fraction == TrainConfig().fraction
+    _Capture.configs.clear()
+    r = runner.invoke(
+        cli.app, [*args, "--eval-every", "0", "--rounds", "3", "--out", str(tmp_path / "o2")]
+    )
+    assert r.exit_code == 0, r.output
+    assert _Capture.configs[0].rounds == 3
+    assert _Capture.configs[0].server_lr == settings["server_lr"]
+
+
+def test_paper_preset_takes_the_authors_radii() -> None:
+    assert presets.resolve("paper", "amazon-video") == {"rho_sh": 0.01, "rho_ns": 0.2}
+    assert presets.resolve("paper", "some-csv") == {}
