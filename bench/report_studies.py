@@ -62,7 +62,9 @@ def sensitivity() -> list[str]:
             f"FedRecGEL at {data['settings']}, {data['rounds']} rounds, seed {data['seed']}, "
             f"every radius pair of the grid ({data['cells_done']} of {data['cells_total']} "
             "cells run). Validation HR@10 / NDCG@10 (%) at the round chosen on validation "
-            f"(evaluated every {data['eval_every']} rounds); rho 0/0 is FedNCF. Heatmap: "
+            f"(evaluated every {data['eval_every']} rounds; NDCG@10 at that same round); "
+            "rho 0/0 is FedNCF. The grid (0, the default radius, 5 times it) is ours: the "
+            "paper's grid values are not documented here. Heatmap: "
             f"`docs/sensitivity-{ds}.png`.",
             "",
             "| rho_sh \\ rho_ns | " + " | ".join(str(b) for b in data["rho_ns"]) + " |",
@@ -83,7 +85,7 @@ def sensitivity() -> list[str]:
             out += [
                 "",
                 f"Spread of validation HR@10 over the cells run: {100 * (max(vals) - min(vals)):.2f}"
-                " points (one seed each; seed noise on FilmTrust is of the same order).",
+                " points, one seed per cell: compare with the seed std of the reproduction table.",
             ]
         out.append("")
     return out
@@ -102,7 +104,9 @@ def landscape() -> list[str]:
             f"## Loss landscape on {ds} (`bench/landscape.py`)",
             "",
             "Training loss (mean BCE of every user's training positives with 4 fixed negatives",
-            "each, private embeddings at their final values) around each model's final shared",
+            f"each, a fixed uniform subset of {min(r['n_samples'] for r in methods.values()):,} "
+            "of those samples; private embeddings at their final values), one seed, "
+            f"{data['directions']} directions, around each model's final shared",
             "parameters, along filter-normalised random directions (Li et al. 2018; the same",
             "random draws for both models). *sharpness*: mean loss increase at filter-normalised",
             "radius r over both signs of every direction; *top eigenvalue*: largest Hessian",

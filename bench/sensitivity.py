@@ -78,11 +78,14 @@ def _heatmap(out: Path, sh: list[float], ns: list[float], cells: dict, title: st
                 c = cells.get(f"{a},{b}")
                 if c is not None:
                     grid[i, j] = 100 * c[key]
-        im = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
+        cmap = plt.get_cmap("viridis").copy()
+        cmap.set_bad("lightgray")
+        im = ax.imshow(grid, cmap=cmap, origin="lower", aspect="auto")
         for i in range(len(sh)):
             for j in range(len(ns)):
                 txt = "not run" if np.isnan(grid[i, j]) else f"{grid[i, j]:.2f}"
-                ax.text(j, i, txt, ha="center", va="center", color="white", fontsize=9)
+                color = "black" if np.isnan(grid[i, j]) else "white"
+                ax.text(j, i, txt, ha="center", va="center", color=color, fontsize=9)
         ax.set_xticks(range(len(ns)), [str(b) for b in ns])
         ax.set_yticks(range(len(sh)), [str(a) for a in sh])
         ax.set_xlabel("rho_ns (private)")

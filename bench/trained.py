@@ -29,7 +29,10 @@ def run_path(dataset: str, config: TrainConfig, cache: Path = CACHE) -> Path:
     """Where the run of ``config`` on ``dataset`` is kept (named by a hash of the config): the
     parameters in ``<path>.safetensors`` (``shared.*``, ``private.*``), the run in
     ``<path>.json``, written last."""
-    blob = json.dumps(asdict(config), sort_keys=True).encode()
+    # only the settings away from their defaults: a new setting (at its default) keeps the key
+    default = asdict(TrainConfig())
+    own = {k: v for k, v in asdict(config).items() if v != default[k]}
+    blob = json.dumps(own, sort_keys=True).encode()
     return cache / dataset / f"{config.method}-{hashlib.sha256(blob).hexdigest()[:16]}.json"
 
 
