@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedrecgel.metrics import means, metric_sums, per_user_metrics, rank_of_positive
-from fedrecgel.model import ModelConfig, Scorer
+from fedrecgel.metrics import (
+    KS,
+    candidate_logits,
+    means,
+    metric_sums,
+    per_user_metrics,
+    rank_of_positive,
+)
+from fedrecgel.model import ModelConfig, Scorer, init_private, init_shared
 
 
 def test_rank_counts_negatives_scored_at_least_as_high():
@@ -40,3 +47,33 @@ def test_metric_sums_over_a_tiny_mf_model():
     )
     assert sums["hr@1"] == 1.0 and sums["count"] == 2.0
     assert means(sums)["hr@1"] == 0.5
+
+
+@pytest.mark.parametrize("kind", ["ncf", "mf"])
+def test_fast_evaluation_gives_the_reference_logits_and_metrics(kind):
+    """The evaluation path (:func:`candidate_logits`, user batches) against the reference:
+    :meth:`Scorer.score` over all users at once, ranks and HR/NDCG computed from those."""
+    cfg = ModelConfig(n_items=500, kind=kind, factor=8, layers=3)
+    shared = init_shared(cfg, 3)
+    g = torch.Generator().manual_seed(4)
+    for name in cfg.item_tables():
+        shared[name] = torch.randn(shared[name].shape, generator=g)
+    users = np.arange(700)
+    private = {k: v * 100 for k, v in init_private(cfg, 5, users).items()}
+    rng = np.random.default_rng(6)
+    cand = np.stack([rng.choice(cfg.n_items, 100, replace=False) for _ in users])
+    cand[:5, 3] = cand[:5, 0]  # ties with the test item count against it
+    scorer = Scorer(cfg, shared)
+    ref_logits = scorer.score(private, torch.from_numpy(cand))
+    assert torch.equal(candidate_logits(scorer, private, torch.from_numpy(cand)), ref_logits)
+    ref = {
+        k: float(v.sum())
+        for k, v in per_user_metrics(
+            rank_of_positive(ref_logits[:, 0], ref_logits[:, 1:]), KS
+        ).items()
+    }
+    assert 0 < ref["hr@10"] < len(users)
+    got = metric_sums(scorer, private, cand[:, 0], cand[:, 1:], KS, batch=64)
+    assert got.pop("count") == len(users)
+    # the same per-user values; only the order of adding up the batches' sums differs
+    assert got == pytest.approx(ref, rel=1e-12, abs=0)
