@@ -12,6 +12,7 @@ benchmarks rank with real users of a real training run.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -51,7 +53,7 @@ def _split(name: str) -> Any:
 
 def path_of(name: str) -> Path:
     """The cache file of model ``name``."""
-    return CACHE / f"{name}.pt"
+    return CACHE / f"{name}.safetensors"
 
 
 def train(name: str, rounds: int | None = None) -> Path:
@@ -64,20 +66,20 @@ def train(name: str, rounds: int | None = None) -> Path:
     result = sim.run(lambda r: print(f"round {r.round} loss {r.loss:.4f} {r.seconds:.1f}s"))
     test, _ = sim.evaluate()
     users = np.arange(split.n_users, dtype=np.int64)
-    out = {
+    tensors = {f"shared/{k}": v.contiguous() for k, v in sim.shared.items()}
+    tensors |= {f"private/{k}": v.contiguous() for k, v in sim.store.params(users).items()}
+    tensors["test_items"] = torch.from_numpy(np.asarray(split.test_items, dtype=np.int64))
+    tensors["test_negatives"] = torch.from_numpy(np.asarray(split.test_negatives, dtype=np.int64))
+    meta = {
         "name": name,
         "cfg": sim.model_cfg.__dict__,
-        "shared": sim.shared,
-        "private": sim.store.params(users),
-        "test_items": torch.from_numpy(np.asarray(split.test_items)),
-        "test_negatives": torch.from_numpy(np.asarray(split.test_negatives)),
         "rounds": len(result.rounds),
         "train_s": round(time.perf_counter() - t0, 1),
         "test": test,
     }
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = path_of(name).with_suffix(".tmp")
-    torch.save(out, tmp)
+    save_file(tensors, str(tmp), metadata={"info": json.dumps(meta)})
     tmp.replace(path_of(name))
     print(name, "test", test)
     return path_of(name)
@@ -90,8 +92,17 @@ def load(name: str, train_if_missing: bool = True) -> dict[str, Any]:
         if not train_if_missing:
             raise FileNotFoundError(p)
         train(name)
-    data: dict[str, Any] = torch.load(p, weights_only=False)
-    data["cfg"] = ModelConfig(**data["cfg"])
+    from safetensors import safe_open
+
+    with safe_open(str(p), "pt") as fh:
+        meta = json.loads((fh.metadata() or {})["info"])
+    tensors = load_file(str(p))
+    data: dict[str, Any] = dict(meta)
+    data["cfg"] = ModelConfig(**meta["cfg"])
+    for part in ("shared", "private"):
+        data[part] = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(part + "/")}
+    data["test_items"] = tensors["test_items"]
+    data["test_negatives"] = tensors["test_negatives"]
     return data
 
 
