@@ -201,7 +201,8 @@ def _run_baseline(
 
 def _round_line(rec: RoundRecord) -> str:
     hr = f" HR@10 {rec.test['hr@10']:.4f}" if rec.test else ""
-    return f"round {rec.round} loss {rec.loss:.4f}{hr}"
+    eps = f" epsilon {rec.epsilon:.3f}" if rec.epsilon is not None else ""
+    return f"round {rec.round} loss {rec.loss:.4f}{hr}{eps}"
 
 
 @app.command()
@@ -281,7 +282,6 @@ def train(
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
     base = _apply_preset(ctx, base, preset, split.name)
-    rounds = base.rounds
     console.print(
         f"{split.name}: {split.n_users} users, {split.n_items} items, "
         f"{split.n_train} training interactions; method {method}"
@@ -299,8 +299,17 @@ def train(
         cfg = with_seed(base, seed)
         try:
             sim = Simulator(split, cfg)
+        except ConfigError as err:
+            raise fail(f"{option_flag(err.field)}: {err.reason}") from None
         except ValueError as err:
             raise fail(str(err)) from None
+        if sim.privacy is not None:
+            p = sim.privacy
+            console.print(
+                f"differential privacy ({p.mode}): clip {p.clip:g}, noise multiplier "
+                f"{p.noise:.4g}, {p.sampling} sampling (q {p.q:.4g}), {sim.total_rounds} "
+                f"rounds -> epsilon {p.epsilon(sim.total_rounds):.3f} at delta {p.delta:.3g}"
+            )
         with Progress(
             TextColumn(f"seed {seed}"),
             BarColumn(),
@@ -310,7 +319,7 @@ def train(
             console=console,
             disable=quiet,
         ) as progress:
-            task = progress.add_task("train", total=rounds, info="")
+            task = progress.add_task("train", total=sim.total_rounds, info="")
 
             def on_round(rec: RoundRecord, task: Any = task, progress: Progress = progress) -> None:
                 progress.update(task, advance=1, info=_round_line(rec))

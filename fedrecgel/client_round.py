@@ -3,7 +3,8 @@
 The in-process simulator, a client worker owning a shard of the users, and the test drivers
 all call :class:`ClientRound`: each client draws its samples from its own keyed random stream
 (``client_rng(seed, round, user)``), then the whole group takes the batched hierarchical SAM
-step (:func:`fedrecgel.sam.cohort_step`), which yields the uploads and the new private state.
+step (:func:`fedrecgel.sam.cohort_step`), which yields the uploads and the new private state;
+in a DP run each upload is then clipped (and noised) on the client (:mod:`fedrecgel.privacy`).
 Committing that state is the caller's: the simulator does it at once (:meth:`ClientRound.step_in`),
 a worker only after the aggregator acknowledged the upload.
 """
@@ -17,6 +18,7 @@ import numpy as np
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
+from fedrecgel.privacy import ClientPrivacy, privatize, secret_generator, seeded_generator
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.sam import (
     PrivateState,
@@ -38,6 +40,10 @@ class ClientRound:
     model: ModelConfig
     hp: SAMConfig
     seed: int
+    #: client-level DP: each upload is clipped (and, distributed, noised) before it leaves
+    dp: ClientPrivacy | None = None
+    #: local DP noise from secret randomness (a worker) or keyed by the run seed (simulator)
+    secret_noise: bool = False
 
     def samples(
         self, round_id: int, user_ids: Sequence[int] | np.ndarray, train_items: TrainItems
@@ -65,7 +71,17 @@ class ClientRound:
         parameters: their uploads and new private state (not committed anywhere)."""
         users = np.asarray(user_ids, dtype=np.int64)
         samples = self.samples(round_id, users, train_items)
-        return cohort_step(self.model, shared, users, state, samples, self.hp)
+        result = cohort_step(self.model, shared, users, state, samples, self.hp)
+        if self.dp is not None:
+            gens = [
+                secret_generator()
+                if self.secret_noise
+                else seeded_generator(self.seed, round_id, u)
+                for u in users
+            ]
+            shapes = {k: tuple(v.shape) for k, v in shared.items()}
+            result.uploads = privatize(result.uploads, self.dp, shapes, gens)
+        return result
 
     def step_in(
         self,

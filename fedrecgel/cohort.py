@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedrecgel.config import DEFAULTS, Sampling
+
 
 def cohort_size(n_candidates: int, fraction: float) -> int:
     """m = int(fraction * n), at least 1."""
@@ -11,15 +13,25 @@ def cohort_size(n_candidates: int, fraction: float) -> int:
 
 
 def select_cohort(
-    candidates: np.ndarray, fraction: float, seed: int, round_id: int, attempt: int = 0
+    candidates: np.ndarray,
+    fraction: float,
+    seed: int,
+    round_id: int,
+    attempt: int = 0,
+    sampling: Sampling = DEFAULTS.sampling,
 ) -> np.ndarray:
-    """The round's clients: uniform without replacement from ``candidates``, sorted.
+    """The round's clients from ``candidates``, sorted.
 
+    ``fixed``: :func:`cohort_size` of them uniformly without replacement; ``poisson``: each one
+    independently with probability ``fraction`` (the cohort may be of any size, even empty).
     ``candidates`` is taken in sorted order, so the draw depends only on the set of ids, the
     seed, the round and the attempt (a retried round draws a new cohort).
     """
     ids = np.sort(np.asarray(candidates, dtype=np.int64))
-    rng = np.random.default_rng([int(seed), int(round_id), int(attempt), 0xC0]).permutation(
+    if sampling == "poisson":
+        rng = np.random.default_rng([int(seed), int(round_id), int(attempt), 0x9C])
+        return ids[rng.random(len(ids)) < fraction]
+    perm = np.random.default_rng([int(seed), int(round_id), int(attempt), 0xC0]).permutation(
         len(ids)
     )
-    return np.sort(ids[rng[: cohort_size(len(ids), fraction)]])
+    return np.sort(ids[perm[: cohort_size(len(ids), fraction)]])

@@ -20,6 +20,8 @@ ModelKind = Literal["ncf", "mf"]
 Weighting = Literal["mean", "samples"]
 OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
 SecAggMode = Literal["off", "dense"]
+DPMode = Literal["central", "distributed"]
+Sampling = Literal["fixed", "poisson"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
 MAX_SEED = 2**32 - 1
@@ -117,6 +119,48 @@ class RunParams(BaseModel):
     def secagg_fixed_point(self) -> FixedPoint:
         """The fixed-point encoding of secure-aggregated uploads."""
         return FixedPoint(self.secagg_range, self.secagg_scale_bits)
+
+    sampling: Sampling = Field(
+        default="fixed",
+        description="Cohort draw: fixed-size (m = fraction * n, without replacement) or "
+        "Poisson (each client with probability fraction).",
+    )
+    dp_clip: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1e6,
+        description="DP: each client clips its whole upload to this L2 norm (the dp_* "
+        "settings only act in a DP run: dp_noise or target_epsilon set).",
+    )
+    dp_noise: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1000.0,
+        description="DP noise multiplier z (noise std z*dp_clip on the round's sum); "
+        "set it or target_epsilon to make the run differentially private.",
+    )
+    dp_mode: DPMode = Field(
+        default="central",
+        description="DP noise added by the server to the sum (central) or by each client, "
+        "its share z*C/sqrt(cohort) (distributed).",
+    )
+    dp_delta: float | None = Field(
+        default=None, gt=0.0, lt=1.0, description="DP delta (default 1 / number of clients)."
+    )
+    target_epsilon: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1000.0,
+        description="DP budget: with dp_noise, stop before a round would exceed it; without, "
+        "calibrate the noise so that all rounds stay within it.",
+    )
+
+    @model_validator(mode="after")
+    def _dp_consistent(self) -> RunParams:
+        dp = self.dp_noise is not None or self.target_epsilon is not None
+        if dp and self.weighting != "mean":
+            raise ValueError("a DP run needs weighting 'mean' (a sample weight is not bounded)")
+        return self
 
     def quorum_count(self, cohort_size: int) -> int:
         """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""

@@ -16,12 +16,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import cohort_size, select_cohort
-from fedrecgel.config import DEFAULTS, RunParams, SecAggMode, check
+from fedrecgel.config import DEFAULTS, DPMode, RunParams, Sampling, SecAggMode, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
+from fedrecgel.privacy import ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig, cohort_step
@@ -68,6 +70,12 @@ class TrainConfig:
     secagg_dropout: float = DEFAULTS.secagg_dropout
     secagg_range: float = DEFAULTS.secagg_range
     secagg_scale_bits: int = DEFAULTS.secagg_scale_bits
+    sampling: Sampling = DEFAULTS.sampling
+    dp_clip: float = DEFAULTS.dp_clip
+    dp_noise: float | None = DEFAULTS.dp_noise
+    dp_mode: DPMode = DEFAULTS.dp_mode
+    dp_delta: float | None = DEFAULTS.dp_delta
+    target_epsilon: float | None = DEFAULTS.target_epsilon
     eval_every: int = 1
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a
@@ -104,6 +112,12 @@ class TrainConfig:
             secagg_dropout=params.secagg_dropout,
             secagg_range=params.secagg_range,
             secagg_scale_bits=params.secagg_scale_bits,
+            sampling=params.sampling,
+            dp_clip=params.dp_clip,
+            dp_noise=params.dp_noise,
+            dp_mode=params.dp_mode,
+            dp_delta=params.dp_delta,
+            target_epsilon=params.target_epsilon,
             **own,
         )
 
@@ -132,6 +146,12 @@ class TrainConfig:
             "secagg_dropout": self.secagg_dropout,
             "secagg_range": self.secagg_range,
             "secagg_scale_bits": self.secagg_scale_bits,
+            "sampling": self.sampling,
+            "dp_clip": self.dp_clip,
+            "dp_noise": self.dp_noise,
+            "dp_mode": self.dp_mode,
+            "dp_delta": self.dp_delta,
+            "target_epsilon": self.target_epsilon,
             **overrides,
         }
         return check(values, RunParams)
@@ -200,6 +220,8 @@ class RoundRecord:
     seconds: float
     test: dict[str, float] = field(default_factory=dict)
     val: dict[str, float] = field(default_factory=dict)
+    #: DP runs: the privacy spent once this round was released (at the run's delta)
+    epsilon: float | None = None
 
 
 @dataclass
@@ -210,6 +232,8 @@ class RunResult:
     dataset: str
     rounds: list[RoundRecord]
     wall_seconds: float
+    #: DP runs: the privacy plan (clip, noise multiplier, sampling, delta, rounds allowed)
+    privacy: dict[str, Any] | None = None
 
     def best_test(self, key: str = "hr@10") -> dict[str, Any] | None:
         """Test metrics at the round with the best test ``key`` (the paper's optimistic figure)."""
@@ -238,6 +262,7 @@ class RunResult:
             "wall_seconds": self.wall_seconds,
             "best_test": self.best_test(),
             "selected_on_validation": self.selected(),
+            "privacy": self.privacy,
             "rounds": [asdict(r) for r in self.rounds],
         }
 
@@ -255,7 +280,6 @@ class Simulator:
         self.strategy = config.strategy()
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
-        self.clients = ClientRound(self.model_cfg, self.hp, config.seed)
         self.params = config.run_params()
         if config.secure_aggregation != "off":
             m = cohort_size(split.n_users, config.fraction)
@@ -265,6 +289,25 @@ class Simulator:
                     f"{config.fraction:g} of {split.n_users} users gives {m}"
                 )
             self.params.secagg_fixed_point().check_cohort(m)
+        self.privacy: PrivacyPlan | None = plan_privacy(config.run_params(), split.n_users)
+        #: rounds this run takes (fewer than configured when a target epsilon stops it)
+        self.total_rounds = config.rounds
+        if self.privacy is not None:
+            shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
+            gen = seeded_generator(config.seed, 0x5E)
+            self.strategy = with_privacy(self.strategy, self.privacy, shapes, gen)
+            self.total_rounds = self.privacy.rounds
+        self.clients = ClientRound(
+            self.model_cfg,
+            self.hp,
+            config.seed,
+            None if self.privacy is None else ClientPrivacy.of(self.privacy),
+        )
+        if self.privacy is not None and config.secure_aggregation != "off":
+            raise ValueError(
+                "differential privacy together with secure aggregation is not wired into the "
+                "simulator yet: choose one"
+            )
         self.round_id = 0
 
     def samples_for(
@@ -278,11 +321,18 @@ class Simulator:
         t0 = time.perf_counter()
         self.round_id += 1
         r = self.round_id
-        cohort = select_cohort(self.users, self.config.fraction, self.config.seed, r)
+        cfg = self.config
+        cohort = select_cohort(self.users, cfg.fraction, cfg.seed, r, sampling=cfg.sampling)
         loss = self._train(r, cohort)
-        rec = RoundRecord(round=r, n_clients=len(cohort), loss=loss, seconds=0.0)
-        every = self.config.eval_every
-        if every and (r % every == 0 or r == self.config.rounds):
+        rec = RoundRecord(
+            round=r,
+            n_clients=len(cohort),
+            loss=loss,
+            seconds=0.0,
+            epsilon=None if self.privacy is None else self.privacy.epsilon(r),
+        )
+        every = cfg.eval_every
+        if every and (r % every == 0 or r == self.total_rounds):
             rec.test, rec.val = self.evaluate()
         rec.seconds = time.perf_counter() - t0
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)
@@ -305,8 +355,10 @@ class Simulator:
                 uploads += result.uploads
                 losses.append(result.losses)
             if not secure:
-                self.strategy.round(self.shared, uploads)
-                return float(np.concatenate(losses).mean())
+                if uploads or self.privacy is not None:  # a DP round releases noise even if empty
+                    self.strategy.round(self.shared, uploads)
+                all_losses = np.concatenate([np.zeros(0), *losses])
+                return float(all_losses.mean()) if len(all_losses) else float("nan")
             # the server sees masked vectors only: it unmasks the mean, then takes its step
             mean = secure_mean(self.model_cfg, self.params, r, uploads)
             self.strategy.apply(self.shared, mean.grads)
@@ -367,7 +419,7 @@ class Simulator:
         records = []
         torch.set_grad_enabled(False)
         try:
-            for _ in range(self.config.rounds):
+            for _ in range(self.total_rounds):
                 rec = self.step()
                 records.append(rec)
                 if on_round is not None:
@@ -379,6 +431,7 @@ class Simulator:
             dataset=self.split.name,
             rounds=records,
             wall_seconds=time.perf_counter() - t0,
+            privacy=None if self.privacy is None else asdict(self.privacy),
         )
 
 

@@ -142,9 +142,13 @@ class Strategy:
     """Turns one round's uploads into the next shared parameters."""
 
     def aggregate(
-        self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
+        self,
+        updates: Sequence[Update],
+        shapes: dict[str, tuple[int, ...]],
+        cohort_size: float | None = None,
     ) -> dict[str, Tensor]:
-        """The server's gradient for this round."""
+        """The server's gradient for this round (``cohort_size``: the round's public cohort
+        size, which a differentially private strategy divides by)."""
         raise NotImplementedError
 
     def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
@@ -165,9 +169,14 @@ class Strategy:
         inside the batched backward instead of building every upload."""
         return None
 
-    def round(self, params: dict[str, Tensor], updates: Sequence[Update]) -> dict[str, Tensor]:
+    def round(
+        self,
+        params: dict[str, Tensor],
+        updates: Sequence[Update],
+        cohort_size: float | None = None,
+    ) -> dict[str, Tensor]:
         """Aggregate and apply; returns the aggregated gradient."""
-        grads = self.aggregate(updates, {k: tuple(v.shape) for k, v in params.items()})
+        grads = self.aggregate(updates, {k: tuple(v.shape) for k, v in params.items()}, cohort_size)
         self.apply(params, grads)
         return grads
 
@@ -182,7 +191,10 @@ class FedAvgGradients(Strategy):
         self.optimizer = ServerOptimizer(opt or ServerOptConfig())
 
     def aggregate(
-        self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
+        self,
+        updates: Sequence[Update],
+        shapes: dict[str, tuple[int, ...]],
+        cohort_size: float | None = None,
     ) -> dict[str, Tensor]:
         """Weighted mean of the uploads."""
         return aggregate_gradients(updates, shapes, self.weighting)
@@ -230,10 +242,15 @@ class ClipUpdates(Strategy):
         self.max_norm = max_norm
 
     def aggregate(
-        self, updates: Sequence[Update], shapes: dict[str, tuple[int, ...]]
+        self,
+        updates: Sequence[Update],
+        shapes: dict[str, tuple[int, ...]],
+        cohort_size: float | None = None,
     ) -> dict[str, Tensor]:
         """Clip each update, then aggregate with the inner strategy."""
-        return self.inner.aggregate([clip_update(u, self.max_norm) for u in updates], shapes)
+        return self.inner.aggregate(
+            [clip_update(u, self.max_norm) for u in updates], shapes, cohort_size
+        )
 
     def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
         """Delegate to the inner strategy."""

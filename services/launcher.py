@@ -420,7 +420,9 @@ class Cluster:
 
 
 def run_complete(history: dict[str, Any], rounds: int) -> bool:
-    """Whether ``history`` has ``rounds`` closed rounds, each with its global metrics."""
+    """Whether ``history`` has ``rounds`` closed rounds (fewer when the run plans fewer: a
+    target epsilon stops it), each with its global metrics."""
+    rounds = min(rounds, history.get("planned_rounds") or rounds)
     closed = history.get("rounds", [])
     return len(closed) >= rounds and all(r.get("metrics") for r in closed[:rounds])
 

@@ -89,7 +89,12 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
                     None,
                 )
                 info = f"HR@10 {last_hr:.4f}" if last_hr is not None else ""
-                if done < opts.rounds:
+                eps = rounds[-1].get("epsilon") if rounds else None
+                if eps is not None:
+                    info += f" epsilon {eps:.3f}"
+                planned = min(opts.rounds, history.get("planned_rounds") or opts.rounds)
+                progress.update(task, total=planned)
+                if done < planned:
                     cur = httpx.get(f"{c.agg_url}/v1/rounds/{done + 1}", timeout=5)
                     if cur.status_code == 200:
                         rj = cur.json()

@@ -23,6 +23,7 @@ from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import Clock
 from services.aggregator.pending import PendingUpdates
+from services.aggregator.privacy import check_upload
 from services.aggregator.repository import Repository
 from services.aggregator.runs import NewestRun, RunRef
 from services.aggregator.schemas import UploadResult
@@ -173,6 +174,8 @@ class Ingest:
             if u.client_id not in caller.client_ids:
                 raise Forbidden(f"client {u.client_id} is not held by this token", "not_owned")
             check_metadata(u)
+            if run.config is not None:  # a DP run: every upload within the clipping norm
+                check_upload(u, run.config, 1, run.model)
         # A validated one-update body is stored as sent: it decodes to exactly that update.
         blobs = (
             [body]

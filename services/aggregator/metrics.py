@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
 class AggregatorMetrics:
@@ -46,6 +46,12 @@ class AggregatorMetrics:
             "fedrec_agg_round_close_seconds",
             "Time to aggregate and persist a round",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=self.registry,
+        )
+
+        self.dp_epsilon = Gauge(
+            "fedrec_agg_dp_epsilon",
+            "Differential privacy spent by the run so far (epsilon at the run's delta)",
             registry=self.registry,
         )
 

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from fedrecgel.strategy import Strategy, make_strategy
 from fedrecgel.wire import decode_model, decode_state
+from services.aggregator.privacy import private_strategy, run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig
 from services.contract import ModelBlob
@@ -96,6 +97,7 @@ class ModelStore:
             raise RuntimeError(f"model version {version} does not match its run's config")
         state, _ = decode_state(row.optimizer_state)
         strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
+        strategy = private_strategy(strategy, run_plan(repo, cfg), cfg.model())
         strategy.load_state_dict(state)
         built = ModelState(run_id, version, params, strategy)
         self.put_state(built)

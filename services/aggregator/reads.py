@@ -8,6 +8,7 @@ from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Gone, NotFound
 from services.aggregator.modelstore import ModelStore
+from services.aggregator.privacy import run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import (
     CurrentRound,
@@ -110,6 +111,8 @@ class RunReads:
                 return History(run_id=None, rounds=[])
             rounds = repo.closed_rounds(run.id)
             metrics = repo.version_metrics(run.id)
+            cfg = RunConfig.model_validate(run.config)
+            plan = run_plan(repo, cfg)
         out = []
         for r in rounds:
             assert r.closed_at is not None and r.model_version is not None
@@ -122,9 +125,11 @@ class RunReads:
                     metrics=metrics.get(r.model_version),
                     closed_at=r.closed_at,
                     seconds=(r.closed_at - r.opened_at).total_seconds(),
+                    epsilon=None if plan is None else plan.epsilon(r.round_id),
                 )
             )
-        return History(run_id=run.id, rounds=out)
+        planned = cfg.rounds if plan is None else plan.rounds
+        return History(run_id=run.id, rounds=out, planned_rounds=planned)
 
     def model_blob(self, version: int | None) -> ModelBlob:
         """An encoded version of the current run's model (the latest when ``version`` is

@@ -28,6 +28,7 @@ from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import Clock, Round, Run
 from services.aggregator.modelstore import ModelState, ModelStore
 from services.aggregator.pending import PendingUpdates
+from services.aggregator.privacy import run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.runs import open_round
 from services.aggregator.schemas import RunConfig
@@ -54,6 +55,7 @@ class _Aggregated:
     state: ModelState
     blob: ModelBlob
     next_round: int | None
+    epsilon: float | None = None  # DP runs: the privacy spent once this round is released
 
 
 class _NotReady(Exception):
@@ -161,6 +163,8 @@ class RoundCloser:
         self.models.remember(aggregated.blob)
         self.storage.notify()
         self.metrics.rounds_closed.inc()
+        if aggregated.epsilon is not None:
+            self.metrics.dp_epsilon.set(aggregated.epsilon)
         self.metrics.round_duration.observe(max(0.0, (now - rnd.opened_at).total_seconds()))
         seconds = time.perf_counter() - t0
         self.metrics.close_seconds.observe(seconds)
@@ -209,8 +213,11 @@ class RoundCloser:
         # stepped in place below; back in the store only after the commit
         base = self.models.take_state(repo, run.id, rnd.base_version, cfg)
         params, strategy = base.params, base.strategy
+        plan = run_plan(repo, cfg)
+        # a DP mean divides by the public cohort size, not by the uploads that arrived
+        public = len(rnd.cohort) if plan is not None and plan.sampling == "fixed" else None
         with torch.no_grad():
-            strategy.round(params, updates)
+            strategy.round(params, updates, public)
         version = rnd.base_version + 1
         state = strategy.state_dict()
         blob = encode_model(mcfg, params, version)
@@ -230,16 +237,18 @@ class RoundCloser:
         rnd.state, rnd.closed_at = "closed", now
         rnd.n_updates, rnd.loss, rnd.model_version = len(updates), loss, version
         next_round: int | None = None
-        if rnd.round_id < cfg.rounds and run.state == "running":
+        last = cfg.rounds if plan is None else plan.rounds  # a target epsilon may stop it
+        if rnd.round_id < last and run.state == "running":
             next_round = open_round(
                 repo, run.id, cfg, rnd.round_id + 1, 0, version, None, now
             ).round_id
-        elif rnd.round_id >= cfg.rounds:
+        elif rnd.round_id >= last:
             run.state, run.active, run.finished_at = "finished", None, now
         return _Aggregated(
             ModelState(run.id, version, params, strategy),
             ModelBlob(run.id, version, blob, digest),
             next_round,
+            None if plan is None else plan.epsilon(rnd.round_id),
         )
 
     def _round_updates(

@@ -23,6 +23,7 @@ from services.aggregator.errors import Conflict, Malformed
 from services.aggregator.models import Clock, Round
 from services.aggregator.modelstore import ModelState, ModelStore
 from services.aggregator.pending import PendingUpdates
+from services.aggregator.privacy import private_strategy, run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig, RunStarted, RunStatus
 from services.contract import ModelBlob
@@ -44,6 +45,7 @@ class RunRef:
 
     run_id: int
     model: ModelConfig
+    config: RunConfig | None = None  # its settings (the DP norm check reads them)
 
 
 class NewestRun:
@@ -76,7 +78,8 @@ class NewestRun:
             run = Repository(s).latest_run()
             if run is None:
                 raise Conflict("no run has been started", "round_not_open")
-            ref = RunRef(run.id, RunConfig.model_validate(run.config).model())
+            cfg = RunConfig.model_validate(run.config)
+            ref = RunRef(run.id, cfg.model(), cfg)
         self.set(ref)
         return ref
 
@@ -93,7 +96,7 @@ def open_round(
 ) -> Round:
     """Insert a round attempt with its cohort drawn from the registered clients."""
     ids = np.asarray(candidates if candidates is not None else repo.all_client_ids())
-    cohort = select_cohort(ids, cfg.fraction, cfg.seed, round_id, attempt)
+    cohort = select_cohort(ids, cfg.fraction, cfg.seed, round_id, attempt, cfg.sampling)
     deadline = now + timedelta(seconds=cfg.deadline_s)
     return repo.add_round(
         run_id, round_id, attempt, [int(c) for c in cohort], base_version, now, deadline
@@ -143,8 +146,10 @@ class RunLifecycle:
             )
         with self.db.transaction() as s:
             self._check_can_start(Repository(s))
+            plan = run_plan(Repository(s), cfg)  # 422 if its target epsilon cannot be met
         params = init_shared(mcfg, cfg.seed)
         strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
+        strategy = private_strategy(strategy, plan, mcfg)
         state = strategy.state_dict()
         blob = encode_model(mcfg, params, 0)
         digest = hashlib.sha256(blob).hexdigest()
@@ -160,7 +165,7 @@ class RunLifecycle:
                 run_id, cohort_size = run.id, len(rnd.cohort)
         except IntegrityError:
             raise Conflict("a run is already active", "run_active") from None
-        self.newest.set(RunRef(run_id, mcfg))
+        self.newest.set(RunRef(run_id, mcfg, cfg))
         self.models.put_state(ModelState(run_id, 0, params, strategy))
         self.models.remember(ModelBlob(run_id, 0, blob, digest))
         log.info("run %d started: %d rounds, cohort %d", run_id, cfg.rounds, cohort_size)

@@ -58,6 +58,7 @@ class HistoryRound(BaseModel):
     metrics: dict[str, float] | None
     closed_at: datetime
     seconds: float
+    epsilon: float | None = None  # DP runs: privacy spent once this round was released
 
 
 class History(BaseModel):
@@ -65,6 +66,8 @@ class History(BaseModel):
 
     run_id: int | None
     rounds: list[HistoryRound]
+    #: rounds the run takes: its configured rounds, or fewer when a target epsilon stops it
+    planned_rounds: int | None = None
 
 
 class RunStarted(BaseModel):

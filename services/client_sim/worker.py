@@ -32,6 +32,7 @@ from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
+from fedrecgel.privacy import ClientPrivacy
 from fedrecgel.sam import PrivateState, StepResult
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
@@ -245,14 +246,21 @@ class Worker:
             != (info.round_id, info.attempt or 0)
         ]
 
-    def _compute(self, cfg: RunConfig, version: int, round_id: int, todo: list[int]) -> StepResult:
-        """The cohort step of ``todo`` for ``round_id`` from model ``version`` (deterministic)."""
+    def _compute(
+        self, cfg: RunConfig, version: int, round_id: int, todo: list[int], cohort_size: int
+    ) -> StepResult:
+        """The cohort step of ``todo`` for ``round_id`` from model ``version`` (deterministic,
+        but for the secret noise share of a distributed-DP run); a DP run's uploads are
+        clipped (and noised) here, before they leave the worker."""
         model = self.client.download_model(version)
         if model.cfg != cfg.model():
             raise WorkerError(
                 f"model version {version} has shape {model.cfg}, the run announces {cfg.model()}"
             )
-        clients = ClientRound(model.cfg, cfg.sam(), cfg.seed)
+        dp = None
+        if cfg.dp_noise is not None or cfg.target_epsilon is not None:
+            dp = ClientPrivacy.announced(cfg.dp_clip, cfg.dp_noise, cfg.dp_mode, cohort_size)
+        clients = ClientRound(model.cfg, cfg.sam(), cfg.seed, dp, secret_noise=True)
         return clients.step(
             model.shared, round_id, todo, self._train_items, self.store.load_states(todo)
         )
@@ -318,7 +326,9 @@ class Worker:
         if not todo:
             self.store.set_meta(pending_upload=None)
             return False
-        result = self._compute(cfg, version, r, todo)
+        # (a distributed-DP share is drawn afresh: the aggregator then refuses the recomputed
+        # upload as conflicting and these users miss the round)
+        result = self._compute(cfg, version, r, todo, len(note["users"]))
         try:
             self._upload_and_commit(r, a, version, todo, result)
             log.info("round %d: recovered the interrupted upload of %d users", r, len(todo))
@@ -338,7 +348,7 @@ class Worker:
         if not todo:
             return False
         t0 = time.perf_counter()
-        result = self._compute(cfg, version, r, todo)
+        result = self._compute(cfg, version, r, todo, info.cohort_size)
         try:
             statuses = self._upload_and_commit(r, a, version, todo, result)
         except AggregatorCallError as err:

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import services.up
-from fedrecgel.config import DEFAULTS, RunParams
+from fedrecgel.config import DEFAULTS, RunParams, bounds
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import TrainConfig
@@ -44,7 +44,8 @@ def other_value(name: str) -> Any:
     elif ann is str:
         value = "other"
     elif default is None:
-        value = 1.5
+        upper = bounds(name).get("lt", bounds(name).get("le", 2.0))
+        value = 1.5 if upper > 1.5 else upper / 2
     elif ann is int:
         value = default + 1
     else:

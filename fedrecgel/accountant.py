@@ -1,0 +1,211 @@
+"""The privacy budget of a DP run, from Google's ``dp-accounting`` library (its RDP accountant).
+
+One round releases the noisy mean of a sampled cohort's clipped uploads: a sampled Gaussian
+mechanism, composed over the rounds. The DP event matches the cohort draw of
+:mod:`fedrecgel.cohort`:
+
+* ``poisson``: each client takes part independently with probability q = ``fraction``;
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` under add-or-remove-one-client neighbouring
+  (the sum's sensitivity is C, the noise z*C);
+* ``fixed``: m = int(fraction * n) clients uniformly without replacement;
+  ``SampledWithoutReplacementDpEvent(n, m, GaussianDpEvent(z / 2))`` under replace-one-client
+  neighbouring, where the sum's sensitivity is 2C, hence the noise multiplier z/2.
+
+Epsilon is reported at delta (default 1/n, n the number of clients). A run given a target
+epsilon either stops before the first round that would exceed it (``dp_noise`` set) or, with
+no ``dp_noise``, gets the smallest z that keeps its ``rounds`` within the target
+(calibrated with the library's ``calibrate_dp_mechanism``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+
+import dp_accounting
+import numpy as np
+from dp_accounting.rdp import RdpAccountant, rdp_privacy_accountant
+
+from fedrecgel.cohort import cohort_size
+from fedrecgel.config import ConfigError, DPMode, RunParams, Sampling
+
+# the library logs a warning for each RDP order its series leaves out (harmless, and many)
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def _event(
+    z: float, sampling: Sampling, n: int, m: int, q: float, rounds: int
+) -> dp_accounting.DpEvent:
+    gaussian: dp_accounting.DpEvent
+    if sampling == "poisson":
+        gaussian = dp_accounting.GaussianDpEvent(z)
+        one: dp_accounting.DpEvent = dp_accounting.PoissonSampledDpEvent(q, gaussian)
+    else:
+        gaussian = dp_accounting.GaussianDpEvent(z / 2.0)
+        one = dp_accounting.SampledWithoutReplacementDpEvent(n, m, gaussian)
+    return dp_accounting.SelfComposedDpEvent(one, rounds)
+
+
+def _accountant(sampling: Sampling) -> RdpAccountant:
+    rel = dp_accounting.NeighboringRelation
+    return RdpAccountant(
+        neighboring_relation=rel.ADD_OR_REMOVE_ONE if sampling == "poisson" else rel.REPLACE_ONE
+    )
+
+
+def epsilon_slow(
+    z: float, sampling: Sampling, n: int, m: int, q: float, rounds: int, delta: float
+) -> float:
+    """:func:`epsilon` through the accountant's public compose/get_epsilon (one RDP
+    computation per call: slow on a loaded machine)."""
+    acc = _accountant(sampling)
+    acc.compose(_event(z, sampling, n, m, q, rounds))
+    return float(acc.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=256)
+def _one_round_rdp(
+    z: float, sampling: Sampling, n: int, m: int, q: float
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(orders, RDP of one round at each order), from the library's accountant."""
+    acc = _accountant(sampling)
+    acc.compose(_event(z, sampling, n, m, q, 1))
+    return tuple(acc._orders), tuple(acc._rdp)
+
+
+@functools.lru_cache(maxsize=4096)
+def epsilon(
+    z: float, sampling: Sampling, n: int, m: int, q: float, rounds: int, delta: float
+) -> float:
+    """Epsilon at ``delta`` after ``rounds`` rounds of noise multiplier ``z`` (inf if z == 0).
+
+    RDP composes additively: the one-round RDP curve is computed once and scaled by the
+    number of rounds, then converted with the library's ``compute_epsilon`` (the same
+    conversion its accountant's ``get_epsilon`` makes; a test checks the two agree).
+    """
+    if rounds <= 0:
+        return 0.0
+    if z <= 0:
+        return math.inf
+    orders, rdp = _one_round_rdp(z, sampling, n, m, q)
+    eps, _ = rdp_privacy_accountant.compute_epsilon(
+        np.asarray(orders), rounds * np.asarray(rdp), delta
+    )
+    return float(eps)
+
+
+def calibrate(
+    target: float, sampling: Sampling, n: int, m: int, q: float, rounds: int, delta: float
+) -> float:
+    """The smallest noise multiplier whose ``rounds`` rounds stay within ``target`` epsilon."""
+    z = dp_accounting.calibrate_dp_mechanism(
+        lambda: _accountant(sampling),
+        lambda z: _event(z, sampling, n, m, q, rounds),
+        target,
+        delta,
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),
+        tol=1e-4,
+    )
+    z = float(z)
+    # Brent's method lands within tol of the boundary: step up until the target holds
+    while epsilon(z, sampling, n, m, q, rounds, delta) > target:
+        z *= 1.0 + 1e-4
+    return z
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """A DP run's clipping, noise, sampling, accounting and the rounds its budget allows."""
+
+    clip: float
+    noise: float  # the noise multiplier z (given, or calibrated from the target)
+    mode: DPMode
+    sampling: Sampling
+    n_users: int
+    cohort: int  # clients drawn per round (fixed-size), 0 under Poisson sampling
+    q: float  # each client's probability of taking part in a round
+    delta: float
+    rounds: int  # rounds the run takes: its configured rounds, or fewer to stay within target
+    target_epsilon: float | None
+
+    @property
+    def denominator(self) -> float:
+        """The public divisor of the noisy sum: m (fixed-size) or q*n (Poisson)."""
+        return float(self.cohort) if self.sampling == "fixed" else self.q * self.n_users
+
+    @property
+    def server_sigma(self) -> float:
+        """Noise the server adds to the sum: z*C in central mode, none in distributed mode."""
+        return self.noise * self.clip if self.mode == "central" else 0.0
+
+    @property
+    def local_sigma(self) -> float:
+        """Noise each client adds in distributed mode: z*C/sqrt(denominator)."""
+        if self.mode != "distributed":
+            return 0.0
+        return self.noise * self.clip / math.sqrt(self.denominator)
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon at :attr:`delta` once ``rounds`` rounds were released."""
+        return epsilon(
+            self.noise, self.sampling, self.n_users, self.cohort, self.q, rounds, self.delta
+        )
+
+
+def rounds_within(plan: PrivacyPlan, target: float, most: int) -> int:
+    """The largest r <= ``most`` with epsilon(r) <= ``target`` (epsilon grows with r)."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if plan.epsilon(mid) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
+    """The privacy plan of a run over ``n_users`` clients; None when the run is not DP.
+
+    Raises :class:`ConfigError` when a target epsilon cannot be met by even one round.
+    """
+    if params.dp_noise is None and params.target_epsilon is None:
+        return None
+    if n_users < 1:
+        raise ConfigError("n_users", "a DP run needs at least one client")
+    if params.sampling == "poisson":
+        m, q = 0, params.fraction
+    else:
+        m = cohort_size(n_users, params.fraction)
+        q = m / n_users
+    delta = params.dp_delta if params.dp_delta is not None else 1.0 / n_users
+    target = params.target_epsilon
+    if params.dp_noise is not None:
+        z = params.dp_noise
+    else:
+        assert target is not None
+        z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta)
+    plan = PrivacyPlan(
+        clip=params.dp_clip,
+        noise=z,
+        mode=params.dp_mode,
+        sampling=params.sampling,
+        n_users=n_users,
+        cohort=m,
+        q=q,
+        delta=delta,
+        rounds=params.rounds,
+        target_epsilon=target,
+    )
+    if target is not None and params.dp_noise is not None:
+        allowed = rounds_within(plan, target, params.rounds)
+        if allowed < 1:
+            raise ConfigError(
+                "target_epsilon",
+                f"one round with dp_noise {z:g} already spends epsilon "
+                f"{plan.epsilon(1):.3g} > {target:g}",
+            )
+        plan = PrivacyPlan(**{**plan.__dict__, "rounds": allowed})
+    return plan

@@ -1,0 +1,67 @@
+"""Client-level DP on the aggregator: the run's privacy plan, the noisy aggregation and the
+norm check of every upload.
+
+The plan's client population is the number of registered clients (read when it is needed:
+clients enrolled after a run started change the accounting of later rounds). Noise comes from
+the operating system's secret randomness, never from the run seed (which the config shows).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fedrecgel.accountant import PrivacyPlan, plan_privacy
+from fedrecgel.config import ConfigError, RunParams
+from fedrecgel.model import ModelConfig
+from fedrecgel.privacy import ClientPrivacy, norm_bound, secret_generator, update_norm, with_privacy
+from fedrecgel.sam import Update
+from fedrecgel.strategy import Strategy
+from services.aggregator.errors import Malformed
+from services.aggregator.repository import Repository
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(params: RunParams, n_users: int) -> PrivacyPlan | None:
+    return plan_privacy(params, n_users)
+
+
+def run_plan(repo: Repository, params: RunParams) -> PrivacyPlan | None:
+    """The privacy plan of a run (None when it is not DP); 422 when it cannot be met."""
+    if params.dp_noise is None and params.target_epsilon is None:
+        return None
+    if params.dp_mode == "distributed" and params.dp_noise is None:
+        raise Malformed(
+            "dp_mode distributed over HTTP needs dp_noise (the workers add their share of it; "
+            "they cannot calibrate it from target_epsilon)",
+            "invalid_config",
+        )
+    try:
+        return _plan(
+            RunParams(**params.model_dump(include=set(RunParams.model_fields))),
+            max(1, repo.count_clients()),
+        )
+    except ConfigError as err:
+        raise Malformed(f"{err.field}: {err.reason}", "invalid_config") from None
+
+
+def private_strategy(strategy: Strategy, plan: PrivacyPlan | None, model: ModelConfig) -> Strategy:
+    """``strategy`` with the plan's noisy mean around it (noise from secret randomness)."""
+    if plan is None:
+        return strategy
+    return with_privacy(strategy, plan, model.shared_shapes(), secret_generator())
+
+
+def check_upload(u: Update, params: RunParams, cohort_size: int, model: ModelConfig) -> None:
+    """422 unless the upload is within the clipping norm (plus, in distributed mode, the tail
+    bound of its noise share for this round's cohort)."""
+    if params.dp_noise is None and params.target_epsilon is None:
+        return
+    share = ClientPrivacy.announced(params.dp_clip, params.dp_noise, params.dp_mode, cohort_size)
+    bound = norm_bound(params.dp_clip, share.local_sigma, model.shared_shapes())
+    norm = update_norm(u)
+    if not norm <= bound:
+        raise Malformed(
+            f"client {u.client_id}: upload norm {norm:.6g} exceeds the run's clipping bound "
+            f"{bound:.6g} (dp_clip {params.dp_clip:g})",
+            "update_norm_too_large",
+        )

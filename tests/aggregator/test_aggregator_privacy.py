@@ -1,0 +1,72 @@
+"""Client-level DP on the aggregator: an upload beyond the clipping norm is refused (422, and
+nothing is stored), clipped ones are aggregated into a noisy model, each closed round reports
+the privacy spent (history and /metrics), and a target epsilon ends the run early."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from fedrecgel.accountant import plan_privacy
+from fedrecgel.config import RunParams
+from fedrecgel.model import ModelConfig
+from fedrecgel.privacy import clip_update, scaled, update_norm
+from fedrecgel.wire import encode_updates
+from tests.aggregator.conftest import AggregatorFactory
+from tests.support.aggregator import operator_headers, random_update, register, upload_headers
+
+MODEL = ModelConfig(n_items=30, kind="ncf", factor=4, layers=2)
+DP = {"dp_noise": 1.0, "dp_clip": 0.5}
+RUN = {"n_items": 30, "factor": 4, "layers": 2, "rounds": 6, "fraction": 1.0, "seed": 1, **DP}
+IDS = [0, 1, 2, 3]
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m is not None, text
+    return float(m.group(1))
+
+
+def test_dp_uploads_are_checked_noised_and_accounted(aggregator: AggregatorFactory) -> None:
+    client = aggregator(population=4)
+    token = register(client, IDS)
+    plan = plan_privacy(RunParams(**{k: v for k, v in RUN.items() if k != "n_items"}), 4)
+    assert plan is not None
+    target = (plan.epsilon(2) + plan.epsilon(3)) / 2  # room for exactly 2 rounds
+    r = client.post("/v1/runs", json={**RUN, "target_epsilon": target}, headers=operator_headers())
+    assert r.status_code == 201, r.text
+    rng = np.random.default_rng(0)
+    ups = [scaled(random_update(MODEL, c, rng), 100.0) for c in IDS]
+    assert all(update_norm(u) > 0.5 for u in ups)
+    # one unclipped upload in the body: the whole body is refused, nothing stored
+    body = encode_updates(1, [clip_update(u, 0.5) for u in ups[:3]] + [ups[3]])
+    r = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "update_norm_too_large", r.text
+    assert client.get("/v1/rounds/1").json()["updates_received"] == 0
+    for round_id in (1, 2):
+        ups = [clip_update(scaled(random_update(MODEL, c, rng), 100.0), 0.5) for c in IDS]
+        body = encode_updates(round_id, ups)
+        r = client.post(
+            f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token)
+        )
+        assert r.status_code == 200, r.text
+    history = client.get("/v1/runs/current/history", headers=operator_headers()).json()["rounds"]
+    assert [h["round_id"] for h in history] == [1, 2]  # the target stopped a 6-round run
+    eps = [h["epsilon"] for h in history]
+    assert eps == pytest.approx([plan.epsilon(1), plan.epsilon(2)], rel=1e-9)
+    assert eps[-1] <= target
+    metrics = client.get("/metrics").text
+    assert _metric(metrics, "fedrec_agg_dp_epsilon") == pytest.approx(eps[-1], rel=1e-6)
+    assert client.get("/v1/rounds/3").status_code == 404  # no third round was opened
+
+
+def test_an_unreachable_target_epsilon_is_422(aggregator: AggregatorFactory) -> None:
+    client = aggregator(population=4)
+    register(client, IDS)
+    body = {**RUN, "dp_noise": 0.05, "target_epsilon": 0.01}
+    r = client.post("/v1/runs", json=body, headers=operator_headers())
+    assert r.status_code == 422, r.text
+    assert "target_epsilon" in r.text
