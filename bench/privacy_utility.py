@@ -71,7 +71,7 @@ def measure(args: argparse.Namespace) -> None:
         "validation": True,
     }
     seeds = [int(s) for s in args.seeds.split(",")]
-    targets = ["none"] + [e for e in args.epsilons.split(",")]
+    targets = ["none", *args.epsilons.split(",")]
     for name in args.datasets.split(","):
         split = load_split(name, args.data_dir, validation=True)
         entry = data.get(name)

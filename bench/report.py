@@ -12,6 +12,7 @@ from typing import Any
 import report_simulator
 import report_studies
 from accuracy_report import section as accuracy_section
+from privacy_report import section as privacy_section
 from secagg_report import section as secagg_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -412,6 +413,8 @@ def main() -> None:
         *fuzzing(),
         "",
         *secagg_section(),
+        "",
+        *privacy_section(),
     ]
     (ROOT / "docs" / "RESULTS.md").write_text("\n".join(parts).rstrip() + "\n")
 
