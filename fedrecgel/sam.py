@@ -13,9 +13,10 @@ together (:mod:`fedrecgel.passes`: their samples back to back, no padding, forwa
 backward written out). Each client's item-row gradients are kept per (client, item) pair,
 which is exactly the sparse item-row upload; its perturbed copy of the small dense score
 network exists only in pass 2. Nothing of size clients x items is built, and the full item
-tables are never copied. Clients go in groups of consecutive clients in input order, so the
-in-process simulator and a worker owning a shard of the users compute the same uploads for
-the same cohort (a client's float rounding may depend on which clients share its group).
+tables are never copied. Per-client uploads are computed one client at a time (a client's
+float rounding must not depend on its neighbours: the in-process simulator and a worker that
+recomputes only its pending clients after a crash compute the same bytes); the aggregate
+path takes groups of clients.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class SAMConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     # Cap on the samples of one group of clients computed together (a memory knob).
-    max_batch_samples: int = 1 << 15
+    max_batch_samples: int = 1 << 13
 
 
 @dataclass
@@ -298,8 +299,9 @@ def cohort_step(
               ``sum_c weights_c upload_c``, summed inside the backward (dense, the parameters'
               shapes); what a weighted-mean server strategy needs, in less time and memory
     Returns the uploads (in input order), the new private state (a copy) and losses (C,).
-    Clients go in groups of consecutive clients of at most ``hp.max_batch_samples`` samples
-    (one client may exceed it); a client's arithmetic depends on its group.
+    With ``weights``, clients go in groups of consecutive clients of at most
+    ``hp.max_batch_samples`` samples (one client may exceed it); per-client uploads are
+    computed one client at a time, so each is the same whatever else is computed with it.
     """
     c = len(user_ids)
     new_state = state.select(slice(None))
@@ -319,7 +321,10 @@ def cohort_step(
         while start < c:
             stop = start + 1
             n = int(sizes[start])
-            while stop < c and n + sizes[stop] <= hp.max_batch_samples:
+            # per-client uploads: one client at a time, so that a client's float rounding
+            # never depends on which other clients are computed with it (a worker recomputes
+            # only the clients still pending after a crash, and must get the same bytes)
+            while weights is not None and stop < c and n + sizes[stop] <= hp.max_batch_samples:
                 n += int(sizes[stop])
                 stop += 1
             priv = {k: v[start:stop] for k, v in state.params.items()}
