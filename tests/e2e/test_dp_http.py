@@ -1,0 +1,57 @@
+"""A differentially private run over HTTP with real processes: the aggregator and two client
+workers on loopback (SQLite, no Redis), FilmTrust, Poisson cohorts, central DP, and a target
+epsilon that stops the run after two of its five rounds. Every round's epsilon in the history
+is the accountant's for the run's plan, and /metrics shows the last one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fedrecgel.accountant import plan_privacy
+from fedrecgel.data import load_split
+from fedrecgel.simulate import TrainConfig
+from services.launcher import UpOptions, cluster
+from tests.support.loopback import free_port
+
+pytestmark = pytest.mark.slow
+
+DATASET = "filmtrust"
+DP = TrainConfig(rounds=5, sampling="poisson", dp_noise=1.0, dp_clip=1.0, shards=2)
+
+
+def test_a_dp_run_over_http_finishes_within_its_target_epsilon(tmp_path: Path) -> None:
+    split = load_split(DATASET)
+    plan = plan_privacy(DP.run_params(), split.n_users)
+    assert plan is not None
+    target = (plan.epsilon(2) + plan.epsilon(3)) / 2  # room for exactly two rounds
+    opts = UpOptions(
+        run=DP.run_params(dataset=DATASET, deadline_s=3600.0, target_epsilon=target),
+        workers=2,
+        aggregator_port=free_port(),
+        workdir=tmp_path,
+        recommend=False,
+        worker_poll_max_s=0.5,
+        startup_timeout_s=300.0,
+    )
+    with cluster(opts) as c:
+        c.start_aggregator()
+        for i in range(opts.workers):
+            c.start_worker(i)
+        c.wait_registered(split.n_users)
+        c.start_run(split.n_items)
+        history = c.wait_complete(600.0)
+        metrics = httpx.get(f"{c.agg_url}/metrics", timeout=10).text
+    assert history["planned_rounds"] == 2
+    rounds = history["rounds"]
+    assert [r["round_id"] for r in rounds] == [1, 2]
+    assert [r["epsilon"] for r in rounds] == pytest.approx(
+        [plan.epsilon(1), plan.epsilon(2)], rel=1e-9
+    )
+    assert rounds[-1]["epsilon"] <= target
+    assert all(r["metrics"] and 0.0 <= r["metrics"]["hr@10"] <= 1.0 for r in rounds)
+    m = re.search(r"^fedrec_agg_dp_epsilon (\S+)$", metrics, re.M)
+    assert m is not None and float(m.group(1)) == pytest.approx(rounds[-1]["epsilon"], rel=1e-6)
