@@ -64,15 +64,17 @@ def check_negatives(split: Split, negatives: np.ndarray, items_of: list[set[int]
         assert all(0 <= x < split.n_items for x in row)
 
 
-def reference_split(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """The original's split of ``name``: its training (user, item) rows and test items."""
+def reference_split(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The original's split of ``name``: training (user, item) rows, test items, test negatives."""
     ref = SHARED / name / "reference-split"
     train = np.loadtxt(ref / "train_interactions.csv", delimiter=",", dtype=np.int64)
-    tests = []
+    heads, negatives = [], []
     with (ref / "test_neg_interactions").open() as fh:
         for line in fh:
-            user, item = line.split("\t", 1)[0].strip("()").split(",")
-            tests.append((int(user), int(item)))
-    heads = np.asarray(tests, dtype=np.int64)
-    np.testing.assert_array_equal(heads[:, 0], np.arange(len(heads)))
-    return train, heads[:, 1]
+            head, *negs = line.rstrip("\n").split("\t")
+            user, item = head.strip("()").split(",")
+            heads.append((int(user), int(item)))
+            negatives.append([int(x) for x in negs])
+    pairs = np.asarray(heads, dtype=np.int64)
+    np.testing.assert_array_equal(pairs[:, 0], np.arange(len(pairs)))
+    return train, pairs[:, 1], np.asarray(negatives, dtype=np.int64)

@@ -77,16 +77,15 @@ def test_read_ncf_errors(tmp_path: Path) -> None:
 def test_read_split_dir_reads_the_originals_files() -> None:
     ref = SHARED / "filmtrust" / "reference-split"
     split = read_split_dir(ref)
-    train, test_items = reference_split("filmtrust")
+    train, test_items, negatives = reference_split("filmtrust")
     assert split.n_users == 1227 and split.n_items == 2059
     np.testing.assert_array_equal(split.test_items, test_items)
     pairs = split.train_user_of_rows() * split.n_items + split.train_items
     np.testing.assert_array_equal(pairs, np.unique(train[:, 0] * 2059 + train[:, 1]))
-    with (ref / "test_neg_interactions").open() as fh:
-        first = [int(x) for x in fh.readline().rstrip("\n").split("\t")[1:]]
-    assert split.test_negatives[0].tolist() == first
-    # the same split as our protocol builds, but for the negatives
+    np.testing.assert_array_equal(split.test_negatives, negatives)
+    # the same split as our protocol builds, negatives included
     ours = load_split("filmtrust", SHARED)
+    np.testing.assert_array_equal(ours.test_negatives, split.test_negatives)
     np.testing.assert_array_equal(ours.train_items, split.train_items)
     np.testing.assert_array_equal(ours.train_indptr, split.train_indptr)
 
