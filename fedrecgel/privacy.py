@@ -30,7 +30,7 @@ from torch import Tensor
 
 from fedrecgel.accountant import PrivacyPlan
 from fedrecgel.sam import Update
-from fedrecgel.strategy import Strategy
+from fedrecgel.strategy import Strategy, scaled
 
 #: relative slack of the server's norm check (float32 rounding of the client's scaling)
 NORM_TOLERANCE = 1e-4
@@ -44,17 +44,6 @@ def update_norm(u: Update) -> float:
     sq = sum(float(v.double().pow(2).sum()) for _, v in u.rows.values())
     sq += sum(float(g.double().pow(2).sum()) for g in u.dense.values())
     return math.sqrt(sq)
-
-
-def scaled(u: Update, factor: float) -> Update:
-    """``u`` with every value multiplied by ``factor``."""
-    return Update(
-        client_id=u.client_id,
-        n_samples=u.n_samples,
-        rows={k: (i, v * factor) for k, (i, v) in u.rows.items()},
-        dense={k: g * factor for k, g in u.dense.items()},
-        loss=u.loss,
-    )
 
 
 def clip_update(u: Update, clip: float) -> Update:

@@ -218,18 +218,22 @@ class FedAvgGradients(Strategy):
         self.optimizer.load_state_dict(state)
 
 
+def scaled(u: Update, factor: float) -> Update:
+    """``u`` with every value multiplied by ``factor``."""
+    return Update(
+        client_id=u.client_id,
+        n_samples=u.n_samples,
+        rows={k: (i, v * factor) for k, (i, v) in u.rows.items()},
+        dense={k: g * factor for k, g in u.dense.items()},
+        loss=u.loss,
+    )
+
+
 def clip_update(u: Update, max_norm: float) -> Update:
     """``u`` scaled to L2 norm at most ``max_norm`` (over rows and score network together)."""
     sq = sum(float((v**2).sum()) for _, v in u.rows.values())
     sq += sum(float((g**2).sum()) for g in u.dense.values())
-    f = min(1.0, max_norm / (math.sqrt(sq) + 1e-12))
-    return Update(
-        client_id=u.client_id,
-        n_samples=u.n_samples,
-        rows={k: (i, v * f) for k, (i, v) in u.rows.items()},
-        dense={k: g * f for k, g in u.dense.items()},
-        loss=u.loss,
-    )
+    return scaled(u, min(1.0, max_norm / (math.sqrt(sq) + 1e-12)))
 
 
 class ClipUpdates(Strategy):
