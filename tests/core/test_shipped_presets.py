@@ -19,9 +19,11 @@ class _Capture:
     """Stands in for the simulator: records the config ``fedrec train`` built, trains nothing."""
 
     configs: ClassVar[list[TrainConfig]] = []
+    privacy: Any = None  # the simulator's DP plan; these presets run without DP
 
     def __init__(self, split: Any, config: TrainConfig) -> None:
         self.config = config
+        self.total_rounds = config.rounds
         _Capture.configs.append(config)
 
     def run(self, on_round: Any = None) -> RunResult:

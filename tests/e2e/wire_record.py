@@ -84,7 +84,9 @@ UPDATE_ENTRY = {"client_id", "n_samples", "loss"}
 METRIC = r"(val/)?(hr|ndcg)@\d+"
 RUN_CONFIG = (
     "n_items|kind|factor|layers|rounds|fraction|seed|optimizer|server_lr|weighting|clip|"
-    "rho_sh|rho_ns|client_lr|n_negatives|chunk_size|deadline_s|quorum|dataset"
+    "rho_sh|rho_ns|client_lr|n_negatives|chunk_size|deadline_s|quorum|dataset|sampling|"
+    "dp_clip|dp_noise|dp_mode|dp_delta|target_epsilon|secure_aggregation|secagg_neighbours|"
+    "secagg_dropout|secagg_range|secagg_scale_bits"
 )
 ERROR_KEYS = {"error", "detail"}
 # (method, path regex) -> (request key paths, response key paths), regexes over dotted paths
@@ -116,8 +118,8 @@ API_KEYS: list[tuple[str, str, str, str]] = [
         "GET",
         r"/v1/runs/current/history",
         r"",
-        rf"run_id|rounds|rounds\[\]\.(round_id|model_version|n_updates|loss|metrics|closed_at"
-        rf"|seconds)|rounds\[\]\.metrics\.{METRIC}",
+        rf"run_id|planned_rounds|rounds|rounds\[\]\.(round_id|model_version|n_updates|loss|metrics"
+        rf"|closed_at|seconds|epsilon)|rounds\[\]\.metrics\.{METRIC}",
     ),
 ]
 
