@@ -30,7 +30,7 @@ from torch import Tensor
 
 from fedrecgel.accountant import PrivacyPlan
 from fedrecgel.sam import Update
-from fedrecgel.strategy import Strategy, scaled
+from fedrecgel.strategy import Strategy, Wrapped, scaled
 
 #: relative slack of the server's norm check (float32 rounding of the client's scaling)
 NORM_TOLERANCE = 1e-4
@@ -119,7 +119,7 @@ def seeded_generator(seed: int, *key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) & ((1 << 63) - 1))
 
 
-class GaussianMean(Strategy):
+class GaussianMean(Wrapped):
     """Central DP: the inner strategy's optimizer step on (sum + N(0, (z*C)^2)) / denominator.
 
     ``noise_std`` is z*C for central DP and 0 for distributed DP (the clients added theirs).
@@ -154,18 +154,6 @@ class GaussianMean(Strategy):
         denominator = self.denominator if cohort_size is None else cohort_size
         total = sum_updates(updates, shapes)
         return noisy_mean(total, denominator, self.noise_std, self.generator)
-
-    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
-        """Delegate to the inner strategy."""
-        self.inner.apply(params, grads)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """The inner strategy's state."""
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        """Restore the inner strategy's state."""
-        self.inner.load_state_dict(state)
 
 
 def with_privacy(

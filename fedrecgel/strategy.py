@@ -236,7 +236,26 @@ def clip_update(u: Update, max_norm: float) -> Update:
     return scaled(u, min(1.0, max_norm / (math.sqrt(sq) + 1e-12)))
 
 
-class ClipUpdates(Strategy):
+class Wrapped(Strategy):
+    """A strategy around an ``inner`` one: aggregates its own way, steps with the inner
+    strategy's optimizer (and keeps its state)."""
+
+    inner: Strategy
+
+    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+        """Delegate to the inner strategy."""
+        self.inner.apply(params, grads)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The inner strategy's state."""
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore the inner strategy's state."""
+        self.inner.load_state_dict(state)
+
+
+class ClipUpdates(Wrapped):
     """Wraps a strategy; first scales every update to L2 norm at most ``max_norm``."""
 
     def __init__(self, inner: Strategy, max_norm: float) -> None:
@@ -255,18 +274,6 @@ class ClipUpdates(Strategy):
         return self.inner.aggregate(
             [clip_update(u, self.max_norm) for u in updates], shapes, cohort_size
         )
-
-    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
-        """Delegate to the inner strategy."""
-        self.inner.apply(params, grads)
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """The inner strategy's state."""
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        """Restore the inner strategy's state."""
-        self.inner.load_state_dict(state)
 
 
 def make_strategy(
