@@ -60,7 +60,9 @@ def roofline() -> list[str]:
     lines += [
         "",
         f"Targets: >= {ft['targets']['fraction_of_matmul']:.0%} of the matmul rate, >= "
-        f"{ft['targets']['speedup_vs_loop']:.0f}x the per-client loop.",
+        f"{ft['targets']['speedup_vs_loop']:.0f}x the per-client loop. Reproduce: "
+        f"`{rf.get('command', 'OMP_NUM_THREADS=1 .venv/bin/python bench/roofline.py --threads 1')}`"
+        " (a shared 2-core machine: only the same-run ratios carry over).",
     ]
     return lines
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -109,7 +110,7 @@ def _time_loop(
     strategy = sim.config.strategy()
     t0 = time.perf_counter()
     samples = sim.samples_for(cohort, r)
-    ups = []
+    ups: list[Update] = []
     with torch.enable_grad():
         _loop(sim, shared, states, cohort, samples, ups)
     strategy.round(shared, ups)
@@ -200,6 +201,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     res = {
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python "
+        + " ".join(["bench/roofline.py", *sys.argv[1:]]),
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,
