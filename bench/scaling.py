@@ -83,7 +83,18 @@ def child(users: int, items: int, mean: float, clients: int, rounds: int) -> dic
 def _point(args: argparse.Namespace, users: int, items: int, mean: float, clients: int) -> Any:
     rounds = 1 if clients >= 30_000 else args.rounds
     cmd = [sys.executable, __file__, "--child", f"{users},{items},{mean},{clients},{rounds}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, check=False, timeout=args.point_timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "users": users,
+            "items": items,
+            "clients": clients,
+            "error": f"capped: not done within {args.point_timeout:.0f} s (data, set-up and rounds)",
+            "capped_s": args.point_timeout,
+        }
     if proc.returncode != 0:
         return {"users": users, "items": items, "clients": clients, "error": proc.stderr[-500:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -125,6 +136,13 @@ def main() -> None:
     ap.add_argument("--max-clients", type=int, default=CLIENTS[-1])
     ap.add_argument("--max-items", type=int, default=ITEMS[-1])
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds per point (1 from 30k)")
+    ap.add_argument(
+        "--point-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a point may take (data, set-up and rounds); a point over it is reported "
+        "as capped and the larger points of its sweep are skipped",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plot-only", action="store_true")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -135,15 +153,19 @@ def main() -> None:
         return
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     if not args.plot_only:
-        results = {"clients": [], "items": []}
-        for c in (c for c in CLIENTS if c <= args.max_clients):
-            results["clients"].append(_point(args, 200_000, 10_000, 8.0, c))
-            print(json.dumps(results["clients"][-1]))
-            args.out.write_text(json.dumps(results, indent=1))
-        for i in (i for i in ITEMS if i <= args.max_items):
-            results["items"].append(_point(args, 10_000, i, 14.0, 1_000))
-            print(json.dumps(results["items"][-1]))
-            args.out.write_text(json.dumps(results, indent=1))
+        results = {"command": " ".join(["python bench/scaling.py", *sys.argv[1:]])}
+        sweeps = (
+            ("clients", [(200_000, 10_000, 8.0, c) for c in CLIENTS if c <= args.max_clients]),
+            ("items", [(10_000, i, 14.0, 1_000) for i in ITEMS if i <= args.max_items]),
+        )
+        for sweep, points in sweeps:
+            results[sweep] = []
+            for users, items, mean, clients in points:
+                results[sweep].append(_point(args, users, items, mean, clients))
+                print(json.dumps(results[sweep][-1]), flush=True)
+                args.out.write_text(json.dumps(results, indent=1))
+                if "capped_s" in results[sweep][-1]:
+                    break
     plot(results)
 
 
