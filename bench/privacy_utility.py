@@ -7,8 +7,11 @@ the run's rounds spend exactly the target (delta = 1 / number of users), each up
 Test figures are taken at the validation-selected round.
 
     nice -n 5 .venv/bin/python bench/privacy_utility.py --datasets filmtrust --rounds 4
+    nice -n 5 .venv/bin/python bench/privacy_utility.py --datasets filmtrust --rounds 50 \
+        --eval-every 10 --server-optimizer sgd --server-lr 3 --seeds 1,2,3
     .venv/bin/python bench/privacy_utility.py --plot      # docs/privacy_utility.png
 
+Each dataset and training setting (server optimizer, step size, rounds) is its own entry.
 Resumable: each finished run is written to bench/results/privacy_utility.json at once and
 skipped when the script is started again with the same settings.
 """
@@ -16,6 +19,7 @@ skipped when the script is started again with the same settings.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import time
 from pathlib import Path
@@ -59,8 +63,25 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _store(key_of_entry: str, fresh: dict[str, Any], run_key: str, run: dict[str, Any]) -> None:
+    """Add one finished run to the JSON under a file lock (several processes may measure
+    different seeds of one entry at once), and recompute the entry's summary."""
+    with open(OUT.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+        entry = data.get(key_of_entry)
+        if entry is None or entry.get("settings") != fresh["settings"]:
+            entry = fresh
+        entry["runs"][run_key] = run
+        by_target: dict[str, list[dict[str, Any]]] = {}
+        for k, r in entry["runs"].items():
+            by_target.setdefault(k.split("/")[0], []).append(r)
+        entry["summary"] = {t: _summary(rs) for t, rs in by_target.items()}
+        data[key_of_entry] = entry
+        OUT.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def measure(args: argparse.Namespace) -> None:
-    data: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
     settings = {
         "rounds": args.rounds,
         "fraction": args.fraction,
@@ -69,19 +90,21 @@ def measure(args: argparse.Namespace) -> None:
         "sampling": "poisson",
         "mode": "central",
         "validation": True,
+        "server_optimizer": args.server_optimizer,
+        "server_lr": args.server_lr,
     }
     seeds = [int(s) for s in args.seeds.split(",")]
     targets = ["none", *args.epsilons.split(",")]
     for name in args.datasets.split(","):
         split = load_split(name, args.data_dir, validation=True)
-        entry = data.get(name)
-        if entry is None or entry.get("settings") != settings:
-            entry = {"settings": settings, "n_users": split.n_users, "runs": {}}
-        data[name] = entry
+        key_of_entry = entry_key(name, settings)
+        fresh = {"dataset": name, "settings": settings, "n_users": split.n_users, "runs": {}}
         for seed in seeds:  # every target of a seed first: partial results cover the curve
             for target in targets:
                 key = f"{target}/{seed}"
-                if key in entry["runs"]:
+                data: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
+                done = data.get(key_of_entry, {})
+                if done.get("settings") == settings and key in done.get("runs", {}):
                     continue
                 cfg = TrainConfig(
                     rounds=args.rounds,
@@ -89,16 +112,22 @@ def measure(args: argparse.Namespace) -> None:
                     eval_every=args.eval_every,
                     sampling="poisson",
                     seed=seed,
+                    server_optimizer=args.server_optimizer,
+                    server_lr=args.server_lr,
                     dp_clip=args.clip,
                     target_epsilon=None if target == "none" else float(target),
                 )
-                entry["runs"][key] = _run(split, cfg)
-                by_target: dict[str, list[dict[str, Any]]] = {}
-                for k, r in entry["runs"].items():
-                    by_target.setdefault(k.split("/")[0], []).append(r)
-                entry["summary"] = {t: _summary(rs) for t, rs in by_target.items()}
-                OUT.write_text(json.dumps(data, indent=1) + "\n")
-                print(name, key, json.dumps(entry["runs"][key]), flush=True)
+                run = _run(split, cfg)
+                _store(key_of_entry, fresh, key, run)
+                print(name, key, json.dumps(run), flush=True)
+
+
+def entry_key(name: str, settings: dict[str, Any]) -> str:
+    """One entry per dataset and training setting: ``filmtrust sgd 3, 50 rounds``."""
+    return (
+        f"{name} {settings['server_optimizer']} {settings['server_lr']:g}, "
+        f"{settings['rounds']} rounds"
+    )
 
 
 def plot() -> None:
@@ -150,6 +179,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--server-optimizer", default=TrainConfig.server_optimizer)
+    ap.add_argument("--server-lr", type=float, default=TrainConfig.server_lr)
     ap.add_argument("--plot", action="store_true", help="Only draw the plot from the JSON.")
     args = ap.parse_args()
     if args.plot:

@@ -310,6 +310,13 @@ def train(
                 f"{p.noise:.4g}, {p.sampling} sampling (q {p.q:.4g}), {sim.total_rounds} "
                 f"rounds -> epsilon {p.epsilon(sim.total_rounds):.3f} at delta {p.delta:.3g}"
             )
+            if cfg.server_optimizer != "sgd":
+                console.print(
+                    f"note: server {cfg.server_optimizer} scales each coordinate's step by its "
+                    "own size, so DP noise moves every coordinate about as far as the signal; "
+                    "server sgd keeps noise and signal in proportion (--server-optimizer sgd "
+                    "--server-lr 3 on FilmTrust, see docs/RESULTS.md)"
+                )
         with Progress(
             TextColumn(f"seed {seed}"),
             BarColumn(),

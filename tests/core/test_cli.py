@@ -110,3 +110,22 @@ def test_data_export_writes_the_ncf_layout(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     lines = (tmp_path / "filmtrust.test.negative").read_text().splitlines()
     assert len(lines) == 1227 and len(lines[0].split("\t")) == 100
+
+
+def _dp_train(tmp_path: Path, *extra: str) -> str:
+    rows = [f"{u},{(u * 7 + k * 5) % 150},{k}" for u in range(40) for k in range(6)]
+    csv = tmp_path / "d.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    args = ["train", "--dataset", str(csv), "--rounds", "2", "--fraction", "0.5"]
+    args += ["--factor", "4", "--layers", "1", "--dp-noise", "1.0", "--quiet"]
+    r = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    return " ".join(r.output.split())
+
+
+def test_a_dp_run_with_server_adam_is_told_what_the_noise_does(tmp_path: Path) -> None:
+    out = _dp_train(tmp_path)
+    assert "differential privacy (central)" in out
+    assert "note: server adam" in out and "--server-optimizer sgd" in out
+    out = _dp_train(tmp_path, "--server-optimizer", "sgd", "--server-lr", "3")
+    assert "differential privacy (central)" in out and "note: server" not in out
