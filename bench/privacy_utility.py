@@ -154,7 +154,16 @@ def plot() -> None:
                     color=line[0].get_color(),
                     label=f"{name}, no DP",
                 )
+        ticks: set[float] = set()
+        for entry in data.values():
+            ticks |= {float(t) for t in entry.get("summary", {}) if t != "none"}
+        for name in sorted({e.get("dataset", k) for k, e in data.items()}):
+            ref = _popularity(name, metric)
+            if ref is not None:
+                ax.axhline(ref, ls=":", color="grey", label=f"{name}, popularity ranking")
         ax.set_xscale("log")
+        ax.set_xticks(sorted(ticks), [f"{t:g}" for t in sorted(ticks)])
+        ax.minorticks_off()
         ax.set_xlabel("epsilon (delta = 1/users)")
         ax.set_ylabel(f"test {metric.upper()} (validation-selected)")
         ax.grid(alpha=0.3)
@@ -163,6 +172,16 @@ def plot() -> None:
     fig.tight_layout()
     fig.savefig(PLOT, dpi=110)
     print(f"wrote {PLOT}")
+
+
+def _popularity(dataset: str, metric: str) -> float | None:
+    """The popularity ranking's test figure on the paper protocol (bench/results/baselines.json)."""
+    path = ROOT / "bench" / "results" / "baselines.json"
+    if not path.exists():
+        return None
+    entry = json.loads(path.read_text()).get(f"{dataset}/paper", {}).get("popularity", {})
+    value = entry.get(f"selected.{metric}.mean")
+    return None if value is None else float(value)
 
 
 def _key(summ: dict[str, Any], eps: float) -> str:
