@@ -271,3 +271,11 @@ class RecommendationResponse(BaseModel):
 
     model_version: int
     items: list[ScoredItem]
+
+
+class TrainingItems(BaseModel):
+    """A user's own training items, as recommend_api names items (catalogue order); answered
+    by the worker's device API only (the device's side), never sent to the aggregator."""
+
+    user_id: int
+    items: list[str]

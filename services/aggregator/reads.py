@@ -128,8 +128,15 @@ class RunReads:
                     epsilon=None if plan is None else plan.epsilon(r.round_id),
                 )
             )
-        planned = cfg.rounds if plan is None else plan.rounds
-        return History(run_id=run.id, rounds=out, planned_rounds=planned)
+        if plan is None:
+            return History(run_id=run.id, rounds=out, planned_rounds=cfg.rounds)
+        return History(
+            run_id=run.id,
+            rounds=out,
+            planned_rounds=plan.rounds,
+            delta=plan.delta,
+            noise_multiplier=plan.noise,
+        )
 
     def model_blob(self, version: int | None) -> ModelBlob:
         """An encoded version of the current run's model (the latest when ``version`` is

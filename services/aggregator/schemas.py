@@ -68,6 +68,10 @@ class History(BaseModel):
     rounds: list[HistoryRound]
     #: rounds the run takes: its configured rounds, or fewer when a target epsilon stops it
     planned_rounds: int | None = None
+    #: DP runs: the delta every ``epsilon`` is reported at, and the noise multiplier z (the
+    #: configured dp_noise, or the one calibrated from target_epsilon); null otherwise
+    delta: float | None = None
+    noise_multiplier: float | None = None
 
 
 class RunStarted(BaseModel):

@@ -2,10 +2,14 @@
 device would, and the health check.
 
 ``GET /v1/users/{user_id}/recommendations?k=10`` reads the user's private vector from this
-worker's own store, leaves out the user's training items and sends recommend_api exactly the
-request a device sends (``POST /v1/recommendations``); the answer (model version, item ids,
-scores) comes back unchanged. The vector goes to recommend_api only, never into an answer or a
-log line here.
+worker's own store, leaves out the user's training items (unless ``include_training=true``) and
+sends recommend_api exactly the request a device sends (``POST /v1/recommendations``); the
+answer (model version, item ids, scores) comes back unchanged. The vector goes to recommend_api
+only, never into an answer or a log line here.
+
+``GET /v1/users/{user_id}/training-items`` answers the user's own training items, as the
+device holds them: data that stays on the device's side (this API), never sent to the
+aggregator.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from services.contract import (
     RecommendationRequest,
     RecommendationResponse,
     ServiceError,
+    TrainingItems,
     UserVector,
     read_error,
 )
@@ -78,24 +83,53 @@ def _decimal(value: object) -> object:
 Decimal = Annotated[int, BeforeValidator(_decimal)]
 
 
+def _plain_bool(value: object) -> object:
+    """A query flag is ``true`` or ``false``, nothing a lax parser would also take."""
+    if isinstance(value, str) and value not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return value
+
+
+PlainBool = Annotated[bool, BeforeValidator(_plain_bool)]
+
+
 def device_request(
-    store: WorkerStore, labels: Sequence[str] | None, user_id: int, k: int
+    store: WorkerStore,
+    labels: Sequence[str] | None,
+    user_id: int,
+    k: int,
+    include_training: bool = False,
 ) -> dict[str, Any]:
-    """The body a user's device sends to recommend_api: its vector, k, its training items."""
+    """The body a user's device sends to recommend_api: its vector, k and its training items
+    to leave out (none with ``include_training``)."""
     try:
         state = store.load_states([user_id])
     except StoreError as err:
         raise ServiceError(
             f"user {user_id} has no private state yet (no run joined)", "no_private_state", 503
         ) from err
+    exclude = [] if include_training else training_items(store, labels, user_id)
+    user = UserVector(**{name: t[0].tolist() for name, t in state.params.items()})
+    body = RecommendationRequest(user=user, k=k, exclude=exclude)
+    return body.model_dump(exclude_none=True)
+
+
+def training_items(store: WorkerStore, labels: Sequence[str] | None, user_id: int) -> list[str]:
+    """The user's training items as recommend_api names them, in catalogue order."""
     train = store.train_items(user_id)
     if train is None:  # pragma: no cover - the user set is checked before
         raise ServiceError(f"user {user_id} is not in this worker's store", "unknown_user", 404)
     seen = sorted({int(i) for i in train.tolist()})
-    exclude = [str(i) if labels is None else labels[i] for i in seen]
-    user = UserVector(**{name: t[0].tolist() for name, t in state.params.items()})
-    body = RecommendationRequest(user=user, k=k, exclude=exclude)
-    return body.model_dump(exclude_none=True)
+    return [str(i) if labels is None else labels[i] for i in seen]
+
+
+def _check_user(state: AppState, user_id: int) -> None:
+    """404 ``unknown_user`` unless the user is one of this shard's."""
+    if user_id not in state.users:
+        s = state.settings
+        raise ServiceError(
+            f"user {user_id} is not in shard {s.shard} of {s.shards}", "unknown_user", 404
+        )
 
 
 def _upstream_error(resp: httpx.Response) -> ServiceError:
@@ -115,14 +149,15 @@ async def recommendations(
     user_id: Decimal,
     state: StateDep,
     k: Annotated[Decimal, Query(ge=1, le=MAX_K, description="how many items")] = 10,
+    include_training: Annotated[
+        PlainBool, Query(description="rank the user's training items too (left out by default)")
+    ] = False,
 ) -> RecommendationResponse:
     """Top-``k`` items for one user of this shard, from recommend_api."""
-    s = state.settings
-    if user_id not in state.users:
-        raise ServiceError(
-            f"user {user_id} is not in shard {s.shard} of {s.shards}", "unknown_user", 404
-        )
-    body = await anyio.to_thread.run_sync(device_request, state.store, state.labels, user_id, k)
+    _check_user(state, user_id)
+    body = await anyio.to_thread.run_sync(
+        device_request, state.store, state.labels, user_id, k, include_training
+    )
     try:
         resp = await state.client.post(RECOMMEND_PATH, json=body)
     except httpx.HTTPError as err:
@@ -137,6 +172,14 @@ async def recommendations(
         raise ServiceError(
             "recommend_api answered an unexpected body", "recommend_error", 502
         ) from err
+
+
+@router.get("/v1/users/{user_id}/training-items", responses=ERRORS)
+async def user_training_items(user_id: Decimal, state: StateDep) -> TrainingItems:
+    """The user's own training items (the device's data: this API only, never the aggregator)."""
+    _check_user(state, user_id)
+    items = await anyio.to_thread.run_sync(training_items, state.store, state.labels, user_id)
+    return TrainingItems(user_id=user_id, items=items)
 
 
 @router.get("/healthz")

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from services.contract import ErrorBody, ServiceError
-from services.dashboard.runform import run_form_fields
+from services.dashboard.runform import run_form_groups
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.upstream import OPERATOR_ACTIONS, Answer, Upstream
 from services.web_assets import CHART_JS
@@ -83,7 +83,7 @@ async def page(request: Request) -> Response:
     """The dashboard page; its script fills it from ``/ui/api/state``."""
     s: DashboardSettings = request.app.state.settings
     context = {
-        "fields": run_form_fields(),
+        "groups": run_form_groups(),
         "chart_js": CHART_JS,
         "poll_ms": int(s.poll_interval_s * 1000),
         "workers": len(s.workers),
@@ -113,9 +113,19 @@ async def user_recommendations(
     upstream: UpstreamDep,
     user_id: Annotated[int, PathParam(ge=0, le=MAX_USER)],
     k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
+    include_training: bool = False,
 ) -> JSONResponse:
-    """The user's top-k, from its worker (the device's side): the worker's answer as it is."""
-    return _answer(await upstream.user_recommendations(user_id, k))
+    """The user's top-k, from its worker (the device's side): the worker's answer as it is.
+    The worker leaves the user's training items out unless ``include_training``."""
+    return _answer(await upstream.user_recommendations(user_id, k, include_training))
+
+
+@router.get("/ui/api/users/{user_id}/training-items", responses=ERRORS)
+async def user_training_items(
+    upstream: UpstreamDep, user_id: Annotated[int, PathParam(ge=0, le=MAX_USER)]
+) -> JSONResponse:
+    """The user's own training items, from its worker's device API, as it answers them."""
+    return _answer(await upstream.training_items(user_id))
 
 
 @router.post("/ui/api/recommendations", responses=ERRORS)

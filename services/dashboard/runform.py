@@ -4,10 +4,24 @@ config declares them (no default is written here again)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 from fedrecgel.run_config import RunConfig
+
+#: the form's two groups of inputs
+TRAINING = "Model, training and rounds"
+PRIVACY = "Privacy: differential privacy and secure aggregation"
+
+
+def is_privacy_setting(name: str) -> bool:
+    """Whether a run setting shapes the run's privacy (the dp_*, secagg_* settings, the
+    target epsilon, the cohort sampling that the accounting depends on)."""
+    return name.startswith(("dp_", "secagg_", "secure_aggregation")) or name in (
+        "target_epsilon",
+        "sampling",
+    )
 
 
 @dataclass(frozen=True)
@@ -26,6 +40,7 @@ class FormField:
     exclusive_minimum: bool
     choices: tuple[str, ...]
     max_length: int | None
+    group: str
 
     @property
     def step(self) -> str:
@@ -56,6 +71,7 @@ def _field(name: str, spec: dict[str, Any], required: bool) -> FormField:
         exclusive_minimum="exclusiveMinimum" in spec,
         choices=tuple(spec.get("enum", ())),
         max_length=spec.get("maxLength"),
+        group=PRIVACY if is_privacy_setting(name) else TRAINING,
     )
 
 
@@ -66,3 +82,9 @@ def run_form_fields() -> list[FormField]:
     props = schema["properties"]
     order = sorted(props, key=lambda n: (n not in required, list(props).index(n)))
     return [_field(n, props[n], n in required) for n in order]
+
+
+def run_form_groups() -> list[tuple[str, list[FormField]]]:
+    """The form's inputs in their groups: training first, then privacy."""
+    fields = sorted(run_form_fields(), key=lambda f: f.group == PRIVACY)
+    return [(g, list(fs)) for g, fs in itertools.groupby(fields, key=lambda f: f.group)]

@@ -143,6 +143,7 @@ class Upstream:
             "run": _run(run.body) if run.status == 200 else None,
             "round": current,
             "history": history.body.get("rounds", []) if history.status == 200 else [],
+            "privacy": _privacy(history) if run.status == 200 else None,
             "registered": registered.body.get("registered") if registered.status == 200 else None,
             "counters": metrics,
             "workers": [
@@ -170,13 +171,21 @@ class Upstream:
 
     # ------------------------------------------------------------------ pass-through calls
 
-    async def user_recommendations(self, user: int, k: int) -> Answer:
+    async def user_recommendations(self, user: int, k: int, include_training: bool) -> Answer:
         """A user's top-k from the worker of its shard, as the user's device asks for it."""
+        params = {"k": str(k), "include_training": "true" if include_training else "false"}
+        return await self._device_get(user, f"/v1/users/{user}/recommendations", params)
+
+    async def training_items(self, user: int) -> Answer:
+        """A user's own training items, from the worker of its shard (the device's side)."""
+        return await self._device_get(user, f"/v1/users/{user}/training-items", None)
+
+    async def _device_get(self, user: int, path: str, params: dict[str, str] | None) -> Answer:
         if not self.workers:
             return Answer(503, {"error": "no_workers", "detail": "no worker URL is configured"})
         worker = self.workers[user % len(self.workers)]
         try:
-            resp = await worker.get(f"/v1/users/{user}/recommendations", params={"k": k})
+            resp = await worker.get(path, params=params)
         except httpx.HTTPError as err:
             return _unavailable(f"worker {user % len(self.workers)}", err)
         return Answer(resp.status_code, _json(resp))
@@ -235,6 +244,15 @@ def _run(body: dict[str, Any]) -> dict[str, Any] | None:
             "cohort_size",
         )
     } | {"config": config, "size": model_size(config)}
+
+
+def _privacy(history: Answer) -> dict[str, Any] | None:
+    """What the history says of the run's privacy: the rounds it takes (fewer than configured
+    when a target epsilon stops it), the delta of its epsilons and the noise multiplier."""
+    b = history.body if history.status == 200 and isinstance(history.body, dict) else {}
+    if b.get("run_id") is None:
+        return None
+    return {k: b.get(k) for k in ("planned_rounds", "delta", "noise_multiplier")}
 
 
 def _worker(a: Answer) -> dict[str, Any]:

@@ -53,7 +53,11 @@ def test_dp_uploads_are_checked_noised_and_accounted(aggregator: AggregatorFacto
             f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token)
         )
         assert r.status_code == 200, r.text
-    history = client.get("/v1/runs/current/history", headers=operator_headers()).json()["rounds"]
+    whole = client.get("/v1/runs/current/history", headers=operator_headers()).json()
+    # the delta every epsilon is at (1 / registered clients by default) and the noise z
+    assert whole["delta"] == plan.delta == 0.25 and whole["noise_multiplier"] == 1.0
+    assert whole["planned_rounds"] == 2
+    history = whole["rounds"]
     assert [h["round_id"] for h in history] == [1, 2]  # the target stopped a 6-round run
     eps = [h["epsilon"] for h in history]
     assert eps == pytest.approx([plan.epsilon(1), plan.epsilon(2)], rel=1e-9)

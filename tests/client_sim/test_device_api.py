@@ -454,3 +454,60 @@ def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path, split):
     assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "GET"
     assert not_allowed.json()["error"] == "method_not_allowed"
     assert too_large.status_code == 413 and too_large.json()["error"] == "body_too_large"
+
+
+def test_the_device_reads_its_own_training_items_and_may_rank_them_too(tmp_path, split):
+    store, holder, user = _store(tmp_path, split, with_state=False), _holder(4), 2
+    train = [LABELS[i] for i in sorted({int(i) for i in split.user_train(user)})]
+
+    async def go() -> list[httpx.Response]:
+        async with _both(_settings(tmp_path), store, holder) as c:
+            items = await c.get(f"/v1/users/{user}/training-items")  # no private state needed
+            store.reset_states([user], PrivateState.fresh(CFG, SEED, np.asarray([user])))
+            return [
+                items,
+                await c.get(f"/v1/users/{user}/recommendations?k=30&include_training=true"),
+                await c.get(f"/v1/users/{user}/recommendations?k=30&include_training=false"),
+                await c.get(f"/v1/users/{user}/recommendations?include_training=yes"),
+                await c.get("/v1/users/3/training-items"),  # shard 1
+                await c.get(f"/v1/users/{split.n_users + 10}/training-items"),
+                await c.get("/v1/users/%2B2/training-items"),
+            ]
+
+    items, with_train, without, bad_flag, *unknown, bad_id = asyncio.run(go())
+    assert items.status_code == 200, items.text
+    assert items.json() == {"user_id": user, "items": train} and train
+    # include_training: every item ranked (the training items among them), else left out
+    ranked = [it["item"] for it in with_train.json()["items"]]
+    assert sorted(ranked) == sorted(LABELS)
+    params = store.load_states([user]).params
+    expected = holder.recommend(
+        params["user_gmf"][0].tolist(), params["user_mlp"][0].tolist(), 30, []
+    )
+    assert ranked == [item for item, _ in expected.items]
+    kept = [it["item"] for it in without.json()["items"]]
+    assert sorted(kept) == sorted(set(LABELS) - set(train))
+    assert bad_flag.status_code == 422 and bad_id.status_code == 422
+    for r in unknown:
+        assert r.status_code == 404 and r.json()["error"] == "unknown_user", r.text
+
+
+def test_training_items_need_the_device_token_when_one_is_set(tmp_path, split):
+    store = _store(tmp_path, split)
+    settings = _settings(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
+
+    async def go() -> list[httpx.Response]:
+        async with _both(settings, store, _holder()) as c:
+            return [
+                await c.get("/v1/users/0/training-items"),
+                await c.get("/v1/users/0/training-items", headers={"Authorization": "Bearer x"}),
+                await c.get(
+                    "/v1/users/0/training-items",
+                    headers={"Authorization": f"Bearer {DEVICE_TOKEN}"},
+                ),
+            ]
+
+    *refused, ok = asyncio.run(go())
+    for r in refused:
+        assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+    assert ok.status_code == 200 and ok.json()["user_id"] == 0

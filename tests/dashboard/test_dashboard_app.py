@@ -21,6 +21,7 @@ from services.dashboard.upstream import counters
 from tests.support.aggregator import make_settings, operator_headers, register, sqlite_url
 
 READER = "test-reader-token-5f1c9a7e2b"
+PRIVACY_SETTINGS = ("secure_aggregation", "sampling", "target_epsilon")
 
 
 @pytest.fixture
@@ -75,6 +76,17 @@ def test_the_page_is_self_contained_and_has_every_run_setting(agg: TestClient) -
         if field.is_required() or field.default is None or isinstance(field.default, str):
             continue
         assert f'value="{field.default}"' in tag.group(0), name
+    # the privacy settings have a group of their own, after the training settings
+    privacy = html.index("<legend>Privacy: differential privacy and secure aggregation</legend>")
+    for name in RunConfig.model_fields:
+        after = html.index(f'id="cfg-{name}"') > privacy
+        assert after == (name.startswith(("dp_", "secagg_")) or name in PRIVACY_SETTINGS), name
+    # each input names its help and its error message (filled when a start is refused)
+    assert 'aria-describedby="cfg-dp_noise-help cfg-dp_noise-error"' in html
+    assert 'id="cfg-dp_noise-error"' in html
+    # the overview has the privacy facts, and the chart of epsilon per round
+    for element_id in ("ov-eps", "ov-eps-target", "ov-privacy", "chart-eps"):
+        assert f'id="{element_id}"' in html, element_id
     # the operator token input has no name: a form submitted without the script sends nothing
     token_input = re.search(r'<input[^>]*id="op-token"[^>]*>', html)
     assert token_input is not None and "name=" not in token_input.group(0)
@@ -102,6 +114,43 @@ def test_state_has_an_etag_and_changes_when_the_run_does(agg: TestClient) -> Non
     assert state["round"]["cohort_size"] == run["cohort_size"] > 0
     assert state["round"]["updates_received"] == 0
     assert state["counters"]["rounds_closed"] == 0
+    # no DP: the run takes its configured rounds, no delta, no noise
+    assert state["privacy"] == {"planned_rounds": 3, "delta": None, "noise_multiplier": None}
+
+
+def test_state_carries_the_privacy_plan_of_a_dp_run(agg: TestClient) -> None:
+    register(agg, list(range(8)))
+    config = RunConfig(n_items=50, rounds=40, fraction=0.5, target_epsilon=2.0).model_dump(
+        mode="json"
+    )
+    assert agg.post("/v1/runs", json=config, headers=operator_headers()).status_code == 201
+    history = agg.get("/v1/runs/current/history").json()
+    with dashboard(agg) as dash:
+        state = dash.get("/ui/api/state").json()
+    # calibrated from the target (no dp_noise): every configured round fits, delta 1/8
+    assert state["privacy"] == {
+        "planned_rounds": 40,
+        "delta": 1 / 8,
+        "noise_multiplier": history["noise_multiplier"],
+    }
+    assert history["noise_multiplier"] > 0 and history["delta"] == 1 / 8
+    assert state["run"]["config"]["target_epsilon"] == 2.0
+
+
+def test_a_refused_dp_configuration_is_passed_on_with_the_field_named(agg: TestClient) -> None:
+    register(agg, list(range(8)))
+    config = RunConfig(n_items=50, rounds=3).model_dump(mode="json")
+    with dashboard(agg) as dash:
+        for bad, field in (
+            ({"dp_noise": -1.0}, "dp_noise"),
+            ({"dp_delta": 1.5}, "dp_delta"),
+            ({"dp_mode": "local"}, "dp_mode"),
+            ({"dp_noise": 0.05, "target_epsilon": 0.01}, "target_epsilon"),
+        ):
+            r = dash.post("/ui/api/runs", json={**config, **bad}, headers=operator_headers())
+            assert r.status_code == 422, r.text
+            assert field in r.json()["detail"], r.text
+        assert dash.get("/ui/api/state").json()["run"] == {"state": "idle"}
 
 
 def test_viewers_polling_together_share_one_snapshot(agg: TestClient) -> None:
@@ -155,9 +204,14 @@ def test_recommendation_panels_refuse_clearly(agg: TestClient) -> None:
         assert dash.get("/ui/api/users/-1/recommendations").status_code == 422
         assert dash.get("/ui/api/users/0/recommendations?k=0").status_code == 422
         assert dash.post("/ui/api/recommendations", content=b"{}").status_code == 503
+        assert dash.get("/ui/api/users/0/training-items").json()["error"] == "no_workers"
+        assert dash.get("/ui/api/users/-1/training-items").status_code == 422
+        r = dash.get("/ui/api/users/0/recommendations?include_training=maybe")
+        assert r.status_code == 422
     with dashboard(agg, worker_urls="http://worker-0:8710") as dash:
-        r = dash.get("/ui/api/users/0/recommendations")
-        assert r.status_code == 502 and r.json()["error"] == "upstream_unavailable"
+        for path in ("recommendations?include_training=true", "training-items"):
+            r = dash.get(f"/ui/api/users/0/{path}")
+            assert r.status_code == 502 and r.json()["error"] == "upstream_unavailable"
         workers = dash.get("/ui/api/state").json()["workers"]
         assert [w["ok"] for w in workers] == [False]
 

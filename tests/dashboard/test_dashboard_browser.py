@@ -1,8 +1,10 @@
 """The dashboard in a real browser (the system's Chromium, headless) against a live loopback
 deployment started by the test (``fedrec up``): the page loads without a console error, the
 chart gains points as rounds close, both recommendation panels show what the services' JSON
-endpoints answer, and operator actions are refused without the operator token and work with
-it, the token never leaving the tab's session storage.
+endpoints answer (the user's training items marked as the worker's device API lists them), a
+run without DP says so, operator actions are refused without the operator token and work with
+it (a DP run started from the form shows the epsilon of the aggregator's history, a refused
+configuration names its field), the token never leaving the tab's session storage.
 
 Screenshots of the main views go to ``$FEDREC_DASHBOARD_SCREENSHOTS`` when set (the README's
 come from ``FEDREC_DASHBOARD_SCREENSHOTS=docs/img``), else to the test's temporary folder.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +31,8 @@ from tests.support.procs import fedrec_up, spawned, wait_for_text
 pytestmark = pytest.mark.slow
 
 ROUNDS = 8
+#: the DP run started from the form: noise multiplier and target epsilon (about 19 rounds)
+DP_NOISE, TARGET_EPS = "1.0", "20"
 LAPTOP = {"width": 1366, "height": 900}
 PHONE = {"width": 390, "height": 844}
 #: axe-core (MPL-2.0), the accessibility rules engine, vendored for the tests only
@@ -70,6 +75,17 @@ def _accessibility_violations(browser: Any, url: str, viewport: dict[str, int]) 
     )
     context.close()
     return found
+
+
+def _cells(page: Any, selector: str) -> list[str]:
+    found: list[str] = page.eval_on_selector_all(selector, "cs => cs.map(c => c.textContent)")
+    return found
+
+
+def _shown_epsilon(page: Any) -> float | None:
+    """The epsilon the overview shows (its text, 4 significant digits), None without one."""
+    m = re.match(r"ε = (\S+) at δ = ", page.text_content("#ov-eps") or "")
+    return None if m is None else float(m.group(1))
 
 
 def test_dashboard_in_a_browser(tmp_path: Path) -> None:
@@ -125,20 +141,48 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
         text = wait_for_text(log_path, "Services are running", proc, timeout_s=600)
         assert f"top-10 from recommend_api, model v{ROUNDS}" in text
         _until("every round on the chart", lambda: points() == ROUNDS)
+        # a run without DP says so, and its epsilon chart stays empty
+        assert page.text_content("#ov-eps") == "no differential privacy"
+        assert "no differential privacy" in (page.text_content("#ov-privacy") or "")
+        assert page.get_attribute("#chart-eps", "data-points") == str(ROUNDS)
+        assert "no differential privacy" in (page.text_content("#chart-eps-caption") or "")
 
         # the user panel shows what the user's worker answers (its JSON endpoint)
         user = 3  # shard 1
-        worker = httpx.get(
-            f"http://127.0.0.1:{http0 + 1}/v1/users/{user}/recommendations?k=10", timeout=30
-        ).json()
+        device = f"http://127.0.0.1:{http0 + 1}/v1/users/{user}"
+        worker = httpx.get(f"{device}/recommendations?k=10", timeout=30).json()
+        train = httpx.get(f"{device}/training-items", timeout=30).json()["items"]
+        assert train
         page.fill("#rec-user", str(user))
         page.fill("#rec-k", "10")
         page.keyboard.press("Enter")  # from the k input: the form is used by keyboard
         page.wait_for_selector(f"#rec-status:has-text('model v{worker['model_version']}')")
-        shown = page.eval_on_selector_all(
-            "#rec-table tbody tr td:nth-child(2)", "cells => cells.map(c => c.textContent)"
-        )
+        shown = _cells(page, "#rec-table tbody tr td:nth-child(2)")
         assert shown == [it["item"] for it in worker["items"]] and len(shown) == 10
+        # the worker left the training items out: none marked, the panel says so and lists
+        # them as the worker's device API does
+        assert _cells(page, "#rec-table tbody tr.train td:nth-child(2)") == []
+        assert "left out by the worker" in page.text_content("#rec-status")
+        assert page.text_content("#rec-train-items") == ", ".join(train)
+        # ranked with the training items: the marked rows are exactly the training items shown
+        k = 100
+        worker = httpx.get(
+            f"{device}/recommendations?k={k}&include_training=true", timeout=30
+        ).json()
+        page.fill("#rec-k", str(k))
+        page.check("#rec-train")
+        page.click("#rec-form button[type=submit]")
+        page.wait_for_selector("#rec-status:has-text('among them (marked)')")
+        shown = _cells(page, "#rec-table tbody tr td:nth-child(2)")
+        assert shown == [it["item"] for it in worker["items"]] and len(shown) == k
+        marked = _cells(page, "#rec-table tbody tr.train td:nth-child(2)")
+        assert marked == [item for item in shown if item in set(train)]
+        assert marked, "a trained model ranks some of the user's training items in its top 100"
+        assert f"{len(marked)} training item" in page.text_content("#rec-status")
+        page.uncheck("#rec-train")
+        page.fill("#rec-k", "10")
+        page.click("#rec-form button[type=submit]")
+        page.wait_for_selector("#rec-status:has-text('top 10, model')")
 
         # the pasted-vector panel shows what recommend_api answers for that vector
         store = WorkerStore(workdir / "worker-1.db")
@@ -174,11 +218,58 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
         page.click("#start-details summary")
         _until("the catalogue size taken from the run", lambda: page.input_value("#cfg-n_items"))
         page.fill("#cfg-rounds", "500")
+        # a refused DP configuration: the answer names the field, which is marked
+        page.fill("#cfg-dp_noise", "-1")
+        page.click("#start-form button[type=submit]")
+        page.wait_for_selector("#op-result:has-text('Refused: 422 validation_error: dp_noise:')")
+        assert page.get_attribute("#cfg-dp_noise", "aria-invalid") == "true"
+        assert "greater than or equal to 0" in page.text_content("#cfg-dp_noise-error")
+        # a DP run: noise multiplier and target epsilon typed into the form
+        page.fill("#cfg-dp_noise", DP_NOISE)
+        page.fill("#cfg-target_epsilon", TARGET_EPS)
         page.click("#start-form button[type=submit]")
         page.wait_for_selector("#op-result:has-text('Done: run #2 is running')")
+        assert page.get_attribute("#cfg-dp_noise", "aria-invalid") is None
         page.wait_for_selector("#ov-run:has-text('#2')")
+        history_url = f"http://127.0.0.1:{agg}/v1/runs/current/history"
+
+        def history() -> dict[str, Any]:
+            body: dict[str, Any] = httpx.get(history_url, timeout=30).json()
+            return body
+
+        _until("a closed round of the DP run", lambda: history()["rounds"], timeout_s=300)
+        page.focus("#op-actions button[data-action=pause]")
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#op-result:has-text('run #2 is paused')")
+
+        # the overview shows the epsilon of the aggregator's history, at its delta
+        def same_epsilon() -> dict[str, Any] | None:
+            h = history()
+            eps = h["rounds"][-1]["epsilon"]
+            shown = page.get_attribute("#ov-eps", "data-epsilon")
+            return h if shown is not None and float(shown) == eps else None
+
+        h = _until("the history's epsilon on the page", same_epsilon, timeout_s=60)
+        assert h["run_id"] == 2 and h["noise_multiplier"] == float(DP_NOISE)
+        eps = h["rounds"][-1]["epsilon"]
+        assert _shown_epsilon(page) == pytest.approx(eps, rel=1e-3) and eps > 0
+        assert f"δ = {h['delta']:.4g}" in page.text_content("#ov-eps")
+        planned = h["planned_rounds"]
+        assert 1 < planned < 500
+        target = page.text_content("#ov-eps-target") or ""
+        assert f"ε ≤ {TARGET_EPS}" in target and f"after round {planned} of 500" in target
+        privacy = page.text_content("#ov-privacy") or ""
+        assert "central DP" in privacy and f"z = {DP_NOISE.rstrip('0').rstrip('.')}" in privacy
+        assert f"of {planned}" in (page.text_content("#ov-round") or "")
+        _until(
+            "the epsilon chart of the DP run",
+            lambda: page.get_attribute("#chart-eps", "data-points") == str(len(h["rounds"])),
+            timeout_s=60,
+        )
+        # the overview and the charts: the top of the page
+        top = {"x": 0, "y": 0, "width": LAPTOP["width"], "height": LAPTOP["height"]}
+        page.screenshot(path=str(shots / "dashboard-privacy.png"), full_page=True, clip=top)
         for action, state, shown_state in (
-            ("pause", "paused", "paused"),
             ("resume", "running", "open"),
             ("stop", "stopped", "finished"),
         ):

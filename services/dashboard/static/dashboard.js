@@ -16,6 +16,10 @@
   // ------------------------------------------------------------------ formatting
   const fmt = (x, d = 4) => (x === null || x === undefined || Number.isNaN(x) ? "–" : Number(x).toFixed(d));
   const text = (id, value) => { const el = $(id); if (el) el.textContent = value; };
+  // four significant digits, without trailing zeros (0.0025, 1.234, 1e-7)
+  const sig = (x) => (x === null || x === undefined ? "?" : String(Number(Number(x).toPrecision(4))));
+  const given = (x) => x !== null && x !== undefined;
+  const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
   function bytes(n) {
     if (n === null || n === undefined) return "–";
     const units = ["B", "KiB", "MiB", "GiB"];
@@ -26,7 +30,7 @@
   function cell(row, value) { const td = document.createElement("td"); td.textContent = value; row.appendChild(td); }
 
   // ------------------------------------------------------------------ charts
-  const COLORS = { loss: "#1f4e9c", hr: "#1f4e9c", ndcg: "#b3261e", vhr: "#1b6e3a", vndcg: "#6b3fa0" };
+  const COLORS = { loss: "#1f4e9c", hr: "#1f4e9c", ndcg: "#b3261e", vhr: "#1b6e3a", vndcg: "#6b3fa0", eps: "#8a4b00", target: "#b3261e" };
   function makeChart(id, datasets, yTitle) {
     if (!window.Chart) return null;
     return new window.Chart($(id), {
@@ -50,8 +54,10 @@
       line("HR@10 (test)", COLORS.hr), line("NDCG@10 (test)", COLORS.ndcg),
       line("HR@10 (validation)", COLORS.vhr, true), line("NDCG@10 (validation)", COLORS.vndcg, true),
     ], "metric");
+    charts.eps = makeChart("chart-eps", [line("ε spent", COLORS.eps), line("target ε", COLORS.target, true)], "ε");
   }
-  function drawCharts(history) {
+  function drawCharts(history, cfg) {
+    const target = cfg && given(cfg.target_epsilon) ? cfg.target_epsilon : null;
     const labels = history.map((r) => r.round_id);
     const m = (r, key) => (r.metrics && key in r.metrics ? r.metrics[key] : null);
     const series = {
@@ -60,7 +66,10 @@
         history.map((r) => m(r, "hr@10")), history.map((r) => m(r, "ndcg@10")),
         history.map((r) => m(r, "val/hr@10")), history.map((r) => m(r, "val/ndcg@10")),
       ],
+      eps: [history.map((r) => (given(r.epsilon) ? r.epsilon : null)), history.map(() => target)],
     };
+    text("chart-eps-caption", isDP(cfg) ? "Privacy spent (ε) after each round (target dashed where set)"
+      : cfg ? "Privacy spent (ε): no differential privacy in this run" : "Privacy spent (ε) after each round");
     for (const [name, data] of Object.entries(series)) {
       const chart = charts[name];
       if (!chart) continue;
@@ -78,7 +87,9 @@
     text("ov-state", run ? run.state : agg && agg.error ? `aggregator: ${agg.error}` : "–");
     text("ov-run", run && run.run_id ? `#${run.run_id}` : "none yet");
     const cfg = run && run.config ? run.config : null;
-    text("ov-round", run && run.round_id ? `${run.round_id} of ${cfg ? cfg.rounds : "?"}` : "–");
+    const planned = s.privacy && given(s.privacy.planned_rounds) ? s.privacy.planned_rounds : cfg ? cfg.rounds : null;
+    const cut = cfg && planned !== null && planned < cfg.rounds ? ` (target ε ends it; ${cfg.rounds} configured)` : "";
+    text("ov-round", run && run.round_id ? `${run.round_id} of ${planned ?? "?"}${cut}` : "–");
     text("ov-version", run && run.model_version !== null && run.model_version !== undefined ? `v${run.model_version}` : "–");
     const secs = s.history.map((r) => r.seconds);
     text("ov-time", secs.length ? `${fmt(secs[secs.length - 1], 1)} s last, ${fmt(secs.reduce((a, b) => a + b, 0) / secs.length, 1)} s mean` : "–");
@@ -96,9 +107,43 @@
       cell(tr, w.ok ? "up" : `down (${w.error || "no answer"})`);
       wb.appendChild(tr);
     }
+    renderPrivacy(s, cfg, planned);
     renderRound(s);
     renderVersions(s);
-    drawCharts(s.history);
+    drawCharts(s.history, cfg);
+  }
+
+  // a run is differentially private once dp_noise or target_epsilon is set
+  const isDP = (cfg) => Boolean(cfg) && (given(cfg.dp_noise) || given(cfg.target_epsilon));
+  function renderPrivacy(s, cfg, planned) {
+    const eps = $("ov-eps");
+    delete eps.dataset.epsilon;
+    if (!cfg) { text("ov-eps", "–"); text("ov-eps-target", "–"); text("ov-privacy", "–"); return; }
+    const secagg = cfg.secure_aggregation && cfg.secure_aggregation !== "off"
+      ? `secure aggregation (${cfg.secure_aggregation})` : "no secure aggregation";
+    if (!isDP(cfg)) {
+      text("ov-eps", "no differential privacy");
+      text("ov-eps-target", "none (no differential privacy)");
+      text("ov-privacy", `no differential privacy; ${secagg}`);
+      return;
+    }
+    const p = s.privacy || {};
+    const spent = s.history.filter((r) => given(r.epsilon));
+    const delta = `δ = ${sig(p.delta)}`;
+    if (spent.length) {
+      const e = spent[spent.length - 1].epsilon;
+      eps.dataset.epsilon = String(e);
+      text("ov-eps", `ε = ${sig(e)} at ${delta}, after ${plural(spent.length, "round")}`);
+    } else {
+      eps.dataset.epsilon = "0";
+      text("ov-eps", `ε = 0 at ${delta} (no round released yet)`);
+    }
+    text("ov-eps-target", !given(cfg.target_epsilon) ? "none (dp_noise set, no target)"
+      : `ε ≤ ${sig(cfg.target_epsilon)}: ` + (planned !== null && planned < cfg.rounds
+        ? `the run stops after round ${planned} of ${cfg.rounds}` : `all ${plural(cfg.rounds, "round")} fit`));
+    const z = `noise multiplier z = ${sig(p.noise_multiplier)}${given(cfg.dp_noise) ? "" : " (calibrated to the target)"}`;
+    const sampling = cfg.sampling === "poisson" ? "Poisson" : "fixed-size";
+    text("ov-privacy", `${cfg.dp_mode} DP (DP-FedAvg): ${z}, clip C = ${cfg.dp_clip}, ${sampling} cohort sampling; ${secagg}`);
   }
 
   function renderRound(s) {
@@ -111,8 +156,11 @@
     const p = $("rd-progress");
     p.max = r && r.cohort_size ? r.cohort_size : 1;
     p.value = r ? r.updates_received : 0;
-    text("rd-quorum", r && q !== null ? `${Math.ceil(q * r.cohort_size)} of ${r.cohort_size} (quorum ${q})` : "–");
-    text("rd-retries", r ? String(r.attempt) : "–");
+    // the aggregator's count: ceil(quorum * cohort), at least 1
+    const needed = r && q !== null ? Math.max(1, Math.ceil(q * r.cohort_size - 1e-9)) : null;
+    text("rd-quorum", needed !== null ? `${needed} of ${r.cohort_size} (quorum ${q})` : "–");
+    const retried = s.counters ? `; ${plural(s.counters.rounds_retried, "retry", "retries")} in the run` : "";
+    text("rd-retries", r ? `${plural(r.attempt, "retry", "retries")} (attempt ${r.attempt}, counting from 0)${retried}` : "–");
     tickDeadline();
   }
 
@@ -157,13 +205,19 @@
   }
 
   // ------------------------------------------------------------------ recommendations
-  function showItems(tableId, items) {
+  // marks: the user's training items (a Set), null when unknown, undefined for no such column
+  function showItems(tableId, items, marks) {
     const table = $(tableId);
     const tb = table.tBodies[0];
     tb.replaceChildren();
     items.forEach((it, i) => {
       const tr = document.createElement("tr");
       cell(tr, String(i + 1)); cell(tr, String(it.item)); cell(tr, fmt(it.score));
+      if (marks !== undefined) {
+        const train = marks !== null && marks.has(String(it.item));
+        if (train) tr.classList.add("train");
+        cell(tr, marks === null ? "?" : train ? "✔ training item" : "");
+      }
       tb.appendChild(tr);
     });
     table.hidden = false;
@@ -172,14 +226,34 @@
 
   $("rec-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    const user = $("rec-user").value;
-    const k = $("rec-k").value || "10";
-    text("rec-status", `Asking the worker of user ${user}…`);
-    const resp = await fetch(`/ui/api/users/${encodeURIComponent(user)}/recommendations?k=${encodeURIComponent(k)}`);
+    const user = encodeURIComponent($("rec-user").value);
+    const k = encodeURIComponent($("rec-k").value || "10");
+    const withTrain = $("rec-train").checked;
+    text("rec-status", `Asking the worker of user ${$("rec-user").value}…`);
+    const [resp, trainResp] = await Promise.all([
+      fetch(`/ui/api/users/${user}/recommendations?k=${k}&include_training=${withTrain}`),
+      fetch(`/ui/api/users/${user}/training-items`),
+    ]);
     const body = await resp.json().catch(() => null);
-    if (!resp.ok) { $("rec-table").hidden = true; text("rec-status", `Refused: ${problem(resp, body)}`); return; }
-    showItems("rec-table", body.items);
-    text("rec-status", `User ${user}: top ${body.items.length}, model v${body.model_version}`);
+    const trainBody = await trainResp.json().catch(() => null);
+    if (!resp.ok) {
+      $("rec-table").hidden = true; $("rec-train-details").hidden = true;
+      text("rec-status", `Refused: ${problem(resp, body)}`);
+      return;
+    }
+    const train = trainResp.ok && trainBody ? trainBody.items : null;
+    const marks = train ? new Set(train) : null;
+    showItems("rec-table", body.items, marks);
+    let note;
+    if (!train) note = `training items unknown (${problem(trainResp, trainBody)})`;
+    else if (withTrain) note = `${plural(body.items.filter((it) => marks.has(String(it.item))).length, "training item")} among them (marked) of the user's ${train.length}`;
+    else note = `the user's ${plural(train.length, "training item")} left out by the worker`;
+    text("rec-status", `User ${decodeURIComponent(user)}: top ${body.items.length}, model v${body.model_version}; ${note}`);
+    $("rec-train-details").hidden = !train;
+    if (train) {
+      text("rec-train-summary", `The user's ${plural(train.length, "training item")} (from the worker's device API)`);
+      text("rec-train-items", train.join(", "));
+    }
   });
 
   const recapi = $("recapi-form");
@@ -220,15 +294,37 @@
     operatorState();
   });
 
+  // the start form's inputs: clear their error marks, or mark the one a refusal names
+  function clearFieldErrors() {
+    for (const el of document.querySelectorAll("#start-form [data-field]")) {
+      el.removeAttribute("aria-invalid");
+      text(`cfg-${el.dataset.field}-error`, "");
+    }
+  }
+  // a configuration refusal, readable: "dp_noise: Input should be ..." with that input marked
+  function configProblem(resp, answer) {
+    if (!answer || typeof answer.detail !== "string") return problem(resp, answer);
+    const detail = answer.detail.replace(/^body: (Value error, )?/, "").replace(/^body\./, "");
+    const m = /^([a-z_]+): ([\s\S]*)$/.exec(detail);
+    const el = m ? $(`cfg-${m[1]}`) : null;
+    if (el) {
+      el.setAttribute("aria-invalid", "true");
+      text(`cfg-${m[1]}-error`, m[2]);
+    }
+    return `${resp.status} ${answer.error || ""}: ${detail}`;
+  }
+
   async function operator(path, body) {
     const headers = { "Content-Type": "application/json" };
     if (token) headers.Authorization = `Bearer ${token}`;
+    const starting = path === "/ui/api/runs";
+    if (starting) clearFieldErrors();
     const resp = await fetch(path, { method: "POST", headers, body: body === undefined ? undefined : JSON.stringify(body) });
     const answer = await resp.json().catch(() => null);
     if (resp.ok) {
       text("op-result", `Done: run #${answer.run_id} is ${answer.state}${answer.round_id ? `, round ${answer.round_id}` : ""}.`);
     } else {
-      text("op-result", `Refused: ${problem(resp, answer)}`);
+      text("op-result", `Refused: ${starting ? configProblem(resp, answer) : problem(resp, answer)}`);
     }
     etag = null; // show the effect at the next poll
     return resp.status;
