@@ -64,6 +64,28 @@ def roofline() -> list[str]:
         f"`{rf.get('command', 'OMP_NUM_THREADS=1 .venv/bin/python bench/roofline.py --threads 1')}`"
         " (a shared 2-core machine: only the same-run ratios carry over).",
     ]
+    pr = ft.get("aggregate_round_profile")
+    if pr:
+        others = ", ".join(f"`{o['op']}` {o['share']:.0%}" for o in pr["top_other_ops"][:5])
+        lines += [
+            "",
+            f"Why the fraction stays below target (one more aggregate round under torch's "
+            f"profiler, FLOPs of the matrix products counted by it): the matrix products take "
+            f"{pr['matmul_share']:.0%} of the round and run at "
+            f"{pr['matmul_gflops_inside_round']:.1f} GFLOP/s inside it "
+            f"({pr['matmul_rate_inside_round_over_probe']:.2f} of the probed 1024x1024 rate; "
+            f"pass 2's products are one per client, about "
+            f"{ft['samples_per_round_mean'] / ft['clients_per_round']:.0f} rows each); every "
+            f"other torch op takes "
+            f"{pr['other_torch_ops_share']:.0%} (memory-bound elementwise work, gathers and "
+            f"index adds over the (samples x width) activations: {others}); the remaining "
+            f"{pr['outside_torch_ops_share']:.0%} is outside torch's ops: Python and numpy (drawing the "
+            f"clients' samples alone: {pr['client_sampling_s_unprofiled']:.2f} s of the "
+            f"{pr['wall_s']:.2f} s round). Reaching half the matmul rate would need the "
+            "elementwise work fused into the products (a compiler or custom kernels) and "
+            "pass 2's per-client products batched, which the bit-identity of per-client "
+            "uploads constrains; not done.",
+        ]
     return lines
 
 

@@ -92,6 +92,58 @@ def matmul_rate(size: int = 1024, repeats: int = 5) -> float:
     return 2.0 * size**3 / best
 
 
+_MATMUL_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::addmv",
+    "aten::addmv_",
+)
+
+
+def profile_round(sim: Simulator, r: int, cohort: np.ndarray) -> dict[str, Any]:
+    """Where one round's time goes (torch's profiler, FLOPs of the matrix products counted).
+
+    Splits the round's wall time into the matrix products (and the rate they reach: the
+    profiler's FLOP count of those ops over their own time), every other torch op (elementwise,
+    gathers, index adds: memory-bound), and what runs outside torch's ops (client sampling in
+    numpy, Python). Profiling adds overhead, so read the shares, not the seconds.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.perf_counter()
+    samples = sim.samples_for(cohort, r)
+    sampling = time.perf_counter() - t0
+    del samples
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        t0 = time.perf_counter()
+        sim._train(r, cohort)
+        wall = time.perf_counter() - t0
+    mm_s, mm_flops, other_s = 0.0, 0.0, 0.0
+    top: list[tuple[str, float]] = []
+    for ev in prof.key_averages():
+        self_s = ev.self_cpu_time_total / 1e6
+        if ev.key in _MATMUL_OPS:
+            mm_s += self_s
+            mm_flops += float(ev.flops or 0)
+        else:
+            other_s += self_s
+            top.append((ev.key, self_s))
+    top.sort(key=lambda x: -x[1])
+    return {
+        "wall_s": wall,
+        "matmul_s": mm_s,
+        "matmul_share": mm_s / wall,
+        "matmul_gflops_inside_round": mm_flops / max(mm_s, 1e-12) / 1e9,
+        "other_torch_ops_s": other_s,
+        "other_torch_ops_share": other_s / wall,
+        "outside_torch_ops_share": max(0.0, 1.0 - (mm_s + other_s) / wall),
+        "client_sampling_s_unprofiled": sampling,
+        "top_other_ops": [{"op": k, "s": v, "share": v / wall} for k, v in top[:8]],
+    }
+
+
 def _time_round(sim: Simulator, r: int, cohort: np.ndarray) -> float:
     """One training round of ``sim`` on ``cohort`` (no evaluation), seconds."""
     t0 = time.perf_counter()
@@ -156,7 +208,13 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
             times["rate"].append(matmul_rate())
             times["loop"].append(_time_loop(fast, loop_shared, loop_states, r, cohort))
     rate = statistics.median(times["rate"])
+    r = rounds + 1
+    breakdown = profile_round(fast, r, select_cohort(fast.users, cfg.fraction, cfg.seed, r))
+    breakdown["matmul_rate_inside_round_over_probe"] = (
+        breakdown["matmul_gflops_inside_round"] * 1e9 / rate
+    )
     out: dict[str, Any] = {
+        "aggregate_round_profile": breakdown,
         "rounds": rounds,
         "clients_per_round": int(flops[0]["clients"]),
         "samples_per_round_mean": float(np.mean([f["samples"] for f in flops])),
