@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import trained_models  # noqa: E402
+from roofline import matmul_rate  # noqa: E402
 
 from fedrecgel.metrics import KS, metric_sums, per_user_metrics, rank_of_positive  # noqa: E402
 from fedrecgel.model import Scorer  # noqa: E402
@@ -55,7 +56,10 @@ def main() -> None:
     """Time both evaluations and write the JSON result."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     data = trained_models.load("amazon-video")
     scorer = Scorer(data["cfg"], data["shared"])
     private = data["private"]
@@ -64,8 +68,9 @@ def main() -> None:
     ref = reference(scorer, private, items, negs)
     fast = metric_sums(scorer, private, items, negs, KS)
     fast.pop("count")
-    t_ref, t_fast = [], []
+    t_ref, t_fast, rates = [], [], []
     for _ in range(args.reps):
+        rates.append(matmul_rate())
         t0 = time.perf_counter()
         reference(scorer, private, items, negs)
         t1 = time.perf_counter()
@@ -74,8 +79,20 @@ def main() -> None:
         t_ref.append(t1 - t0)
         t_fast.append(t2 - t1)
         print(f"reference {t_ref[-1]:.3f}s fast {t_fast[-1]:.3f}s", flush=True)
+    cfg = data["cfg"]
+    pairs = float(negs.shape[0] * (1 + negs.shape[1]))
+    # the tower after its first layer (whose item half is precomputed per item) and the
+    # predict layer over concat(GMF, tower): 2 FLOP per multiply-add, per (user, candidate)
+    tower = sum(2.0 * i * o for i, o in cfg.tower_sizes()[1:]) + 2.0 * 2 * cfg.factor
+    gflop = pairs * tower / 1e9
+    rate = statistics.median(rates)
     result = {
+        "command": " ".join(["python bench/evaluation.py", *sys.argv[1:]]),
         "dataset": "amazon-video",
+        "gflop_matmul_work": round(gflop, 3),
+        "matmul_gflops_same_run_median": round(rate / 1e9, 2),
+        "matmul_floor_seconds": round(gflop * 1e9 / rate, 3),
+        "fast_over_matmul_floor": round(statistics.median(t_fast) / (gflop * 1e9 / rate), 2),
         "users": len(items),
         "candidates_per_user": 1 + negs.shape[1],
         "torch_threads": torch.get_num_threads(),

@@ -231,7 +231,8 @@ def recall(
         "recall_at_10_mean": round(float(r.mean()), 4),
         "recall_at_10_p5": float(np.percentile(r, 5)),
         "recall_at_10_min": float(r.min()),
-        "candidates": holder.config.ann_shortlist,
+        "candidates": max(holder.config.ann_shortlist, snap.shortlist.min_candidates),
+        "nprobe": holder.config.ann_nprobe,
         "index": type(snap.shortlist.index).__name__,
         "index_dim": snap.shortlist.dim,
         "snapshot_build_s": round(build_s, 2),
@@ -286,6 +287,14 @@ def run_1m(tmp: str, n_req: int, max_s: float, n_recall: int) -> dict[str, Any]:
     bodies = user_bodies(cfg, private, 200)
     out: dict[str, Any] = {"model": "synthetic-1m (trained)", "n_items": cfg.n_items}
     del shared
+    # the same callers against the no-op endpoint in this run: the latency floor of HTTP,
+    # JSON parsing and 50 callers sharing this machine's cores
+    noop, noop_url = start("noop")
+    try:
+        out["noop_50"] = asyncio.run(drive(noop_url, bodies, 50, n_req, max_s))
+        print("1M noop x50", out["noop_50"], flush=True)
+    finally:
+        stop(noop)
     t0 = time.perf_counter()
     proc, url = start("rec", path)
     out["server_start_s"] = round(time.perf_counter() - t0, 1)
@@ -299,6 +308,9 @@ def run_1m(tmp: str, n_req: int, max_s: float, n_recall: int) -> dict[str, Any]:
         print("1M memory", out["server_memory"], flush=True)
     finally:
         stop(proc)
+    out["p99_over_noop_p99_50"] = round(
+        out["concurrent_50"]["p99_ms"] / out["noop_50"]["p99_ms"], 2
+    )
     if n_recall:  # exact ranking of 1e6 items costs seconds per user
         cfg, shared, private = trained("synthetic-1m")
         out["recall"] = recall(cfg, shared, user_bodies(cfg, private, n_recall))
@@ -336,15 +348,18 @@ def main() -> None:
     result["note"] = (
         "client and servers share this machine's cores; rates are compared within one run"
     )
+    command = " ".join(["python bench/recommend_load.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "12k"):
             result["items_12k_50_callers"] = run_12k(tmp, n_req, max_s, 100 if args.quick else 500)
+            result["items_12k_50_callers"]["command"] = command
             _save(result, out_path)
         if args.only in (None, "1m"):
             n_recall = args.recall_users_1m
             if n_recall is None:
                 n_recall = 30 if args.quick else 100
             result["items_1m"] = run_1m(tmp, n_req, max_s, n_recall)
+            result["items_1m"]["command"] = command
             _save(result, out_path)
     print(json.dumps(result, indent=2))
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import report_serving
 import report_simulator
 import report_studies
 from accuracy_report import section as accuracy_section
@@ -268,75 +269,6 @@ def other(name: str, title: str) -> list[str]:
     ]
 
 
-def serving() -> list[str]:
-    """Targets of two-stage recommendations and of evaluation against what was measured."""
-    rec = _load(RES / "recommend_load.json") or {}
-    ev = _load(RES / "evaluation.json") or {}
-    if not rec and not ev:
-        return []
-    rows: list[tuple[str, str, object]] = []
-    small, big = rec.get("items_12k_50_callers", {}), rec.get("items_1m", {})
-    if small:
-        r = small.get("recall", {})
-        rows += [
-            (
-                "recall@10 vs exact, 12k items, mean / p5",
-                ">= 0.99",
-                f"{r.get('recall_at_10_mean')} / {r.get('recall_at_10_p5')} ({r.get('users')} users)",
-            ),
-            (
-                "rate vs no-op, 50 callers, 12k, two-stage",
-                ">= 0.5",
-                small.get("ratio_to_noop_two_stage"),
-            ),
-            ("rate vs no-op, 50 callers, 12k, exact option", "-", small.get("ratio_to_noop_exact")),
-        ]
-    if big:
-        r = big.get("recall", {})
-        rows += [
-            (
-                "recall@10 vs exact, 1e6 items, mean / p5",
-                ">= 0.95",
-                f"{r.get('recall_at_10_mean')} / {r.get('recall_at_10_p5')} ({r.get('users')} users)",
-            ),
-            ("p99 ms, 50 callers, 1e6 items", "< 100", big.get("concurrent_50", {}).get("p99_ms")),
-            ("p99 ms, 1 caller, 1e6 items", "-", big.get("single_caller", {}).get("p99_ms")),
-            (
-                "server RSS MB (peak), 1e6 items",
-                "< 2048",
-                f"{big.get('server_memory', {}).get('rss_mb')} "
-                f"({big.get('server_memory', {}).get('peak_rss_mb')})",
-            ),
-        ]
-    if ev:
-        rows += [
-            (
-                "evaluation of all Amazon-Video users, s (median)",
-                "< 0.5 quiet",
-                f"{ev.get('fast_median_s')} (before: {ev.get('reference_median_s')}, same run, "
-                f"load {ev.get('load_avg_1m')})",
-            ),
-            ("evaluation speed-up, same run", "-", ev.get("speedup_same_run")),
-            (
-                "evaluation: max metric difference to before",
-                "0",
-                ev.get("max_abs_metric_difference"),
-            ),
-        ]
-    lines = [
-        "## Serving and evaluation targets (`recommend_load.json`, `evaluation.json`)",
-        "",
-        "Produced by `bench/recommend_load.py` and `bench/evaluation.py` on models trained with",
-        "the simulator (`bench/trained_models.py`). Rates and times come from a shared, loaded",
-        "2-core machine: only the ratios within one run compare.",
-        "",
-        "| measure | target | measured |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {m} | {t} | {v} |" for m, t, v in rows]
-    return lines
-
-
 def baselines() -> list[str]:
     """Popularity / random / centralized reference points per dataset and protocol."""
     data = _load(RES / "baselines.json")
@@ -400,7 +332,11 @@ def main() -> None:
         "",
         *aggregator_storage(),
         "",
-        *serving(),
+        *report_serving.serving(),
+        "",
+        *report_serving.shortlist_recall(),
+        "",
+        *report_serving.serving_before_after(),
         "",
         *other("recommend_load.json", "Recommendation API load"),
         "",

@@ -36,7 +36,7 @@ class RankingConfig:
     ann_shortlist: int = 300
     ann_fit_samples: int = 512
     ann_variance: float = 0.95
-    ann_nprobe: int = 48
+    ann_nprobe: int = 256
     max_k: int = 10_000
 
     def shortlist_config(self) -> ShortlistConfig:
@@ -280,7 +280,7 @@ def top_k(
     if k <= 0:
         return torch.empty(0, dtype=torch.int64), torch.empty(0)
     index = snap.shortlist
-    want = max(shortlist, 4 * k) + len(excluded)
+    want = max(shortlist, 4 * k, index.min_candidates if index is not None else 0) + len(excluded)
     if index is not None and shortlist > 0 and want < snap.n_items // 2:
         cand = index.search(private, want)
         if len(excluded):

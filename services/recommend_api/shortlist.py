@@ -27,8 +27,11 @@ the query is ``[u_g, v_u]``, and the candidates are re-ranked with the exact mod
 
 Index: faiss ``IndexFlatIP`` (an exact inner-product scan of the proxy vectors) up to
 ``ivf_above`` items, above that an IVF index with 8-bit scalar-quantised vectors scanned over
-``nprobe`` of its ``nlist`` lists, so a query at 1,000,000 items reads a few percent of the
-catalogue. Everything is built in item chunks, so a build never holds a second full-size
+``nprobe`` of its ``nlist`` lists (a quarter of the catalogue at 1,000,000 items), and at
+least ``ivf_candidates`` candidates are re-ranked. On an item side without low-rank structure
+(a briefly trained 1e6-item model whose untouched items keep their random initial vectors:
+the proxy keeps about 200 of 256 directions) the lists separate the top items poorly, so
+recall depends on both (bench/recommend_load.py reports it). Everything is built in item chunks, so a build never holds a second full-size
 copy of the catalogue. faiss is optional: without it :func:`build_shortlist` returns None
 and ranking stays exact.
 """
@@ -73,7 +76,10 @@ class ShortlistConfig:
     variance: float = 0.95
     pca_samples: int = 20_000
     ivf_above: int = 200_000
-    nprobe: int = 48
+    nprobe: int = 256
+    # candidates re-ranked at least when the index is IVF (a large catalogue): its lists
+    # hold the true top items less reliably than an exact scan (bench/results/recommend_load.json)
+    ivf_candidates: int = 3_000
     seed: int = 0
 
 
@@ -127,6 +133,8 @@ class ProxyShortlist:
             self.gmf_scale = None
         self.dim = cfg.factor + (self.basis.shape[1] if cfg.kind == "ncf" else 0)
         self.index = self._build_index(n, gen)
+        # the fewest candidates a search returns (more for IVF, see ShortlistConfig)
+        self.min_candidates = c.ivf_candidates if n > c.ivf_above else 0
 
     def project(self, b: Tensor) -> Tensor:
         """Reduced tower features ``z(b)`` of first-layer item halves: (N, H) -> (N, rank)."""
