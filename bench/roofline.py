@@ -247,6 +247,20 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
     return out
 
 
+def _without_out(argv: list[str]) -> list[str]:
+    """The command-line arguments without ``--out PATH`` (the figures do not depend on it)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--out":
+            skip = True
+        elif not a.startswith("--out="):
+            out.append(a)
+    return out
+
+
 def main() -> None:
     """Run the benchmark and write bench/results/roofline.json."""
     ap = argparse.ArgumentParser()
@@ -260,7 +274,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     res = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python "
-        + " ".join(["bench/roofline.py", *sys.argv[1:]]),
+        + " ".join(["bench/roofline.py", *_without_out(sys.argv[1:])]),
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,
