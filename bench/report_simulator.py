@@ -100,7 +100,8 @@ def memory() -> list[str]:
         "",
         "Peak RSS (`ru_maxrss`) of a child process per case, data included. *before*: the same "
         "case run by the batched client step this replaced (padded groups, autograd), where "
-        "measured.",
+        "measured. Reproduce: `OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py --only "
+        "filmtrust-all --rounds 100` and `... --only synthetic-1e6x1e5 --scale-rounds 2`.",
         "",
         "| case | clients / round | rounds | peak RSS | after loading data | s / round "
         "(median) | before | target |",
@@ -170,9 +171,21 @@ def scaling() -> list[str]:
             f"items, {b['server_step_seconds']:.1f} s at {b['items']:,} "
             f"({b['server_step_seconds'] / b['seconds_per_round']:.0%} of the round): the "
             "server's optimizer updates every row of the item tables each round (dense Adam "
-            "moments), linear in the catalogue. Against clients per round the cost is linear "
-            "in the samples (us / sample column); the spread of that column here is the "
-            "machine's load (other jobs ran beside every point), not the simulator.",
+            "moments), linear in the catalogue.",
+        ]
+    cl = [p for p in sc.get("clients", []) if "error" not in p]
+    if len(cl) >= 2:
+        a, b = cl[0], cl[-1]
+
+        def per(p: dict[str, Any]) -> float:
+            return 1e6 * p["seconds_per_round"] / max(p["samples"], 1)
+
+        lines += [
+            "",
+            f"Against clients per round the cost grows with the samples and no faster: "
+            f"{per(a):.0f} us a sample at {a['clients']:,} clients, {per(b):.0f} at "
+            f"{b['clients']:,} (fixed costs of a round and of each group of clients spread "
+            "over more samples). The machine is shared: a point is only as steady as its load.",
         ]
     return lines
 
