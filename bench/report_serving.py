@@ -86,8 +86,7 @@ def serving() -> list[str]:
                         f"`{ev2['command']}`), s (median)",
                         "-",
                         f"{ev2['fast_median_s']} (before: {ev2['reference_median_s']}; matmul "
-                        f"floor {ev2['matmul_floor_seconds']}; load {ev2['load_avg_1m'][0]:.1f}):"
-                        " two threads on this shared 2-core machine are slower than one",
+                        f"floor {ev2['matmul_floor_seconds']}; load {ev2['load_avg_1m'][0]:.1f})",
                     )
                 ]
                 if ev2
