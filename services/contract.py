@@ -13,6 +13,9 @@ Type names follow the endpoints:
   :func:`fedrecgel.wire.encode_model`, ``ETag`` and :data:`MODEL_VERSION_HEADER` headers)
 * ``POST /v1/rounds/{round_id}/updates``: a :func:`fedrecgel.wire.encode_updates` body ->
   :class:`UploadResponse`
+* ``GET /v1/rounds/{round_id}/secagg``: :class:`SecAggRound`; ``POST
+  /v1/rounds/{round_id}/secagg/{step}``: :mod:`fedrecgel.secagg.messages` bodies ->
+  :class:`UploadResponse`
 * ``POST /v1/evaluations``: :class:`EvaluationRequest` -> :class:`EvaluationAck`
 * ``POST /v1/runs``: :class:`RunConfig`
 * ``POST /v1/recommendations`` (recommend_api, called by devices and by the worker's device
@@ -191,6 +194,31 @@ class UploadResponse(BaseModel):
     """``POST /v1/rounds/{round_id}/updates``: outcome of every update of an accepted body."""
 
     results: list[UploadResult]
+
+
+# ----------------------------------------------------------------------------- secure aggregation
+
+#: the phases of a secure-aggregation round attempt, in order
+SecAggPhase = Literal["keys", "shares", "masked", "unmask"]
+#: what a client sends in each phase (``POST /v1/rounds/{round_id}/secagg/{step}``)
+SecAggStep = Literal["keys", "shares", "masked", "reveal"]
+
+
+class SecAggRound(BaseModel):
+    """``GET /v1/rounds/{round_id}/secagg``: the phase of a secure-aggregation round attempt
+    and what the caller's clients need to take it (:mod:`fedrecgel.secagg.messages` JSON
+    documents), with the attempt's whole cohort (the neighbour graph is public): in
+    ``shares``, the public keys of their neighbours; in ``masked``, the neighbours' share
+    messages addressed to them; in ``unmask``, who survived and who dropped."""
+
+    round_id: int
+    attempt: int
+    phase: SecAggPhase
+    deadline: datetime
+    cohort: list[int] = Field(default_factory=list)
+    messages: list[dict[str, object]] = Field(default_factory=list)
+    survivors: list[int] = Field(default_factory=list)
+    dropped: list[int] = Field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -44,6 +44,27 @@ class Server:
         self.arrived: dict[int, tuple[int, ...]] = {}  # client -> its complaints
         self._total = np.zeros(spec.length, dtype=np.uint64)  # running sum of the y's
 
+    @classmethod
+    def restore(
+        cls,
+        spec: RoundSpec,
+        keys: Mapping[int, Keys],
+        shares: Mapping[int, Shares],
+        arrived: Mapping[int, tuple[int, ...]],
+        total: np.ndarray,
+    ) -> Server:
+        """A server rebuilt from what a transport stored (the keys and shares as accepted, who
+        sent a masked input with its complaints, and the running sum of those inputs)."""
+        server = cls(spec)
+        server.keys = dict(keys)
+        server.shares = dict(shares)
+        server.arrived = dict(arrived)
+        t = np.asarray(total)
+        if t.dtype != np.uint64 or t.shape != (spec.length,):
+            raise ValueError(f"running sum must be uint64 ({spec.length},)")
+        server._total = t.copy()
+        return server
+
     # step 0 -> 1
     def add_keys(self, msg: Keys) -> None:
         """Keep a client's public keys (one set per client; distinct keys)."""

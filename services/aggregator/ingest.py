@@ -125,6 +125,12 @@ class Ingest:
         if not caller.client_ids:
             raise Forbidden("only clients upload updates", "not_owned")
         run = self.newest.get()
+        if run.config is not None and run.config.secure_aggregation != "off":
+            raise Conflict(
+                "this run aggregates securely: clients send masked inputs to "
+                f"/v1/rounds/{round_id}/secagg/masked, never plain updates",
+                "secure_run",
+            )
         for _ in range(_RUN_CHANGE_RETRIES):
             try:
                 stored = self.writer.submit(self.validate(caller, round_id, body, run))

@@ -108,6 +108,9 @@ class Round(Base):
     n_updates: Mapped[int | None] = mapped_column(Integer, nullable=True)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     model_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # secure-aggregation runs: the protocol step the attempt is in (keys, shares, masked,
+    # unmask); NULL on plain rounds
+    secagg_phase: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class StoredUpdate(Base):
@@ -144,6 +147,32 @@ class UpdateBlob(Base):
     round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
     client_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     blob: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class SecAggMessage(Base):
+    """One client's message of one secure-aggregation step of a round attempt: its public
+    keys, its encrypted shares, or its revealed shares as sent (JSON), or, for a masked input,
+    only its complaints (the vector itself is added to :class:`SecAggTotal` and not kept).
+    ``digest`` (SHA-256 of the body as sent) tells a retry from a conflicting second message.
+    Deleted once the attempt is over."""
+
+    __tablename__ = "secagg_messages"
+
+    round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    step: Mapped[str] = mapped_column(String(8), primary_key=True)
+    client_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    digest: Mapped[str] = mapped_column(String(64))
+    body: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class SecAggTotal(Base):
+    """The running sum (mod 2^64, uint64 little-endian) of a round attempt's masked inputs,
+    updated in the transaction that accepts each one; deleted once the attempt is over."""
+
+    __tablename__ = "secagg_totals"
+
+    round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    total: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class ModelVersion(Base):

@@ -14,14 +14,16 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import numpy as np
 import torch
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
+from fedrecgel.secagg.protocol import RoundFailed
 from fedrecgel.wire import decode_updates, encode_model, encode_state
+from services.aggregator import secagg
 from services.aggregator.db import Database
 from services.aggregator.events import RedisBus
 from services.aggregator.metrics import AggregatorMetrics
@@ -32,6 +34,7 @@ from services.aggregator.privacy import run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.runs import open_round
 from services.aggregator.schemas import RunConfig
+from services.aggregator.secagg_repository import SecAggRepository
 from services.aggregator.storage import StorageKeeper
 from services.contract import ModelBlob
 
@@ -46,6 +49,7 @@ class CloseOutcome(enum.StrEnum):
     NOT_READY = "not_ready"  # neither complete nor past its deadline
     NOT_OPEN = "not_open"  # closed already (here or by a replica), paused or aborted
     LOCKED = "locked"  # another replica holds the closing lock
+    ADVANCED = "advanced"  # secure aggregation: the attempt moved on to its next phase
 
 
 @dataclass(frozen=True)
@@ -102,11 +106,44 @@ class RoundCloser:
             self.pending.keep_only(None if live is None else live.id)
             if live is None or live.state != "open":
                 return None
+            secure = live.secagg_phase is not None  # then advance() decides
             complete = live.updates_received >= len(live.cohort)
             pk, expired = live.id, self.clock() >= live.deadline
+        if secure:
+            return self.advance(pk)
         if complete or expired:
             return self.close_round(pk)
         return None
+
+    def advance(self, pk: int) -> CloseOutcome:
+        """Secure aggregation: move a finished phase on (``ADVANCED``), or close the attempt
+        when it is due (:mod:`services.aggregator.secagg`)."""
+        now = self.clock()
+        with self.db.transaction() as s:
+            rnd = Repository(s).get_round(pk)
+            if rnd is None or rnd.state != "open" or rnd.secagg_phase is None:
+                return CloseOutcome.NOT_OPEN
+            run = Repository(s).get_run(rnd.run_id)
+            assert run is not None
+            cfg = RunConfig.model_validate(run.config)
+            sa = SecAggRepository(s)
+            decision = secagg.decide(sa, rnd, cfg, now)
+            if decision == secagg.Decision.WAIT:
+                return CloseOutcome.NOT_READY
+            if decision == secagg.Decision.NEXT:
+                phase = rnd.secagg_phase
+                nxt = secagg.NEXT_PHASE[phase]
+                if not sa.advance_phase(pk, phase, nxt, now + timedelta(seconds=cfg.deadline_s)):
+                    return CloseOutcome.NOT_OPEN
+                log.info(
+                    "round %d attempt %d: secure aggregation %s -> %s",
+                    rnd.round_id,
+                    rnd.attempt,
+                    phase,
+                    nxt,
+                )
+                return CloseOutcome.ADVANCED
+        return self.close_round(pk)
 
     def close_round(self, pk: int) -> CloseOutcome:
         """Close (or retry below quorum) a round attempt if it is due; exactly once."""
@@ -138,14 +175,29 @@ class RoundCloser:
                 run = repo.get_run(rnd.run_id)
                 assert run is not None
                 cfg = RunConfig.model_validate(run.config)
-                meta = repo.update_meta(pk)
-                m, n = len(rnd.cohort), len(meta)
-                if n < m and now < rnd.deadline:
-                    raise _NotReady
-                if n == 0 or n < cfg.quorum_count(m):
-                    new_attempt = self._retry(repo, run, cfg, rnd, now)
+                m = len(rnd.cohort)
+                if rnd.secagg_phase is not None:
+                    sa = SecAggRepository(s)
+                    if secagg.decide(sa, rnd, cfg, now) != secagg.Decision.CLOSE:
+                        raise _NotReady
+                    try:
+                        mean = secagg.unmask(sa, rnd, cfg)
+                    except RoundFailed as err:
+                        log.warning("round %d attempt %d: %s", rnd.round_id, rnd.attempt, err)
+                        n = sa.count(pk, "masked")
+                        new_attempt = self._retry(repo, run, cfg, rnd, now)
+                    else:
+                        n = mean.n
+                        aggregated = self._aggregate(repo, run, cfg, rnd, [], now, mean)
                 else:
-                    aggregated = self._aggregate(repo, run, cfg, rnd, meta, now)
+                    meta = repo.update_meta(pk)
+                    n = len(meta)
+                    if n < m and now < rnd.deadline:
+                        raise _NotReady
+                    if n == 0 or n < cfg.quorum_count(m):
+                        new_attempt = self._retry(repo, run, cfg, rnd, now)
+                    else:
+                        aggregated = self._aggregate(repo, run, cfg, rnd, meta, now)
         except _NotReady:
             return CloseOutcome.NOT_READY
         self.pending.drop(pk)
@@ -187,6 +239,7 @@ class RoundCloser:
     def _retry(self, repo: Repository, run: Run, cfg: RunConfig, rnd: Round, now: datetime) -> int:
         """Fail the attempt, drop its updates, open attempt + 1 with a new cohort."""
         repo.delete_updates(rnd.id)
+        SecAggRepository(repo.session).delete_round(rnd.id)
         rnd.state, rnd.closed_at, rnd.n_updates = "failed", now, 0
         nxt = open_round(
             repo, run.id, cfg, rnd.round_id, rnd.attempt + 1, rnd.base_version, None, now
@@ -201,15 +254,18 @@ class RoundCloser:
         rnd: Round,
         meta: list[tuple[int, str]],
         now: datetime,
+        secure: secagg.SecureMean | None = None,
     ) -> _Aggregated:
-        """strategy.round over the updates sorted by client id; persist version v+1."""
+        """strategy.round over the updates sorted by client id (or, with secure aggregation,
+        the server optimizer's step on the unmasked mean, as the simulator takes it); persist
+        version v+1."""
         mcfg = cfg.model()
         latest = repo.latest_version_number(run.id)
         if latest != rnd.base_version:
             raise RuntimeError(
                 f"round {rnd.round_id} was opened on version {rnd.base_version}, latest is {latest}"
             )
-        updates = self._round_updates(repo, rnd.id, meta, mcfg)
+        updates = [] if secure is not None else self._round_updates(repo, rnd.id, meta, mcfg)
         # stepped in place below; back in the store only after the commit
         base = self.models.take_state(repo, run.id, rnd.base_version, cfg)
         params, strategy = base.params, base.strategy
@@ -217,12 +273,19 @@ class RoundCloser:
         # a DP mean divides by the public cohort size, not by the uploads that arrived
         public = len(rnd.cohort) if plan is not None and plan.sampling == "fixed" else None
         with torch.no_grad():
-            strategy.round(params, updates, public)
+            if secure is not None:
+                strategy.apply(params, secure.grads)
+            else:
+                strategy.round(params, updates, public)
         version = rnd.base_version + 1
         state = strategy.state_dict()
         blob = encode_model(mcfg, params, version)
         digest = hashlib.sha256(blob).hexdigest()
-        loss = float(np.mean([u.loss for u in updates]))
+        if secure is not None:
+            loss, n_updates = secure.loss, secure.n
+            SecAggRepository(repo.session).delete_round(rnd.id)
+        else:
+            loss, n_updates = float(np.mean([u.loss for u in updates])), len(updates)
         repo.add_version(
             run.id,
             version,
@@ -230,12 +293,12 @@ class RoundCloser:
             blob,
             encode_state(state),
             digest,
-            len(updates),
+            n_updates,
             loss,
             now,
         )
         rnd.state, rnd.closed_at = "closed", now
-        rnd.n_updates, rnd.loss, rnd.model_version = len(updates), loss, version
+        rnd.n_updates, rnd.loss, rnd.model_version = n_updates, loss, version
         next_round: int | None = None
         last = cfg.rounds if plan is None else plan.rounds  # a target epsilon may stop it
         if rnd.round_id < last and run.state == "running":

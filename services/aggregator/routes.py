@@ -26,7 +26,7 @@ from services.aggregator.schemas import (
     UploadResponse,
 )
 from services.aggregator.service import AggregatorService, Caller
-from services.contract import MODEL_VERSION_HEADER, ModelBlob
+from services.contract import MODEL_VERSION_HEADER, ModelBlob, SecAggRound, SecAggStep
 from services.enrolment import Shard
 
 UPLOAD_PATH = "/v1/rounds/{round_id}/updates"
@@ -115,7 +115,11 @@ async def upload_body(request: Request) -> bytes:
         raise UnsupportedMediaType(
             f"an upload body is {UPLOAD_MEDIA_TYPE} (got {media_type or 'no Content-Type'})"
         )
-    limit: int = request.app.state.settings.max_body_bytes
+    return await _bounded(request, request.app.state.settings.max_body_bytes)
+
+
+async def _bounded(request: Request, limit: int) -> bytes:
+    """The raw body, refused (413) as soon as it exceeds ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"body of {declared} bytes exceeds the limit of {limit}")
@@ -130,6 +134,22 @@ async def upload_body(request: Request) -> bytes:
 
 
 BodyDep = Annotated[bytes, Depends(upload_body)]
+
+SECAGG_JSON = "application/json"
+
+
+async def secagg_body(request: Request, step: SecAggStep) -> bytes:
+    """A secure-aggregation body: a masked input as ``application/octet-stream``, every other
+    step's JSON list as ``application/json`` (415 otherwise), bounded as uploads are (413; the
+    JSON steps by the JSON limit, in the middleware)."""
+    want = UPLOAD_MEDIA_TYPE if step == "masked" else SECAGG_JSON
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != want:
+        raise UnsupportedMediaType(
+            f"a {step} body is {want} (got {media_type or 'no Content-Type'})"
+        )
+    limit: int = request.app.state.settings.max_body_bytes
+    return await _bounded(request, limit)
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -217,6 +237,43 @@ def upload_updates(
 ) -> UploadResponse:
     """Validate and store one or more clients' updates (wire.encode_updates body)."""
     return UploadResponse(results=service.ingest.accept(caller, round_id, body))
+
+
+@router.get("/v1/rounds/{round_id}/secagg", responses=ERRORS)
+def secagg_round(round_id: RoundId, caller: CallerDep, service: ServiceDep) -> SecAggRound:
+    """Secure aggregation: the round's phase and what the caller's clients need for it."""
+    return service.secure.view(caller, round_id)
+
+
+SECAGG_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "keys, shares, reveal: a JSON list of fedrecgel.secagg.messages "
+        "documents; masked: one encode_masked body (safetensors).",
+        "content": {
+            SECAGG_JSON: {"schema": {"type": "array", "items": {"type": "object"}}},
+            UPLOAD_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/rounds/{round_id}/secagg/{step}",
+    responses={**ERRORS, **_errors(415)},
+    openapi_extra=SECAGG_BODY,
+)
+def secagg_message(
+    round_id: RoundId,
+    step: SecAggStep,
+    caller: CallerDep,
+    body: Annotated[bytes, Depends(secagg_body)],
+    service: ServiceDep,
+) -> UploadResponse:
+    """Secure aggregation: the caller's clients' messages of one step, checked and stored."""
+    cfg = service.newest.get().config
+    assert cfg is not None
+    return UploadResponse(results=service.secure.submit(caller, round_id, step, body, cfg))
 
 
 @router.post("/v1/evaluations", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)

@@ -14,8 +14,9 @@ from datetime import datetime, timedelta
 import numpy as np
 from sqlalchemy.exc import IntegrityError
 
-from fedrecgel.cohort import select_cohort
+from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.model import ModelConfig, init_shared
+from fedrecgel.secagg.fixedpoint import OverflowRefused
 from fedrecgel.strategy import make_strategy
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator.db import Database
@@ -98,9 +99,28 @@ def open_round(
     ids = np.asarray(candidates if candidates is not None else repo.all_client_ids())
     cohort = select_cohort(ids, cfg.fraction, cfg.seed, round_id, attempt, cfg.sampling)
     deadline = now + timedelta(seconds=cfg.deadline_s)
-    return repo.add_round(
+    rnd = repo.add_round(
         run_id, round_id, attempt, [int(c) for c in cohort], base_version, now, deadline
     )
+    if cfg.secure_aggregation != "off":
+        rnd.secagg_phase = "keys"  # the first step of the protocol (services/aggregator/secagg)
+    return rnd
+
+
+def check_secure_cohorts(cfg: RunConfig, n_clients: int) -> None:
+    """422 unless a secure-aggregation run's cohorts hold at least two clients and no cohort
+    (at most every registered client) can overflow the fixed-point ring."""
+    m = cohort_size(n_clients, cfg.fraction)
+    if m < 2:
+        raise Malformed(
+            f"secure aggregation needs cohorts of at least 2 clients; fraction {cfg.fraction:g} "
+            f"of {n_clients} registered clients gives {m}",
+            "invalid_config",
+        )
+    try:
+        cfg.secagg_fixed_point().check_cohort(n_clients)
+    except OverflowRefused as err:
+        raise Malformed(str(err), "invalid_config") from None
 
 
 class RunLifecycle:
@@ -130,10 +150,12 @@ class RunLifecycle:
         shared parameters is refused (422), and so is a start while a run is active or no
         client is registered (409); the transaction below checks the latter again.
         """
-        if cfg.secure_aggregation != "off":
+        if cfg.secure_aggregation != "off" and (
+            cfg.dp_noise is not None or cfg.target_epsilon is not None
+        ):
             raise Malformed(
-                "secure aggregation is not served over HTTP yet (it runs in the simulator: "
-                "fedrec train --secure-aggregation dense)",
+                "differential privacy together with secure aggregation is not supported: "
+                "choose one",
                 "unsupported_setting",
             )
         mcfg = cfg.model()
@@ -147,6 +169,8 @@ class RunLifecycle:
         with self.db.transaction() as s:
             self._check_can_start(Repository(s))
             plan = run_plan(Repository(s), cfg)  # 422 if its target epsilon cannot be met
+            if cfg.secure_aggregation != "off":
+                check_secure_cohorts(cfg, Repository(s).count_clients())
         params = init_shared(mcfg, cfg.seed)
         strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
         strategy = private_strategy(strategy, plan, mcfg)

@@ -4,6 +4,7 @@
 * :class:`~services.aggregator.runs.RunLifecycle`: start, pause, resume and stop runs;
 * :class:`~services.aggregator.reads.RunReads`: the current round, rounds, history, models;
 * :class:`~services.aggregator.ingest.Ingest`: upload bodies, stored by group commit;
+* :class:`~services.aggregator.secagg.SecureRounds`: the phases of secure aggregation;
 * :class:`~services.aggregator.rounds.RoundCloser`: closing rounds (aggregation, retries) and
   resuming the live round after a restart;
 * :class:`~services.aggregator.evaluation.Evaluations`: federated-evaluation reports;
@@ -35,6 +36,7 @@ from services.aggregator.pending import PendingUpdates
 from services.aggregator.reads import RunReads
 from services.aggregator.rounds import CloseOutcome, RoundCloser
 from services.aggregator.runs import NewestRun, RunLifecycle
+from services.aggregator.secagg import SecureRounds
 from services.aggregator.settings import Settings
 from services.aggregator.storage import RetentionPolicy, StorageKeeper
 
@@ -73,6 +75,7 @@ class AggregatorService:
         )
         self.reads = RunReads(db, self.models)
         self.rounds = RoundCloser(db, metrics, clock, self.models, self.pending, self.storage, bus)
+        self.secure = SecureRounds(db, clock, self.rounds.advance)
         self.ingest = Ingest(db, metrics, clock, self.newest, self.pending, self.rounds.close_round)
         self.evaluations = Evaluations(db, clock, settings.max_register_per_request)
         self.health = HealthCheck(db, bus)

@@ -25,6 +25,7 @@ from sqlalchemy import text
 from services.aggregator.db import Database
 from services.aggregator.models import utcnow
 from services.aggregator.repository import Repository
+from services.aggregator.secagg_repository import SecAggRepository
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class StorageKeeper:
         with self._pass, self.db.transaction() as s:
             repo = Repository(s)
             released = repo.release_finished_update_blobs()
+            released += SecAggRepository(s).release_finished()
             pruned = {}
             for run_id, latest in repo.latest_versions().items():
                 repo.drop_old_optimizer_states(run_id, latest)

@@ -30,6 +30,7 @@ from services.contract import (
     RegisterRequest,
     RegisterResponse,
     RoundInfo,
+    SecAggRound,
     ServiceError,
     UploadResponse,
     read_error,
@@ -258,6 +259,23 @@ class AggregatorClient:
             for entry in UploadResponse.model_validate(resp.json()).results:
                 results[entry.client_id] = entry.status
         return results
+
+    def secagg_round(self, round_id: int) -> SecAggRound:
+        """Secure aggregation: the round's phase and what this worker's clients need now."""
+        resp = self._request("GET", f"/v1/rounds/{int(round_id)}/secagg")
+        return SecAggRound.model_validate(resp.json())
+
+    def secagg_send(self, round_id: int, step: str, body: bytes) -> dict[int, str]:
+        """Secure aggregation: one body of ``step`` (a masked input as safetensors, the other
+        steps' JSON lists): client id -> ``accepted`` or ``duplicate``."""
+        media = "application/octet-stream" if step == "masked" else "application/json"
+        resp = self._request(
+            "POST",
+            f"/v1/rounds/{int(round_id)}/secagg/{step}",
+            content=body,
+            headers={"Content-Type": media},
+        )
+        return {e.client_id: e.status for e in UploadResponse.model_validate(resp.json()).results}
 
     def report_evaluation(
         self, version: int, sums: Mapping[str, float], count: int, client_ids: Sequence[int]

@@ -39,6 +39,7 @@ from services.client_sim.aggregator_client import (
     AggregatorClient,
     RetryPolicy,
 )
+from services.client_sim.secure import SecureParticipant
 from services.client_sim.server import DeviceApiServer, serve_in_thread
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore, model_key
@@ -82,6 +83,7 @@ class Worker:
         self.run_cfg: RunConfig | None = None
         self.last_info: CurrentRound | None = None
         self._refused: set[tuple[int, int]] = set()
+        self.secure = SecureParticipant(self.client, self.store, self._compute)
 
     # ------------------------------------------------------------------ set-up
 
@@ -193,7 +195,10 @@ class Worker:
             and version is not None
             and info.round_id is not None
         ):
-            did = self.train(info, cfg, version) or did
+            if cfg.secure_aggregation != "off":
+                did = self.secure.step(info, cfg, version, self.pending(info)) or did
+            else:
+                did = self.train(info, cfg, version) or did
         return did
 
     def evaluated_version(self) -> int:

@@ -1,0 +1,231 @@
+"""A worker's clients in secure-aggregation rounds (:mod:`fedrecgel.secagg.protocol`, spoken
+over ``/v1/rounds/{r}/secagg``; the aggregator's side is :mod:`services.aggregator.secagg`).
+
+Each poll of an open round reads its phase and takes this worker's part of it once:
+
+* ``keys``: a fresh :class:`~fedrecgel.secagg.protocol.Client` per owned cohort member (new
+  keys every attempt, kept in memory only), its public keys sent;
+* ``shares``: each client secret-shares its mask key and self-mask seed to its neighbours,
+  encrypted to each of them (the server only routes the ciphertexts);
+* ``masked``: the round's client step (:class:`fedrecgel.client_round.ClientRound`, as for a
+  plain round), each update clipped when the run clips, laid out densely and fixed-point
+  encoded, masked and sent; the clients' new private state is committed once the aggregator
+  acknowledged their masked inputs;
+* ``unmask``: each client that sent a masked input reveals its shares of surviving
+  neighbours' self-mask seeds and of dropped neighbours' mask keys, never both of one client.
+
+A worker that restarts in the middle of a round has lost its clients' keys: they sit the
+attempt out (the protocol counts them as dropped, and their private state stays as it was).
+A client refused at one step (409, 422) takes no further part in the attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedrecgel.sam import StepResult
+from fedrecgel.secagg import messages
+from fedrecgel.secagg.aggregate import round_spec
+from fedrecgel.secagg.layout import flatten
+from fedrecgel.secagg.protocol import Client, Keys, RoundFailed, RoundSpec, Shares
+from fedrecgel.strategy import clip_update
+from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
+from services.client_sim.store import WorkerStore
+from services.contract import CurrentRound, RunConfig, SecAggRound
+
+log = logging.getLogger(__name__)
+
+#: the step a client takes in each phase
+STEP_OF_PHASE = {"keys": "keys", "shares": "shares", "masked": "masked", "unmask": "reveal"}
+#: the round's client step of some users from a model version: (cfg, version, round, users,
+#: cohort size) -> their uploads and new private state
+#: the most bytes of one JSON body (the aggregator's JSON limit is 2 MiB by default)
+JSON_BODY_BYTES = 1 << 20
+Compute = Callable[[RunConfig, int, int, list[int], int], StepResult]
+
+
+@dataclass
+class Attempt:
+    """This worker's clients in one round attempt, the steps they took, and the bodies of the
+    step being sent (built once: a retry re-sends the same bytes, which the aggregator
+    answers as duplicates)."""
+
+    key: tuple[int, int, int]  # run, round, attempt
+    version: int
+    todo: list[int]
+    spec: RoundSpec | None = None
+    out: bool = False  # joined too late: every client sits the attempt out
+    clients: dict[int, Client] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    outbox: dict[str, list[tuple[list[int], bytes]]] = field(default_factory=dict)
+    taken: dict[str, set[int]] = field(default_factory=dict)
+    result: StepResult | None = None
+
+
+class SecureParticipant:
+    """The secure-aggregation side of a worker (one attempt at a time)."""
+
+    def __init__(self, client: AggregatorClient, store: WorkerStore, compute: Compute) -> None:
+        self.client = client
+        self.store = store
+        self.compute = compute
+        self.attempt: Attempt | None = None
+
+    def step(self, info: CurrentRound, cfg: RunConfig, version: int, todo: list[int]) -> bool:
+        """Take this worker's part of the round's current phase; True when something was sent.
+        ``todo``: the owned cohort members that have not committed this attempt."""
+        assert info.run_id is not None and info.round_id is not None
+        key = (info.run_id, info.round_id, info.attempt or 0)
+        att = self.attempt
+        if att is None or att.key != key:
+            if not todo:
+                return False
+            att = self.attempt = Attempt(key, version, list(todo))
+        if att.out or (att.spec is not None and not att.clients):
+            return False  # every client of this worker left the attempt
+        try:
+            view = self.client.secagg_round(info.round_id)
+        except AggregatorCallError as err:
+            if err.retryable:
+                raise
+            return False  # the round moved on meanwhile
+        step = STEP_OF_PHASE[view.phase]
+        if view.attempt != key[2] or step in att.done:
+            return False
+        if att.spec is None:
+            if view.phase != "keys":
+                log.warning(
+                    "round %d attempt %d is past its keys phase: %d clients sit it out",
+                    key[1],
+                    key[2],
+                    len(att.todo),
+                )
+                att.out = True
+                return False
+            att.spec = round_spec(cfg.model(), cfg, key[1], view.cohort)
+            att.clients = {u: Client(att.spec, u) for u in att.todo}
+        if step not in att.outbox:
+            att.outbox[step] = getattr(self, f"_{step}")(att, cfg, view)
+        ok = self._send(att, step, att.outbox.pop(step))
+        att.done.add(step)
+        if step == "masked" and ok:
+            assert att.result is not None
+            sent = [u for u in att.todo if u in ok]
+            rows = np.asarray([att.todo.index(u) for u in sent])
+            self.store.save_states(sent, att.result.state.select(rows), key[1], key[2])
+            att.result = None
+            log.info("round %d attempt %d: %d masked inputs sent", key[1], key[2], len(sent))
+        return True
+
+    # ------------------------------------------------------------------ the steps
+
+    def _send(self, att: Attempt, step: str, bodies: Sequence[tuple[list[int], bytes]]) -> set[int]:
+        """Send the bodies of one step; the clients whose messages were taken. Clients of a
+        refused body leave the attempt (a retryable failure raises: the bodies go back to the
+        outbox, and the next poll sends them again)."""
+        ok = att.taken.setdefault(step, set())  # over every try of this step
+        for n, (ids, body) in enumerate(bodies):
+            try:
+                ok.update(self.client.secagg_send(att.key[1], step, body))
+            except AggregatorCallError as err:
+                if err.retryable:
+                    att.outbox[step] = list(bodies[n:])
+                    raise
+                log.warning(
+                    "round %d: %s of clients %s refused: %s", att.key[1], step, ids[:5], err
+                )
+        for u in set(att.clients) - ok:
+            att.clients.pop(u, None)
+        return ok
+
+    @staticmethod
+    def _json_bodies(
+        ids: list[int], docs: list[bytes], budget: int = JSON_BODY_BYTES
+    ) -> list[tuple[list[int], bytes]]:
+        """JSON lists of ``docs`` (``ids``: their clients), each within ``budget`` bytes."""
+        out: list[tuple[list[int], bytes]] = []
+        part: list[int] = []
+        size = 0
+        for i, doc in enumerate(docs):
+            if part and size + len(doc) + 1 > budget:
+                out.append(([ids[k] for k in part], b"[" + b",".join(docs[k] for k in part) + b"]"))
+                part, size = [], 0
+            part.append(i)
+            size += len(doc) + 1
+        if part:
+            out.append(([ids[k] for k in part], b"[" + b",".join(docs[k] for k in part) + b"]"))
+        return out
+
+    def _keys(
+        self, att: Attempt, cfg: RunConfig, view: SecAggRound
+    ) -> list[tuple[list[int], bytes]]:
+        docs = [messages.encode_keys(c.advertise()) for c in att.clients.values()]
+        return self._json_bodies(list(att.clients), docs)
+
+    def _shares(
+        self, att: Attempt, cfg: RunConfig, view: SecAggRound
+    ) -> list[tuple[list[int], bytes]]:
+        keys: dict[int, Keys] = {}
+        for doc in view.messages:
+            k = messages.decode_keys(json.dumps(doc).encode())
+            keys[k.client_id] = k
+        docs = []
+        for u, c in list(att.clients.items()):
+            try:
+                docs.append(messages.encode_shares(c.share(keys)))
+            except RoundFailed as err:
+                log.warning("round %d: %s", att.key[1], err)
+                att.clients.pop(u)
+        return self._json_bodies(list(att.clients), docs)
+
+    def _masked(
+        self, att: Attempt, cfg: RunConfig, view: SecAggRound
+    ) -> list[tuple[list[int], bytes]]:
+        received: dict[int, dict[int, Shares]] = {u: {} for u in att.clients}
+        for doc in view.messages:
+            sh = messages.decode_shares(json.dumps(doc).encode())
+            for u in sh.sealed:
+                if u in received:
+                    received[u][sh.client_id] = sh
+        r = att.key[1]
+        # the step of every owned cohort member, as a plain round takes it (the same batch)
+        att.result = result = self.compute(cfg, att.version, r, att.todo, len(view.cohort))
+        model = cfg.model()
+        bodies = []
+        for i, u in enumerate(att.todo):
+            c = att.clients.get(u)
+            if c is None:
+                continue
+            upd = result.uploads[i]
+            x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
+            try:
+                bodies.append(([u], messages.encode_masked(c.masked(x, received[u]))))
+            except RoundFailed as err:
+                log.warning("round %d: %s", r, err)
+                att.clients.pop(u)
+                continue
+            if c.clipped:
+                log.warning(
+                    "round %d: client %d had %d values beyond the fixed-point range",
+                    r,
+                    u,
+                    c.clipped,
+                )
+        return bodies
+
+    def _reveal(
+        self, att: Attempt, cfg: RunConfig, view: SecAggRound
+    ) -> list[tuple[list[int], bytes]]:
+        docs = []
+        for u, c in list(att.clients.items()):
+            try:
+                docs.append(messages.encode_reveal(c.reveal(view.survivors, view.dropped)))
+            except RoundFailed as err:
+                log.warning("round %d: %s", att.key[1], err)
+                att.clients.pop(u)
+        return self._json_bodies(list(att.clients), docs)
