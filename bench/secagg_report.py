@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.json"
+HTTP = RES.with_name("secagg_http.json")
 
 
 def _mb(b: float) -> str:
@@ -53,4 +54,31 @@ def section() -> list[str]:
         "benchmark run checks that the unmasked sum equals the plain sum within the",
         "fixed-point step (`max_abs_error_of_sum` in the JSON).",
     ]
-    return lines
+    return lines + http_section()
+
+
+def http_section() -> list[str]:
+    """The HTTP measurement (bench/secagg_http.py), when it has run."""
+    if not HTTP.exists():
+        return []
+    d: dict[str, Any] = json.loads(HTTP.read_text())
+    p, s, r = d["off"], d["dense"], d["ratio"]
+    return [
+        "",
+        "### Over HTTP (aggregator process and workers, per round)",
+        "",
+        f"Produced by `{d['command']}`: the same {d['dataset']} run ({d['rounds']} rounds, "
+        f"cohorts of {s['cohort']}, 2 shards) plain and with `secure_aggregation=dense`, the",
+        "real aggregator process (SQLite) and both workers stepped in one process behind a",
+        "recording transport. Bytes are every body the workers sent for training (plain:",
+        "`/updates`; secure: the four `/secagg` steps); seconds are each run's wall time over",
+        "its rounds, the two runs one after the other on a shared, loaded machine: read the",
+        "ratio, not the absolute figures.",
+        "",
+        "| mode | upload per round (MB) | secagg reads per round (MB) | seconds per round |",
+        "|---|---|---|---|",
+        f"| plain | {_mb(p['upload_bytes_per_round'])} | - | {p['seconds_per_round']:.1f} |",
+        f"| secure aggregation | {_mb(s['upload_bytes_per_round'])} | "
+        f"{_mb(s['secagg_download_bytes_per_round'])} | {s['seconds_per_round']:.1f} |",
+        f"| ratio secure / plain | {r['upload_bytes']:.1f}x | | {r['seconds']:.1f}x |",
+    ]

@@ -145,17 +145,6 @@ def test_a_model_over_the_parameter_budget_is_422_before_allocation(
     assert r.status_code == 422 and r.json()["error"] == "model_too_large", r.text
 
 
-def test_a_secure_aggregation_run_is_refused_until_the_aggregator_serves_it(
-    aggregator: AggregatorFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    client = aggregator(population=2)
-    register(client, [0, 1])
-    monkeypatch.setattr(runs_module, "init_shared", None)  # calling it would fail
-    body = {**RUN, "secure_aggregation": "dense"}
-    r = client.post("/v1/runs", json=body, headers=operator_headers())
-    assert r.status_code == 422 and r.json()["error"] == "unsupported_setting", r.text
-
-
 @pytest.mark.parametrize(
     "field,value",
     [("layers", 10**10), ("n_items", 10**8), ("seed", 2**70), ("factor", 0), ("seed", -1)],
