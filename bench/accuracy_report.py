@@ -188,7 +188,7 @@ def studies() -> list[str]:
                 t["state"], f"interrupted after round {last}"
             )
             lines.append(f"| {t['number']} | {state} | {value} | {t['params']} |")
-        key = data["study"].split("-fedrecgel-")[0] + "/paper"
+        key = _study_key(data["study"])
         pop = cell(key, "popularity")
         done = [t for t in data["trials"] if t["value"] is not None]
         if pop and done:
@@ -204,13 +204,39 @@ def studies() -> list[str]:
     return lines
 
 
+def _paper_curves(key: str) -> list[list[tuple[int, float]]]:
+    """Best validation HR@10 so far (%) by round of the paper-settings runs of ``key``: the
+    faithful cell's seeds, else ``bench/reproduce.py``'s runs."""
+    runs = [[(p["round"], 100 * p["val_hr@10"]) for p in r["curve"]] for r in cell(key, "faithful")]
+    if not runs:
+        rep = _reproduction(key)
+        runs = [
+            [(r["round"], 100 * r["val"]["hr@10"]) for r in run["rounds"] if r["val"]]
+            for run in (rep["runs"] if rep else [])
+        ]
+    out = []
+    for run in runs:
+        best, ys = 0.0, []
+        for x, y in run:
+            best = max(best, y)
+            ys.append((x, best))
+        out.append(ys)
+    return out
+
+
+def _study_key(study: str) -> str:
+    """``<dataset>/<protocol>`` of a study named ``<dataset>-fedrecgel-<protocol>[-<tag>]``."""
+    dataset, _, rest = study.partition("-fedrecgel-")
+    return f"{dataset}/{rest.split('-')[0] or 'paper'}"
+
+
 def _study_plot(data: dict[str, Any]) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    key = data["study"].split("-fedrecgel-")[0] + "/paper"
+    key = _study_key(data["study"])
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for t in data["trials"]:
         if t["reports"]:
@@ -223,16 +249,13 @@ def _study_plot(data: dict[str, Any]) -> str:
                 label=f"trial {t['number']} (server lr "
                 f"{t['params'].get('server_lr', 0):.3g}, {t['params'].get('server_optimizer')})",
             )
-    rep = _reproduction(key)
-    for i, run in enumerate(rep["runs"] if rep else []):
-        best, xs, ys = 0.0, [], []
-        for r in run["rounds"]:
-            if r["val"]:
-                best = max(best, 100 * r["val"]["hr@10"])
-                xs.append(r["round"])
-                ys.append(best)
+    for i, ys in enumerate(_paper_curves(key)):
         ax.plot(
-            xs, ys, color="grey", alpha=0.7, label="paper settings, seeds 0-2" if i == 0 else None
+            [x for x, _ in ys],
+            [y for _, y in ys],
+            color="grey",
+            alpha=0.7,
+            label="paper settings, seeds 0-2" if i == 0 else None,
         )
     pop = cell(key, "popularity")
     if pop and pop[0]["curve"]:
@@ -345,7 +368,11 @@ def section() -> list[str]:
         "dataset's own `tuned-<dataset>` preset, else the default learned across tuned datasets,",
         "as the settings column says); FedNCF and FedMF take the same settings with SAM off (and",
         "the MF model). std: sample std over seeds (centralized: population std, as stored).",
-        "A row with fewer than 3 seeds is incomplete and says so.",
+        "A row with fewer than 3 seeds is incomplete and says so. A preset is named after the",
+        "dataset, not the protocol: `tuned-lastfm-2k` was tuned on the clean protocol and is",
+        "also what `--preset tuned` gives on the paper protocol. Changing `presets.json`",
+        "changes the default learned across datasets, so cells run before a change keep the",
+        "settings they were run with (settings column), not the current ones.",
         "",
     ]
     presets_file = ROOT / "fedrecgel" / "presets.json"
