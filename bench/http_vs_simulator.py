@@ -1,17 +1,27 @@
 """The federated run over HTTP against the in-process simulator, same config, same machine.
 
-Starts the aggregator and two client workers as local processes (SQLite, no Redis), through
-the launcher's helpers (what ``fedrec up`` uses), runs 20 FilmTrust rounds over HTTP, then
-runs :class:`fedrecgel.simulate.Simulator` for the same config in this process, and writes
-``bench/results/http_vs_simulator.json``: both wall times, their ratio (target: HTTP <= 3x the
-simulator), the per-round agreement of the global metrics and loss (max abs diff) and the
-final model's max abs diff.
+Starts the aggregator and two client workers as local processes (SQLite, Redis version
+events), through the launcher's helpers (what ``fedrec up`` uses), runs 20 FilmTrust rounds
+over HTTP, then times :class:`fedrecgel.simulate.Simulator` on the same config in this
+process, and repeats the pair ``--repeats`` times, interleaved (the machine is shared: the
+figure is the median of the per-repetition ratios, each from one repetition). The simulator is
+timed with torch's default threads and with one thread, and the faster counts (its best on
+this machine at that moment).
 
-The HTTP wall time runs from ``POST /v1/runs`` until every round is closed and evaluated by
-the workers (process start-up and registration are reported separately); the simulator's is
-:attr:`RunResult.wall_seconds` (training and the per-round evaluation, as the workers do).
+Modes (``--modes``): ``exact``, the workers' default, computes each upload one client at a
+time (the bytes do not depend on the group: bit for bit the simulator's even when a worker
+recomputes part of a round after a crash); ``grouped`` starts the workers with
+``--grouped-uploads`` (a worker's cohort members computed together).
 
-    python bench/http_vs_simulator.py [--rounds 20] [--out bench/results/http_vs_simulator.json]
+Each HTTP run also records where a round's wall time goes: the workers' phase timings (their
+``round timings`` log lines, :mod:`services.client_sim.timings`), the aggregator's stage
+histograms from ``/metrics`` and its close times, and from these the event latency (a
+round's close to the poll answer a worker starts the next round from). Agreement with the
+simulator (per-round metrics and loss, final model) is checked once per mode against the
+simulator computing per-client uploads the way the workers did.
+
+    python bench/http_vs_simulator.py [--rounds 20] [--repeats 3] [--modes exact,grouped]
+        [--out bench/results/http_vs_simulator.json]
 """
 
 from __future__ import annotations
@@ -21,26 +31,45 @@ import contextlib
 import json
 import os
 import platform
+import re
+import statistics
 import sys
 import tempfile
 import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
 from services.launcher import worker_torch_threads
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from tests.support.loopback import redis_server
 from tests.support.parity import aggregator_started, parity_options, start_workers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
+MODES = ("exact", "grouped")
+#: a worker's phases (services/client_sim/timings.py) and the aggregator's stages, in order
+WORKER_PHASES = (
+    "download",
+    "evaluate",
+    "report",
+    "compute",
+    "encode",
+    "upload",
+    "commit",
+    "poll",
+    "wait",
+)
+AGG_STAGES = ("validate", "commit", "aggregate", "encode_model", "publish")
+_CLOSED = re.compile(r"^(\S+ \S+) INFO \S+: round (\d+) closed: ")
+_TIMINGS = re.compile(r"round timings (\{.*\})\s*$")
+_METRIC = re.compile(r'^(fedrec_agg_\w+?)_(sum|count)(?:\{stage="(\w+)"\})? (\S+)$')
 
 
 def http_run(
@@ -50,11 +79,20 @@ def http_run(
     poll_max_s: float,
     workdir: Path,
     redis_url: str | None = None,
+    grouped: bool = False,
 ) -> dict[str, Any]:
-    """The run over HTTP: timings, history and the final model's shared parameters."""
+    """The run over HTTP: timings, their breakdown, history and the final shared params."""
     split = load_split(dataset)
     opts = parity_options(
-        train, dataset, workdir, workers=workers, redis_url=redis_url, worker_poll_max_s=poll_max_s
+        train,
+        dataset,
+        workdir,
+        workers=workers,
+        redis_url=redis_url,
+        worker_poll_max_s=poll_max_s,
+        worker_log_level="INFO",
+        aggregator_log_level="info",
+        extra_env={"FEDREC_WORKER_GROUPED_UPLOADS": "1" if grouped else "0"},
     )
     t0 = time.perf_counter()
     with aggregator_started(opts) as c:
@@ -66,115 +104,217 @@ def http_run(
         resp = httpx.get(f"{c.agg_url}/v1/models/latest", headers=c.operator_headers(), timeout=30)
         resp.raise_for_status()
         _, shared, version = decode_model(resp.content)
+        metrics = httpx.get(f"{c.agg_url}/metrics", timeout=30).text
+    logs = {p.stem: p.read_text() for p in workdir.glob("*.log")}
+    run_seconds = t_done - t_ready
     return {
         "startup_seconds": t_ready - t0,
-        "run_seconds": t_done - t_ready,
+        "run_seconds": run_seconds,
         "history": history,
         "shared": shared,
         "version": version,
+        "breakdown": breakdown(logs, metrics, train.rounds, run_seconds),
+    }
+
+
+def _epoch(stamp: str) -> float:
+    """A log line's ``asctime`` (local time, milliseconds after a comma) as epoch seconds."""
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def breakdown(
+    logs: dict[str, str], metrics: str, rounds: int, run_seconds: float
+) -> dict[str, Any]:
+    """Seconds per round of each worker phase (mean over workers), of each aggregator stage,
+    and of the event latency, from the services' logs and the aggregator's /metrics."""
+    closed: dict[int, float] = {}
+    for line in logs.get("aggregator", "").splitlines():
+        if m := _CLOSED.match(line):
+            closed[int(m.group(2))] = _epoch(m.group(1))
+    per_worker: list[dict[int, dict[str, float]]] = []
+    for name in sorted(k for k in logs if k.startswith("worker-")):
+        rows = {}
+        for line in logs[name].splitlines():
+            if m := _TIMINGS.search(line):
+                row = json.loads(m.group(1))
+                rows[int(row["round"])] = row
+        per_worker.append(rows)
+    phases = {
+        p: sum(sum(r.get(p, 0.0) for r in w.values()) for w in per_worker)
+        / (rounds * max(1, len(per_worker)))
+        for p in WORKER_PHASES
+    }
+    latency = [
+        row["seen"] - closed[r - 1] for w in per_worker for r, row in w.items() if r - 1 in closed
+    ]
+    sums: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if (m := _METRIC.match(line)) and m.group(2) == "sum":
+            key = m.group(3) or m.group(1).removeprefix("fedrec_agg_")
+            sums[key] = float(m.group(4))
+    stages = {s: sums.get(s, 0.0) / rounds for s in AGG_STAGES}
+    stages["close"] = sums.get("round_close_seconds", 0.0) / rounds
+    return {
+        "round_seconds": run_seconds / rounds,
+        "worker_phase_seconds_per_round": phases,
+        "aggregator_stage_seconds_per_round": stages,
+        "event_latency_seconds_median": statistics.median(latency) if latency else None,
+        "event_latency_seconds_max": max(latency) if latency else None,
+        "rounds_timed": [len(w) for w in per_worker],
     }
 
 
 def agreement(http: dict[str, Any], sim: Simulator, result: RunResult) -> dict[str, Any]:
-    """Max abs differences of metrics, losses and final parameters, per round and overall."""
-    per_round: list[dict[str, Any]] = []
+    """Max abs differences of metrics, losses and final parameters over the rounds."""
     metric_diffs: list[float] = []
     loss_diffs: list[float] = []
     for rec, row in zip(result.rounds, http["history"]["rounds"], strict=True):
         metrics = row.get("metrics") or {}
-        diffs = {k: abs(float(metrics[k]) - v) for k, v in rec.test.items() if k in metrics}
-        metric_diffs.append(max(diffs.values(), default=float("nan")))
+        diffs = [abs(float(metrics[k]) - v) for k, v in rec.test.items() if k in metrics]
+        metric_diffs.append(max(diffs, default=float("nan")))
         loss_diffs.append(abs(float(row["loss"]) - rec.loss))
-        per_round.append(
-            {
-                "round": rec.round,
-                "metrics_max_abs_diff": metric_diffs[-1],
-                "worst_metric": max(diffs, key=lambda k: diffs[k]) if diffs else None,
-                "loss_abs_diff": loss_diffs[-1],
-            }
-        )
     params = {k: float((http["shared"][k] - v).abs().max()) for k, v in sim.shared.items()}
     return {
         "metrics_max_abs_diff": max(metric_diffs),
         "loss_max_abs_diff": max(loss_diffs),
         "final_model_max_abs_diff": max(params.values()),
         "final_model_max_abs_diff_per_tensor": params,
-        "per_round": per_round,
+    }
+
+
+def simulator_seconds(dataset: str, train: TrainConfig, threads: int) -> float:
+    """Wall seconds of the simulator's run (training and per-round evaluation)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return Simulator(load_split(dataset), train).run().wall_seconds
+    finally:
+        torch.set_num_threads(before)
+
+
+def exact_reference(dataset: str, train: TrainConfig, workers: int) -> tuple[Simulator, RunResult]:
+    """The simulator computing per-client uploads as the workers do, with their threads
+    (float rounding depends on the kernels, which depend on the thread count)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(worker_torch_threads(workers))
+    try:
+        sim = Simulator(load_split(dataset), replace(train, per_client_uploads=True))
+        return sim, sim.run()
+    finally:
+        torch.set_num_threads(before)
+
+
+def summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median ratio of a mode's repetitions and the breakdown of its median run."""
+    ratios = [r["ratio"] for r in reps]
+    mid = sorted(reps, key=lambda r: r["ratio"])[len(reps) // 2]
+    agree = next((r["agreement"] for r in reps if "agreement" in r), {})
+    return {
+        "final_model_max_abs_diff": agree.get("final_model_max_abs_diff"),
+        "metrics_max_abs_diff": agree.get("metrics_max_abs_diff"),
+        "ratio_median": statistics.median(ratios),
+        "ratios": ratios,
+        "http_wall_seconds": [r["http_wall_seconds"] for r in reps],
+        "simulator_wall_seconds": [r["simulator_wall_seconds"] for r in reps],
+        "breakdown_of_median_run": mid["breakdown"],
     }
 
 
 def main() -> None:
-    """Run both, print the headline figures, write the JSON."""
+    """Run the repetitions, print the headline figures, write the JSON as it goes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="filmtrust")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: exact,grouped")
     parser.add_argument("--poll-max-s", type=float, default=0.5, help="workers' idle poll cap")
-    parser.add_argument(
-        "--no-redis", action="store_true", help="workers poll instead of following Redis events"
-    )
+    parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check")
+    parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. 'before')")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes):
+        parser.error(f"--modes takes {', '.join(MODES)}")
 
-    train = TrainConfig(rounds=args.rounds, shards=args.workers)
-    with (
-        tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
-        contextlib.ExitStack() as stack,
-    ):
-        redis_url = None if args.no_redis else stack.enter_context(redis_server(Path(tmp))).url
-        http = http_run(train, args.dataset, args.workers, args.poll_max_s, Path(tmp), redis_url)
-    # timing: the simulator at its best, all of this machine's cores in one process
-    result = Simulator(load_split(args.dataset), train).run()
-    # agreement: the simulator with the torch threads each worker ran with (float rounding
-    # depends on the kernels, which depend on the thread count)
-    threads = torch.get_num_threads()
-    worker_threads = worker_torch_threads(args.workers)
-    torch.set_num_threads(worker_threads)
-    sim = Simulator(load_split(args.dataset), replace(train, per_client_uploads=True))
-    try:
-        exact = sim.run()
-    finally:
-        torch.set_num_threads(threads)
-    agree = agreement(http, sim, exact)
-    ratio = http["run_seconds"] / result.wall_seconds
-    out = {
+    out: dict[str, Any] = {
         "dataset": args.dataset,
+        "label": args.label,
         "config": {
-            "rounds": train.rounds,
-            "fraction": train.fraction,
-            "seed": train.seed,
-            "rho_sh": train.rho_sh,
-            "rho_ns": train.rho_ns,
+            "rounds": args.rounds,
             "workers": args.workers,
             "database": "sqlite",
-            "redis": not args.no_redis,
+            "redis": True,
             "worker_poll_max_s": args.poll_max_s,
-            "worker_torch_threads": worker_threads,
+            "worker_torch_threads": worker_torch_threads(args.workers),
+            "repeats": args.repeats,
         },
         "machine": {
             "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "load_avg_1m_at_end": os.getloadavg()[0],
         },
-        "http_wall_seconds": http["run_seconds"],
-        "http_startup_seconds": http["startup_seconds"],
-        "simulator_wall_seconds": result.wall_seconds,
-        "overhead_ratio": ratio,
-        "overhead_target": 3.0,
-        "overhead_within_target": ratio <= 3.0,
-        "final_model_version": http["version"],
-        **agree,
+        "ratio_target": 1.5,
+        "modes": {},
+        "repetitions": [],
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(
-        f"http {http['run_seconds']:.1f}s (+{http['startup_seconds']:.1f}s start-up), "
-        f"simulator {result.wall_seconds:.1f}s, ratio {ratio:.2f}; "
-        f"metrics max diff {agree['metrics_max_abs_diff']:.3g}, "
-        f"final model max diff {agree['final_model_max_abs_diff']:.3g} -> {args.out}"
-    )
+    train = TrainConfig(rounds=args.rounds, shards=args.workers)
+    threads = torch.get_num_threads()
+    for rep in range(args.repeats):
+        for mode in modes:
+            grouped = mode == "grouped"
+            with (
+                tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
+                contextlib.ExitStack() as stack,
+            ):
+                redis_url = stack.enter_context(redis_server(Path(tmp))).url
+                workdir = Path(tmp) / "up"
+                http = http_run(
+                    train,
+                    args.dataset,
+                    args.workers,
+                    args.poll_max_s,
+                    workdir,
+                    redis_url,
+                    grouped,
+                )
+            sims = {t: simulator_seconds(args.dataset, train, t) for t in sorted({threads, 1})}
+            best = min(sims.values())
+            row = {
+                "repetition": rep,
+                "mode": mode,
+                "http_wall_seconds": http["run_seconds"],
+                "http_startup_seconds": http["startup_seconds"],
+                "simulator_wall_seconds_by_threads": sims,
+                "simulator_wall_seconds": best,
+                "ratio": http["run_seconds"] / best,
+                "final_model_version": http["version"],
+                "load_avg_1m": os.getloadavg()[0],
+                "breakdown": http["breakdown"],
+            }
+            if rep == 0 and not args.no_agreement:
+                ref = replace(train, grouped_uploads=grouped)
+                sim, exact = exact_reference(args.dataset, ref, args.workers)
+                row["agreement"] = agreement(http, sim, exact)
+            out["repetitions"].append(row)
+            out["modes"][mode] = summary([r for r in out["repetitions"] if r["mode"] == mode])
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=2) + "\n")
+            agree = row.get("agreement", {})
+            print(
+                f"[{rep} {mode}] http {http['run_seconds']:.1f}s, simulator {best:.1f}s "
+                f"({', '.join(f'{t} thr {s:.1f}s' for t, s in sims.items())}), "
+                f"ratio {row['ratio']:.2f}, load {row['load_avg_1m']:.1f}"
+                + (
+                    f"; final model max diff {agree['final_model_max_abs_diff']:.3g}"
+                    if agree
+                    else ""
+                ),
+                flush=True,
+            )
+    for mode, s in out["modes"].items():
+        print(f"{mode}: median ratio {s['ratio_median']:.2f} over {len(s['ratios'])} -> {args.out}")
 
 
 if __name__ == "__main__":

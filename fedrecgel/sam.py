@@ -46,6 +46,10 @@ class SAMConfig:
     eps: float = 1e-8
     # Cap on the samples of one group of clients computed together (a memory knob).
     max_batch_samples: int = 1 << 13
+    # Per-client uploads computed for groups of clients together (as the aggregate path does):
+    # several times faster, but a client's float rounding then depends on which clients share
+    # its group, so only the same group recomputes the same bytes. Off: one client at a time.
+    grouped_uploads: bool = False
 
 
 @dataclass
@@ -301,7 +305,8 @@ def cohort_step(
     Returns the uploads (in input order), the new private state (a copy) and losses (C,).
     With ``weights``, clients go in groups of consecutive clients of at most
     ``hp.max_batch_samples`` samples (one client may exceed it); per-client uploads are
-    computed one client at a time, so each is the same whatever else is computed with it.
+    computed one client at a time, so each is the same whatever else is computed with it
+    (in groups too with ``hp.grouped_uploads``: faster, the rounding depends on the group).
     """
     c = len(user_ids)
     new_state = state.select(slice(None))
@@ -324,7 +329,8 @@ def cohort_step(
             # per-client uploads: one client at a time, so that a client's float rounding
             # never depends on which other clients are computed with it (a worker recomputes
             # only the clients still pending after a crash, and must get the same bytes)
-            while weights is not None and stop < c and n + sizes[stop] <= hp.max_batch_samples:
+            grouped = weights is not None or hp.grouped_uploads
+            while grouped and stop < c and n + sizes[stop] <= hp.max_batch_samples:
                 n += int(sizes[stop])
                 stop += 1
             priv = {k: v[start:stop] for k, v in state.params.items()}

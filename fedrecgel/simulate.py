@@ -86,6 +86,9 @@ class TrainConfig:
     # the strategy's aggregate is a weighted mean, the clients' gradients are summed inside
     # the batched backward: faster and far less memory, the same maths up to float rounding.
     per_client_uploads: bool = False
+    # With per-client uploads, compute them for groups of clients together, as client workers
+    # started with ``grouped_uploads`` do (SAMConfig.grouped_uploads); otherwise one at a time.
+    grouped_uploads: bool = False
 
     @classmethod
     def from_params(cls, params: RunParams, **own: Any) -> TrainConfig:
@@ -183,6 +186,7 @@ class TrainConfig:
             client_lr=self.client_lr,
             n_negatives=self.n_negatives,
             chunk_size=self.chunk_size,
+            grouped_uploads=self.grouped_uploads,
         )
 
     def model(self, n_items: int) -> ModelConfig:

@@ -20,10 +20,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
+from safetensors.numpy import save as _st_save
 from safetensors.torch import load as st_load
-from safetensors.torch import save as _st_save
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
@@ -33,8 +34,11 @@ from fedrecgel.sam import Update
 def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
     """``safetensors.torch.save`` with a canonical header: the same tensors and metadata give
     the same bytes in every process (safetensors writes the metadata in a per-process random
-    order, which would change a model's sha256 and ETag on every restart)."""
-    data = _st_save(tensors, metadata=metadata)
+    order, which would change a model's sha256 and ETag on every restart). The tensors go
+    through ``safetensors.numpy`` (the same file, without the per-tensor overhead of its torch
+    front end; views and tensors sharing a buffer need no copies of their own)."""
+    arrays = {k: np.ascontiguousarray(v.detach().numpy()) for k, v in tensors.items()}
+    data = _st_save(arrays, metadata=metadata)
     n = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + n])
     if "__metadata__" in header:
@@ -135,11 +139,11 @@ def update_digest(round_id: int, u: Update) -> str:
     for name in sorted(u.rows):
         idx, vals = u.rows[name]
         h.update(name.encode())
-        h.update(idx.to(torch.int64).contiguous().numpy().tobytes())
-        h.update(vals.to(torch.float32).contiguous().numpy().tobytes())
+        h.update(idx.to(torch.int64).contiguous().numpy())
+        h.update(vals.to(torch.float32).contiguous().numpy())
     for name in sorted(u.dense):
         h.update(name.encode())
-        h.update(u.dense[name].to(torch.float32).contiguous().numpy().tobytes())
+        h.update(u.dense[name].to(torch.float32).contiguous().numpy())
     return h.hexdigest()
 
 
@@ -151,22 +155,33 @@ def encode_updates(round_id: int, updates: list[Update]) -> bytes:
         for name, (idx, vals) in u.rows.items():
             # uploads are views of their group's gradients (tables of one update share one
             # index tensor, clients share buffers); safetensors wants tensors of their own
-            tensors[f"{i}/{name}.rows"] = idx.to(torch.int64).clone()
-            tensors[f"{i}/{name}.values"] = vals.to(torch.float32).clone()
+            tensors[f"{i}/{name}.rows"] = idx.to(torch.int64)
+            tensors[f"{i}/{name}.values"] = vals.to(torch.float32)
         for name, g in u.dense.items():
-            tensors[f"{i}/{name}"] = g.to(torch.float32).clone()
+            tensors[f"{i}/{name}"] = g.to(torch.float32)
         info.append({"client_id": u.client_id, "n_samples": u.n_samples, "loss": u.loss})
     meta = {"format": UPDATES_FORMAT, "round": str(round_id), "updates": json.dumps(info)}
     return st_save(tensors, metadata=meta)
 
 
-def _check_float(key: str, t: Tensor, shape: tuple[int, ...]) -> None:
+def _check_float(key: str, t: Tensor, shape: tuple[int, ...], finite: bool = True) -> None:
     if t.dtype != torch.float32:
         raise WireError(f"{key}: dtype {t.dtype} is not float32")
     if tuple(t.shape) != shape:
         raise WireError(f"{key}: shape {tuple(t.shape)} does not match {shape}")
-    if not bool(torch.isfinite(t).all()):
+    if finite and not bool(torch.isfinite(t).all()):
         raise WireError(f"{key}: contains NaN or Inf")
+
+
+def _check_finite(tensors: dict[str, Tensor]) -> None:
+    """Every tensor finite, checked in one pass over all of them (many small tensors cost
+    far more one by one); the message names the first one that is not."""
+    if not tensors or bool(
+        torch.isfinite(torch.cat([t.reshape(-1) for t in tensors.values()])).all()
+    ):
+        return
+    for key, t in tensors.items():
+        _check_float(key, t, tuple(t.shape))
 
 
 def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
@@ -189,6 +204,7 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
     expected_keys: set[str] = set()
     updates: list[Update] = []
     seen_clients: set[int] = set()
+    floats: dict[str, Tensor] = {}
     for i, entry in enumerate(info):
         if not isinstance(entry, dict):
             raise WireError(f"update {i}: metadata entry must be an object")
@@ -219,7 +235,8 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
                 raise WireError(f"{rk}: row index out of range [0, {cfg.n_items})")
             if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
                 raise WireError(f"{rk}: row indices must be sorted and unique")
-            _check_float(vk, vals, (len(idx), shapes[t][1]))
+            _check_float(vk, vals, (len(idx), shapes[t][1]), finite=False)
+            floats[vk] = vals
             rows[t] = (idx, vals)
         dense: dict[str, Tensor] = {}
         for name in cfg.dense_names():
@@ -227,12 +244,14 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
             expected_keys.add(key)
             if key not in tensors:
                 raise WireError(f"update {i}: missing dense gradient {name}")
-            _check_float(key, tensors[key], shapes[name])
+            _check_float(key, tensors[key], shapes[name], finite=False)
+            floats[key] = tensors[key]
             dense[name] = tensors[key]
         updates.append(Update(client_id, n_samples, rows, dense, loss))
     extra = set(tensors) - expected_keys
     if extra:
         raise WireError(f"unexpected tensors in body: {sorted(extra)[:5]}")
+    _check_finite(floats)
     return DecodedUpdates(round_id, updates, [update_digest(round_id, u) for u in updates])
 
 

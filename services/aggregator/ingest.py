@@ -133,7 +133,11 @@ class Ingest:
             )
         for _ in range(_RUN_CHANGE_RETRIES):
             try:
-                stored = self.writer.submit(self.validate(caller, round_id, body, run))
+                stage = self.metrics.stage_seconds
+                with stage.labels(stage="validate").time():
+                    checked = self.validate(caller, round_id, body, run)
+                with stage.labels(stage="commit").time():
+                    stored = self.writer.submit(checked)
                 break
             except (Malformed, StaleRun) as err:
                 # The cached run may be stale (a replica started a newer one, maybe with another

@@ -48,6 +48,15 @@ class AggregatorMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=self.registry,
         )
+        self.stage_seconds = Histogram(
+            "fedrec_agg_stage_seconds",
+            "Wall seconds of one stage of an upload or a close: validate (decode and check a "
+            "body), commit (its group-commit transaction, waiting included), aggregate (the "
+            "strategy's sum and step), encode_model, publish (the version event)",
+            ["stage"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
 
         self.dp_epsilon = Gauge(
             "fedrec_agg_dp_epsilon",

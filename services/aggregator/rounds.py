@@ -231,7 +231,8 @@ class RoundCloser:
         )
         if self.bus is not None:
             try:
-                self.bus.publish_version(rnd.run_id, version, rnd.round_id)
+                with self.metrics.stage_seconds.labels(stage="publish").time():
+                    self.bus.publish_version(rnd.run_id, version, rnd.round_id)
             except Exception:
                 log.exception("publishing version %d failed", version)
         return CloseOutcome.CLOSED
@@ -272,14 +273,16 @@ class RoundCloser:
         plan = run_plan(repo, cfg)
         # a DP mean divides by the public cohort size, not by the uploads that arrived
         public = len(rnd.cohort) if plan is not None and plan.sampling == "fixed" else None
-        with torch.no_grad():
+        stage = self.metrics.stage_seconds
+        with torch.no_grad(), stage.labels(stage="aggregate").time():
             if secure is not None:
                 strategy.apply(params, secure.grads)
             else:
                 strategy.round(params, updates, public)
         version = rnd.base_version + 1
         state = strategy.state_dict()
-        blob = encode_model(mcfg, params, version)
+        with stage.labels(stage="encode_model").time():
+            blob = encode_model(mcfg, params, version)
         digest = hashlib.sha256(blob).hexdigest()
         if secure is not None:
             loss, n_updates = secure.loss, secure.n

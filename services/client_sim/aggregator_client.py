@@ -225,6 +225,11 @@ class AggregatorClient:
         alone is larger still goes in a body of its own); each with its client ids."""
         if not updates:
             return []
+        if len(updates) > 1:
+            # packed by estimated size first, so that each update is encoded about once
+            chunks = _pack(updates, self.max_body_bytes)
+            if len(chunks) > 1:
+                return [b for chunk in chunks for b in self.split_bodies(round_id, chunk)]
         body = encode_updates(round_id, list(updates))
         if len(body) <= self.max_body_bytes or len(updates) == 1:
             if len(body) > self.max_body_bytes:
@@ -244,8 +249,14 @@ class AggregatorClient:
         """Upload updates of one round (split to the byte budget): client id -> status
         (``accepted`` or ``duplicate``). Raises AggregatorCallError on the first refused body, with
         the statuses of the bodies accepted before it in ``err.partial``."""
+        return self.upload_bodies(round_id, self.split_bodies(round_id, updates))
+
+    def upload_bodies(
+        self, round_id: int, bodies: Sequence[tuple[list[int], bytes]]
+    ) -> dict[int, str]:
+        """:meth:`upload` of bodies already encoded by :meth:`split_bodies`."""
         results: dict[int, str] = {}
-        for _, body in self.split_bodies(round_id, updates):
+        for _, body in bodies:
             try:
                 resp = self._request(
                     "POST",
@@ -289,3 +300,28 @@ class AggregatorClient:
             client_ids=[int(c) for c in client_ids],
         )
         self._request("POST", "/v1/evaluations", json=body.model_dump())
+
+
+def _estimate(u: Update) -> int:
+    """About the bytes of one update in a body: its tensors and their header entries."""
+    size = 160  # its entry in the metadata
+    for idx, vals in u.rows.values():
+        size += idx.numel() * 8 + vals.numel() * 4 + 2 * 96
+    for g in u.dense.values():
+        size += g.numel() * 4 + 96
+    return size
+
+
+def _pack(updates: Sequence[Update], budget: int) -> list[list[Update]]:
+    """Consecutive runs of ``updates`` whose estimated size fits ``budget`` (at least one
+    update each)."""
+    chunks: list[list[Update]] = [[]]
+    used = 0
+    for u in updates:
+        size = _estimate(u)
+        if chunks[-1] and used + size > budget:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(u)
+        used += size
+    return chunks

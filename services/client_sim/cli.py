@@ -44,6 +44,8 @@ HELP: dict[str, str] = {
     "max_body_bytes": "byte budget of one upload body",
     "log_level": "logging level (default INFO)",
     "torch_threads": "torch intra-op threads (default: cores)",
+    "grouped_uploads": "compute the cohort members' uploads in groups: faster, but bit for bit "
+    "only while no worker recomputes part of a round after a crash (default off)",
     "shard_from_hostname": "take --shard from the host name's trailing ordinal (StatefulSet "
     "pod worker-I)",
     "http_port": "serve the demo HTTP API on this port",

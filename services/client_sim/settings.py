@@ -77,6 +77,12 @@ class WorkerSettings(BaseSettings):
     # Intra-op threads of torch in the worker process (None: torch's default, one per core).
     # Workers sharing a machine should split its cores: oversubscribed threads spin-wait.
     torch_threads: int | None = Field(default=None, ge=1)
+    # Compute the cohort members' uploads in groups (several times faster) instead of one
+    # client at a time. A client's float rounding then depends on its group: the run is the
+    # simulator's bit for bit only while every worker computes all its members together (a
+    # worker that recomputes a subset after a crash may send a different update, refused as
+    # conflicting: those clients miss the round). Off: the same bytes whatever the group.
+    grouped_uploads: bool = False
     # Take ``shard`` from the trailing ordinal of the host name (``worker-3`` -> 3), as a
     # Kubernetes StatefulSet names its pods; overrides ``shard``.
     shard_from_hostname: bool = False

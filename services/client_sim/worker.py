@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -43,6 +44,7 @@ from services.client_sim.secure import SecureParticipant
 from services.client_sim.server import DeviceApiServer, serve_in_thread
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore, model_key
+from services.client_sim.timings import PhaseTimer
 from services.client_sim.waiters import RedisWaiter, SleepWaiter, Waiter
 from services.contract import CurrentRound, RunConfig
 
@@ -84,6 +86,7 @@ class Worker:
         self.last_info: CurrentRound | None = None
         self._refused: set[tuple[int, int]] = set()
         self.secure = SecureParticipant(self.client, self.store, self._compute)
+        self.timer = PhaseTimer()
 
     # ------------------------------------------------------------------ set-up
 
@@ -177,7 +180,9 @@ class Worker:
 
     def step(self) -> bool:
         """Poll once and do what the current round asks; True when something was done."""
-        info = self.client.current_round()
+        with self.timer.phase("poll"):
+            info = self.client.current_round()
+        self.timer.seen = time.time()
         self.last_info = info
         if info.state == "idle" or info.config is None:
             return False
@@ -214,18 +219,21 @@ class Worker:
 
     def evaluate(self, version: int) -> dict[str, float]:
         """Federated evaluation of model ``version`` over all owned users; report the sums."""
-        model = self.client.download_model(version)
-        scorer = Scorer(model.cfg, model.shared)
-        params = self.store.load_states(self.users.tolist()).params
-        d = self.data
-        sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS)
-        count = int(sums.pop("count"))
-        if d.val_items is not None and d.val_negatives is not None:
-            val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS)
-            val.pop("count")
-            sums.update({f"val/{k}": v for k, v in val.items()})
+        with self.timer.phase("download"):
+            model = self.client.download_model(version)
+        with self.timer.phase("evaluate"):
+            scorer = Scorer(model.cfg, model.shared)
+            params = self.store.load_states(self.users.tolist()).params
+            d = self.data
+            sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS)
+            count = int(sums.pop("count"))
+            if d.val_items is not None and d.val_negatives is not None:
+                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS)
+                val.pop("count")
+                sums.update({f"val/{k}": v for k, v in val.items()})
         try:
-            self.client.report_evaluation(version, sums, count, self.users.tolist())
+            with self.timer.phase("report"):
+                self.client.report_evaluation(version, sums, count, self.users.tolist())
         except AggregatorCallError as err:
             if err.retryable:
                 raise
@@ -257,7 +265,8 @@ class Worker:
         """The cohort step of ``todo`` for ``round_id`` from model ``version`` (deterministic,
         but for the secret noise share of a distributed-DP run); a DP run's uploads are
         clipped (and noised) here, before they leave the worker."""
-        model = self.client.download_model(version)
+        with self.timer.phase("download"):
+            model = self.client.download_model(version)
         if model.cfg != cfg.model():
             raise WorkerError(
                 f"model version {version} has shape {model.cfg}, the run announces {cfg.model()}"
@@ -265,10 +274,12 @@ class Worker:
         dp = None
         if cfg.dp_noise is not None or cfg.target_epsilon is not None:
             dp = ClientPrivacy.announced(cfg.dp_clip, cfg.dp_noise, cfg.dp_mode, cohort_size)
-        clients = ClientRound(model.cfg, cfg.sam(), cfg.seed, dp, secret_noise=True)
-        return clients.step(
-            model.shared, round_id, todo, self._train_items, self.store.load_states(todo)
-        )
+        hp = replace(cfg.sam(), grouped_uploads=self.settings.grouped_uploads)
+        clients = ClientRound(model.cfg, hp, cfg.seed, dp, secret_noise=True)
+        with self.timer.phase("compute"):
+            return clients.step(
+                model.shared, round_id, todo, self._train_items, self.store.load_states(todo)
+            )
 
     def _train_items(self, user_id: int) -> np.ndarray:
         """The local training items of an owned user."""
@@ -286,9 +297,13 @@ class Worker:
         again, which the aggregator answers as a duplicate even after the round has closed.
         """
         note = {"round": r, "attempt": a, "version": version, "users": todo}
-        self.store.set_meta(pending_upload=json.dumps(note))
+        with self.timer.phase("commit"):
+            self.store.set_meta(pending_upload=json.dumps(note))
         try:
-            statuses = self.client.upload(r, result.uploads)
+            with self.timer.phase("encode"):
+                bodies = self.client.split_bodies(r, result.uploads)
+            with self.timer.phase("upload"):
+                statuses = self.client.upload_bodies(r, bodies)
         except AggregatorCallError as err:
             if err.retryable:
                 raise
@@ -309,8 +324,9 @@ class Worker:
                 err,
             )
             raise
-        self.store.save_states(todo, result.state, r, a)
-        self.store.set_meta(pending_upload=None)
+        with self.timer.phase("commit"):
+            self.store.save_states(todo, result.state, r, a)
+            self.store.set_meta(pending_upload=None)
         return statuses
 
     def recover(self, info: CurrentRound, cfg: RunConfig) -> bool:
@@ -372,6 +388,7 @@ class Worker:
             float(result.losses.mean()),
             time.perf_counter() - t0,
         )
+        log.info("%s", self.timer.line(r, self.timer.take()))
         return True
 
     # ------------------------------------------------------------------ the loop
@@ -413,7 +430,8 @@ class Worker:
             if did:
                 delay = self.settings.poll_min_s
                 continue
-            self.waiter.wait(delay)
+            with self.timer.phase("wait"):
+                self.waiter.wait(delay)
             delay = min(self.settings.poll_max_s, delay * 1.5)
 
     def _register_patiently(self) -> None:

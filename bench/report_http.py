@@ -1,0 +1,117 @@
+"""RESULTS section of the federated run over HTTP against the simulator
+(``bench/http_vs_simulator.py``): the median same-run ratio before and after, and where a
+round's wall time goes.
+
+Used by ``bench/report.py``; every figure comes from a JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RES = Path(__file__).resolve().parents[1] / "bench" / "results"
+AFTER = "http_vs_simulator.json"
+BEFORE = "http_vs_simulator_before.json"
+
+#: row label of each breakdown entry: worker phases (mean over the workers), aggregator stages
+WORKER_ROWS = {
+    "evaluate": "worker: evaluate the new version over its users",
+    "download": "worker: download model versions (decode included)",
+    "report": "worker: post the evaluation sums",
+    "compute": "worker: compute its cohort members' round",
+    "encode": "worker: encode the upload bodies",
+    "upload": "worker: post them (aggregator's validation and commit; the last one also closes)",
+    "commit": "worker: commit private states to its store",
+    "poll": "worker: poll the current round",
+    "wait": "worker: idle (waiting for the round to close, or for an event)",
+}
+AGG_ROWS = {
+    "validate": "aggregator: decode and check upload bodies",
+    "commit": "aggregator: group-commit transactions (waiting included)",
+    "close": "aggregator: close a round (aggregate, step, encode, persist)",
+    "aggregate": "aggregator: of which the strategy's sum and step",
+    "encode_model": "aggregator: of which encoding the new version",
+    "publish": "aggregator: publish the version event",
+}
+
+
+def _load(name: str) -> Any:
+    path = RES / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _runs(data: dict[str, Any] | None, tag: str) -> list[tuple[str, dict[str, Any]]]:
+    if data is None:
+        return []
+    return [(f"{tag}, {mode}", s) for mode, s in data.get("modes", {}).items()]
+
+
+def _cell(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def section() -> list[str]:
+    """The before/after table and the breakdown of a round."""
+    after, before = _load(AFTER), _load(BEFORE)
+    runs = _runs(before, "before") + _runs(after, "after")
+    if not runs:
+        return []
+    cfg = (after or before)["config"]
+    lines = [
+        "## Federated run over HTTP vs the simulator (`bench/http_vs_simulator.py`)",
+        "",
+        f"{cfg['rounds']} FilmTrust rounds, default settings: the aggregator (SQLite, Redis "
+        f"version events) and {cfg['workers']} workers ({cfg['worker_torch_threads']} torch "
+        "thread each) as local processes on loopback, timed from the run's start until every "
+        "round is closed and evaluated (process start-up excluded), against the in-process "
+        "simulator on the same config timed right after it in the same repetition (training "
+        "and per-round evaluation; with torch's default threads and with one, the faster "
+        f"counts). Ratio = HTTP / simulator within a repetition; {cfg['repeats']} interleaved "
+        "repetitions on a shared, loaded 2-core machine, the median ratio shown. Target: "
+        f"<= {(after or before)['ratio_target']}. *exact*: each upload computed one client at "
+        "a time (the workers' default; bit for bit the simulator's even after a worker "
+        "recomputes part of a round); *grouped*: workers started with `--grouped-uploads` "
+        "(a worker's cohort members computed together).",
+        "",
+        "| run | median ratio | ratios | HTTP s | simulator s | final model max abs diff "
+        "vs simulator |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, s in runs:
+        diff = s.get("final_model_max_abs_diff")
+        lines.append(
+            f"| {label} | **{s['ratio_median']:.2f}** | "
+            f"{', '.join(f'{r:.2f}' for r in s['ratios'])} | "
+            f"{', '.join(f'{x:.1f}' for x in s['http_wall_seconds'])} | "
+            f"{', '.join(f'{x:.1f}' for x in s['simulator_wall_seconds'])} | "
+            f"{'-' if diff is None else f'{diff:.3g}'} |"
+        )
+    lines += [
+        "",
+        "Where a round's wall time goes (seconds per round, the repetition with the median "
+        "ratio of each run; worker phases are the mean of the two workers, which work in "
+        "parallel, so they add up to a worker's round, not to the round's wall time; "
+        "aggregator stages add up over both workers' bodies). *Event latency*: from a round's "
+        "close (aggregator log) to the poll answer a worker starts the next round from.",
+        "",
+        "| | " + " | ".join(label for label, _ in runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
+    bds = [s["breakdown_of_median_run"] for _, s in runs]
+    lines.append(
+        "| **round wall time** | " + " | ".join(_cell(b["round_seconds"]) for b in bds) + " |"
+    )
+    for key, label in WORKER_ROWS.items():
+        vals = [b["worker_phase_seconds_per_round"].get(key) for b in bds]
+        lines.append(f"| {label} | " + " | ".join(_cell(v) for v in vals) + " |")
+    for key, label in AGG_ROWS.items():
+        vals = [b["aggregator_stage_seconds_per_round"].get(key) for b in bds]
+        lines.append(f"| {label} | " + " | ".join(_cell(v) for v in vals) + " |")
+    lines.append(
+        "| event latency (median) | "
+        + " | ".join(_cell(b["event_latency_seconds_median"]) for b in bds)
+        + " |"
+    )
+    return lines

@@ -1,0 +1,74 @@
+"""Where a worker's time goes: wall seconds per phase of its loop, as a Prometheus histogram
+(``fedrec_worker_phase_seconds{phase}``) and as one log line per trained round.
+
+Phases: ``poll`` (asking for the current round), ``wait`` (idle between polls, until a version
+event or the poll interval), ``download`` (model versions), ``evaluate`` (scoring all owned
+users), ``report`` (posting the metric sums), ``compute`` (the cohort's SAM step), ``encode``
+(the upload bodies), ``upload`` (posting them: the aggregator's validation and group commit
+included), ``commit`` (the new private states into the store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+
+PHASES = (
+    "poll",
+    "wait",
+    "download",
+    "evaluate",
+    "report",
+    "compute",
+    "encode",
+    "upload",
+    "commit",
+)
+
+
+class PhaseTimer:
+    """Seconds per phase: cumulative in the histogram, per round in :meth:`take`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.seconds = Histogram(
+            "fedrec_worker_phase_seconds",
+            "Wall seconds of one phase of the worker's loop",
+            ["phase"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self._since: dict[str, float] = {}
+        #: wall clock of the newest answer to a poll (the one a round's work started from)
+        self.seen = 0.0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase ``name``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self.seconds.labels(phase=name).observe(dt)
+            self._since[name] = self._since.get(name, 0.0) + dt
+
+    def take(self) -> dict[str, float]:
+        """Seconds per phase since the last call (then reset)."""
+        out, self._since = self._since, {}
+        return out
+
+    def line(self, round_id: int, phases: dict[str, float]) -> str:
+        """The log line of a trained round: its phases, the wall clock of the poll answer it
+        started from (``seen``) and at its end."""
+        body = {
+            "round": round_id,
+            "seen": self.seen,
+            "end": time.time(),
+            **{k: round(v, 6) for k, v in phases.items()},
+        }
+        return "round timings " + json.dumps(body, sort_keys=True)
