@@ -208,7 +208,7 @@ def summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
     """The median ratio of a mode's repetitions and the breakdown of its median run."""
     ratios = [r["ratio"] for r in reps]
     mid = sorted(reps, key=lambda r: r["ratio"])[len(reps) // 2]
-    agree = next((r["agreement"] for r in reps if "agreement" in r), {})
+    agree: dict[str, Any] = next((r["agreement"] for r in reps if "agreement" in r), {})
     return {
         "final_model_max_abs_diff": agree.get("final_model_max_abs_diff"),
         "metrics_max_abs_diff": agree.get("metrics_max_abs_diff"),
@@ -301,7 +301,7 @@ def main() -> None:
             out["modes"][mode] = summary([r for r in out["repetitions"] if r["mode"] == mode])
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(out, indent=2) + "\n")
-            agree = row.get("agreement", {})
+            agree: dict[str, Any] = row.get("agreement", {})
             print(
                 f"[{rep} {mode}] http {http['run_seconds']:.1f}s, simulator {best:.1f}s "
                 f"({', '.join(f'{t} thr {s:.1f}s' for t, s in sims.items())}), "

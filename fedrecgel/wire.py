@@ -139,11 +139,11 @@ def update_digest(round_id: int, u: Update) -> str:
     for name in sorted(u.rows):
         idx, vals = u.rows[name]
         h.update(name.encode())
-        h.update(idx.to(torch.int64).contiguous().numpy())
-        h.update(vals.to(torch.float32).contiguous().numpy())
+        h.update(idx.to(torch.int64).contiguous().numpy().data)
+        h.update(vals.to(torch.float32).contiguous().numpy().data)
     for name in sorted(u.dense):
         h.update(name.encode())
-        h.update(u.dense[name].to(torch.float32).contiguous().numpy())
+        h.update(u.dense[name].to(torch.float32).contiguous().numpy().data)
     return h.hexdigest()
 
 
