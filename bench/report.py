@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import report_http
 import report_serving
 import report_simulator
 import report_studies
@@ -342,7 +343,7 @@ def main() -> None:
         "",
         *other("evaluation.json", "Evaluation of all Amazon-Video users"),
         "",
-        *other("http_vs_simulator.json", "Federated run over HTTP vs the simulator"),
+        *report_http.section(),
         "",
         *compose(),
         "",
