@@ -39,6 +39,18 @@ def chunks(values: Iterable[int], size: int = IN_CHUNK) -> Iterator[list[int]]:
         yield batch
 
 
+def digests_by_client(
+    session: Session, table: Any, client_ids: Iterable[int], *where: Any
+) -> dict[int, str]:
+    """``client_id -> digest`` of the rows of ``table`` (a model with both columns) that match
+    ``where`` and belong to ``client_ids`` (queried in chunks of :data:`IN_CHUNK`)."""
+    out: dict[int, str] = {}
+    for part in chunks(client_ids):
+        stmt = select(table.client_id, table.digest).where(*where, table.client_id.in_(part))
+        out.update((int(c), d) for c, d in session.execute(stmt))
+    return out
+
+
 class Repository:
     """Queries over the aggregator's tables; never commits (the caller's transaction does)."""
 
@@ -228,15 +240,13 @@ class Repository:
         self, run_id: int, round_id: int, client_ids: Iterable[int]
     ) -> dict[int, str]:
         """Stored digests of the given clients' updates of a round: client -> digest."""
-        out: dict[int, str] = {}
-        for part in chunks(client_ids):
-            stmt = select(StoredUpdate.client_id, StoredUpdate.digest).where(
-                StoredUpdate.run_id == run_id,
-                StoredUpdate.round_id == round_id,
-                StoredUpdate.client_id.in_(part),
-            )
-            out.update((int(c), d) for c, d in self.session.execute(stmt))
-        return out
+        return digests_by_client(
+            self.session,
+            StoredUpdate,
+            client_ids,
+            StoredUpdate.run_id == run_id,
+            StoredUpdate.round_id == round_id,
+        )
 
     def add_updates(self, rows: Sequence[dict[str, Any]]) -> None:
         """Store acknowledged updates: ``StoredUpdate`` column dicts plus their ``blob``, in

@@ -12,7 +12,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from services.aggregator.models import Round, SecAggMessage, SecAggTotal
-from services.aggregator.repository import LIVE_ROUND_STATES, chunks
+from services.aggregator.repository import LIVE_ROUND_STATES, chunks, digests_by_client
 
 
 class SecAggRepository:
@@ -46,15 +46,13 @@ class SecAggRepository:
 
     def digests(self, round_pk: int, step: str, client_ids: Iterable[int]) -> dict[int, str]:
         """Digests of the stored messages of some clients in one step: client -> digest."""
-        out: dict[int, str] = {}
-        for part in chunks(client_ids):
-            stmt = select(SecAggMessage.client_id, SecAggMessage.digest).where(
-                SecAggMessage.round_pk == round_pk,
-                SecAggMessage.step == step,
-                SecAggMessage.client_id.in_(part),
-            )
-            out.update((int(c), d) for c, d in self.session.execute(stmt))
-        return out
+        return digests_by_client(
+            self.session,
+            SecAggMessage,
+            client_ids,
+            SecAggMessage.round_pk == round_pk,
+            SecAggMessage.step == step,
+        )
 
     def bodies(
         self, round_pk: int, step: str, client_ids: Iterable[int] | None = None
