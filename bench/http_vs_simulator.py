@@ -48,24 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
+from services.client_sim.timings import PHASES
 from services.launcher import worker_torch_threads
 from tests.support.loopback import redis_server
 from tests.support.parity import aggregator_started, parity_options, start_workers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
 MODES = ("exact", "grouped")
-#: a worker's phases (services/client_sim/timings.py) and the aggregator's stages, in order
-WORKER_PHASES = (
-    "download",
-    "evaluate",
-    "report",
-    "compute",
-    "encode",
-    "upload",
-    "commit",
-    "poll",
-    "wait",
-)
+#: a worker's phases (services/client_sim/timings.py), waiting ones last, and the aggregator's
+#: stages, in order
+WORKER_PHASES = (*(p for p in PHASES if p not in ("poll", "wait")), "poll", "wait")
 AGG_STAGES = ("validate", "commit", "aggregate", "encode_model", "publish")
 _CLOSED = re.compile(r"^(\S+ \S+) INFO \S+: round (\d+) closed: ")
 _TIMINGS = re.compile(r"round timings (\{.*\})\s*$")
