@@ -127,9 +127,7 @@ def test_a_client_that_vanishes_after_masking_leaves_the_sum_right(
         NeverReveals.vanished = []
         s = Stepped(c, split, NeverReveals)
         try:
-            s.start(split)
-            s.step()
-            history, model = s.result()
+            history, model = s.run(split)
             reveals = [
                 e
                 for e in s.recorder.exchanges
@@ -176,9 +174,7 @@ def test_an_aggregator_killed_mid_round_resumes_and_publishes_the_right_model(
         KillsTheAggregator.cluster, KillsTheAggregator.kills = c, []
         s = Stepped(c, split, KillsTheAggregator)
         try:
-            s.start(split)
-            s.step()
-            history, model = s.result()
+            history, model = s.run(split)
         finally:
             s.close()
     assert KillsTheAggregator.kills == ["masked", "unmask"]
@@ -279,9 +275,7 @@ def test_malformed_messages_are_refused_and_the_wire_never_shows_one_clients_upd
         assert isinstance(p, SendsMalformedMessages)
         p.worker, p.answers, p.inputs = s.workers[1], [], {}
         try:
-            s.start(split)
-            s.step()
-            history, model = s.result()
+            history, model = s.run(split)
         finally:
             s.close()
     answers = {what: (code, err) for what, code, err in p.answers}

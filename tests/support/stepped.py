@@ -91,6 +91,12 @@ class Stepped:
                 time.sleep(0.1)
         raise AssertionError("the in-process workers did not get there in time")
 
+    def run(self, split: Split) -> tuple[dict[str, Any], bytes]:
+        """Start the run, step the workers until they finish: its history and latest model."""
+        self.start(split)
+        self.step()
+        return self.result()
+
     def result(self) -> tuple[dict[str, Any], bytes]:
         """The run's history and its latest model."""
         history = self.operator.get("/v1/runs/current/history").json()
