@@ -8,15 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
 from fedrecgel.secagg import crypto
-from fedrecgel.secagg.aggregate import round_spec
 from fedrecgel.secagg.attack import precision, sign_attack
 from fedrecgel.secagg.layout import flatten
-from fedrecgel.secagg.protocol import Client
-from fedrecgel.secagg.server import Server
-from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.simulate import TrainConfig
+from tests.core.secagg_round import first_round
 
 CONFIG = TrainConfig(
     rounds=1, fraction=0.01, secure_aggregation="dense", secagg_neighbours=3, eval_every=0
@@ -28,15 +25,8 @@ def round_one():  # type: ignore[no-untyped-def]
     """FilmTrust, one round's cohort (15 clients): the plain uploads and what the server
     receives when the same uploads go through secure aggregation."""
     split = load_split("filmtrust")
-    sim = Simulator(split, CONFIG)
-    cohort = select_cohort(sim.users, CONFIG.fraction, CONFIG.seed, 1)
-    uploads = sim.clients.step(
-        sim.shared, 1, cohort, split.user_train, sim.store.get(cohort)
-    ).uploads
+    sim, uploads, spec, server, clients = first_round(split, CONFIG)
     cfg = sim.model_cfg
-    spec = round_spec(cfg, sim.params, 1, cohort)
-    server = Server(spec)
-    clients = {u: Client(spec, u) for u in spec.cohort}
     seen: dict[str, list] = {"keys": [], "shares": [], "masked": [], "reveals": []}
     for u in spec.cohort:
         seen["keys"].append(clients[u].advertise())

@@ -7,15 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrecgel.cohort import select_cohort
 from fedrecgel.secagg import messages as msg
-from fedrecgel.secagg.aggregate import round_spec
 from fedrecgel.secagg.attack import precision, sign_attack
 from fedrecgel.secagg.layout import flatten
 from fedrecgel.secagg.protocol import Client, RoundFailed
 from fedrecgel.secagg.server import Server
-from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
+from tests.core.secagg_round import first_round
 
 SPLIT = synthetic_split(n_users=100, n_items=400, interactions_per_user=12.0, seed=5)
 CONFIG = TrainConfig(
@@ -26,16 +25,9 @@ CONFIG = TrainConfig(
 @pytest.fixture(scope="module")
 def recorded():  # type: ignore[no-untyped-def]
     """One round over bytes: (spec, uploads, bodies the server received by client, outcome)."""
-    sim = Simulator(SPLIT, CONFIG)
-    cohort = select_cohort(sim.users, CONFIG.fraction, CONFIG.seed, 1)
-    uploads = sim.clients.step(
-        sim.shared, 1, cohort, SPLIT.user_train, sim.store.get(cohort)
-    ).uploads
+    sim, uploads, spec, server, clients = first_round(SPLIT, CONFIG)
     cfg = sim.model_cfg
-    spec = round_spec(cfg, sim.params, 1, cohort)
     by_id = {u.client_id: u for u in uploads}
-    server = Server(spec)
-    clients = {u: Client(spec, u) for u in spec.cohort}
     bodies: dict[int, list[bytes]] = {u: [] for u in spec.cohort}
 
     def send(u: int, body: bytes) -> bytes:
