@@ -11,15 +11,16 @@ import torch
 
 from fedrecgel.metrics import means
 from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
-from fedrecgel.simulate import RunResult, Simulator, TrainConfig
+from fedrecgel.simulate import RunResult, Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_updates, update_digest
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker
+from tests.client_sim.worker_run import FACTOR, LAYERS, run_body, train_config
 from tests.fake_aggregator import FakeAggregator, enrolment_for
 
-FACTOR, LAYERS, SEED = 8, 2, 3
+SEED = 3
 
 
 @pytest.fixture(scope="module")
@@ -30,33 +31,12 @@ def split():
 @pytest.fixture(scope="module")
 def sim3(split) -> tuple[Simulator, RunResult]:
     """The in-process simulator after 3 rounds (what every federated run must reproduce)."""
-    sim = Simulator(split, _train_config())
+    sim = Simulator(split, train_config(SEED))
     return sim, sim.run()
 
 
-def _train_config(rounds: int = 3) -> TrainConfig:
-    return TrainConfig(
-        rounds=rounds,
-        fraction=0.3,
-        factor=FACTOR,
-        layers=LAYERS,
-        seed=SEED,
-        chunk_size=16,
-        per_client_uploads=True,
-    )
-
-
 def _start(fake: FakeAggregator, split, rounds: int = 3) -> None:
-    fake.start_run(
-        n_items=split.n_items,
-        factor=FACTOR,
-        layers=LAYERS,
-        seed=SEED,
-        rounds=rounds,
-        fraction=0.3,
-        chunk_size=16,
-        dataset="synthetic",
-    )
+    fake.start_run(**run_body(split.n_items, SEED, rounds))
 
 
 def _running(
@@ -106,7 +86,7 @@ def test_uploads_equal_cohort_step_computed_directly(tmp_path, split):
     round_id, ids, body = fake.uploads[0]
     mine = [int(u) for u in fake.cohort if u % 2 == 1]
     assert round_id == 1 and ids == mine and mine
-    cfg, hp = _train_config().model(split.n_items), _train_config().sam()
+    cfg, hp = train_config(SEED).model(split.n_items), train_config(SEED).sam()
     users = np.asarray(mine)
     samples = [
         client_samples(split.user_train(u), split.n_items, hp.n_negatives, client_rng(SEED, 1, u))
@@ -197,7 +177,7 @@ def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
     assert len(fake.uploads) > 1
     assert all(len(body) <= 4000 or len(ids) == 1 for _, ids, body in fake.uploads)
     assert sorted(c for _, ids, _ in fake.uploads for c in ids) == fake.cohort.tolist()
-    sim = Simulator(split, _train_config(rounds=1))
+    sim = Simulator(split, train_config(SEED, rounds=1))
     sim.run()
     for name, t in sim.shared.items():
         torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
@@ -280,7 +260,7 @@ def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path):
     vsplit = synthetic_split(n_users=30, n_items=60, seed=8, n_test_negatives=15, validation=True)
     fake, (w,) = _running(tmp_path, vsplit, rounds=1)
     _drive([w], fake)
-    sim = Simulator(vsplit, _train_config(rounds=1))
+    sim = Simulator(vsplit, train_config(SEED, rounds=1))
     rec = sim.run().rounds[0]
     (report,) = fake.evaluations
     got = means({**report["sums"], "count": report["count"]})

@@ -9,15 +9,16 @@ import httpx
 import pytest
 import torch
 
-from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_model
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
+from tests.client_sim.worker_run import run_body, train_config
 from tests.support.aggregator import ENROLMENT_SECRET, OPERATOR_TOKEN
 
-FACTOR, LAYERS, SEED, ROUNDS = 8, 2, 4, 3
+SEED, ROUNDS = 4, 3
 N_USERS = 60
 
 
@@ -47,18 +48,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
     ]
     for w in workers:
         w.register()
-    run = {
-        "n_items": split.n_items,
-        "kind": "ncf",
-        "factor": FACTOR,
-        "layers": LAYERS,
-        "rounds": ROUNDS,
-        "fraction": 0.3,
-        "seed": SEED,
-        "chunk_size": 16,
-        "deadline_s": 600.0,
-        "dataset": "synthetic",
-    }
+    run = run_body(split.n_items, SEED, ROUNDS, kind="ncf", deadline_s=600.0)
     with httpx.Client(base_url=aggregator) as http:
         resp = http.post(
             "/v1/runs", json=run, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -77,18 +67,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
         blob = http.get("/v1/models/latest", headers={"Authorization": f"Bearer {token}"})
         assert blob.status_code == 200
 
-    sim = Simulator(
-        split,
-        TrainConfig(
-            rounds=ROUNDS,
-            fraction=0.3,
-            factor=FACTOR,
-            layers=LAYERS,
-            seed=SEED,
-            chunk_size=16,
-            per_client_uploads=True,
-        ),
-    )
+    sim = Simulator(split, train_config(SEED, ROUNDS))
     result = sim.run()
     _, shared, version = decode_model(blob.content)
     assert version == ROUNDS
