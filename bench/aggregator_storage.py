@@ -35,6 +35,7 @@ from services.launcher import UpOptions, cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from tests.support.loopback import free_port
+from tests.support.parity import start_workers
 from tests.support.postgres import postgres_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_storage.json"
@@ -105,9 +106,7 @@ def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> d
     t0 = time.perf_counter()
     with cluster(opts) as c:
         c.start_aggregator()
-        for i in range(opts.workers):
-            c.start_worker(i)
-        c.wait_registered(split.n_users)
+        start_workers(c, split.n_users)
         c.start_run(split.n_items)
         seen = 0
         deadline = time.monotonic() + 3600.0

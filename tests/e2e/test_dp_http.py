@@ -16,6 +16,7 @@ from fedrecgel.data import load_split
 from fedrecgel.simulate import TrainConfig
 from services.launcher import UpOptions, cluster
 from tests.support.loopback import free_port
+from tests.support.parity import start_workers
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +40,7 @@ def test_a_dp_run_over_http_finishes_within_its_target_epsilon(tmp_path: Path) -
     )
     with cluster(opts) as c:
         c.start_aggregator()
-        for i in range(opts.workers):
-            c.start_worker(i)
-        c.wait_registered(split.n_users)
+        start_workers(c, split.n_users)
         c.start_run(split.n_items)
         history = c.wait_complete(600.0)
         metrics = httpx.get(f"{c.agg_url}/metrics", timeout=10).text
