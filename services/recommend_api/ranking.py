@@ -34,9 +34,9 @@ class RankingConfig:
 
     ann_threshold: int = 5_000
     ann_shortlist: int = 300
-    ann_fit_samples: int = 512
-    ann_variance: float = 0.95
-    ann_nprobe: int = 256
+    ann_fit_samples: int = ShortlistConfig.fit_samples
+    ann_variance: float = ShortlistConfig.variance
+    ann_nprobe: int = ShortlistConfig.nprobe
     max_k: int = 10_000
 
     def shortlist_config(self) -> ShortlistConfig:
