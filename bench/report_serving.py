@@ -16,6 +16,16 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _recall_row(items: str, target: str, load: dict[str, Any]) -> tuple[str, str, object]:
+    """The recall row of one catalogue size of ``recommend_load.json``."""
+    r = load.get("recall", {})
+    return (
+        f"recall@10 vs exact, {items} items, mean / p5",
+        target,
+        f"{r.get('recall_at_10_mean')} / {r.get('recall_at_10_p5')} ({r.get('users')} users)",
+    )
+
+
 def serving() -> list[str]:
     """Targets of two-stage recommendations and of evaluation against what was measured."""
     rec = _load(RES / "recommend_load.json") or {}
@@ -26,13 +36,8 @@ def serving() -> list[str]:
     rows: list[tuple[str, str, object]] = []
     small, big = rec.get("items_12k_50_callers", {}), rec.get("items_1m", {})
     if small:
-        r = small.get("recall", {})
         rows += [
-            (
-                "recall@10 vs exact, 12k items, mean / p5",
-                ">= 0.99",
-                f"{r.get('recall_at_10_mean')} / {r.get('recall_at_10_p5')} ({r.get('users')} users)",
-            ),
+            _recall_row("12k", ">= 0.99", small),
             (
                 "rate vs no-op, 50 callers, 12k, two-stage",
                 ">= 0.5",
@@ -41,13 +46,8 @@ def serving() -> list[str]:
             ("rate vs no-op, 50 callers, 12k, exact option", "-", small.get("ratio_to_noop_exact")),
         ]
     if big:
-        r = big.get("recall", {})
         rows += [
-            (
-                "recall@10 vs exact, 1e6 items, mean / p5",
-                ">= 0.95",
-                f"{r.get('recall_at_10_mean')} / {r.get('recall_at_10_p5')} ({r.get('users')} users)",
-            ),
+            _recall_row("1e6", ">= 0.95", big),
             ("p99 ms, 50 callers, 1e6 items", "< 100", big.get("concurrent_50", {}).get("p99_ms")),
             (
                 "p99 ms, 50 callers, no-op endpoint (same run, same bodies)",
