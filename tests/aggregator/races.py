@@ -11,17 +11,17 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.wire import encode_updates
 from services.aggregator.models import ModelVersion
 from services.aggregator.service import AggregatorService
 from tests.support.aggregator import (
     FakeClock,
     bearer,
-    operator_headers,
+    current_cohort,
+    post_run,
+    post_updates,
     random_update,
     register,
     service_of,
-    upload_headers,
 )
 
 RACE_MODEL = ModelConfig(n_items=40, kind="ncf", factor=4, layers=2)
@@ -40,19 +40,15 @@ RACE_RUN = {
 def start_race_run(client: TestClient) -> tuple[str, dict[str, Any]]:
     """Register clients 0..19 and start :data:`RACE_RUN`; their token and the run's body."""
     token = register(client, list(range(20)))
-    r = client.post("/v1/runs", json=RACE_RUN, headers=operator_headers())
-    assert r.status_code == 201, r.text
-    run: dict[str, Any] = r.json()
-    return token, run
+    return token, post_run(client, RACE_RUN)
 
 
 def upload_whole_cohort(
     client: TestClient, token: str, round_id: int, rng: np.random.Generator
 ) -> None:
     """Upload random updates of every member of the open round's cohort in one body."""
-    cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
-    body = encode_updates(round_id, [random_update(RACE_MODEL, c, rng) for c in cohort])
-    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token))
+    cohort = current_cohort(client, bearer(token))
+    r = post_updates(client, token, round_id, [random_update(RACE_MODEL, c, rng) for c in cohort])
     assert r.status_code == 200, r.text
 
 
@@ -85,13 +81,11 @@ def two_instances_close_once(
 ) -> list[str | None]:
     """Both instances hold some of round 1's updates and race to close it at the deadline."""
     token, _ = start_race_run(a)
-    cohort = b.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
+    cohort = current_cohort(b, bearer(token))
     rng = np.random.default_rng(0)
     ups = [random_update(RACE_MODEL, c, rng) for c in cohort[:4]]
     for client, part in ((a, ups[:2]), (b, ups[2:])):
-        r = client.post(
-            "/v1/rounds/1/updates", content=encode_updates(1, part), headers=upload_headers(token)
-        )
+        r = post_updates(client, token, 1, part)
         assert r.status_code == 200, r.text
     clock.advance(31)
     outcomes = race_ticks([service_of(a), service_of(b)])

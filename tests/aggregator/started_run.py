@@ -11,13 +11,13 @@ from fastapi.testclient import TestClient
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
-from fedrecgel.wire import encode_updates
 from tests.support.aggregator import (
     bearer,
-    operator_headers,
+    current_cohort,
+    post_run,
+    post_updates,
     random_update,
     register,
-    upload_headers,
 )
 
 MODEL = ModelConfig(n_items=50, kind="ncf", factor=4, layers=2)
@@ -46,11 +46,7 @@ class Ctx:
         path_round: int | None = None,
     ) -> httpx.Response:
         tok = token or self.owner(updates[0].client_id)
-        return self.client.post(
-            f"/v1/rounds/{path_round or round_id}/updates",
-            content=encode_updates(round_id, updates),
-            headers=upload_headers(tok),
-        )
+        return post_updates(self.client, tok, round_id, updates, path_round)
 
     def latest(self) -> tuple[int, bytes]:
         r = self.client.get("/v1/models/latest", headers=bearer(self.token))
@@ -65,9 +61,8 @@ def start_run(client: TestClient) -> Ctx:
     """Register clients 0..9 and 10..19 under two credentials and start :data:`RUN`."""
     a = register(client, list(range(10)))
     b = register(client, list(range(10, 20)))
-    r = client.post("/v1/runs", json=RUN, headers=operator_headers())
-    assert r.status_code == 201, r.text
-    cohort = client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"]
+    post_run(client, RUN)
+    cohort = current_cohort(client)
     assert len(cohort) == 5
     return Ctx(client, a, b, cohort)
 

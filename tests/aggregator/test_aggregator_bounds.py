@@ -14,7 +14,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.wire import encode_updates
 from services.aggregator import runs as runs_module
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.junk import junk_reports, junk_uploads
@@ -22,6 +21,8 @@ from tests.support.aggregator import (
     bearer,
     enrol_headers,
     operator_headers,
+    post_run,
+    post_updates,
     random_update,
     register,
     upload_headers,
@@ -49,8 +50,7 @@ def _start(aggregator: AggregatorFactory, **settings: Any) -> Started:
     client = aggregator(population=8, **settings)
     a = register(client, [0, 2, 4, 6], 0, 2)
     b = register(client, [1, 3, 5, 7], 1, 2)
-    r = client.post("/v1/runs", json=RUN, headers=operator_headers())
-    assert r.status_code == 201, r.text
+    post_run(client, RUN)
     return Started(client, a, b)
 
 
@@ -62,8 +62,7 @@ def started(aggregator: AggregatorFactory) -> Started:
 def _close_round_1(s: Started) -> None:
     for token, ids in ((s.a, [0, 2, 4, 6]), (s.b, [1, 3, 5, 7])):
         rng = np.random.default_rng(ids[0])
-        body = encode_updates(1, [random_update(MODEL, c, rng) for c in ids])
-        r = s.client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+        r = post_updates(s.client, token, 1, [random_update(MODEL, c, rng) for c in ids])
         assert r.status_code == 200, r.text
     assert s.client.get("/v1/rounds/1").json()["state"] == "closed"
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.wire import encode_updates
 from services.aggregator.__main__ import configure_process
 from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     bearer,
-    operator_headers,
+    current_cohort,
+    post_run,
+    post_updates,
     random_update,
     register,
     service_of,
-    upload_headers,
 )
 
 FILMTRUST = ModelConfig(n_items=2059, kind="ncf", factor=32, layers=3)
@@ -47,14 +47,13 @@ def test_filmtrust_size_round_closes_from_memory(
     configure_process(service_of(client).settings)
     token = register(client, list(range(1220)))
     run = {"n_items": 2059, "rounds": 2, "fraction": 0.1, "seed": 0}
-    assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
-    cohort = client.get("/v1/rounds/current", headers=bearer(token)).json()["cohort"]
+    post_run(client, run)
+    cohort = current_cohort(client, bearer(token))
     assert len(cohort) == 122
     rng = np.random.default_rng(0)
     updates = [random_update(FILMTRUST, c, rng, n_rows=85) for c in cohort]
     for start in range(0, 122, 41):
-        body = encode_updates(1, updates[start : start + 41])
-        r = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+        r = post_updates(client, token, 1, updates[start : start + 41])
         assert r.status_code == 200, r.text
     assert client.get("/v1/rounds/1").json()["state"] == "closed"
     registry = client.app.state.metrics.registry  # type: ignore[attr-defined]

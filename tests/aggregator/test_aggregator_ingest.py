@@ -25,7 +25,9 @@ from services.aggregator.service import AggregatorService, Caller
 from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     FakeClock,
+    current_cohort,
     operator_headers,
+    post_run,
     random_update,
     register,
     service_of,
@@ -121,9 +123,8 @@ def app(aggregator: AggregatorFactory) -> tuple[TestClient, AggregatorService, s
 
 
 def _start(client: TestClient, **overrides: object) -> list[int]:
-    r = client.post("/v1/runs", json={**RUN, **overrides}, headers=operator_headers())
-    assert r.status_code == 201, r.text
-    return list(client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"])
+    post_run(client, {**RUN, **overrides})
+    return current_cohort(client)
 
 
 def _body(client_id: int, round_id: int = 1, seed: int = 0) -> bytes:

@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig
-from fedrecgel.wire import encode_updates
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.scenarios import (
     federated_matches_simulator,
@@ -21,13 +20,15 @@ from tests.aggregator.scenarios import (
 from tests.support.aggregator import (
     FakeClock,
     bearer,
+    current_cohort,
     make_settings,
     operator_headers,
+    post_run,
+    post_updates,
     random_update,
     register,
     service_of,
     sqlite_url,
-    upload_headers,
 )
 
 Clocked = tuple[TestClient, FakeClock, str]
@@ -59,15 +60,13 @@ def clocked(aggregator: AggregatorFactory) -> Clocked:
 
 
 def _start(client: TestClient, **overrides: object) -> list[int]:
-    r = client.post("/v1/runs", json={**RUN, **overrides}, headers=operator_headers())
-    assert r.status_code == 201, r.text
-    return list(client.get("/v1/rounds/current", headers=operator_headers()).json()["cohort"])
+    post_run(client, {**RUN, **overrides})
+    return current_cohort(client)
 
 
 def _upload(client: TestClient, token: str, round_id: int, ids: list[int]) -> None:
     rng = np.random.default_rng(round_id)
-    body = encode_updates(round_id, [random_update(MODEL, c, rng) for c in ids])
-    r = client.post(f"/v1/rounds/{round_id}/updates", content=body, headers=upload_headers(token))
+    r = post_updates(client, token, round_id, [random_update(MODEL, c, rng) for c in ids])
     assert r.status_code == 200, r.text
 
 
@@ -138,12 +137,11 @@ def test_last_round_finishes_the_run(clocked: Clocked) -> None:
     assert cur["state"] == "finished" and cur["model_version"] == 1
     # the lost-answer retry of the very last upload is still only a duplicate
     rng = np.random.default_rng(1)
-    body = encode_updates(1, [random_update(MODEL, c, rng) for c in cohort])
-    retry = client.post("/v1/rounds/1/updates", content=body, headers=upload_headers(token))
+    retry = post_updates(client, token, 1, [random_update(MODEL, c, rng) for c in cohort])
     assert retry.status_code == 200
     assert {x["status"] for x in retry.json()["results"]} == {"duplicate"}
     # a finished run no longer blocks a new one
-    assert client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
+    post_run(client, RUN)
 
 
 class TickRecorder:

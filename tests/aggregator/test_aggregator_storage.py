@@ -21,7 +21,7 @@ from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeepe
 from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     bearer,
-    operator_headers,
+    post_run,
     random_update,
     register,
     service_of,
@@ -54,8 +54,7 @@ def play_round(client: TestClient, token: str, rng: np.random.Generator) -> tupl
 def start_run(client: TestClient) -> str:
     """Register clients 0..19 and start :data:`RUN`; their token."""
     token = register(client, list(range(20)))
-    r = client.post("/v1/runs", json=RUN, headers=operator_headers())
-    assert r.status_code == 201, r.text
+    post_run(client, RUN)
     return token
 
 

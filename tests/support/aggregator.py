@@ -5,6 +5,7 @@ updates, and an in-process federated driver that computes uploads exactly like
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,7 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.sam import Update
 from fedrecgel.simulate import TrainConfig
+from fedrecgel.wire import encode_updates
 from services.aggregator.models import utcnow
 from services.aggregator.schemas import RunConfig
 from services.aggregator.service import AggregatorService
@@ -93,6 +95,36 @@ def register(client: _Poster, client_ids: list[int], shard: int = 0, shards: int
     assert r.status_code == 201, r.text
     token: str = r.json()["token"]
     return token
+
+
+def post_run(client: _Poster, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Start a run of ``body`` as the operator (it must be accepted); the answer."""
+    r = client.post("/v1/runs", json=dict(body), headers=operator_headers())
+    assert r.status_code == 201, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def current_cohort(client: Any, headers: Mapping[str, str] | None = None) -> list[int]:
+    """The cohort of the current round as ``headers`` see it (the operator's: all of it)."""
+    r = client.get("/v1/rounds/current", headers=dict(headers or operator_headers()))
+    return [int(c) for c in r.json()["cohort"]]
+
+
+def post_updates(
+    client: Any,
+    token: str,
+    round_id: int,
+    updates: Sequence[Update],
+    path_round: int | None = None,
+) -> Any:
+    """Upload ``updates`` of round ``round_id`` in one body under ``token`` (to the URL of
+    ``path_round`` if given: a body and a path that disagree); the response."""
+    return client.post(
+        f"/v1/rounds/{path_round or round_id}/updates",
+        content=encode_updates(round_id, list(updates)),
+        headers=upload_headers(token),
+    )
 
 
 class FakeClock:
