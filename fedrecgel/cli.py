@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedrecgel.clitools import console, fail, load_data, parse_seeds
+from fedrecgel.clitools import DatasetOption, console, fail, load_data, parse_seeds
 from fedrecgel.config import DEFAULTS, ConfigError, RunParams, bounds, check
 from fedrecgel.data import DATASETS, DataError, Split, stats
 from fedrecgel.runreport import plot_run, summarize
@@ -213,9 +213,7 @@ def _round_line(rec: RoundRecord) -> str:
 def train(
     ctx: typer.Context,
     run: dict[str, Any],
-    dataset: Annotated[
-        str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
-    ] = DEFAULTS.dataset,
+    dataset: DatasetOption = DEFAULTS.dataset,
     data_dir: Annotated[
         Path | None,
         typer.Option(

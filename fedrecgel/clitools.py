@@ -1,9 +1,10 @@
 """What every ``fedrec`` command shares: the error exit, the console, loading a dataset or a
-ready split by what the user typed, and parsing seeds."""
+ready split by what the user typed (and the --dataset option that names it), and parsing seeds."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -21,6 +22,9 @@ from fedrecgel.data import (
 )
 
 console = Console(stderr=True)
+
+#: the ``--dataset`` option of the commands that load one (its default: ``DEFAULTS.dataset``)
+DatasetOption = Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel.clitools import console, fail, load_data, parse_seeds
+from fedrecgel.clitools import DatasetOption, console, fail, load_data, parse_seeds
 from fedrecgel.config import DEFAULTS
-from fedrecgel.data import DATASETS, DataError
+from fedrecgel.data import DataError
 from fedrecgel.presets import PRESETS_FILE, PresetError, save
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.tune import ROUND_CHOICES, TuneSpec, best_settings, finished, tune
@@ -21,9 +21,7 @@ TUNABLE = ("fedrecgel", "fedncf", "fedmf")
 
 
 def tune_command(
-    dataset: Annotated[
-        str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
-    ] = DEFAULTS.dataset,
+    dataset: DatasetOption = DEFAULTS.dataset,
     data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
     protocol: Annotated[str, typer.Option(help="paper or clean (see fedrec train).")] = "paper",
     split_dir: Annotated[
