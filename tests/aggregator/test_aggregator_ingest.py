@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
-from services.aggregator.db import alembic_config
 from services.aggregator.errors import AggregatorError, Conflict, Forbidden
 from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.schemas import UploadResult
 from services.aggregator.service import AggregatorService, Caller
 from tests.aggregator.conftest import AggregatorFactory
+from tests.aggregator.migrating import at_revision
 from tests.support.aggregator import (
     FakeClock,
     current_cohort,
@@ -278,18 +278,7 @@ def test_a_run_started_by_a_replica_is_picked_up_by_a_stale_cache(
 
 
 def test_migration_0002_backfills_the_counter_and_downgrades(tmp_path: Path) -> None:
-    url = sqlite_url(tmp_path)
-    engine = create_engine(url)
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
-        conn.execute(
-            text(
-                "INSERT INTO runs (id, config, state, active, created_at) "
-                "VALUES (1, '{}', 'running', 1, '2025-01-01')"
-            )
-        )
+    with at_revision(sqlite_url(tmp_path), "0001") as (conn, cfg):
         conn.execute(
             text(
                 "INSERT INTO rounds (id, run_id, round_id, attempt, state, cohort, base_version,"
@@ -312,4 +301,3 @@ def test_migration_0002_backfills_the_counter_and_downgrades(tmp_path: Path) -> 
         columns = [row[1] for row in conn.execute(text("PRAGMA table_info(rounds)"))]
         assert "updates_received" not in columns
         command.upgrade(cfg, "head")
-    engine.dispose()

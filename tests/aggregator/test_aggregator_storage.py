@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from alembic import command
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import decode_model, encode_updates
-from services.aggregator.db import Database, alembic_config
+from services.aggregator.db import Database
 from services.aggregator.settings import Settings
 from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeeper
 from tests.aggregator.conftest import AggregatorFactory
+from tests.aggregator.migrating import alembic_connection, at_revision
 from tests.support.aggregator import (
     bearer,
     post_run,
@@ -197,17 +198,7 @@ def test_an_old_sqlite_file_is_converted_and_pruned_by_the_migration(tmp_path: P
     open round only, frees the old version's optimizer state, and the file turns incremental;
     the downgrade puts the kept body back."""
     path = tmp_path / "old.db"
-    engine = create_engine(f"sqlite:///{path}")
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0002")
-        conn.execute(
-            text(
-                "INSERT INTO runs (id, config, state, active, created_at) "
-                "VALUES (1, '{}', 'running', 1, '2025-01-01')"
-            )
-        )
+    with at_revision(f"sqlite:///{path}", "0002") as (conn, _):
         for pk, state in ((1, "closed"), (2, "open")):
             conn.execute(
                 text(
@@ -234,7 +225,6 @@ def test_an_old_sqlite_file_is_converted_and_pruned_by_the_migration(tmp_path: P
                 ),
                 {"v": v, "p": b"\x02" * 100_000},
             )
-    engine.dispose()
     with sqlite3.connect(path) as raw:
         assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
     size_before = path.stat().st_size
@@ -251,14 +241,11 @@ def test_an_old_sqlite_file_is_converted_and_pruned_by_the_migration(tmp_path: P
         )
         assert states.fetchall() == [(0, 1, 0), (1, 0, 0)]
     assert path.stat().st_size < size_before - 150_000
-    engine = create_engine(f"sqlite:///{path}")
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+    with alembic_connection(f"sqlite:///{path}") as (conn, cfg):
         command.downgrade(cfg, "0002")
         rows = conn.execute(text("SELECT round_pk, length(blob) FROM updates ORDER BY 1"))
         assert rows.fetchall() == [(1, 0), (2, 100_000)]
         command.upgrade(cfg, "head")
-    engine.dispose()
 
 
 def test_compaction_runs_only_after_something_was_freed(tmp_path: Path) -> None:
