@@ -11,7 +11,10 @@ this machine at that moment).
 Modes (``--modes``): ``exact``, the workers' default, computes each upload one client at a
 time (the bytes do not depend on the group: bit for bit the simulator's even when a worker
 recomputes part of a round after a crash); ``grouped`` starts the workers with
-``--grouped-uploads`` (a worker's cohort members computed together).
+``--grouped-uploads`` (a worker's cohort members computed together); ``partial`` runs with
+``upload_grouping=worker`` (each worker uploads one partial sum of its cohort members per
+round, summed inside the batched backward; the simulator it is timed and checked against
+runs with the same grouping).
 
 Each HTTP run also records where a round's wall time goes: the workers' phase timings (their
 ``round timings`` log lines, :mod:`services.client_sim.timings`), the aggregator's stage
@@ -20,7 +23,7 @@ round's close to the poll answer a worker starts the next round from). Agreement
 simulator (per-round metrics and loss, final model) is checked once per mode against the
 simulator computing per-client uploads the way the workers did.
 
-    python bench/http_vs_simulator.py [--rounds 20] [--repeats 3] [--modes exact,grouped]
+    python bench/http_vs_simulator.py [--rounds 20] [--repeats 3] [--modes exact,grouped,partial]
         [--out bench/results/http_vs_simulator.json]
 """
 
@@ -54,7 +57,7 @@ from tests.support.loopback import redis_server
 from tests.support.parity import aggregator_started, parity_options, start_workers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
-MODES = ("exact", "grouped")
+MODES = ("exact", "grouped", "partial")
 #: a worker's phases (services/client_sim/timings.py), waiting ones last, and the aggregator's
 #: stages, in order
 WORKER_PHASES = (*(p for p in PHASES if p not in ("poll", "wait")), "poll", "wait")
@@ -219,7 +222,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: exact,grouped")
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help="comma-separated: " + ",".join(MODES)
+    )
     parser.add_argument("--poll-max-s", type=float, default=0.5, help="workers' idle poll cap")
     parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check")
     parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. 'before')")
@@ -240,6 +245,7 @@ def main() -> None:
             "worker_poll_max_s": args.poll_max_s,
             "worker_torch_threads": worker_torch_threads(args.workers),
             "repeats": args.repeats,
+            "load_avg_1m_at_start": os.getloadavg()[0],
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -256,6 +262,8 @@ def main() -> None:
     for rep in range(args.repeats):
         for mode in modes:
             grouped = mode == "grouped"
+            # the run (and the simulator it is timed against) with this mode's grouping
+            run = replace(train, upload_grouping="worker") if mode == "partial" else train
             with (
                 tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
                 contextlib.ExitStack() as stack,
@@ -263,7 +271,7 @@ def main() -> None:
                 redis_url = stack.enter_context(redis_server(Path(tmp))).url
                 workdir = Path(tmp) / "up"
                 http = http_run(
-                    train,
+                    run,
                     args.dataset,
                     args.workers,
                     args.poll_max_s,
@@ -271,7 +279,7 @@ def main() -> None:
                     redis_url,
                     grouped,
                 )
-            sims = {t: simulator_seconds(args.dataset, train, t) for t in sorted({threads, 1})}
+            sims = {t: simulator_seconds(args.dataset, run, t) for t in sorted({threads, 1})}
             best = min(sims.values())
             row = {
                 "repetition": rep,
@@ -286,7 +294,7 @@ def main() -> None:
                 "breakdown": http["breakdown"],
             }
             if rep == 0 and not args.no_agreement:
-                ref = replace(train, grouped_uploads=grouped)
+                ref = replace(run, grouped_uploads=grouped)
                 sim, exact = exact_reference(args.dataset, ref, args.workers)
                 row["agreement"] = agreement(http, sim, exact)
             out["repetitions"].append(row)

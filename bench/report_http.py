@@ -14,6 +14,8 @@ from typing import Any
 RES = Path(__file__).resolve().parents[1] / "bench" / "results"
 AFTER = "http_vs_simulator.json"
 BEFORE = "http_vs_simulator_before.json"
+#: the run with per-worker partial sums, with a grouped run of the same session beside it
+PARTIAL = "http_vs_simulator_partial.json"
 
 #: row label of each breakdown entry: worker phases (mean over the workers), aggregator stages
 WORKER_ROWS = {
@@ -54,8 +56,8 @@ def _cell(x: float | None) -> str:
 
 def section() -> list[str]:
     """The before/after table and the breakdown of a round."""
-    after, before = _load(AFTER), _load(BEFORE)
-    runs = _runs(before, "before") + _runs(after, "after")
+    after, before, partial = _load(AFTER), _load(BEFORE), _load(PARTIAL)
+    runs = _runs(before, "before") + _runs(after, "after") + _runs(partial, "partial sums")
     if not runs:
         return []
     cfg = (after or before)["config"]
@@ -73,7 +75,17 @@ def section() -> list[str]:
         f"<= {(after or before)['ratio_target']}. *exact*: each upload computed one client at "
         "a time (the workers' default; bit for bit the simulator's even after a worker "
         "recomputes part of a round); *grouped*: workers started with `--grouped-uploads` "
-        "(a worker's cohort members computed together).",
+        "(a worker's cohort members computed together); *partial*: `upload_grouping: "
+        "worker`, each worker uploads one partial sum of its cohort members per round, "
+        "summed inside the batched backward, against the simulator with the same grouping "
+        "(bit for bit the same model). The *partial sums* rows come from a later session "
+        "(`--modes grouped,partial`), its grouped run measured beside it under the same load"
+        + (
+            f" (1-minute load average {partial['config']['load_avg_1m_at_start']:.1f} at its start)"
+            if partial and "load_avg_1m_at_start" in partial["config"]
+            else ""
+        )
+        + ".",
         "",
         "| run | median ratio | ratios | HTTP s | simulator s | final model max abs diff "
         "vs simulator |",

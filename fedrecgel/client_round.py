@@ -15,12 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import Tensor
 
+from fedrecgel.config import Weighting
 from fedrecgel.model import ModelConfig
 from fedrecgel.privacy import ClientPrivacy, privatize, secret_generator, seeded_generator
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.sam import (
+    PartialSum,
     PrivateState,
     SAMConfig,
     StepResult,
@@ -28,6 +31,7 @@ from fedrecgel.sam import (
     client_samples,
     cohort_step,
 )
+from fedrecgel.strategy import partial_weights
 
 #: a client's training item indices, by user id
 TrainItems = Callable[[int], np.ndarray]
@@ -81,6 +85,42 @@ class ClientRound:
             ]
             shapes = {k: tuple(v.shape) for k, v in shared.items()}
             result.uploads = privatize(result.uploads, self.dp, shapes, gens)
+        return result
+
+    def partial_step(
+        self,
+        shared: dict[str, Tensor],
+        round_id: int,
+        user_ids: Sequence[int] | np.ndarray,
+        train_items: TrainItems,
+        state: PrivateState,
+        weighting: Weighting,
+    ) -> StepResult:
+        """:meth:`step` of ``user_ids`` (ascending) as one partial sum (``upload_grouping=
+        worker``): the result's ``partial`` is ``sum_c w_c upload_c`` summed inside the batched
+        backward (:func:`fedrecgel.strategy.partial_weights`), its item rows over the items the
+        clients' samples touch; no per-client uploads are built."""
+        users = np.asarray(user_ids, dtype=np.int64)
+        if self.dp is not None:
+            raise ValueError("a DP run clips each client's upload: no partial sums")
+        if len(users) == 0 or (len(users) > 1 and not bool((np.diff(users) > 0).all())):
+            raise ValueError("a partial sum covers at least one client, in ascending id order")
+        samples = self.samples(round_id, users, train_items)
+        sizes = np.fromiter((len(s[0]) for s in samples), dtype=np.int64, count=len(samples))
+        weights = partial_weights(sizes, weighting)
+        result = cohort_step(self.model, shared, users, state, samples, self.hp, weights)
+        total = result.aggregate
+        assert total is not None
+        touched = np.unique(np.concatenate([np.asarray(s[0], dtype=np.int64) for s in samples]))
+        idx = torch.from_numpy(touched)
+        result.partial = PartialSum(
+            client_ids=tuple(int(u) for u in users),
+            n_samples=tuple(int(n) for n in sizes),
+            rows={t: (idx, total[t][idx]) for t in self.model.item_tables()},
+            dense={n: total[n] for n in self.model.dense_names()},
+            loss=float(result.losses.sum()),
+        )
+        result.aggregate = None
         return result
 
     def step_in(

@@ -22,6 +22,7 @@ OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
 SecAggMode = Literal["off", "dense"]
 DPMode = Literal["central", "distributed"]
 Sampling = Literal["fixed", "poisson"]
+UploadGrouping = Literal["client", "worker"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
 MAX_SEED = 2**32 - 1
@@ -154,6 +155,31 @@ class RunParams(BaseModel):
         description="DP budget: with dp_noise, stop before a round would exceed it; without, "
         "calibrate the noise so that all rounds stay within it.",
     )
+
+    upload_grouping: UploadGrouping = Field(
+        default="client",
+        description="Uploads: one per client (client), or one per worker and round carrying the "
+        "weighted sum of its cohort members' gradients (worker: fewer, smaller uploads; the "
+        "server sees only each worker's partial sum; not with clip, DP or secure aggregation).",
+    )
+
+    @model_validator(mode="after")
+    def _grouping_fits(self) -> RunParams:
+        if self.upload_grouping == "worker":
+            for on, what in (
+                (self.clip is not None, "clip (the server clips each client's update)"),
+                (
+                    self.dp_noise is not None or self.target_epsilon is not None,
+                    "differential privacy (each client's update is clipped)",
+                ),
+                (self.secure_aggregation != "off", "secure aggregation (it masks each client)"),
+            ):
+                if on:
+                    raise ValueError(
+                        f"upload_grouping=worker sends per-worker partial sums, which cannot be "
+                        f"combined with {what}: use upload_grouping=client"
+                    )
+        return self
 
     @model_validator(mode="after")
     def _dp_consistent(self) -> RunParams:

@@ -81,6 +81,29 @@ class Update:
 
 
 @dataclass
+class PartialSum:
+    """One worker's upload of a round with ``upload_grouping=worker``: the weighted sum
+    ``sum_c w_c g_c`` of its cohort members' shared SAM gradients (``w_c`` = 1, or the
+    client's sample count with sample weighting; :func:`fedrecgel.strategy.partial_weights`),
+    item tables as sparse rows over the items any of them touched.
+
+    client_ids: the clients it covers, ascending; n_samples: theirs, in that order;
+    loss: the sum of their training losses.
+    """
+
+    client_ids: tuple[int, ...]
+    n_samples: tuple[int, ...]
+    rows: dict[str, tuple[Tensor, Tensor]]
+    dense: dict[str, Tensor]
+    loss: float = 0.0
+
+    @property
+    def client_id(self) -> int:
+        """The first client it covers (the one its stored body is filed under)."""
+        return self.client_ids[0]
+
+
+@dataclass
 class PrivateState:
     """Private parameters and their Adam state for C users: name -> (C, d), step (C,)."""
 
@@ -174,6 +197,8 @@ class StepResult:
     losses: np.ndarray = field(default_factory=lambda: np.zeros(0))
     #: ``sum_c weights_c upload_c`` (dense) when :func:`cohort_step` was given weights
     aggregate: dict[str, Tensor] | None = None
+    #: the worker's partial sum (``upload_grouping=worker``), instead of ``uploads``
+    partial: PartialSum | None = None
 
 
 def _adam_(

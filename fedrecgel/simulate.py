@@ -19,7 +19,15 @@ import torch
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import cohort_size, select_cohort
-from fedrecgel.config import DEFAULTS, DPMode, RunParams, Sampling, SecAggMode, check
+from fedrecgel.config import (
+    DEFAULTS,
+    DPMode,
+    RunParams,
+    Sampling,
+    SecAggMode,
+    UploadGrouping,
+    check,
+)
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
@@ -28,7 +36,14 @@ from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.secagg.aggregate import secure_mean
-from fedrecgel.strategy import OptimizerName, Strategy, Weighting, make_strategy
+from fedrecgel.strategy import (
+    OptimizerName,
+    Strategy,
+    Weighting,
+    combine_partials,
+    make_strategy,
+    partial_loss,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +91,9 @@ class TrainConfig:
     dp_mode: DPMode = DEFAULTS.dp_mode
     dp_delta: float | None = DEFAULTS.dp_delta
     target_epsilon: float | None = DEFAULTS.target_epsilon
+    # ``worker``: each shard's clients are summed into one partial sum (as a client worker
+    # does), and the shards' partial sums are combined as the aggregator combines them
+    upload_grouping: UploadGrouping = DEFAULTS.upload_grouping
     eval_every: int = 1
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a
@@ -121,6 +139,7 @@ class TrainConfig:
             dp_mode=params.dp_mode,
             dp_delta=params.dp_delta,
             target_epsilon=params.target_epsilon,
+            upload_grouping=params.upload_grouping,
             **own,
         )
 
@@ -155,6 +174,7 @@ class TrainConfig:
             "dp_mode": self.dp_mode,
             "dp_delta": self.dp_delta,
             "target_epsilon": self.target_epsilon,
+            "upload_grouping": self.upload_grouping,
             **overrides,
         }
         return check(values, RunParams)
@@ -348,6 +368,8 @@ class Simulator:
         losses = []
         weights = None
         secure = self.config.secure_aggregation != "off"
+        if self.config.upload_grouping == "worker":
+            return self._train_partials(r, cohort)
         if not self.config.per_client_uploads and not secure:
             samples = self.clients.samples(r, cohort, train)
             sizes = np.fromiter((len(s[0]) for s in samples), dtype=np.int64, count=len(samples))
@@ -386,6 +408,26 @@ class Simulator:
             losses.append(res.losses)
         self.strategy.apply(self.shared, total)
         return float(np.concatenate(losses).mean())
+
+    def _train_partials(self, r: int, cohort: np.ndarray) -> float:
+        """``upload_grouping=worker``: one partial sum per shard (its clients in id order, as
+        its worker computes it), combined as the aggregator combines them."""
+        partials = []
+        for part in self._shards(np.sort(cohort)):
+            res = self.clients.partial_step(
+                self.shared,
+                r,
+                part,
+                self.split.user_train,
+                self.store.get(part),
+                self.config.weighting,
+            )
+            self.store.put(part, res.state)
+            assert res.partial is not None
+            partials.append(res.partial)
+        shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
+        self.strategy.apply(self.shared, combine_partials(partials, shapes, self.config.weighting))
+        return partial_loss(partials)
 
     def _shards(self, users: np.ndarray) -> list[np.ndarray]:
         """``users`` split by user id % shards (the layout of the client workers)."""

@@ -20,7 +20,7 @@ from torch import Tensor
 from fedrecgel.config import DEFAULTS
 from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
 from fedrecgel.config import Weighting as Weighting  # re-exported
-from fedrecgel.sam import Update
+from fedrecgel.sam import PartialSum, Update
 
 
 def aggregate_gradients(
@@ -53,6 +53,50 @@ def mean_weights(n_samples: np.ndarray, weighting: Weighting) -> np.ndarray:
     if weighting == "mean":
         return np.full(len(n), 1.0 / len(n))
     return n / float(n.sum())
+
+
+def partial_weights(n_samples: np.ndarray, weighting: Weighting) -> np.ndarray:
+    """Each client's weight inside a worker's partial sum: 1 (``mean``) or its sample count
+    (``samples``); :func:`combine_partials` divides by the round's total weight."""
+    n = np.asarray(n_samples, dtype=np.float64)
+    return np.ones(len(n)) if weighting == "mean" else n
+
+
+def combine_partials(
+    partials: Sequence[PartialSum],
+    shapes: dict[str, tuple[int, ...]],
+    weighting: Weighting = DEFAULTS.weighting,
+) -> dict[str, Tensor]:
+    """The round's weighted mean from the workers' partial sums (``upload_grouping=worker``).
+
+    The partial sums are added in the order of their first client id (never arrival order),
+    then divided by the total weight (clients for ``mean``, samples for ``samples``): the
+    aggregator and the simulator both call this, so a run over HTTP equals the simulator
+    bit for bit.
+    """
+    if not partials:
+        raise ValueError("cannot aggregate an empty round")
+    ordered = sorted(partials, key=lambda p: p.client_ids[0])
+    out = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    for p in ordered:
+        for name, (idx, vals) in p.rows.items():
+            out[name].index_add_(0, idx, vals)
+        for name, g in p.dense.items():
+            out[name].add_(g)
+    if weighting == "mean":
+        total = float(sum(len(p.client_ids) for p in ordered))
+    else:
+        total = float(sum(sum(p.n_samples) for p in ordered))
+    for t in out.values():
+        t.div_(total)
+    return out
+
+
+def partial_loss(partials: Sequence[PartialSum]) -> float:
+    """The round's mean client loss from the workers' partial sums (in first-client order)."""
+    ordered = sorted(partials, key=lambda p: p.client_ids[0])
+    n = sum(len(p.client_ids) for p in ordered)
+    return float(sum(p.loss for p in ordered) / n) if n else float("nan")
 
 
 @dataclass(frozen=True)

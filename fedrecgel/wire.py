@@ -17,7 +17,9 @@ message that says what is wrong.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +30,7 @@ from safetensors.torch import load as st_load
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.sam import PartialSum, Update
 
 
 def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
@@ -50,6 +52,7 @@ def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) 
 
 MODEL_FORMAT = "fedrecgel-model"
 UPDATES_FORMAT = "fedrecgel-updates"
+PARTIAL_FORMAT = "fedrecgel-partial"
 
 
 class WireError(ValueError):
@@ -253,6 +256,136 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
         raise WireError(f"unexpected tensors in body: {sorted(extra)[:5]}")
     _check_finite(floats)
     return DecodedUpdates(round_id, updates, [update_digest(round_id, u) for u in updates])
+
+
+def body_format(data: bytes) -> str | None:
+    """The ``format`` metadata of a safetensors body (None when it has none or is no such
+    blob): tells a partial sum from per-client updates before decoding either."""
+    if len(data) < 8:
+        return None
+    n = int.from_bytes(data[:8], "little")
+    if n <= 0 or 8 + n > len(data):
+        return None
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    return fmt if isinstance(fmt, str) else None
+
+
+def partial_digest(round_id: int, p: PartialSum) -> str:
+    """Content digest of one partial sum (idempotent retries): sha256 over its canonical
+    bytes, the clients it covers and their sample counts included."""
+    h = hashlib.sha256()
+    h.update(f"{round_id}:partial:{json.dumps(p.client_ids)}:{json.dumps(p.n_samples)}".encode())
+    h.update(repr(float(p.loss)).encode())
+    for name in sorted(p.rows):
+        idx, vals = p.rows[name]
+        h.update(name.encode())
+        h.update(idx.to(torch.int64).contiguous().numpy().data)
+        h.update(vals.to(torch.float32).contiguous().numpy().data)
+    for name in sorted(p.dense):
+        h.update(name.encode())
+        h.update(p.dense[name].to(torch.float32).contiguous().numpy().data)
+    return h.hexdigest()
+
+
+def encode_partial(round_id: int, p: PartialSum) -> bytes:
+    """Serialize a worker's partial sum of one round. Tensor keys ``{table}.rows``,
+    ``{table}.values``, ``{name}``; metadata ``format=fedrecgel-partial``, ``round``,
+    ``clients`` (a JSON list of ``{"client_id", "n_samples"}``) and ``loss`` (their sum)."""
+    tensors: dict[str, Tensor] = {}
+    for name, (idx, vals) in p.rows.items():
+        tensors[f"{name}.rows"] = idx.to(torch.int64)
+        tensors[f"{name}.values"] = vals.to(torch.float32)
+    for name, g in p.dense.items():
+        tensors[name] = g.to(torch.float32)
+    clients = [
+        {"client_id": c, "n_samples": n} for c, n in zip(p.client_ids, p.n_samples, strict=True)
+    ]
+    meta = {
+        "format": PARTIAL_FORMAT,
+        "round": str(round_id),
+        "clients": json.dumps(clients),
+        "loss": repr(float(p.loss)),
+    }
+    return st_save(tensors, metadata=meta)
+
+
+@dataclass(frozen=True)
+class DecodedPartial:
+    """A decoded partial-sum body: its round, the partial sum and its content digest."""
+
+    round_id: int
+    partial: PartialSum
+    digest: str
+
+
+def decode_partial(data: bytes, cfg: ModelConfig) -> DecodedPartial:
+    """Parse and validate a partial-sum body against the model shape ``cfg`` (keys, dtypes,
+    shapes, finite values, row indices in range, sorted and unique; the clients listed once
+    each, ascending, with positive sample counts; a finite loss)."""
+    tensors, meta = _read(data)
+    if meta.get("format") != PARTIAL_FORMAT:
+        raise WireError(f"not a partial-sum blob (format={meta.get('format')!r})")
+    extra_meta = set(meta) - {"format", "round", "clients", "loss"}
+    if extra_meta:
+        raise WireError(f"unexpected metadata keys: {sorted(extra_meta)}")
+    try:
+        round_id = int(meta["round"])
+        info = json.loads(meta["clients"])
+        loss = float(meta["loss"])
+    except (KeyError, ValueError) as err:
+        raise WireError(f"bad partial-sum metadata: {err}") from None
+    if not isinstance(info, list) or not info:
+        raise WireError("a partial sum must list at least one client")
+    ids: list[int] = []
+    sizes: list[int] = []
+    for i, entry in enumerate(info):
+        if not isinstance(entry, dict) or set(entry) != {"client_id", "n_samples"}:
+            raise WireError(f"client entry {i}: must be {{client_id, n_samples}}")
+        try:
+            ids.append(int(entry["client_id"]))
+            sizes.append(int(entry["n_samples"]))
+        except (TypeError, ValueError) as err:
+            raise WireError(f"client entry {i}: bad value ({err})") from None
+        if sizes[-1] <= 0:
+            raise WireError(f"client entry {i}: n_samples must be positive")
+    if any(b <= a for a, b in itertools.pairwise(ids)):
+        raise WireError("the clients of a partial sum must be listed once each, ascending")
+    if not math.isfinite(loss):
+        raise WireError("loss must be finite")
+    shapes = cfg.shared_shapes()
+    rows: dict[str, tuple[Tensor, Tensor]] = {}
+    floats: dict[str, Tensor] = {}
+    for t in cfg.item_tables():
+        rk, vk = f"{t}.rows", f"{t}.values"
+        if rk not in tensors or vk not in tensors:
+            raise WireError(f"missing {t} rows")
+        idx, vals = tensors[rk], tensors[vk]
+        if idx.dtype != torch.int64 or idx.dim() != 1:
+            raise WireError(f"{rk}: must be a 1-d int64 tensor")
+        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= cfg.n_items):
+            raise WireError(f"{rk}: row index out of range [0, {cfg.n_items})")
+        if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
+            raise WireError(f"{rk}: row indices must be sorted and unique")
+        _check_float(vk, vals, (len(idx), shapes[t][1]), finite=False)
+        floats[vk] = vals
+        rows[t] = (idx, vals)
+    dense: dict[str, Tensor] = {}
+    for name in cfg.dense_names():
+        if name not in tensors:
+            raise WireError(f"missing dense gradient {name}")
+        _check_float(name, tensors[name], shapes[name], finite=False)
+        floats[name] = dense[name] = tensors[name]
+    extra = set(tensors) - set(floats) - {f"{t}.rows" for t in cfg.item_tables()}
+    if extra:
+        raise WireError(f"unexpected tensors in body: {sorted(extra)[:5]}")
+    _check_finite(floats)
+    p = PartialSum(tuple(ids), tuple(sizes), rows, dense, loss)
+    return DecodedPartial(round_id, p, partial_digest(round_id, p))
 
 
 def encode_state(state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:

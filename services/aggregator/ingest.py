@@ -14,8 +14,15 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fedrecgel.sam import Update
-from fedrecgel.wire import WireError, decode_updates, encode_updates
+from fedrecgel.sam import PartialSum, Update
+from fedrecgel.wire import (
+    PARTIAL_FORMAT,
+    WireError,
+    body_format,
+    decode_partial,
+    decode_updates,
+    encode_updates,
+)
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import AggregatorError, Conflict, Forbidden, Malformed
@@ -47,7 +54,7 @@ class Stored:
     """A committed upload: per-client results, its new updates, and its round's count after."""
 
     results: list[UploadResult]
-    fresh: list[tuple[str, Update]]
+    fresh: list[tuple[str, Update | PartialSum]]
     round_pk: int | None  # None: a duplicate of a round that is not open any more
     received: int
     cohort_size: int
@@ -151,8 +158,9 @@ class Ingest:
         else:
             raise Conflict("the current run keeps changing; retry", "round_not_open")
         # committed: the updates are acknowledged from here on
-        self.metrics.updates_accepted.inc(len(stored.fresh))
-        self.metrics.updates_duplicate.inc(len(stored.results) - len(stored.fresh))
+        accepted = sum(1 for r in stored.results if r.status == "accepted")
+        self.metrics.updates_accepted.inc(accepted)
+        self.metrics.updates_duplicate.inc(len(stored.results) - accepted)
         if stored.round_pk is None:
             return stored.results
         log.debug(
@@ -171,6 +179,15 @@ class Ingest:
 
     def validate(self, caller: Caller, round_id: int, body: bytes, run: RunRef) -> PendingUpload:
         """Decode and check a body against the run's model, outside any transaction."""
+        grouped = run.config is not None and run.config.upload_grouping == "worker"
+        if (body_format(body) == PARTIAL_FORMAT) != grouped:
+            want = "one partial sum per worker" if grouped else "per-client updates"
+            raise Malformed(
+                f"this run takes {want} (upload_grouping={'worker' if grouped else 'client'})",
+                "wrong_upload_grouping",
+            )
+        if grouped:
+            return self.validate_partial(caller, round_id, body, run)
         try:
             decoded = decode_updates(body, run.model)
         except WireError as err:
@@ -193,6 +210,36 @@ class Ingest:
             else [encode_updates(round_id, [u]) for u in decoded.updates]
         )
         return PendingUpload(run.run_id, round_id, decoded.updates, decoded.digests, blobs)
+
+    def validate_partial(
+        self, caller: Caller, round_id: int, body: bytes, run: RunRef
+    ) -> PendingUpload:
+        """Decode and check a worker's partial-sum body (``upload_grouping=worker``): shapes,
+        finite values, the listed clients once each and all held by this token, their sample
+        counts and the loss within bounds; the cohort and duplicates are checked at commit."""
+        try:
+            decoded = decode_partial(body, run.model)
+        except WireError as err:
+            raise Malformed(str(err), "malformed_update") from None
+        if decoded.round_id != round_id:
+            raise Malformed(
+                f"body is for round {decoded.round_id}, path says {round_id}", "round_mismatch"
+            )
+        p = decoded.partial
+        for c, n in zip(p.client_ids, p.n_samples, strict=True):
+            if c not in caller.client_ids:
+                raise Forbidden(f"client {c} is not held by this token", "not_owned")
+            if not 1 <= n <= MAX_SAMPLES:
+                raise Malformed(
+                    f"client {c}: n_samples {n} is outside 1..{MAX_SAMPLES}",
+                    "invalid_update_metadata",
+                )
+        if not 0.0 <= p.loss <= MAX_LOSS * len(p.client_ids):
+            raise Malformed(
+                f"loss {p.loss!r} is not a sum of {len(p.client_ids)} losses in [0, {MAX_LOSS:g}]",
+                "invalid_update_metadata",
+            )
+        return PendingUpload(run.run_id, round_id, [], [decoded.digest], [body], p)
 
     def store_batch(self, uploads: Sequence[PendingUpload]) -> list[Stored | Exception]:
         """Check and store a batch of uploads in ONE transaction (the group commit's writer).
@@ -221,14 +268,16 @@ class Ingest:
     def _store_upload(self, batch: UploadBatch, up: PendingUpload) -> Stored:
         """Check one upload inside the batch transaction and queue its rows (all or nothing)."""
         run_id, round_id = up.run_id, up.round_id
-        ids = [u.client_id for u in up.updates]
+        ids = up.client_ids
+        # a partial sum's one digest is stored for every client it covers
+        digests = up.digests * len(ids) if up.partial is not None else up.digests
         live = batch.live_round(run_id, round_id)
         if isinstance(live, RoundRefusal):
             if batch.repo.latest_run_id() != run_id:
                 raise StaleRun
             # A lost answer retried after its round closed is still just a duplicate.
             known = [batch.digest(run_id, round_id, c) for c in ids]
-            if known == up.digests:
+            if known == digests:
                 duplicates = [UploadResult(client_id=c, status="duplicate") for c in ids]
                 return Stored(duplicates, [], None, 0, 0)
             raise Conflict(f"round {round_id} is {live.value}", "round_not_open")
@@ -238,6 +287,8 @@ class Ingest:
                     f"client {c} is not in the cohort of round {round_id} (attempt {live.attempt})",
                     "not_in_cohort",
                 )
+        if up.partial is not None:
+            return self._store_partial(batch, up, live)
         results: list[UploadResult] = []
         fresh: list[tuple[str, Update, bytes]] = []
         for u, digest, blob in zip(up.updates, up.digests, up.blobs, strict=True):
@@ -257,4 +308,36 @@ class Ingest:
             batch.add(live, run_id, round_id, u, digest, blob)
         return Stored(
             results, [(d, u) for d, u, _ in fresh], live.pk, live.received, live.cohort_size
+        )
+
+    def _store_partial(self, batch: UploadBatch, up: PendingUpload, live: LiveRound) -> Stored:
+        """Check a partial sum against the round's stored digests and queue a row per client
+        it covers (the body filed under its first client): all of them counted, or none.
+
+        A retry of the same body is a duplicate; any of its clients already counted by
+        another upload (another partial sum, or a different one) is a 409."""
+        p = up.partial
+        assert p is not None
+        (digest,) = up.digests
+        known = [batch.digest(up.run_id, up.round_id, c) for c in p.client_ids]
+        if all(k == digest for k in known):
+            dup = [UploadResult(client_id=c, status="duplicate") for c in p.client_ids]
+            return Stored(dup, [], live.pk, live.received, live.cohort_size)
+        counted = [c for c, k in zip(p.client_ids, known, strict=True) if k is not None]
+        if counted:
+            raise Conflict(
+                f"clients {counted[:5]} are already counted in round {up.round_id} by another "
+                "upload",
+                "conflicting_update",
+            )
+        mean_loss = p.loss / len(p.client_ids)
+        for i, (c, n) in enumerate(zip(p.client_ids, p.n_samples, strict=True)):
+            blob = up.blobs[0] if i == 0 else None
+            batch.add_row(live, up.run_id, up.round_id, c, n, mean_loss, digest, blob)
+        return Stored(
+            [UploadResult(client_id=c, status="accepted") for c in p.client_ids],
+            [(digest, p)],
+            live.pk,
+            live.received,
+            live.cohort_size,
         )

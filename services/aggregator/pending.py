@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import threading
 
-from fedrecgel.sam import Update
+from fedrecgel.sam import PartialSum, Update
+
+#: a client's update, or a worker's partial sum (filed under its first client)
+Upload = Update | PartialSum
 
 
 class PendingUpdates:
-    """Round attempt pk -> client id -> (digest, decoded update), for live attempts only.
+    """Round attempt pk -> client id -> (digest, decoded update), for live attempts only (a
+    partial sum under its first client).
 
     Filled after the transaction that stored the updates committed (and before any request of
     that transaction is answered); read and dropped by the close. A run has one live attempt
@@ -20,9 +24,9 @@ class PendingUpdates:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._rounds: dict[int, dict[int, tuple[str, Update]]] = {}
+        self._rounds: dict[int, dict[int, tuple[str, Upload]]] = {}
 
-    def add(self, round_pk: int, fresh: list[tuple[str, Update]]) -> None:
+    def add(self, round_pk: int, fresh: list[tuple[str, Upload]]) -> None:
         """Keep the committed updates of a live attempt (forgetting every other attempt)."""
         with self._lock:
             for stale in [k for k in self._rounds if k != round_pk]:
@@ -31,12 +35,12 @@ class PendingUpdates:
             for digest, u in fresh:
                 pending[u.client_id] = (digest, u)
 
-    def replace(self, round_pk: int, updates: dict[int, tuple[str, Update]]) -> None:
+    def replace(self, round_pk: int, updates: dict[int, tuple[str, Upload]]) -> None:
         """Set an attempt's updates (after a restart rebuilt them from the database)."""
         with self._lock:
             self._rounds[round_pk] = dict(updates)
 
-    def snapshot(self, round_pk: int) -> dict[int, tuple[str, Update]]:
+    def snapshot(self, round_pk: int) -> dict[int, tuple[str, Upload]]:
         """A copy of an attempt's updates: client id -> (digest, update)."""
         with self._lock:
             return dict(self._rounds.get(round_pk, {}))

@@ -252,18 +252,22 @@ class Repository:
         """Store acknowledged updates: ``StoredUpdate`` column dicts plus their ``blob``, in
         one executemany INSERT per table.
 
-        The caller also counts them on their round with :meth:`add_received`.
+        The caller also counts them on their round with :meth:`add_received`. A row whose
+        ``blob`` is None (a client covered by a partial sum filed under its first client) has
+        no body of its own.
         """
         if not rows:
             return
         blobs = [
             {"round_pk": r["round_pk"], "client_id": r["client_id"], "blob": r["blob"]}
             for r in rows
+            if r["blob"] is not None
         ]
         self.session.execute(
             insert(StoredUpdate), [{k: v for k, v in r.items() if k != "blob"} for r in rows]
         )
-        self.session.execute(insert(UpdateBlob), blobs)
+        if blobs:
+            self.session.execute(insert(UpdateBlob), blobs)
 
     def update_meta(self, round_pk: int) -> list[tuple[int, str]]:
         """(client id, digest) of every update of a round attempt, by client id."""

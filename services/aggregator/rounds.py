@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.sam import PartialSum, Update
 from fedrecgel.secagg.protocol import RoundFailed
-from fedrecgel.wire import decode_updates, encode_model, encode_state
+from fedrecgel.strategy import combine_partials, partial_loss
+from fedrecgel.wire import decode_partial, decode_updates, encode_model, encode_state
 from services.aggregator import secagg
 from services.aggregator.db import Database
 from services.aggregator.events import RedisBus
@@ -266,7 +267,11 @@ class RoundCloser:
             raise RuntimeError(
                 f"round {rnd.round_id} was opened on version {rnd.base_version}, latest is {latest}"
             )
-        updates = [] if secure is not None else self._round_updates(repo, rnd.id, meta, mcfg)
+        grouped = secure is None and cfg.upload_grouping == "worker"
+        partials = [p for _, p in self._round_partials(repo, rnd.id, meta, mcfg)] if grouped else []
+        updates = (
+            [] if secure is not None or grouped else self._round_updates(repo, rnd.id, meta, mcfg)
+        )
         # stepped in place below; back in the store only after the commit
         base = self.models.take_state(repo, run.id, rnd.base_version, cfg)
         params, strategy = base.params, base.strategy
@@ -277,6 +282,9 @@ class RoundCloser:
         with torch.no_grad(), stage.labels(stage="aggregate").time():
             if secure is not None:
                 strategy.apply(params, secure.grads)
+            elif grouped:  # the workers' partial sums, in first-client order (the simulator's)
+                shapes = {k: tuple(v.shape) for k, v in params.items()}
+                strategy.apply(params, combine_partials(partials, shapes, cfg.weighting))
             else:
                 strategy.round(params, updates, public)
         version = rnd.base_version + 1
@@ -287,6 +295,8 @@ class RoundCloser:
         if secure is not None:
             loss, n_updates = secure.loss, secure.n
             SecAggRepository(repo.session).delete_round(rnd.id)
+        elif grouped:
+            loss, n_updates = partial_loss(partials), sum(len(p.client_ids) for p in partials)
         else:
             loss, n_updates = float(np.mean([u.loss for u in updates])), len(updates)
         repo.add_version(
@@ -326,7 +336,7 @@ class RoundCloser:
         missing = []
         for client_id, digest in meta:
             hit = pending.get(client_id)
-            if hit is not None and hit[0] == digest:
+            if hit is not None and hit[0] == digest and isinstance(hit[1], Update):
                 out[client_id] = hit[1]
             else:
                 missing.append(client_id)
@@ -335,6 +345,34 @@ class RoundCloser:
                 out[client_id] = decode_updates(blob, mcfg).updates[0]
             log.info("decoded %d stored updates of round attempt %d", len(missing), pk)
         return [out[c] for c, _ in meta]
+
+    def _round_partials(
+        self, repo: Repository, pk: int, meta: list[tuple[int, str]], mcfg: ModelConfig
+    ) -> list[tuple[str, PartialSum]]:
+        """``upload_grouping=worker``: the round's partial sums with their digests, in
+        first-client order (each is stored once, under its first client; its digest on every
+        client it covers): from memory, else decoded from the DB."""
+        firsts: dict[str, int] = {}
+        for client_id, digest in meta:  # by client id: the first seen is the first covered
+            firsts.setdefault(digest, client_id)
+        pending = self.pending.snapshot(pk)
+        out: dict[int, tuple[str, PartialSum]] = {}
+        missing: dict[int, str] = {}
+        for digest, first in firsts.items():
+            hit = pending.get(first)
+            if hit is not None and hit[0] == digest and isinstance(hit[1], PartialSum):
+                out[first] = (digest, hit[1])
+            else:
+                missing[first] = digest
+        if missing:
+            for first, blob in repo.update_blobs(pk, list(missing)).items():
+                out[first] = (missing[first], decode_partial(blob, mcfg).partial)
+            log.info("decoded %d stored partial sums of round attempt %d", len(missing), pk)
+        partials = [out[c] for c in sorted(out)]
+        covered = sum(len(p.client_ids) for _, p in partials)
+        if covered != len(meta):
+            raise RuntimeError(f"round attempt {pk}: partial sums cover {covered} of {len(meta)}")
+        return partials
 
     def warm(self) -> None:
         """After a (re)start: rebuild the model state and the open round's updates from the DB."""
@@ -352,13 +390,18 @@ class RoundCloser:
             if live is None:
                 return
             meta = repo.update_meta(live.id)
-            updates = self._round_updates(repo, live.id, meta, mcfg)
-        self.pending.replace(
-            live.id, {u.client_id: (d, u) for (_, d), u in zip(meta, updates, strict=True)}
-        )
+            kept: dict[int, tuple[str, Update | PartialSum]]
+            if cfg.upload_grouping == "worker":
+                kept = {
+                    p.client_id: (d, p) for d, p in self._round_partials(repo, live.id, meta, mcfg)
+                }
+            else:
+                updates = self._round_updates(repo, live.id, meta, mcfg)
+                kept = {u.client_id: (d, u) for (_, d), u in zip(meta, updates, strict=True)}
+        self.pending.replace(live.id, kept)
         log.info(
             "resumed run %d round %d with %d acknowledged updates",
             run.id,
             live.round_id,
-            len(updates),
+            len(meta),
         )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fedrecgel.sam import Update
+from fedrecgel.sam import PartialSum, Update
 from services.aggregator.repository import Repository
 
 # Open attempts remembered across batches before the memory is emptied (refilled on demand).
@@ -25,6 +25,16 @@ class PendingUpload:
     updates: list[Update]
     digests: list[str]
     blobs: list[bytes]  # what is stored per update: a one-update wire body
+    #: ``upload_grouping=worker``: the body's partial sum (``updates`` is then empty; its
+    #: digest and body are the one entry of ``digests`` and ``blobs``)
+    partial: PartialSum | None = None
+
+    @property
+    def client_ids(self) -> list[int]:
+        """The clients the upload covers."""
+        if self.partial is not None:
+            return list(self.partial.client_ids)
+        return [u.client_id for u in self.updates]
 
 
 class RoundRefusal(enum.StrEnum):
@@ -73,9 +83,7 @@ class UploadBatch:
         # the clients of each round the batch may touch: their digests are read in one query
         self._wanted: dict[tuple[int, int], set[int]] = {}
         for up in uploads:
-            self._wanted.setdefault((up.run_id, up.round_id), set()).update(
-                u.client_id for u in up.updates
-            )
+            self._wanted.setdefault((up.run_id, up.round_id), set()).update(up.client_ids)
         self._digests: dict[tuple[int, int], dict[int, str]] = {}
         self._rows: list[dict[str, Any]] = []
         self._added: dict[int, int] = {}
@@ -123,20 +131,35 @@ class UploadBatch:
         self, live: LiveRound, run_id: int, round_id: int, u: Update, digest: str, blob: bytes
     ) -> None:
         """Queue one accepted update for :meth:`write`; later checks of the batch see it."""
+        self.add_row(live, run_id, round_id, u.client_id, u.n_samples, u.loss, digest, blob)
+
+    def add_row(
+        self,
+        live: LiveRound,
+        run_id: int,
+        round_id: int,
+        client_id: int,
+        n_samples: int,
+        loss: float,
+        digest: str,
+        blob: bytes | None,
+    ) -> None:
+        """Queue one client's row (``blob`` None: a client of a partial sum filed under
+        another); later checks of the batch see it."""
         self._rows.append(
             {
                 "round_pk": live.pk,
                 "run_id": run_id,
                 "round_id": round_id,
-                "client_id": u.client_id,
+                "client_id": client_id,
                 "digest": digest,
-                "n_samples": u.n_samples,
-                "loss": u.loss,
+                "n_samples": n_samples,
+                "loss": loss,
                 "blob": blob,
                 "created_at": self.now,
             }
         )
-        self._digests[(run_id, round_id)][u.client_id] = digest
+        self._digests[(run_id, round_id)][client_id] = digest
         self._added[live.pk] = self._added.get(live.pk, 0) + 1
         live.received += 1
 

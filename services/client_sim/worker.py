@@ -10,8 +10,9 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
 3. if the round is open and some owned users are in its cohort and have not committed this
    (round, attempt): download that round's model, draw their samples from
    ``client_rng(seed, round, user)`` and take the SAM step for them together (the core's
-   :class:`fedrecgel.client_round.ClientRound`, as the simulator does), upload, and only after
-   the 2xx commit their new private state (one transaction).
+   :class:`fedrecgel.client_round.ClientRound`, as the simulator does), upload (their
+   per-client updates, or with ``upload_grouping=worker`` one partial sum of them all), and
+   only after the 2xx commit their new private state (one transaction).
 
 A crash between the upload and the commit leaves the old state in the store, so the restarted
 worker recomputes the same update for the same users, which the server answers as a duplicate.
@@ -35,6 +36,7 @@ from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
 from fedrecgel.privacy import ClientPrivacy
 from fedrecgel.sam import PrivateState, StepResult
+from fedrecgel.wire import encode_partial
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
@@ -277,9 +279,12 @@ class Worker:
         hp = replace(cfg.sam(), grouped_uploads=self.settings.grouped_uploads)
         clients = ClientRound(model.cfg, hp, cfg.seed, dp, secret_noise=True)
         with self.timer.phase("compute"):
-            return clients.step(
-                model.shared, round_id, todo, self._train_items, self.store.load_states(todo)
-            )
+            state = self.store.load_states(todo)
+            if cfg.upload_grouping == "worker":  # one partial sum for all of them
+                return clients.partial_step(
+                    model.shared, round_id, todo, self._train_items, state, cfg.weighting
+                )
+            return clients.step(model.shared, round_id, todo, self._train_items, state)
 
     def _train_items(self, user_id: int) -> np.ndarray:
         """The local training items of an owned user."""
@@ -301,7 +306,10 @@ class Worker:
             self.store.set_meta(pending_upload=json.dumps(note))
         try:
             with self.timer.phase("encode"):
-                bodies = self.client.split_bodies(r, result.uploads)
+                if result.partial is not None:
+                    bodies = [(list(todo), encode_partial(r, result.partial))]
+                else:
+                    bodies = self.client.split_bodies(r, result.uploads)
             with self.timer.phase("upload"):
                 statuses = self.client.upload_bodies(r, bodies)
         except AggregatorCallError as err:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fedrecgel.data import Split, load_split
-from tests.e2e.http_run import DATASET, Reference, simulate_reference
+from tests.e2e.http_run import DATASET, PARTIAL, Reference, simulate_reference
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +19,9 @@ def split() -> Split:
 def reference(split: Split) -> Reference:
     """The simulator's 20-round run, computed once per session (snapshot after SHORT rounds)."""
     return simulate_reference(split)
+
+
+@pytest.fixture(scope="session")
+def partial_reference(split: Split) -> Reference:
+    """The simulator's run with per-worker partial sums (:data:`~tests.e2e.http_run.PARTIAL`)."""
+    return simulate_reference(split, PARTIAL)

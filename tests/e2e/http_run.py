@@ -29,6 +29,8 @@ TOL = 1e-5  # on parameters and metrics
 # shards=2: the simulator batches each round as the two workers do (see TrainConfig.shards)
 # per-client uploads aggregated as the aggregator does (not summed inside the backward)
 TRAIN = TrainConfig(rounds=ROUNDS, shards=2, per_client_uploads=True)  # the default settings
+#: the same run with one partial sum per worker and round (``upload_grouping=worker``)
+PARTIAL = TrainConfig(rounds=SHORT, shards=2, upload_grouping="worker")
 RUN_TIMEOUT_S = 400.0
 
 
@@ -45,15 +47,15 @@ class Reference:
     wall_seconds: float
 
 
-def simulate_reference(split: Split) -> Reference:
-    """The simulator's 20-round run (snapshot after SHORT rounds).
+def simulate_reference(split: Split, train: TrainConfig = TRAIN) -> Reference:
+    """The simulator's run of ``train`` (20 rounds; snapshot after SHORT rounds).
 
     It runs with the torch thread count the workers get (kernels, and so float rounding,
     depend on it), whatever earlier tests in this process set.
     """
     before = torch.get_num_threads()
-    torch.set_num_threads(worker_torch_threads(TRAIN.shards))
-    sim = Simulator(split, TRAIN)
+    torch.set_num_threads(worker_torch_threads(train.shards))
+    sim = Simulator(split, train)
     snaps: dict[int, dict[str, Tensor]] = {}
 
     def snap(rec: RoundRecord) -> None:
@@ -64,7 +66,7 @@ def simulate_reference(split: Split) -> Reference:
         result = sim.run(on_round=snap)
     finally:
         torch.set_num_threads(before)
-    snaps[ROUNDS] = {k: v.clone() for k, v in sim.shared.items()}
+    snaps[train.rounds] = {k: v.clone() for k, v in sim.shared.items()}
     return Reference(result.rounds, snaps, result.wall_seconds)
 
 
@@ -147,10 +149,12 @@ def services(
     *,
     redis_url: str | None = None,
     database_url: str | None = None,
+    train: TrainConfig = TRAIN,
 ) -> Iterator[Cluster]:
-    """A started aggregator process (no workers yet); everything is stopped at the end."""
+    """A started aggregator process (no workers yet) for the run of ``train``; everything is
+    stopped at the end."""
     opts = parity_options(
-        TRAIN,
+        train,
         DATASET,
         workdir,
         rounds=rounds,

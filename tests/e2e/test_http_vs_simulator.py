@@ -24,10 +24,12 @@ import pytest
 
 from fedrecgel.data import Split
 from tests.e2e.http_run import (
+    PARTIAL,
     ROUNDS,
     SHORT,
     Reference,
     assert_matches,
+    compare,
     finish,
     round_status,
     services,
@@ -124,3 +126,30 @@ def test_worker_sigkill_mid_run_changes_nothing(
         history, model = finish(c)
         print(f"worker-1 killed in round {st['round_id']} at {st['updates_received']} updates")
     assert_matches(history, model, reference, SHORT)
+
+
+# ----------------------------------------------------------------------------- case 5
+
+
+def test_worker_partial_sums_match_the_simulator_bit_for_bit(
+    tmp_path: Path, split: Split, partial_reference: Reference
+) -> None:
+    """``upload_grouping=worker``: each worker uploads one partial sum per round; the simulator
+    with the same grouping (one partial sum per shard, combined in the same order) computes the
+    same model, to the last bit, and the same losses and metrics. A worker is SIGKILLed
+    mid-run and restarted on its store: its recomputed partial sum is the same body."""
+    reference = partial_reference
+    with services(tmp_path, SHORT, train=PARTIAL) as c:
+        start_training(c, split)
+        wait_closed(c, 1)
+        victim = c.latest("worker-1")
+        victim.send(signal.SIGSTOP)
+        try:
+            wait_partial_round(c, after_round=1)
+        finally:
+            assert victim.kill() == -signal.SIGKILL
+        c.start_worker(1)
+        history, model = finish(c)
+    assert_matches(history, model, reference, SHORT)
+    agree, _ = compare(history, model, reference, SHORT)
+    assert agree.max_param == 0.0 and agree.loss == 0.0, agree

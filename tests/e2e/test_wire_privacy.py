@@ -16,7 +16,15 @@ from fedrecgel.data import Split
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.launcher import run_config, worker_torch_threads
-from tests.e2e.http_run import DATASET, SHORT, Reference, assert_matches, services
+from tests.e2e.http_run import (
+    DATASET,
+    PARTIAL,
+    SHORT,
+    TRAIN,
+    Reference,
+    assert_matches,
+    services,
+)
 from tests.e2e.wire_record import (
     RecordingTransport,
     check_json,
@@ -29,13 +37,19 @@ from tests.e2e.wire_record import (
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.parametrize("grouping", ["client", "worker"])
 def test_no_private_state_or_interactions_on_the_wire(
-    tmp_path: Path, split: Split, reference: Reference
+    tmp_path: Path, split: Split, grouping: str, request: pytest.FixtureRequest
 ) -> None:
     """Record every body of a run (workers in-process behind a recording transport, the real
-    aggregator process) and look for anything private in it."""
+    aggregator process) and look for anything private in it; per-client uploads, and one
+    partial sum per worker and round (``grouping``)."""
+    train = TRAIN if grouping == "client" else PARTIAL
+    reference: Reference = request.getfixturevalue(
+        "reference" if grouping == "client" else "partial_reference"
+    )
     recorder = RecordingTransport()
-    with services(tmp_path, SHORT) as c:
+    with services(tmp_path, SHORT, train=train) as c:
         workers = [
             Worker(
                 WorkerSettings(

@@ -81,12 +81,14 @@ SHARED_TENSOR = re.compile(
 MODEL_META = {"format", "version", "kind", "n_items", "factor", "layers"}
 UPDATES_META = {"format", "round", "updates"}
 UPDATE_ENTRY = {"client_id", "n_samples", "loss"}
+PARTIAL_META = {"format", "round", "clients", "loss"}
+PARTIAL_ENTRY = {"client_id", "n_samples"}
 METRIC = r"(val/)?(hr|ndcg)@\d+"
 RUN_CONFIG = (
     "n_items|kind|factor|layers|rounds|fraction|seed|optimizer|server_lr|weighting|clip|"
     "rho_sh|rho_ns|client_lr|n_negatives|chunk_size|deadline_s|quorum|dataset|sampling|"
     "dp_clip|dp_noise|dp_mode|dp_delta|target_epsilon|secure_aggregation|secagg_neighbours|"
-    "secagg_dropout|secagg_range|secagg_scale_bits"
+    "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping"
 )
 ERROR_KEYS = {"error", "detail"}
 # (method, path regex) -> (request key paths, response key paths), regexes over dotted paths
@@ -160,6 +162,12 @@ def check_safetensors(ex: Exchange, direction: str, body: bytes) -> list[str]:
         for entry in json.loads(meta.get("updates", "[]")):
             if set(entry) != UPDATE_ENTRY:
                 problems.append(f"{ex.path}: update entry {sorted(entry)}")
+    elif meta.get("format") == "fedrecgel-partial":
+        if set(meta) != PARTIAL_META:
+            problems.append(f"{ex.path}: partial-sum metadata {sorted(meta)}")
+        for entry in json.loads(meta.get("clients", "[]")):
+            if set(entry) != PARTIAL_ENTRY:
+                problems.append(f"{ex.path}: partial-sum client entry {sorted(entry)}")
     elif meta.get("format") == "fedrecgel-model":
         if set(meta) != MODEL_META:
             problems.append(f"{ex.path}: model metadata {sorted(meta)}")
