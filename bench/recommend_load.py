@@ -44,6 +44,7 @@ from fedrecgel.model import ModelConfig  # noqa: E402
 from fedrecgel.wire import encode_model  # noqa: E402
 from services.contract import RecommendationRequest  # noqa: E402
 from services.recommend_api.ranking import RankingConfig  # noqa: E402
+from services.recommend_api.shortlist import ProxyShortlist  # noqa: E402
 from tests.support.loopback import free_port  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_load.json"
@@ -232,9 +233,16 @@ def recall(
         "recall_at_10_p5": float(np.percentile(r, 5)),
         "recall_at_10_min": float(r.min()),
         "candidates": max(holder.config.ann_shortlist, snap.shortlist.min_candidates),
-        "nprobe": holder.config.ann_nprobe,
-        "index": type(snap.shortlist.index).__name__,
-        "index_dim": snap.shortlist.dim,
+        "candidate_stage": snap.shortlist.kind,
+        **(
+            {
+                "nprobe": holder.config.ann_nprobe,
+                "index": type(snap.shortlist.index).__name__,
+                "index_dim": snap.shortlist.dim,
+            }
+            if isinstance(snap.shortlist, ProxyShortlist)
+            else {}
+        ),
         "snapshot_build_s": round(build_s, 2),
         "two_stage_ms_per_request": round(1000 * t_two / len(bodies), 2),
         "exact_ms_per_request": round(1000 * t_exact / len(bodies), 2),

@@ -189,7 +189,11 @@ class Scorer:
     matmul per remaining layer instead of the full tower.
     """
 
-    def __init__(self, cfg: ModelConfig, shared: dict[str, Tensor]) -> None:
+    def __init__(
+        self, cfg: ModelConfig, shared: dict[str, Tensor], item_first: Tensor | None = None
+    ) -> None:
+        """``item_first``: the item half ``item_mlp @ W0_item^T`` computed by the caller (then
+        ``shared`` need not hold ``item_mlp``); computed here when None."""
         self.cfg = cfg
         self.shared = {k: v.detach() for k, v in shared.items()}
         self.item_first: Tensor | None = None
@@ -197,7 +201,9 @@ class Scorer:
             w0 = self.shared["tower.0.weight"]
             e = cfg.mlp_dim
             self.user_w0 = w0[:, :e]  # (H, E)
-            self.item_first = self.shared["item_mlp"] @ w0[:, e:].T  # (I, H)
+            if item_first is None:
+                item_first = self.shared["item_mlp"] @ w0[:, e:].T
+            self.item_first = item_first  # (I, H)
 
     @torch.no_grad()
     def score(self, private: dict[str, Tensor], items: Tensor) -> Tensor:

@@ -99,6 +99,8 @@ def holder_from_settings(settings: Settings) -> ModelHolder:
         ann_fit_samples=settings.ann_fit_samples,
         ann_variance=settings.ann_variance,
         ann_nprobe=settings.ann_nprobe,
+        ann_index=settings.ann_index,
+        ann_scan_candidates=settings.ann_scan_candidates,
         max_k=settings.max_k,
     )
     return ModelHolder(cfg, labels_from_settings(settings))

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ from services.recommend_api.errors import (
     NoModel,
     UnknownItems,
 )
-from services.recommend_api.shortlist import ProxyShortlist, ShortlistConfig, build_shortlist
+from services.recommend_api.shortlist import Shortlist, ShortlistConfig, build_shortlist
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +38,18 @@ class RankingConfig:
     ann_fit_samples: int = ShortlistConfig.fit_samples
     ann_variance: float = ShortlistConfig.variance
     ann_nprobe: int = ShortlistConfig.nprobe
+    ann_index: Literal["auto", "flat", "ivf", "scan"] = ShortlistConfig.index
+    ann_scan_candidates: int = ShortlistConfig.scan_candidates
     max_k: int = 10_000
 
     def shortlist_config(self) -> ShortlistConfig:
         """The candidate index's shape."""
         return ShortlistConfig(
-            fit_samples=self.ann_fit_samples, variance=self.ann_variance, nprobe=self.ann_nprobe
+            fit_samples=self.ann_fit_samples,
+            variance=self.ann_variance,
+            nprobe=self.ann_nprobe,
+            index=self.ann_index,
+            scan_candidates=self.ann_scan_candidates,
         )
 
 
@@ -54,7 +61,7 @@ class Snapshot:
     scorer: Scorer
     labels: Sequence[str] | None  # None: an item's id is its index
     label_index: dict[str, int] | None
-    shortlist: ProxyShortlist | None = None
+    shortlist: Shortlist | None = None
     etag: str | None = None
 
     @property
@@ -129,11 +136,20 @@ class ModelHolder:
     # ------------------------------------------------------------------ loading
 
     def build(
-        self, cfg: ModelConfig, shared: dict[str, Tensor], version: int, etag: str | None = None
+        self,
+        cfg: ModelConfig,
+        shared: dict[str, Tensor],
+        version: int,
+        etag: str | None = None,
+        owned: bool = False,
     ) -> Snapshot:
-        """A snapshot of one version: scorer (item half precomputed), labels, optional index."""
+        """A snapshot of one version: scorer (item half precomputed), labels, optional index.
+
+        ``owned``: ``shared`` is this call's to consume (freshly decoded): the item MLP table
+        is overwritten in place by its first-layer half, so a large model is never held twice.
+        """
         for name, t in shared.items():
-            if not bool(torch.isfinite(t).all()):
+            if not _all_finite(t):
                 raise ModelLoadError(f"model version {version}: {name} has NaN or Inf")
         labels: Sequence[str] | None = None
         label_index: dict[str, int] | None = None
@@ -145,10 +161,16 @@ class ModelHolder:
                 )
             labels = self.labels
             label_index = {lab: i for i, lab in enumerate(labels)}
-        scorer = Scorer(cfg, {k: v.float().contiguous() for k, v in shared.items()})
+        tensors = {k: v.float().contiguous() for k, v in shared.items()}
         # ranking reads the item MLP table only through its precomputed first-layer half
         # (Scorer.item_first): dropping it saves a quarter of a large model's memory
-        scorer.shared.pop("item_mlp", None)
+        item_mlp = tensors.pop("item_mlp", None)
+        item_first = None
+        if item_mlp is not None:
+            in_place = owned and item_mlp.data_ptr() == shared["item_mlp"].data_ptr()
+            item_first = _first_layer_items(cfg, item_mlp, tensors["tower.0.weight"], in_place)
+        del item_mlp
+        scorer = Scorer(cfg, tensors, item_first)
         shortlist = None
         if cfg.n_items > self.config.ann_threshold:
             # built here, before the snapshot exists: a request sees a snapshot only after
@@ -162,7 +184,7 @@ class ModelHolder:
             cfg, shared, version = decode_model(data)
         except WireError as err:
             raise ModelLoadError(str(err)) from err
-        return self.build(cfg, shared, version, etag)
+        return self.build(cfg, shared, version, etag, owned=True)
 
     def swap(self, snapshot: Snapshot) -> None:
         """Serve ``snapshot`` from now on (atomic: one reference assignment)."""
@@ -221,6 +243,29 @@ class ModelHolder:
             snap.version,
             [(snap.label(i), float(s)) for i, s in zip(idx.tolist(), scores.tolist(), strict=True)],
         )
+
+
+_ROWS = 65_536  # item rows per step of the load-time passes over the tables
+
+
+def _all_finite(t: Tensor) -> bool:
+    """No NaN or Inf in ``t``, checked in row chunks (no full-size temporary)."""
+    if t.dim() == 0 or len(t) <= _ROWS:
+        return bool(torch.isfinite(t).all())
+    return all(bool(torch.isfinite(t[i : i + _ROWS]).all()) for i in range(0, len(t), _ROWS))
+
+
+@torch.no_grad()
+def _first_layer_items(cfg: ModelConfig, item_mlp: Tensor, w0: Tensor, in_place: bool) -> Tensor:
+    """``item_mlp @ W0_item^T`` (:attr:`Scorer.item_first`), in row chunks; with ``in_place``
+    written over ``item_mlp`` itself (the two have the same shape, (I, E) with H = E)."""
+    w = w0[:, cfg.mlp_dim :].T  # (E, H)
+    if not in_place or w.shape[0] != w.shape[1]:
+        return item_mlp @ w
+    for i in range(0, len(item_mlp), _ROWS):
+        rows = item_mlp[i : i + _ROWS]
+        rows.copy_(rows @ w)
+    return item_mlp
 
 
 def user_tensors(

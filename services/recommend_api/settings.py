@@ -46,11 +46,15 @@ class Settings(BaseSettings):
     # Catalogues larger than this are ranked in two stages: ``ann_shortlist`` candidates from
     # an index, re-scored exactly (services/recommend_api/shortlist.py; the index's shape:
     # fit samples, the share of the item side's variance kept, IVF lists probed). A request asks for exact ranking with "exact".
+    # The candidate stage: "auto" (a faiss flat index up to 200,000 items, a per-request scan
+    # of the item tables above, re-ranking at least ``ann_scan_candidates``), or one of them.
     ann_threshold: int = Field(default=_RANKING.ann_threshold, ge=0)
     ann_shortlist: int = Field(default=_RANKING.ann_shortlist, ge=1)
     ann_fit_samples: int = Field(default=_RANKING.ann_fit_samples, ge=16)
     ann_variance: float = Field(default=_RANKING.ann_variance, gt=0, le=1)
     ann_nprobe: int = Field(default=_RANKING.ann_nprobe, ge=1)
+    ann_index: Literal["auto", "flat", "ivf", "scan"] = _RANKING.ann_index
+    ann_scan_candidates: int = Field(default=_RANKING.ann_scan_candidates, ge=1)
     max_k: int = Field(default=_RANKING.max_k, ge=1)
     # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
     workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)

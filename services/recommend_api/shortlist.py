@@ -25,15 +25,27 @@ the sample plus a (rank x sample) matrix-vector product. The index holds ``[w_g 
 the query is ``[u_g, v_u]``, and the candidates are re-ranked with the exact model
 (:func:`services.recommend_api.ranking.top_k`).
 
-Index: faiss ``IndexFlatIP`` (an exact inner-product scan of the proxy vectors) up to
-``ivf_above`` items, above that an IVF index with 8-bit scalar-quantised vectors scanned over
-``nprobe`` of its ``nlist`` lists (a quarter of the catalogue at 1,000,000 items), and at
-least ``ivf_candidates`` candidates are re-ranked. On an item side without low-rank structure
-(a briefly trained 1e6-item model whose untouched items keep their random initial vectors:
-the proxy keeps about 200 of 256 directions) the lists separate the top items poorly, so
-recall depends on both (bench/recommend_load.py reports it). Everything is built in item chunks, so a build never holds a second full-size
-copy of the catalogue. faiss is optional: without it :func:`build_shortlist` returns None
-and ranking stays exact.
+Index (``ShortlistConfig.index``): faiss ``IndexFlatIP`` (an exact inner-product scan of the
+proxy vectors, ``flat``) or an IVF index with 8-bit scalar-quantised vectors scanned over
+``nprobe`` of its ``nlist`` lists (``ivf``; at least ``ivf_candidates`` are re-ranked). Both
+are built in item chunks, so a build never holds a second full-size copy of the catalogue.
+
+Large catalogues (``auto`` above ``flat_up_to`` items) use no index at all: :class:`ScanShortlist`
+scans the model's own item tables per request with a sharper proxy, linear in the exact first
+tower layer of that user,
+
+    <w_m, T(a_u + b)>  ~  <v_u, relu(a_u + b)> + const(u),
+
+fitted per request by ridge regression over a fixed sample of items (the first ReLU is exact
+for every unit; only the deeper layers are linearised), plus the GMF half exactly:
+``<u_g * w_g, i_g>``. A request reads the (I, H) first-layer table and the (I, F) GMF table
+once (about 0.6 GB at 1,000,000 items, memory-bound) and re-ranks ``scan_candidates``; it
+needs no memory beyond the tables the exact re-rank holds anyway. On a briefly trained
+1e6-item model whose untouched items keep their random initial vectors (no low-rank
+structure: the ``[b, |b|]`` proxy keeps about 200 of 256 directions) IVF lists separate the
+top items poorly and the ``[b, |b|]`` proxy loses more; the scan recalls more in less time
+(bench/shortlist_recall.py). faiss is optional: without it :func:`build_shortlist` still builds
+the scan above ``flat_up_to`` items, and below that returns None (ranking stays exact).
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -61,6 +73,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     faiss = None
 
 _CHUNK = 65_536  # items per step when building the index
+_SCAN_CHUNK = 2_048  # items per step of a scan: its (chunk, H) activations stay in cache
 
 
 def faiss_available() -> bool:
@@ -75,12 +88,35 @@ class ShortlistConfig:
     fit_samples: int = 512
     variance: float = 0.95
     pca_samples: int = 20_000
-    ivf_above: int = 200_000
+    # "auto": a faiss flat index up to ``flat_up_to`` items, the per-request scan above
+    index: Literal["auto", "flat", "ivf", "scan"] = "auto"
+    flat_up_to: int = 200_000
     nprobe: int = 256
     # candidates re-ranked at least when the index is IVF (a large catalogue): its lists
     # hold the true top items less reliably than an exact scan (bench/results/recommend_load.json)
     ivf_candidates: int = 3_000
+    # candidates re-ranked at least by the scan (bench/shortlist_recall.py: recall@10 0.99 at
+    # 10,000 of 1,000,000 items on the trained synthetic model)
+    scan_candidates: int = 10_000
     seed: int = 0
+
+    def kind_for(self, n_items: int) -> str:
+        """The candidate stage for a catalogue of ``n_items``: flat, ivf or scan."""
+        if self.index != "auto":
+            return self.index
+        return "flat" if n_items <= self.flat_up_to else "scan"
+
+
+class Shortlist(Protocol):
+    """A candidate stage: the items worth scoring exactly for one user."""
+
+    kind: str
+    n_items: int
+    min_candidates: int
+
+    def search(self, private: dict[str, Tensor], n: int) -> Tensor:
+        """Indices of ``n`` candidate items (int64, unordered)."""
+        ...
 
 
 def tower_tail(scorer: Scorer, pre: Tensor) -> Tensor:
@@ -132,9 +168,11 @@ class ProxyShortlist:
         else:  # MF: the score is exactly <u_g, i_g>
             self.gmf_scale = None
         self.dim = cfg.factor + (self.basis.shape[1] if cfg.kind == "ncf" else 0)
+        self.kind = "ivf" if c.kind_for(n) == "ivf" else "flat"
+        self.n_items = n
         self.index = self._build_index(n, gen)
         # the fewest candidates a search returns (more for IVF, see ShortlistConfig)
-        self.min_candidates = c.ivf_candidates if n > c.ivf_above else 0
+        self.min_candidates = c.ivf_candidates if self.kind == "ivf" else 0
 
     def project(self, b: Tensor) -> Tensor:
         """Reduced tower features ``z(b)`` of first-layer item halves: (N, H) -> (N, rank)."""
@@ -152,7 +190,7 @@ class ProxyShortlist:
 
     def _build_index(self, n: int, gen: torch.Generator) -> Any:
         c = self.config
-        if n <= c.ivf_above:
+        if self.kind == "flat":
             index: Any = faiss.IndexFlatIP(self.dim)
         else:
             nlist = max(16, min(4096, int(math.sqrt(n))))
@@ -183,8 +221,81 @@ class ProxyShortlist:
         return torch.from_numpy(found[found >= 0].astype(np.int64))
 
 
-def build_shortlist(scorer: Scorer, config: ShortlistConfig | None = None) -> ProxyShortlist | None:
-    """A shortlist index for ``scorer``'s catalogue, or None (with a warning) without faiss."""
+class ScanShortlist:
+    """Candidates from a per-request scan of the model's own item tables (module docstring)."""
+
+    kind = "scan"
+
+    def __init__(self, scorer: Scorer, config: ShortlistConfig | None = None) -> None:
+        self.config = c = config or ShortlistConfig()
+        cfg = scorer.cfg
+        self.scorer = scorer
+        self.n_items = cfg.n_items
+        self.min_candidates = c.scan_candidates
+        self.gmf_scale: Tensor | None = None
+        self.fit_first: Tensor | None = None
+        if cfg.kind == "ncf":
+            assert scorer.item_first is not None
+            self.gmf_scale = scorer.shared["predict.weight"][0, : cfg.factor]
+            gen = torch.Generator().manual_seed(c.seed)
+            # a ridge fit wants several samples per weight (H weights)
+            n_fit = min(max(c.fit_samples, 8 * scorer.item_first.shape[1]), cfg.n_items)
+            rows = torch.randperm(cfg.n_items, generator=gen)[:n_fit]
+            self.fit_first = scorer.item_first[rows.sort().values].contiguous()  # (S, H)
+
+    @torch.no_grad()
+    def fit(self, private: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """The user's first-layer pre-activation ``a_u`` (H,) and tower weights ``v_u`` (H,)."""
+        assert self.fit_first is not None
+        s = self.scorer.shared
+        a = private["user_mlp"][0] @ self.scorer.user_w0.T + s["tower.0.bias"]
+        pre = a + self.fit_first
+        y = tower_tail(self.scorer, pre)
+        h = torch.relu(pre)
+        h = h - h.mean(0)
+        gram = h.T @ h
+        ridge = 1e-3 * float(gram.diagonal().sum()) / max(len(h), 1) + 1e-12
+        gram.diagonal().add_(ridge)
+        v = torch.linalg.solve(gram, h.T @ (y - y.mean()))
+        return a, v
+
+    @torch.no_grad()
+    def scores(self, private: dict[str, Tensor]) -> Tensor:
+        """Proxy scores of every item (I,), up to a per-user constant."""
+        s = self.scorer.shared
+        gmf = s["item_gmf"]
+        ug = private["user_gmf"][0]
+        if self.gmf_scale is None:  # MF: the proxy is the exact score
+            return gmf @ ug
+        first = self.scorer.item_first
+        assert first is not None
+        a, v = self.fit(private)
+        qg = ug * self.gmf_scale
+        out = torch.empty(self.n_items)
+        buf = torch.empty(_SCAN_CHUNK, first.shape[1])
+        for start in range(0, self.n_items, _SCAN_CHUNK):
+            stop = min(start + _SCAN_CHUNK, self.n_items)
+            h = torch.add(first[start:stop], a, out=buf[: stop - start]).relu_()
+            o = out[start:stop]
+            torch.mv(h, v, out=o)
+            o.addmv_(gmf[start:stop], qg)
+        return out
+
+    def search(self, private: dict[str, Tensor], n: int) -> Tensor:
+        """Indices of the ``n`` items with the highest proxy score (int64, unordered)."""
+        scores = self.scores(private).numpy()
+        if n >= self.n_items:
+            return torch.arange(self.n_items)
+        # a partition, not a sort: a third of torch.topk's time for 10,000 of 1,000,000
+        return torch.from_numpy(np.argpartition(scores, -n)[-n:].astype(np.int64))
+
+
+def build_shortlist(scorer: Scorer, config: ShortlistConfig | None = None) -> Shortlist | None:
+    """The candidate stage for ``scorer``'s catalogue (:meth:`ShortlistConfig.kind_for`), or
+    None (with a warning) when it needs faiss and faiss is not installed."""
+    config = config or ShortlistConfig()
+    if config.kind_for(scorer.cfg.n_items) == "scan":
+        return ScanShortlist(scorer, config)
     if faiss is None:
         log.warning(
             "faiss is not installed: ranking %d items exactly (slow for large catalogues); "
