@@ -343,6 +343,8 @@ def main() -> None:
         "",
         *other("evaluation.json", "Evaluation of all Amazon-Video users"),
         "",
+        *report_serving.evaluation_before_after(),
+        "",
         *report_http.section(),
         "",
         *compose(),

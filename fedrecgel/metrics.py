@@ -31,31 +31,86 @@ def per_user_metrics(ranks: Tensor, ks: tuple[int, ...] = KS) -> dict[str, Tenso
     return out
 
 
+# A chunk of about this many (user, candidate) pairs goes through the score network at a
+# time: its buffers (about 2 MB at the default widths) stay in cache between the gather, the
+# ReLUs and the matrix products, and the first hidden layer's product runs at nearly the full
+# matmul rate at this shape (measured on this project's 2-core machine: about half that rate
+# at 12,800 pairs, when its input no longer fits); smaller chunks pay Python and dispatch per
+# op more often (800 to 6,400 pairs all time about the same in bench/evaluation.py's model).
+CHUNK_PAIRS = 2048
+
+
 @torch.no_grad()
-def candidate_logits(scorer: Scorer, private: dict[str, Tensor], items: Tensor) -> Tensor:
+def candidate_logits(
+    scorer: Scorer, private: dict[str, Tensor], items: Tensor, out: Tensor | None = None
+) -> Tensor:
     """Logits of U users for their own candidates: private (U, d), items (U, C) -> (U, C).
 
     The same arithmetic as :meth:`Scorer.score` (every logit is bit for bit the same, a test
-    holds them to it), arranged for evaluation, where the work is mostly moving memory: the
-    item rows are gathered with one ``index_select`` of the flattened candidates (much faster
-    than advanced indexing with a 2-D index), and the first-layer sum and every ReLU run in
-    place on that one buffer instead of allocating a new (U, C, H) tensor each.
+    holds them to it), arranged for evaluation, where most of the time not spent in the
+    tower's matrix products is moving memory: users go in chunks of about
+    :data:`CHUNK_PAIRS` pairs, each chunk's item rows are gathered with ``index_select`` of
+    the flattened candidates (much faster than advanced indexing with a 2-D index) into
+    buffers allocated once, and the first-layer sum, every ReLU and every layer's output run
+    in place in those buffers (the last layer writes straight into the second half of the
+    predict layer's input, next to the GMF product). ``out`` (U, C), when given, receives
+    the logits.
     """
     s, cfg = scorer.shared, scorer.cfg
-    u, c = items.shape
-    flat = items.reshape(-1)
-    gmf = torch.index_select(s["item_gmf"], 0, flat).view(u, c, -1)
-    gmf.mul_(private["user_gmf"][:, None, :])
+    n, c = items.shape
+    if out is None:
+        out = torch.empty(n, c)
+    chunk = max(1, min(n, CHUNK_PAIRS // max(c, 1)))
+    f = cfg.factor
+    pairs = chunk * c
+    gmf_buf = torch.empty(pairs, f)
+    user_gmf = private["user_gmf"]
     if cfg.kind == "mf":
-        return gmf.sum(-1)
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            u = end - start
+            g = torch.index_select(
+                s["item_gmf"], 0, items[start:end].reshape(-1), out=gmf_buf[: u * c]
+            )
+            g3 = g.view(u, c, f).mul_(user_gmf[start:end, None, :])
+            torch.sum(g3, -1, out=out[start:end])
+        return out
     assert scorer.item_first is not None
+    h_width = scorer.item_first.shape[1]
     user_half = torch.nn.functional.linear(private["user_mlp"], scorer.user_w0, s["tower.0.bias"])
-    h = torch.index_select(scorer.item_first, 0, flat).view(u, c, -1)
-    h.add_(user_half[:, None, :]).relu_()
-    for k in range(1, cfg.layers):
-        h = torch.nn.functional.linear(h, s[f"tower.{k}.weight"], s[f"tower.{k}.bias"]).relu_()
-    z = torch.cat([gmf, h], dim=-1)
-    return torch.nn.functional.linear(z, s["predict.weight"], s["predict.bias"]).squeeze(-1)
+    # (weight^T, bias) of the tower's layers after the first: F.linear(x, w, b) on a 2-D x is
+    # addmm(b, x, w^T), the product every other path runs
+    layers = [(s[f"tower.{k}.weight"].t(), s[f"tower.{k}.bias"]) for k in range(1, cfg.layers)]
+    first = torch.empty(pairs, h_width)
+    hidden = [torch.empty(pairs, w.shape[1]) for w, _ in layers[:-1]]
+    z_buf = torch.empty(pairs, 2 * f)  # concat(GMF, tower output): the predict layer's input
+    wp, bp = s["predict.weight"].t(), s["predict.bias"]
+
+    def views(u: int) -> tuple[Tensor, ...]:
+        # every view a chunk of u users needs, made once per chunk size (not per chunk)
+        p = u * c
+        z = z_buf[:p]
+        outs = [buf[:p] for buf in hidden] + [z[:, f:]]
+        g, h = gmf_buf[:p], first[:p]
+        return (g, g.view(u, c, f), z[:, :f].view(u, c, f), h, h.view(u, c, h_width), z, *outs)
+
+    flat = items.reshape(-1)
+    user_gmf3, user_half3 = user_gmf[:, None, :], user_half[:, None, :]
+    out_col = out.view(-1, 1)
+    full = views(chunk)
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        u = end - start
+        g, g3, z_gmf, h, h3, z, *layer_outs = full if u == chunk else views(u)
+        pairs_of = flat[start * c : end * c]
+        torch.index_select(s["item_gmf"], 0, pairs_of, out=g)
+        torch.mul(g3, user_gmf3[start:end], out=z_gmf)
+        torch.index_select(scorer.item_first, 0, pairs_of, out=h)
+        h3.add_(user_half3[start:end]).relu_()
+        for (w, b), nxt in zip(layers, layer_outs, strict=True):
+            h = torch.addmm(b, h, w, out=nxt).relu_()
+        torch.addmm(bp, z, wp, out=out_col[start * c : end * c])
+    return out
 
 
 @torch.no_grad()
@@ -65,28 +120,33 @@ def metric_sums(
     test_items: np.ndarray,
     negatives: np.ndarray,
     ks: tuple[int, ...] = KS,
-    batch: int = 512,
+    batch: int = 4096,
 ) -> dict[str, float]:
     """Sums of HR@K / NDCG@K over the given users (private rows align with test_items).
 
     Returned as sums plus ``count`` so shards (e.g. client workers) can be added up exactly.
-    Users go in batches of ``batch`` so that the (batch, candidates, H) activations stay in
-    cache; the logits are :meth:`Scorer.score`'s, bit for bit (:func:`candidate_logits`).
+    The logits are :meth:`Scorer.score`'s, bit for bit (:func:`candidate_logits`), for
+    ``batch`` users at a time (which bounds the memory held: batch x candidates floats); the
+    ranks of all users are kept and the metrics summed once, so the sums do not depend on
+    ``batch``.
     """
-    totals = {f"{m}@{k}": 0.0 for k in ks for m in ("hr", "ndcg")}
     n = len(test_items)
+    c = 1 + (negatives.shape[1] if n else 0)
+    ranks = torch.empty(n, dtype=torch.int64)
+    logits = torch.empty(min(batch, n), c)
     for start in range(0, n, batch):
-        sl = slice(start, min(start + batch, n))
-        cand = np.concatenate(
-            [np.asarray(test_items[sl], dtype=np.int64)[:, None], negatives[sl].astype(np.int64)],
-            axis=1,
+        end = min(start + batch, n)
+        cand = np.empty((end - start, c), dtype=np.int64)
+        cand[:, 0] = test_items[start:end]
+        cand[:, 1:] = negatives[start:end]
+        out = candidate_logits(
+            scorer,
+            {k: v[start:end] for k, v in private.items()},
+            torch.from_numpy(cand),
+            out=logits[: end - start],
         )
-        logits = candidate_logits(
-            scorer, {k: v[sl] for k, v in private.items()}, torch.from_numpy(cand)
-        )
-        ranks = rank_of_positive(logits[:, 0], logits[:, 1:])
-        for name, vals in per_user_metrics(ranks, ks).items():
-            totals[name] += float(vals.sum())
+        ranks[start:end] = rank_of_positive(out[:, 0], out[:, 1:])
+    totals = {name: float(vals.sum()) for name, vals in per_user_metrics(ranks, ks).items()}
     totals["count"] = float(n)
     return totals
 
