@@ -230,7 +230,7 @@ def recall(
     return {
         "users": len(bodies),
         "recall_at_10_mean": round(float(r.mean()), 4),
-        "recall_at_10_p5": float(np.percentile(r, 5)),
+        "recall_at_10_p5": round(float(np.percentile(r, 5)), 4),
         "recall_at_10_min": float(r.min()),
         "candidates": max(holder.config.ann_shortlist, snap.shortlist.min_candidates),
         "candidate_stage": snap.shortlist.kind,
