@@ -372,3 +372,18 @@ def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> N
     )
     assert r.returncode != 0 and "placeholder" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_candidate_stage_settings_reach_the_ranking(monkeypatch) -> None:
+    from services.recommend_api.app import holder_from_settings
+
+    monkeypatch.setenv("FEDREC_REC_ANN_INDEX", "ivf")
+    monkeypatch.setenv("FEDREC_REC_ANN_SCAN_CANDIDATES", "1234")
+    cfg = holder_from_settings(Settings(aggregator_url=None, workers=1)).config
+    assert (cfg.ann_index, cfg.ann_scan_candidates) == ("ivf", 1234)
+    shape = cfg.shortlist_config()
+    assert (shape.index, shape.scan_candidates) == ("ivf", 1234)
+    given = Settings(aggregator_url=None, workers=1, ann_index="auto")  # wins over the env
+    assert holder_from_settings(given).config.ann_index == "auto"
+    with pytest.raises(ValueError):
+        Settings(aggregator_url=None, workers=1, ann_index="hnsw")  # type: ignore[arg-type]
