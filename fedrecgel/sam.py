@@ -165,10 +165,18 @@ def client_samples(
             f"from a catalogue of {n_items}"
         )
     negs = rng.integers(0, n_items, size=(p, n_negatives))
+    # before[i, j]: column i comes before column j of a row
+    before = np.triu(np.ones((n_negatives, n_negatives), dtype=bool), k=1)
     while True:
-        bad = np.isin(negs, seen)
-        for j in range(1, n_negatives):
-            bad[:, j] |= (negs[:, :j] == negs[:, j : j + 1]).any(axis=1)
+        # bad: a negative the client has seen, or equal to an earlier negative of its row
+        # (membership by binary search in the sorted ``seen``: np.isin costs about 100 us a
+        # call on arrays this small, half of drawing a FilmTrust client's samples)
+        if len(seen):
+            at = np.minimum(np.searchsorted(seen, negs), len(seen) - 1)
+            bad = seen[at] == negs
+        else:
+            bad = np.zeros(negs.shape, dtype=bool)
+        bad |= ((negs[:, :, None] == negs[:, None, :]) & before).any(axis=1)
         n_bad = int(bad.sum())
         if n_bad == 0:
             break

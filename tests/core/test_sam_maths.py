@@ -118,6 +118,36 @@ def test_client_samples_put_negatives_after_each_positive_and_avoid_seen_items()
     assert (again == items).all()
 
 
+def _plain_client_samples(positives, n_items, n_negatives, rng):
+    """The sampling rule written plainly: redraw every negative that is a seen item or
+    repeats an earlier negative of its row, until none does."""
+    pos = rng.permutation(np.asarray(positives, dtype=np.int64))
+    negs = rng.integers(0, n_items, size=(len(pos), n_negatives))
+    while True:
+        bad = np.isin(negs, pos)
+        for j in range(1, n_negatives):
+            bad[:, j] |= (negs[:, :j] == negs[:, j : j + 1]).any(axis=1)
+        if not bad.any():
+            break
+        negs[bad] = rng.integers(0, n_items, size=int(bad.sum()))
+    return np.concatenate([pos[:, None], negs], axis=1).reshape(-1)
+
+
+def test_client_samples_draw_what_the_plain_rule_draws():
+    """Same draws from the same stream, redraws included (small catalogues force many)."""
+    gen = np.random.default_rng(0)
+    for t in range(300):
+        n_items = int(gen.integers(6, 40))
+        pos = gen.integers(0, n_items, size=int(gen.integers(0, 12)))
+        n_neg = int(gen.integers(1, 6))
+        if n_items - len(set(pos.tolist())) < n_neg:
+            continue
+        items, _ = client_samples(pos, n_items, n_neg, client_rng(0, t, 1))
+        assert np.array_equal(
+            items, _plain_client_samples(pos, n_items, n_neg, client_rng(0, t, 1))
+        )
+
+
 def test_client_samples_refuses_when_too_few_negatives_exist():
     with pytest.raises(ValueError, match="cannot draw"):
         client_samples(np.array([0, 1, 2]), 5, 4, client_rng(0, 0, 0))
