@@ -4,15 +4,17 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
 
 1. read the current round; on a run not seen before, check its dataset and catalogue, and give
    every owned user a fresh private state (keyed by (seed, user), as the simulator does);
-2. evaluate every model version it has not evaluated yet over ALL its users, with their private
-   state as it is now (a version v is evaluated before the worker trains round v + 1, so that is
-   the state after round v), and report metric sums (federated evaluation);
-3. if the round is open and some owned users are in its cohort and have not committed this
+2. if the round is open and some owned users are in its cohort and have not committed this
    (round, attempt): download that round's model, draw their samples from
    ``client_rng(seed, round, user)`` and take the SAM step for them together (the core's
    :class:`fedrecgel.client_round.ClientRound`, as the simulator does), upload (their
    per-client updates, or with ``upload_grouping=worker`` one partial sum of them all), and
-   only after the 2xx commit their new private state (one transaction).
+   only after the 2xx commit their new private state (one transaction);
+3. evaluate every model version it has not evaluated yet over ALL its users, with their
+   private state as the store holds it, and report metric sums (federated evaluation). A version
+   v is evaluated before the new states of round v + 1 are committed (in step 2 between the
+   upload and the commit, so that the round need not wait for it; a secure-aggregation round
+   after it), so with the states after round v.
 
 A crash between the upload and the commit leaves the old state in the store, so the restarted
 worker recomputes the same update for the same users, which the server answers as a duplicate.
@@ -194,18 +196,20 @@ class Worker:
         cfg = self._ensure_run(info)
         did = self.recover(info, cfg)
         version = info.model_version
-        if version is not None:
-            did = self.evaluate_up_to(version)
-        if (
+        trains = (
             info.state == "open"
-            and info.cohort
+            and bool(info.cohort)
             and version is not None
             and info.round_id is not None
-        ):
-            if cfg.secure_aggregation != "off":
-                did = self.secure.step(info, cfg, version, self.pending(info)) or did
-            else:
-                did = self.train(info, cfg, version) or did
+        )
+        plain = cfg.secure_aggregation == "off"
+        if trains and plain and version is not None:
+            # evaluates ``version`` itself, between its upload and its commit
+            did = self.train(info, cfg, version) or did
+        if version is not None:
+            did = self.evaluate_up_to(version) or did
+        if trains and not plain and version is not None:
+            did = self.secure.step(info, cfg, version, self.pending(info)) or did
         return did
 
     def evaluated_version(self) -> int:
@@ -296,6 +300,10 @@ class Worker:
     ) -> dict[int, str]:
         """Upload, then commit the new private states once the aggregator acknowledged them.
 
+        Between the two, the model versions up to ``version`` (the round's base) are evaluated
+        if they are not yet: the store still holds the states they are evaluated with (those
+        after round ``version``), and the round can close without waiting for the evaluation.
+
         A note of the upload is kept in the store while it is in flight: if the worker dies
         after the aggregator stored it but before the states are committed, :meth:`recover`
         recomputes the identical update (same model version, samples and states) and sends it
@@ -319,6 +327,7 @@ class Worker:
             # except for the users of the bodies that were accepted before the refusal
             done = [i for i, u in enumerate(todo) if u in err.partial]
             if done:
+                self.evaluate_up_to(version)  # before any state of round r is committed
                 self.store.save_states(
                     [todo[i] for i in done], result.state.select(np.asarray(done)), r, a
                 )
@@ -332,6 +341,7 @@ class Worker:
                 err,
             )
             raise
+        self.evaluate_up_to(version)  # before the commit changes the states
         with self.timer.phase("commit"):
             self.store.save_states(todo, result.state, r, a)
             self.store.set_meta(pending_upload=None)
