@@ -226,6 +226,12 @@ def main() -> None:
         "--modes", default=",".join(MODES), help="comma-separated: " + ",".join(MODES)
     )
     parser.add_argument("--poll-max-s", type=float, default=0.5, help="workers' idle poll cap")
+    parser.add_argument(
+        "--sim-threads",
+        default="",
+        help="torch threads to time the simulator with, comma-separated (default: torch's "
+        "default and 1; on a loaded machine more threads than free cores only slow it)",
+    )
     parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check")
     parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. 'before')")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -234,6 +240,9 @@ def main() -> None:
     if any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
 
+    sim_threads = sorted(
+        {int(t) for t in args.sim_threads.split(",") if t} or {torch.get_num_threads(), 1}
+    )
     out: dict[str, Any] = {
         "dataset": args.dataset,
         "label": args.label,
@@ -246,6 +255,7 @@ def main() -> None:
             "worker_torch_threads": worker_torch_threads(args.workers),
             "repeats": args.repeats,
             "load_avg_1m_at_start": os.getloadavg()[0],
+            "simulator_threads": sim_threads,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -258,7 +268,6 @@ def main() -> None:
         "repetitions": [],
     }
     train = TrainConfig(rounds=args.rounds, shards=args.workers)
-    threads = torch.get_num_threads()
     for rep in range(args.repeats):
         for mode in modes:
             grouped = mode == "grouped"
@@ -279,7 +288,7 @@ def main() -> None:
                     redis_url,
                     grouped,
                 )
-            sims = {t: simulator_seconds(args.dataset, run, t) for t in sorted({threads, 1})}
+            sims = {t: simulator_seconds(args.dataset, run, t) for t in sim_threads}
             best = min(sims.values())
             row = {
                 "repetition": rep,
