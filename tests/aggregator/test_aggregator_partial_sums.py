@@ -116,6 +116,12 @@ def test_two_partial_sums_close_the_round_with_their_combination(grouped: Groupe
     (row,) = g.client.get("/v1/runs/current/history").json()["rounds"]
     assert row["n_updates"] == len(g.cohort)
     assert row["loss"] == pytest.approx(partial_loss([pa, pb]), abs=0.0)
+    # after the close: the lost-answer retry is still a duplicate, another body is refused
+    late = g.send(pa, g.a)
+    assert late.status_code == 200 and {e["status"] for e in late.json()["results"]} == {
+        "duplicate"
+    }
+    assert g.send(make_partial(ours, 7), g.a).status_code == 409
 
 
 def test_a_retry_is_a_duplicate_and_a_different_body_for_counted_clients_is_409(
