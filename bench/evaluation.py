@@ -8,7 +8,8 @@ bench/trained_models.py, interleaved, several times:
 * ``previous``: the evaluation before the chunked one (``candidate_logits`` over batches of
   512 users, a new (512, 100, H) tensor per step), kept here to be timed in the same run;
 * ``fast``: :func:`fedrecgel.metrics.metric_sums` as it is (chunks of about
-  :data:`fedrecgel.metrics.CHUNK_PAIRS` pairs through buffers allocated once).
+  :data:`fedrecgel.metrics.CHUNK_PAIRS` pairs, item rows gathered as one-row embedding
+  bags, the layers' outputs in buffers allocated once).
 
 The JSON has every time, both as wall seconds and as the CPU seconds of the (single) thread
 (less sensitive to other processes on a shared machine), the medians, the same-run ratios,
@@ -52,7 +53,7 @@ from fedrecgel.model import Scorer  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "evaluation.json"
 MATMUL_OPS = ("aten::mm", "aten::addmm")
-GATHER_OPS = ("aten::index_select",)
+GATHER_OPS = ("aten::index_select", "aten::_embedding_bag", "aten::_embedding_bag_forward_only")
 
 
 def _candidates(items: np.ndarray, negs: np.ndarray) -> np.ndarray:
