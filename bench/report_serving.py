@@ -90,7 +90,9 @@ def serving() -> list[str]:
                 [
                     (
                         "evaluation with 2 torch threads (another run, "
-                        f"`{ev2['command']}`), s (median)",
+                        f"`{ev2['command']}`"
+                        f"{'' if 'previous_median_s' in ev2 else ', the evaluation before chunks'}"
+                        "), s (median)",
                         "-",
                         f"{ev2['fast_median_s']} (before: {ev2['reference_median_s']}; matmul "
                         f"floor {ev2['matmul_floor_seconds']}; load {ev2['load_avg_1m'][0]:.1f})",
