@@ -495,10 +495,10 @@ def section() -> list[str]:
         "changes the default learned across datasets, so cells run before a change keep the",
         "settings they were run with (settings column), not the current ones.",
         "Every cell is on the current split, whose test and validation negatives are drawn as",
-        "the original code draws them; the Amazon-Video tuning study, FilmTrust's centralized",
-        "bound and the FilmTrust sensitivity grid ran on the earlier draw (popularity moved by",
-        "less than a point on FilmTrust, Amazon-Video and Lastfm-2K clean with it), so their",
-        "comparisons with the cells here are close but not on identical candidates.",
+        "the original code draws them; the Amazon-Video tuning study and FilmTrust's centralized",
+        "bound ran on the earlier draw (popularity moved by less than a point on FilmTrust,",
+        "Amazon-Video and Lastfm-2K clean with it), so their comparisons with the cells here are",
+        "close but not on identical candidates.",
         "",
     ]
     presets_file = ROOT / "fedrecgel" / "presets.json"
