@@ -369,7 +369,7 @@ def readings() -> list[str]:
             median, share = USERS.get(key, (None, None))
             users = (
                 f"Users have few interactions (median {median} training items, "
-                f"{100 * share:.0f}% at most 5), so "
+                f"{100 * share:.0f}% at most 5), and "
                 if median is not None and share is not None and median <= 5
                 else ""
             )
@@ -495,10 +495,9 @@ def section() -> list[str]:
         "changes the default learned across datasets, so cells run before a change keep the",
         "settings they were run with (settings column), not the current ones.",
         "Every cell is on the current split, whose test and validation negatives are drawn as",
-        "the original code draws them; the Amazon-Video tuning study and FilmTrust's centralized",
-        "bound ran on the earlier draw (popularity moved by less than a point on FilmTrust,",
-        "Amazon-Video and Lastfm-2K clean with it), so their comparisons with the cells here are",
-        "close but not on identical candidates.",
+        "the original code draws them, as are the centralized bounds; the Amazon-Video tuning",
+        "study ran on the earlier draw (popularity moved by less than a point on Amazon-Video",
+        "with it), so its comparison with popularity is close but not on identical candidates.",
         "",
     ]
     presets_file = ROOT / "fedrecgel" / "presets.json"
