@@ -31,6 +31,11 @@ def _csv(tmp_path: Path) -> Path:
     return path
 
 
+def _said(output: str) -> str:
+    """The console output with its line wrapping undone (it wraps at the terminal width)."""
+    return " ".join(output.split())
+
+
 def _accuracy_table() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "accuracy_table", ROOT / "bench/accuracy_table.py"
@@ -67,13 +72,13 @@ def test_fedrec_tune_resumes_a_study_killed_mid_trial(tmp_path: Path) -> None:
     tune = ["tune", "--dataset", str(_csv(tmp_path)), "--fraction", "0.5", "--rounds", "2"]
     tune += ["--eval-every", "1", "--storage", str(storage), "--study", "s"]
     r = runner.invoke(app, [*tune, "--trials", "1"])
-    assert r.exit_code == 0 and "1 trials" in r.output, r.output
+    assert r.exit_code == 0 and " 1 trials; best" in _said(r.output), r.output
     # a killed process leaves its trial RUNNING, with the settings it had drawn
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}")
     killed = study.ask()
     drawn = suggest(killed, TrainConfig(), (2,))
     r = runner.invoke(app, [*tune, "--trials", "2"])
-    assert r.exit_code == 0 and "2 trials" in r.output, r.output
+    assert r.exit_code == 0 and " 2 trials; best" in _said(r.output), r.output
     trials = optuna.load_study(study_name="s", storage=f"sqlite:///{storage}").get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     # the interrupted settings are run again, not lost
