@@ -114,8 +114,10 @@ def candidate_logits(
         torch.mul(g.view(u, c, f), user_gmf3[start:end], out=z_gmf)
         h = _gather(scorer.item_first, pairs_of, bags)
         h.view(u, c, h_width).add_(user_half3[start:end]).relu_()
-        for (w, b), nxt in zip(layers, layer_outs, strict=True):
+        for (w, b), nxt in zip(layers, layer_outs[: len(layers)], strict=True):
             h = torch.addmm(b, h, w, out=nxt).relu_()
+        if not layers:  # a one-layer tower: its first layer's output is the tower's
+            layer_outs[0].copy_(h)
         torch.addmm(bp, z, wp, out=out_col[start * c : end * c])
     return out
 

@@ -50,14 +50,22 @@ def test_metric_sums_over_a_tiny_mf_model():
 
 
 @pytest.mark.parametrize(
-    ("kind", "n_users", "batch"),
-    [("ncf", 700, 64), ("mf", 700, 64), ("ncf", 7, 4096), ("ncf", 45, 30)],
+    ("kind", "n_users", "batch", "layers"),
+    [
+        ("ncf", 700, 64, 3),
+        ("mf", 700, 64, 3),
+        ("ncf", 7, 4096, 3),
+        ("ncf", 45, 30, 3),
+        ("ncf", 45, 30, 1),
+        ("ncf", 45, 30, 2),
+    ],
 )
-def test_fast_evaluation_gives_the_reference_logits_and_metrics(kind, n_users, batch):
+def test_fast_evaluation_gives_the_reference_logits_and_metrics(kind, n_users, batch, layers):
     """The evaluation path (:func:`candidate_logits` in chunks of users, metric_sums in
     batches) against the reference: :meth:`Scorer.score` over all users at once, ranks and
-    HR/NDCG computed from those. Fewer users than a chunk, batches that end inside a chunk."""
-    cfg = ModelConfig(n_items=500, kind=kind, factor=8, layers=3)
+    HR/NDCG computed from those. Fewer users than a chunk, batches that end inside a chunk,
+    towers of one to three layers (with one, the first layer's output is the tower's)."""
+    cfg = ModelConfig(n_items=500, kind=kind, factor=8, layers=layers)
     shared = init_shared(cfg, 3)
     g = torch.Generator().manual_seed(4)
     for name in cfg.item_tables():
