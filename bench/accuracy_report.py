@@ -136,7 +136,7 @@ def table(key: str) -> list[str]:
     return lines
 
 
-def _reproduction(key: str) -> dict[str, Any] | None:
+def reproduction(key: str) -> dict[str, Any] | None:
     """``bench/reproduce.py``'s FedRecGEL run of ``key`` on the validation split, if stored."""
     name, protocol = key.split("/")
     path = RES / "reproduce" / name / "fedrecgel-validation" / "results.json"
@@ -149,7 +149,7 @@ def _reproduction(key: str) -> dict[str, Any] | None:
 def _earlier_faithful(key: str) -> str | None:
     """A row for the paper-settings runs of ``bench/reproduce.py`` (made before the split's
     first-appearance numbering, evaluated every round), labelled as such."""
-    data = _reproduction(key)
+    data = reproduction(key)
     if data is None:
         return None
     runs = data["runs"]
@@ -165,110 +165,6 @@ def _earlier_faithful(key: str) -> str | None:
         f"{cfg['server_optimizer']} {cfg['server_lr']:.3g}, client {cfg['client_lr']:.3g}, rho "
         f"{cfg['rho_sh']:.3g}/{cfg['rho_ns']:.3g}, {cfg['rounds']} rounds (paper) |"
     )
-
-
-def studies() -> list[str]:
-    """Each exported tuning study: its trials, and its validation curves beside the paper
-    settings' (from the reproduction, seeds 0-2) and popularity's."""
-    lines: list[str] = []
-    for path in sorted((ACC / "studies").glob("*.json")):
-        data = json.loads(path.read_text())
-        lines += [
-            f"### Tuning study `{data['study']}` (validation only, tuning seed)",
-            "",
-            "| trial | state | validation HR@10 | settings |",
-            "|---|---|---|---|",
-        ]
-        for t in data["trials"]:
-            if t["state"] == "WAITING":  # queued again after an interruption, not run
-                continue
-            value = "-" if t["value"] is None else f"{100 * t['value']:.2f}"
-            last = max((int(k) for k in t["reports"]), default=0)
-            state = {"COMPLETE": "complete", "PRUNED": f"pruned at round {last}"}.get(
-                t["state"], f"interrupted after round {last}"
-            )
-            lines.append(f"| {t['number']} | {state} | {value} | {t['params']} |")
-        key = _study_key(data["study"])
-        pop = cell(key, "popularity")
-        done = [t for t in data["trials"] if t["value"] is not None]
-        if pop and done:
-            best = max(done, key=lambda t: t["value"])
-            lines += [
-                "",
-                f"Best completed trial: {best['number']}, validation HR@10 "
-                f"{100 * best['value']:.2f}; popularity on the same validation items: "
-                f"{100 * pop[0]['curve'][0]['val_hr@10']:.2f}.",
-            ]
-        png = _study_plot(data)
-        lines += ["", f"![study {data['study']}]({png})", ""]
-    return lines
-
-
-def _paper_curves(key: str) -> list[list[tuple[int, float]]]:
-    """Best validation HR@10 so far (%) by round of the paper-settings runs of ``key``: the
-    faithful cell's seeds, else ``bench/reproduce.py``'s runs."""
-    runs = [[(p["round"], 100 * p["val_hr@10"]) for p in r["curve"]] for r in cell(key, "faithful")]
-    if not runs:
-        rep = _reproduction(key)
-        runs = [
-            [(r["round"], 100 * r["val"]["hr@10"]) for r in run["rounds"] if r["val"]]
-            for run in (rep["runs"] if rep else [])
-        ]
-    out = []
-    for run in runs:
-        best, ys = 0.0, []
-        for x, y in run:
-            best = max(best, y)
-            ys.append((x, best))
-        out.append(ys)
-    return out
-
-
-def _study_key(study: str) -> str:
-    """``<dataset>/<protocol>`` of a study named ``<dataset>-fedrecgel-<protocol>[-<tag>]``."""
-    dataset, _, rest = study.partition("-fedrecgel-")
-    return f"{dataset}/{rest.split('-')[0] or 'paper'}"
-
-
-def _study_plot(data: dict[str, Any]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    key = _study_key(data["study"])
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for t in data["trials"]:
-        if t["reports"]:
-            xs = [int(k) for k in t["reports"]]
-            ys = [100 * v for v in t["reports"].values()]
-            ax.plot(
-                xs,
-                ys,
-                marker="o",
-                label=f"trial {t['number']} (server lr "
-                f"{t['params'].get('server_lr', 0):.3g}, {t['params'].get('server_optimizer')})",
-            )
-    for i, ys in enumerate(_paper_curves(key)):
-        ax.plot(
-            [x for x, _ in ys],
-            [y for _, y in ys],
-            color="grey",
-            alpha=0.7,
-            label="paper settings, seeds 0-2" if i == 0 else None,
-        )
-    pop = cell(key, "popularity")
-    if pop and pop[0]["curve"]:
-        ax.axhline(100 * pop[0]["curve"][0]["val_hr@10"], color="k", ls="--", label="popularity")
-    ax.set_xlabel("round")
-    ax.set_ylabel("best validation HR@10 so far (%)")
-    ax.set_title(f"{data['study']}: validation curves")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    name = f"accuracy_study_{data['study']}.png"
-    fig.savefig(DOCS / name, dpi=100)
-    plt.close(fig)
-    return name
 
 
 def _mean(key: str, label: str) -> float | None:
@@ -476,7 +372,9 @@ def curves(key: str) -> str | None:
 
 
 def section() -> list[str]:
-    """The whole accuracy section of docs/RESULTS.md."""
+    """The accuracy section of docs/RESULTS.md up to its tables and learning curves (the
+    studies, targets and readings follow: :func:`accuracy_studies.studies`, :func:`targets`,
+    :func:`readings`)."""
     if not ACC.exists():
         return []
     lines = [
@@ -517,4 +415,4 @@ def section() -> list[str]:
             png = curves(key)
             if png:
                 lines += [f"![learning curves {key}]({png})", ""]
-    return [*lines, *studies(), *targets(), *readings()]
+    return lines

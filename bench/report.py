@@ -13,7 +13,11 @@ import report_http
 import report_serving
 import report_simulator
 import report_studies
+from accuracy_report import ACC
+from accuracy_report import readings as accuracy_readings
 from accuracy_report import section as accuracy_section
+from accuracy_report import targets as accuracy_targets
+from accuracy_studies import studies as accuracy_studies
 from privacy_report import section as privacy_section
 from secagg_report import section as secagg_section
 
@@ -301,6 +305,13 @@ def _sel(fig: dict[str, float]) -> dict[str, float]:
     return {k.removeprefix("selected."): v for k, v in fig.items() if k.startswith("selected.")}
 
 
+def accuracy() -> list[str]:
+    """The accuracy section: tables and curves, tuning studies, targets and their readings."""
+    if not ACC.exists():
+        return []
+    return [*accuracy_section(), *accuracy_studies(), *accuracy_targets(), *accuracy_readings()]
+
+
 def main() -> None:
     """Write docs/RESULTS.md."""
     parts = [
@@ -310,7 +321,7 @@ def main() -> None:
         "script to refresh. Timings are from a shared 2-core machine and drift between runs;",
         "ratios are measured within one run.",
         "",
-        *accuracy_section(),
+        *accuracy(),
         "",
         *reproduction(),
         "",
