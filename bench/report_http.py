@@ -19,6 +19,7 @@ BEFORE = "http_vs_simulator_before.json"
 SESSIONS = {
     "http_vs_simulator_partial.json": "partial sums",
     "http_vs_simulator_overlap.json": "partial sums + evaluation after the upload",
+    "http_vs_simulator_quiet.json": "the same, quiet machine",
 }
 
 #: row label of each breakdown entry: worker phases (mean over the workers), aggregator stages
