@@ -187,6 +187,31 @@ def _check_finite(tensors: dict[str, Tensor]) -> None:
         _check_float(key, t, tuple(t.shape))
 
 
+def _item_rows(
+    tensors: dict[str, Tensor],
+    table: str,
+    prefix: str,
+    where: str,
+    n_items: int,
+    shapes: dict[str, tuple[int, ...]],
+) -> tuple[Tensor, Tensor]:
+    """The checked (row indices, values) of item table ``table`` under the key ``prefix``
+    (an upload's or a partial sum's): 1-d int64 indices in [0, n_items), sorted and unique,
+    values of shape (rows, width), floating (finiteness is checked over the whole body)."""
+    rk, vk = f"{prefix}{table}.rows", f"{prefix}{table}.values"
+    if rk not in tensors or vk not in tensors:
+        raise WireError(f"{where}missing {table} rows")
+    idx, vals = tensors[rk], tensors[vk]
+    if idx.dtype != torch.int64 or idx.dim() != 1:
+        raise WireError(f"{rk}: must be a 1-d int64 tensor")
+    if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= n_items):
+        raise WireError(f"{rk}: row index out of range [0, {n_items})")
+    if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
+        raise WireError(f"{rk}: row indices must be sorted and unique")
+    _check_float(vk, vals, (len(idx), shapes[table][1]), finite=False)
+    return idx, vals
+
+
 def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
     """Parse and validate an upload body against the model shape ``cfg``."""
     tensors, meta = _read(data)
@@ -229,18 +254,8 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
         for t in tables:
             rk, vk = f"{i}/{t}.rows", f"{i}/{t}.values"
             expected_keys |= {rk, vk}
-            if rk not in tensors or vk not in tensors:
-                raise WireError(f"update {i}: missing {t} rows")
-            idx, vals = tensors[rk], tensors[vk]
-            if idx.dtype != torch.int64 or idx.dim() != 1:
-                raise WireError(f"{rk}: must be a 1-d int64 tensor")
-            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= cfg.n_items):
-                raise WireError(f"{rk}: row index out of range [0, {cfg.n_items})")
-            if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
-                raise WireError(f"{rk}: row indices must be sorted and unique")
-            _check_float(vk, vals, (len(idx), shapes[t][1]), finite=False)
-            floats[vk] = vals
-            rows[t] = (idx, vals)
+            rows[t] = _item_rows(tensors, t, f"{i}/", f"update {i}: ", cfg.n_items, shapes)
+            floats[vk] = rows[t][1]
         dense: dict[str, Tensor] = {}
         for name in cfg.dense_names():
             key = f"{i}/{name}"
@@ -361,19 +376,8 @@ def decode_partial(data: bytes, cfg: ModelConfig) -> DecodedPartial:
     rows: dict[str, tuple[Tensor, Tensor]] = {}
     floats: dict[str, Tensor] = {}
     for t in cfg.item_tables():
-        rk, vk = f"{t}.rows", f"{t}.values"
-        if rk not in tensors or vk not in tensors:
-            raise WireError(f"missing {t} rows")
-        idx, vals = tensors[rk], tensors[vk]
-        if idx.dtype != torch.int64 or idx.dim() != 1:
-            raise WireError(f"{rk}: must be a 1-d int64 tensor")
-        if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= cfg.n_items):
-            raise WireError(f"{rk}: row index out of range [0, {cfg.n_items})")
-        if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):
-            raise WireError(f"{rk}: row indices must be sorted and unique")
-        _check_float(vk, vals, (len(idx), shapes[t][1]), finite=False)
-        floats[vk] = vals
-        rows[t] = (idx, vals)
+        rows[t] = _item_rows(tensors, t, "", "", cfg.n_items, shapes)
+        floats[f"{t}.values"] = rows[t][1]
     dense: dict[str, Tensor] = {}
     for name in cfg.dense_names():
         if name not in tensors:
