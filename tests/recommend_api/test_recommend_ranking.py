@@ -148,6 +148,19 @@ def test_labels_file_is_read_in_index_order(tmp_path) -> None:
     assert read_labels_file(path) == ["x9", "y7", "z5"]
 
 
+def _tower_dominated_model() -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """30,000 items, item embeddings at std 0.1 (the tower, which a candidate stage only
+    approximates, dominates the score) and small random tower biases."""
+    cfg = ModelConfig(n_items=30_000, factor=32, layers=3)
+    shared = init_shared(cfg, 7)
+    g = torch.Generator().manual_seed(1)
+    for t in ("item_gmf", "item_mlp"):
+        shared[t] = torch.randn(shared[t].shape, generator=g) * 0.1
+    for k in range(cfg.layers):
+        shared[f"tower.{k}.bias"] = torch.randn(shared[f"tower.{k}.bias"].shape, generator=g) * 0.01
+    return cfg, shared
+
+
 @pytest.mark.skipif(not faiss_available(), reason="faiss-cpu is not installed")
 def test_shortlist_then_rerank_recalls_exact_top_10() -> None:
     """Recall@10 of index shortlist + exact re-rank vs exact ranking, on a random NCF model.
@@ -158,13 +171,7 @@ def test_shortlist_then_rerank_recalls_exact_top_10() -> None:
     average, with the miss ranked just below by the exact model. Measured ~0.97 here and
     ~0.9-0.99 at 1,000,000 items with a 5,000 shortlist (bench/recommend_load.py).
     """
-    cfg = ModelConfig(n_items=30_000, factor=32, layers=3)
-    shared = init_shared(cfg, 7)
-    g = torch.Generator().manual_seed(1)
-    for t in ("item_gmf", "item_mlp"):
-        shared[t] = torch.randn(shared[t].shape, generator=g) * 0.1
-    for k in range(cfg.layers):
-        shared[f"tower.{k}.bias"] = torch.randn(shared[f"tower.{k}.bias"].shape, generator=g) * 0.01
+    cfg, shared = _tower_dominated_model()
     approx = ModelHolder(RankingConfig(ann_threshold=0, ann_shortlist=1_000))
     approx.swap(approx.build(cfg, shared, 1))
     exact = ModelHolder(RankingConfig(ann_threshold=10**9))
@@ -342,13 +349,7 @@ def test_scan_recalls_exact_top_10_on_a_tower_dominated_model() -> None:
     tower, which the candidate stage only approximates, dominates), with the table scan and
     1,000 candidates of 30,000 (measured 0.95 here, the flat index ~0.97: on this untrained
     model the deeper layers, which the scan linearises, matter more than on a trained one)."""
-    cfg = ModelConfig(n_items=30_000, factor=32, layers=3)
-    shared = init_shared(cfg, 7)
-    g = torch.Generator().manual_seed(1)
-    for t in ("item_gmf", "item_mlp"):
-        shared[t] = torch.randn(shared[t].shape, generator=g) * 0.1
-    for k in range(cfg.layers):
-        shared[f"tower.{k}.bias"] = torch.randn(shared[f"tower.{k}.bias"].shape, generator=g) * 0.01
+    cfg, shared = _tower_dominated_model()
     approx = _holder(cfg, shared, ann_threshold=0, ann_index="scan", ann_scan_candidates=1_000)
     exact = _holder(cfg, shared, ann_threshold=10**9)
     recalls = []
