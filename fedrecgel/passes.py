@@ -67,6 +67,10 @@ class Layout:
         o = self.offsets.tolist()
         return list(itertools.pairwise(o))
 
+    def split(self, x: Tensor) -> tuple[Tensor, ...]:
+        """Each client's rows of a per-sample (N, ...) tensor (views, made in one call)."""
+        return x.split(np.diff(self.offsets).tolist())
+
 
 def make_layout(
     samples: list[tuple[np.ndarray, np.ndarray]], n_items: int, chunk_size: int
@@ -107,8 +111,14 @@ def seg_sum(lay: Layout, x: Tensor) -> Tensor:
 
 
 def _per_client(t: Tensor, lay: Layout) -> Tensor:
-    """A per-client (C, d) tensor repeated for each of its samples: (N, d)."""
-    return torch.repeat_interleave(t, lay.sizes, dim=0, output_size=len(lay.client))
+    """A per-client (C, d) tensor repeated for each of its samples: (N, d) (one gather)."""
+    return t.index_select(0, lay.client)
+
+
+def relu_grad(d: Tensor, x: Tensor) -> Tensor:
+    """``d`` where the ReLU output ``x`` is positive, else 0 (one fused pass; the same as
+    ``d * (x > 0)`` up to the sign of zeros)."""
+    return torch.ops.aten.threshold_backward(d, x, 0.0)
 
 
 @dataclass
@@ -152,26 +162,31 @@ def forward(
     e = cfg.mlp_dim
     w0, b0 = dense["tower.0.weight"], dense["tower.0.bias"]
     u = priv["user_mlp"]
-    spans = lay.spans()
-    if per_client:
+    if per_client:  # the user half enters each client's products as their bias row
         user_half = torch.baddbmm(b0[:, :, None], w0[:, :, :e], u[:, :, None]).squeeze(-1)
         h = torch.empty(len(lay.client), w0.shape[1])
-        for c, (a, b) in enumerate(spans):
-            torch.mm(im[a:b], w0[c, :, e:].T, out=h[a:b])
+        wt = w0[:, :, e:].transpose(1, 2).unbind(0)
+        for hc, xc, wc, bc in zip(
+            lay.split(h), lay.split(im), wt, user_half.unbind(0), strict=True
+        ):
+            torch.addmm(bc, xc, wc, out=hc)
         item_first = None
     else:
         user_half = torch.nn.functional.linear(u, w0[:, :e], b0)
         if item_first is None:
             item_first = im @ w0[:, e:].T
-        h = item_first.clone()
-    h.add_(_per_client(user_half, lay)).relu_()
+        h = torch.add(item_first, _per_client(user_half, lay))
+    h.relu_()
     hidden = [h]
     for k in range(1, cfg.layers):
         w, bias = dense[f"tower.{k}.weight"], dense[f"tower.{k}.bias"]
         if per_client:
             out = torch.empty(len(lay.client), w.shape[1])
-            for c, (a, b) in enumerate(spans):
-                torch.addmm(bias[c], h[a:b], w[c].T, out=out[a:b])
+            wt = w.transpose(1, 2).unbind(0)
+            for oc, xc, wc, bc in zip(
+                lay.split(out), lay.split(h), wt, bias.unbind(0), strict=True
+            ):
+                torch.addmm(bc, xc, wc, out=oc)
             h = out
         else:
             h = torch.addmm(bias, h, w.T)
@@ -215,7 +230,6 @@ def backward(
     out = rows_out or {}
     n_items = cfg.n_items
     f = cfg.factor
-    spans = lay.spans()
     rows: dict[str, Tensor] = {}
     dn: dict[str, Tensor] = {}
     g_priv: dict[str, Tensor] = {}
@@ -238,15 +252,15 @@ def backward(
             else:
                 dn["predict.weight"] = torch.cat([dlogit @ fw.a_gmf, dlogit @ hid[-1]])[None]
                 dn["predict.bias"] = dlogit.sum().reshape(1)
-        dpre = d_h.mul_(hid[-1] > 0)
+        dpre = relu_grad(d_h, hid[-1])
         for k in range(cfg.layers - 1, 0, -1):
             w = dense[f"tower.{k}.weight"]
             x = hid[k - 1]
             if shared is not None:
                 if pc_out:
                     gw = torch.empty(lay.n_clients, *w.shape[-2:])
-                    for c, (a, b) in enumerate(spans):
-                        torch.mm(dpre[a:b].T, x[a:b], out=gw[c])
+                    for gc, dc, xc in zip(gw.unbind(0), lay.split(dpre), lay.split(x), strict=True):
+                        torch.mm(dc.T, xc, out=gc)
                     dn[f"tower.{k}.weight"] = gw
                     dn[f"tower.{k}.bias"] = seg_sum(lay, dpre)
                 else:
@@ -254,11 +268,11 @@ def backward(
                     dn[f"tower.{k}.bias"] = dpre.sum(0)
             if per_client:
                 dx = torch.empty_like(x)
-                for c, (a, b) in enumerate(spans):
-                    torch.mm(dpre[a:b], w[c], out=dx[a:b])
+                for oc, dc, wc in zip(lay.split(dx), lay.split(dpre), w.unbind(0), strict=True):
+                    torch.mm(dc, wc, out=oc)
             else:
                 dx = dpre @ w
-            dpre = dx.mul_(x > 0)
+            dpre = relu_grad(dx, x)
         # first layer: a user half (one row per client) and an item half (one per sample)
         e = cfg.mlp_dim
         w0 = dense["tower.0.weight"]
@@ -270,8 +284,10 @@ def backward(
             if pc_out:
                 g0 = torch.empty(lay.n_clients, *w0.shape[-2:])
                 torch.mul(s[:, :, None], u[:, None, :], out=g0[:, :, :e])
-                for c, (a, b) in enumerate(spans):
-                    torch.mm(dpre[a:b].T, im[a:b], out=g0[c, :, e:])
+                for gc, dc, xc in zip(
+                    g0[:, :, e:].unbind(0), lay.split(dpre), lay.split(im), strict=True
+                ):
+                    torch.mm(dc.T, xc, out=gc)
                 dn["tower.0.weight"] = g0
                 dn["tower.0.bias"] = s
             else:
@@ -279,8 +295,9 @@ def backward(
                 dn["tower.0.bias"] = s.sum(0)
             if per_client:
                 d_im = torch.empty_like(im)
-                for c, (a, b) in enumerate(spans):
-                    torch.mm(dpre[a:b], w0[c, :, e:], out=d_im[a:b])
+                wi = w0[:, :, e:].unbind(0)
+                for oc, dc, wc in zip(lay.split(d_im), lay.split(dpre), wi, strict=True):
+                    torch.mm(dc, wc, out=oc)
             else:
                 d_im = dpre @ w0[:, e:]
             rows["item_mlp"] = _rows(lay, d_im, pc_out, n_items, out.get("item_mlp"))

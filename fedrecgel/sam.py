@@ -21,6 +21,7 @@ path takes groups of clients.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,6 +149,12 @@ def client_rng(seed: int, round_id: int, user_id: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(round_id), int(user_id)])
 
 
+@functools.cache
+def _before(n: int) -> np.ndarray:
+    """(n, n) bool: column i comes before column j of a row of negatives."""
+    return np.triu(np.ones((n, n), dtype=bool), k=1)
+
+
 def client_samples(
     positives: np.ndarray, n_items: int, n_negatives: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -158,26 +165,25 @@ def client_samples(
     """
     pos = rng.permutation(np.asarray(positives, dtype=np.int64))
     p = len(pos)
-    seen = np.unique(pos)
-    if n_items - len(seen) < n_negatives:
+    seen = np.sort(pos)  # repeats do not matter to the membership test below
+    if n_items - p < n_negatives and n_items - len(np.unique(seen)) < n_negatives:
         raise ValueError(
-            f"a client with {len(seen)} items cannot draw {n_negatives} negatives "
+            f"a client with {len(np.unique(seen))} items cannot draw {n_negatives} negatives "
             f"from a catalogue of {n_items}"
         )
     negs = rng.integers(0, n_items, size=(p, n_negatives))
-    # before[i, j]: column i comes before column j of a row
-    before = np.triu(np.ones((n_negatives, n_negatives), dtype=bool), k=1)
+    before = _before(n_negatives)
     while True:
         # bad: a negative the client has seen, or equal to an earlier negative of its row
         # (membership by binary search in the sorted ``seen``: np.isin costs about 100 us a
         # call on arrays this small, half of drawing a FilmTrust client's samples)
-        if len(seen):
-            at = np.minimum(np.searchsorted(seen, negs), len(seen) - 1)
+        if p:
+            at = np.minimum(np.searchsorted(seen, negs), p - 1)
             bad = seen[at] == negs
         else:
             bad = np.zeros(negs.shape, dtype=bool)
         bad |= ((negs[:, :, None] == negs[:, None, :]) & before).any(axis=1)
-        n_bad = int(bad.sum())
+        n_bad = int(np.count_nonzero(bad))
         if n_bad == 0:
             break
         negs[bad] = rng.integers(0, n_items, size=n_bad)
@@ -268,8 +274,8 @@ def _group_step(
     lay = make_layout(samples, cfg.n_items, hp.chunk_size)
     dense_names = cfg.dense_names()
     dense = {n: shared[n] for n in dense_names}
-    ig = shared["item_gmf"][lay.items]
-    im = shared["item_mlp"][lay.items] if cfg.kind == "ncf" else None
+    ig = shared["item_gmf"].index_select(0, lay.items)
+    im = shared["item_mlp"].index_select(0, lay.items) if cfg.kind == "ncf" else None
 
     # pass 1: gradients at the unperturbed point
     fw1 = passes.forward(cfg, lay, priv, ig, im, dense, False)
@@ -282,17 +288,21 @@ def _group_step(
     if hp.rho_sh > 0:
         sq = torch.zeros(lay.n_clients)
         for r in g_sh.rows.values():
-            sq.index_add_(0, lay.pair_client, r.pow(2).sum(1))
+            sq.index_add_(0, lay.pair_client, torch.linalg.vector_norm(r, dim=1).square_())
         for d in g_sh.dense.values():
-            sq += d.reshape(lay.n_clients, -1).pow(2).sum(1)
+            sq += torch.linalg.vector_norm(d.reshape(lay.n_clients, -1), dim=1).square_()
         factor = _norm_factor(hp.rho_sh, sq)
-        f_pair = factor[lay.pair_client][:, None]
+        f_pair = factor.index_select(0, lay.pair_client)[:, None]
+        # shared + e_sh, written over the gradients (no longer needed)
         rows2 = {
-            t: torch.addcmul(shared[t][lay.pair_items], g_sh.rows[t], f_pair) for t in g_sh.rows
+            t: torch.addcmul(shared[t].index_select(0, lay.pair_items), r, f_pair, out=r)
+            for t, r in g_sh.rows.items()
         }
-        ig2 = rows2["item_gmf"][lay.sample_pair]
-        im2 = rows2["item_mlp"][lay.sample_pair] if cfg.kind == "ncf" else None
-        dense2 = {n: g.mul_(_bcast(factor, g)).add_(shared[n]) for n, g in g_sh.dense.items()}
+        ig2 = rows2["item_gmf"].index_select(0, lay.sample_pair)
+        im2 = rows2["item_mlp"].index_select(0, lay.sample_pair) if cfg.kind == "ncf" else None
+        dense2 = {
+            n: torch.addcmul(shared[n], g, _bcast(factor, g), out=g) for n, g in g_sh.dense.items()
+        }
         del g_sh, rows2
         fw2 = passes.forward(cfg, lay, priv, ig2, im2, dense2, True)
         _, d2 = passes.loss_grad(lay, fw2.logits, weights)
@@ -309,7 +319,7 @@ def _group_step(
     if hp.rho_ns > 0:
         sq = torch.zeros(lay.n_clients)
         for g in g_ns.values():
-            sq += g.pow(2).sum(1)
+            sq += torch.linalg.vector_norm(g, dim=1).square_()
         factor = _norm_factor(hp.rho_ns, sq)
         priv3 = {k: torch.addcmul(v, g_ns[k], factor[:, None]) for k, v in priv.items()}
         fw3 = passes.forward(cfg, lay, priv3, ig, im, dense, False, fw1.item_first)
