@@ -20,7 +20,9 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,6 +59,48 @@ PARTIAL_FORMAT = "fedrecgel-partial"
 
 class WireError(ValueError):
     """A body that cannot be accepted; ``str(err)`` says why."""
+
+
+#: the largest round number a body may name (the aggregator's columns are 32-bit)
+MAX_ROUND = 2**31 - 1
+_ROUND = re.compile(r"0|[1-9][0-9]{0,9}")
+
+
+def load_json(text: str | bytes, what: str) -> Any:
+    """Parse JSON sent by a peer: :class:`WireError` on anything that is not JSON, also on
+    nesting too deep for the parser (never a RecursionError)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise WireError(f"{what} is not valid JSON ({reason})") from None
+
+
+def _round_of(meta: dict[str, str]) -> int:
+    """The ``round`` metadata: a plain decimal integer in 0..MAX_ROUND."""
+    text = meta.get("round")
+    if not isinstance(text, str) or not _ROUND.fullmatch(text) or int(text) > MAX_ROUND:
+        shown = repr(text)[:40]
+        raise WireError(f"round must be a decimal integer in 0..{MAX_ROUND}, got {shown}")
+    return int(text)
+
+
+def _json_int(value: object, what: str) -> int:
+    """An integer field of the metadata: a JSON integer (never a boolean, a fraction or a
+    string, which a lenient reading would turn into some other client or count)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{what} must be an integer, got {repr(value)[:40]}")
+    return value
+
+
+def _json_float(value: object, what: str) -> float:
+    """A number field of the metadata (a JSON integer or fraction, within the float range)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise WireError(f"{what} must be a number, got {repr(value)[:40]}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise WireError(f"{what} is beyond the float range") from None
 
 
 @dataclass(frozen=True)
@@ -108,7 +152,7 @@ def _read(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
     try:
         header = json.loads(data[8 : 8 + header_len])
         tensors = st_load(data)
-    except (SafetensorError, ValueError, UnicodeDecodeError) as err:
+    except (SafetensorError, ValueError, UnicodeDecodeError, RecursionError) as err:
         raise WireError(f"body is not a valid safetensors blob: {err}") from None
     meta = header.get("__metadata__") or {}
     if not isinstance(meta, dict):
@@ -217,11 +261,10 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
     tensors, meta = _read(data)
     if meta.get("format") != UPDATES_FORMAT:
         raise WireError(f"not an updates blob (format={meta.get('format')!r})")
-    try:
-        round_id = int(meta["round"])
-        info = json.loads(meta["updates"])
-    except (KeyError, ValueError) as err:
-        raise WireError(f"bad updates metadata: {err}") from None
+    round_id = _round_of(meta)
+    if "updates" not in meta:
+        raise WireError("bad updates metadata: no 'updates' list")
+    info = load_json(meta["updates"], "the 'updates' metadata")
     if not isinstance(info, list) or not info:
         raise WireError("updates metadata must list at least one update")
     extra_meta = set(meta) - {"format", "round", "updates"}
@@ -239,12 +282,11 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
         extra_fields = set(entry) - {"client_id", "n_samples", "loss"}
         if extra_fields:
             raise WireError(f"update {i}: unexpected fields {sorted(extra_fields)}")
-        try:
-            client_id = int(entry["client_id"])
-            n_samples = int(entry["n_samples"])
-            loss = float(entry.get("loss", 0.0))
-        except (KeyError, TypeError, ValueError) as err:
-            raise WireError(f"update {i}: bad metadata entry ({err})") from None
+        if "client_id" not in entry or "n_samples" not in entry:
+            raise WireError(f"update {i}: bad metadata entry (needs client_id and n_samples)")
+        client_id = _json_int(entry["client_id"], f"update {i}: client_id")
+        n_samples = _json_int(entry["n_samples"], f"update {i}: n_samples")
+        loss = _json_float(entry.get("loss", 0.0), f"update {i}: loss")
         if n_samples <= 0:
             raise WireError(f"update {i}: n_samples must be positive")
         if client_id in seen_clients:
@@ -283,7 +325,7 @@ def body_format(data: bytes) -> str | None:
         return None
     try:
         header = json.loads(data[8 : 8 + n])
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     fmt = meta.get("format") if isinstance(meta, dict) else None
@@ -348,12 +390,14 @@ def decode_partial(data: bytes, cfg: ModelConfig) -> DecodedPartial:
     extra_meta = set(meta) - {"format", "round", "clients", "loss"}
     if extra_meta:
         raise WireError(f"unexpected metadata keys: {sorted(extra_meta)}")
+    round_id = _round_of(meta)
+    if "clients" not in meta or "loss" not in meta:
+        raise WireError("bad partial-sum metadata: needs 'clients' and 'loss'")
+    info = load_json(meta["clients"], "the 'clients' metadata")
     try:
-        round_id = int(meta["round"])
-        info = json.loads(meta["clients"])
         loss = float(meta["loss"])
-    except (KeyError, ValueError) as err:
-        raise WireError(f"bad partial-sum metadata: {err}") from None
+    except ValueError:
+        raise WireError(f"bad partial-sum metadata: loss {meta['loss'][:40]!r}") from None
     if not isinstance(info, list) or not info:
         raise WireError("a partial sum must list at least one client")
     ids: list[int] = []
@@ -361,11 +405,8 @@ def decode_partial(data: bytes, cfg: ModelConfig) -> DecodedPartial:
     for i, entry in enumerate(info):
         if not isinstance(entry, dict) or set(entry) != {"client_id", "n_samples"}:
             raise WireError(f"client entry {i}: must be {{client_id, n_samples}}")
-        try:
-            ids.append(int(entry["client_id"]))
-            sizes.append(int(entry["n_samples"]))
-        except (TypeError, ValueError) as err:
-            raise WireError(f"client entry {i}: bad value ({err})") from None
+        ids.append(_json_int(entry["client_id"], f"client entry {i}: client_id"))
+        sizes.append(_json_int(entry["n_samples"], f"client entry {i}: n_samples"))
         if sizes[-1] <= 0:
             raise WireError(f"client entry {i}: n_samples must be positive")
     if any(b <= a for a, b in itertools.pairwise(ids)):

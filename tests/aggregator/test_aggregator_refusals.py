@@ -70,6 +70,12 @@ def _bad_body(kind: str, cid: int) -> bytes:
         return b"\x00" * 64
     elif kind == "round_mismatch":
         return _raw_body(2, t, info)
+    elif kind == "infinite_client_id":
+        info[0]["client_id"] = float("inf")
+    elif kind == "fractional_client_id":
+        info[0]["client_id"] = cid + 0.5
+    elif kind == "nested_metadata":
+        return _raw_body(1, t, [], updates="[" * 20_000 + "]" * 20_000)
     return _raw_body(1, t, info)
 
 
@@ -87,6 +93,9 @@ def _bad_body(kind: str, cid: int) -> bytes:
         "user_data_in_entry",
         "garbage",
         "round_mismatch",
+        "infinite_client_id",
+        "fractional_client_id",
+        "nested_metadata",
     ],
 )
 def test_malformed_update_is_refused_422_and_model_unchanged(ctx: Ctx, kind: str) -> None:

@@ -135,3 +135,39 @@ def test_garbage_is_not_a_safetensors_blob():
     for body in (b"", b"12345678", b"\xff" * 64):
         with pytest.raises(WireError):
             decode_updates(body, CFG)
+
+
+def _with_updates_meta(text: str) -> bytes:
+    return _tamper(encode_updates(1, _updates(1)), lambda t, m: m.__setitem__("updates", text))
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('{"client_id": 1e400, "n_samples": 5}', "client_id must be an integer"),
+        ('{"client_id": 0, "n_samples": 1e400}', "n_samples must be an integer"),
+        ('{"client_id": 0.7, "n_samples": 5}', "client_id must be an integer"),
+        ('{"client_id": true, "n_samples": 5}', "client_id must be an integer"),
+        ('{"client_id": "0", "n_samples": 5}', "client_id must be an integer"),
+        ('{"client_id": 0, "n_samples": 5, "loss": "0.1"}', "loss must be a number"),
+        ('{"client_id": 0, "n_samples": 5, "loss": 1' + "0" * 400 + "}", "float range"),
+        ('{"n_samples": 5}', "needs client_id"),
+    ],
+)
+def test_update_metadata_is_read_strictly(entry, message):
+    # a lenient reading would crash on infinity or take 0.7, true or "0" for client 0
+    with pytest.raises(WireError, match=message):
+        decode_updates(_with_updates_meta(f"[{entry}]"), CFG)
+
+
+def test_deeply_nested_metadata_is_refused_not_a_crash():
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(WireError, match="nested too deeply"):
+        decode_updates(_with_updates_meta(deep), CFG)
+
+
+@pytest.mark.parametrize("text", ["-1", "01", " 1", "1.0", "2147483648", "9" * 5000, "x"])
+def test_the_round_of_a_body_is_a_plain_bounded_integer(text):
+    body = _tamper(encode_updates(1, _updates(1)), lambda t, m: m.__setitem__("round", text))
+    with pytest.raises(WireError, match="round must be a decimal integer"):
+        decode_updates(body, CFG)

@@ -5,6 +5,7 @@ weighting; the wire codec keeps a partial sum exactly and refuses what it must n
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -85,3 +86,28 @@ def test_the_codec_refuses_a_partial_sum_with_a_client_listed_twice() -> None:
     twice = replace(res.partial, client_ids=(1, 1))
     with pytest.raises(WireError, match="once each"):
         decode_partial(encode_partial(1, twice), sim.model_cfg)
+
+
+@pytest.mark.parametrize(
+    ("clients", "message"),
+    [
+        ('[{"client_id": 1e400, "n_samples": 3}]', "client_id must be an integer"),
+        ('[{"client_id": 1, "n_samples": 2.5}]', "n_samples must be an integer"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_the_codec_reads_a_partial_sums_clients_strictly(clients: str, message: str) -> None:
+    from safetensors.torch import load, save
+
+    sim = Simulator(SPLIT, SMALL)
+    part = np.array([1, 3])
+    res = sim.clients.partial_step(
+        sim.shared, 1, part, SPLIT.user_train, sim.store.get(part), "mean"
+    )
+    assert res.partial is not None
+    body = encode_partial(1, res.partial)
+    n = int.from_bytes(body[:8], "little")
+    meta = json.loads(body[8 : 8 + n])["__metadata__"]
+    tampered = save(load(body), metadata={**meta, "clients": clients})
+    with pytest.raises(WireError, match=message):
+        decode_partial(tampered, sim.model_cfg)
