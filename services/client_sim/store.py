@@ -16,12 +16,20 @@ shared parameters and metric sums.
 A SQLite store file is private: created (or narrowed to) mode 0600 before SQLite opens it, so
 its journal, ``-wal`` and ``-shm`` files (SQLite gives them the database file's mode) are 0600
 too; it runs in WAL mode, so the device API reads while the worker loop writes.
+
+The worker opens its store with ``mirror=True``: every owned user's private state is then also
+held in memory (built from the database on the first load, updated after each committed save),
+so loading states (the cohort's each round, all users' for each evaluation) is a row selection
+instead of decoding a blob per user. The database stays the record: a save updates the mirror
+only once its transaction committed, and a restarted worker rebuilds the mirror from the file.
+Only the process that writes the store may mirror it (another one's mirror would go stale).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,7 +200,7 @@ def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
 class WorkerStore:
     """The private-state store of one worker (open with a path or an SQLAlchemy URL)."""
 
-    def __init__(self, path_or_url: str | Path) -> None:
+    def __init__(self, path_or_url: str | Path, *, mirror: bool = False) -> None:
         url = str(path_or_url)
         if "://" not in url:
             url = f"sqlite:///{Path(url).expanduser()}"
@@ -204,6 +212,11 @@ class WorkerStore:
             event.listen(self.engine, "connect", _wal_mode)
         _Base.metadata.create_all(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._mirroring = mirror
+        #: every owned user's committed state (rows in ``_mirror_ids`` order), once built
+        self._mirror: PrivateState | None = None
+        self._mirror_ids = np.zeros(0, dtype=np.int64)
+        self._mirror_lock = threading.Lock()  # the device API reads from another thread
 
     def close(self) -> None:
         """Release the engine's connections."""
@@ -310,7 +323,37 @@ class WorkerStore:
         self.save_states(user_ids, state, None, None)
 
     def load_states(self, user_ids: Sequence[int]) -> PrivateState:
-        """The private state of ``user_ids`` (in that order)."""
+        """The private state of ``user_ids`` (in that order; copies, from the mirror when the
+        store keeps one)."""
+        if self._mirroring:
+            if self._mirror is None:
+                self._build_mirror()
+            with self._mirror_lock:
+                rows = self._mirror_rows(user_ids)
+                if self._mirror is not None and rows is not None:
+                    return self._mirror.select(rows)
+        return self._load_from_db(user_ids)
+
+    def _build_mirror(self) -> None:
+        """Load every owned user's state into the mirror, once all of them have one."""
+        if not self.has_state():
+            return
+        ids = self.user_ids()
+        state = self._load_from_db(ids.tolist())
+        with self._mirror_lock:
+            self._mirror, self._mirror_ids = state, ids
+
+    def _mirror_rows(self, user_ids: Sequence[int]) -> torch.Tensor | None:
+        """The mirror's rows of ``user_ids``, or None when some user is not in it."""
+        ids = np.asarray(user_ids, dtype=np.int64).reshape(-1)
+        if len(self._mirror_ids) == 0:
+            return None
+        pos = np.minimum(np.searchsorted(self._mirror_ids, ids), len(self._mirror_ids) - 1)
+        if not np.array_equal(self._mirror_ids[pos], ids):
+            return None
+        return torch.from_numpy(pos)
+
+    def _load_from_db(self, user_ids: Sequence[int]) -> PrivateState:
         found: dict[int, tuple[bytes, int]] = {}
         with self._session() as s:
             for chunk in _chunks(user_ids):
@@ -350,6 +393,22 @@ class WorkerStore:
         if rows:
             with self._session.begin() as s:
                 s.execute(update(UserRow), rows)  # ORM bulk UPDATE by primary key
+            self._mirror_saved(user_ids, state)
+
+    def _mirror_saved(self, user_ids: Sequence[int], state: PrivateState) -> None:
+        """Write committed states into the mirror (dropped, to be rebuilt, if it lacks a user)."""
+        with self._mirror_lock:
+            if self._mirror is None:
+                return
+            rows = self._mirror_rows(user_ids)
+            if rows is None:
+                self._mirror = None
+                return
+            n = len(rows)
+            with torch.no_grad():
+                self._mirror.assign(
+                    rows, state if len(state.step) == n else state.select(slice(0, n))
+                )
 
     def progress(self, user_ids: Sequence[int]) -> dict[int, Progress]:
         """Committed (round, attempt) of ``user_ids``."""

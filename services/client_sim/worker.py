@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import torch
 
 from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split, load_split
@@ -71,7 +72,7 @@ class Worker:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
-        self.store = store or WorkerStore(settings.store)
+        self.store = store or WorkerStore(settings.store, mirror=True)
         self._init_store(split)
         self.data = self.store.load_data()
         self.users = self.data.user_ids
@@ -283,7 +284,9 @@ class Worker:
             dp = ClientPrivacy.announced(cfg.dp_clip, cfg.dp_noise, cfg.dp_mode, cohort_size)
         hp = replace(cfg.sam(), grouped_uploads=self.settings.grouped_uploads)
         clients = ClientRound(model.cfg, hp, cfg.seed, dp, secret_noise=True)
-        with self.timer.phase("compute"):
+        # the client step writes its backward out: autograd would only record graphs (and the
+        # simulator, whose numbers these are, runs without it)
+        with self.timer.phase("compute"), torch.no_grad():
             state = self.store.load_states(todo)
             if cfg.upload_grouping == "worker":  # one partial sum for all of them
                 return clients.partial_step(

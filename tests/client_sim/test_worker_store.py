@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load as st_load
+from sqlalchemy.orm.exc import StaleDataError
 
 import services.client_sim.aggregator_client as client_module
 import services.client_sim.store as store_module
@@ -125,6 +126,40 @@ def test_loading_a_user_without_state_fails_clearly(tmp_path, split):
     store.save_states([1, 4, 7, 10], _random_state(4), None, None)
     with pytest.raises(store_module.StoreError, match="not in this store"):
         store.load_states([2])
+
+
+def test_a_mirrored_store_loads_what_the_file_holds(tmp_path, split):
+    """The in-memory mirror serves the committed states bit for bit: after saves of some
+    users, whatever the order asked, and as a plain store on the same file reads them."""
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.add_users(split, [1, 4, 7, 10])
+    with pytest.raises(store_module.StoreError, match="no private state"):
+        store.load_states([1])  # no mirror before every user has a state
+    first = _random_state(4, seed=3)
+    store.save_states([1, 4, 7, 10], first, None, None)
+    loaded = store.load_states([10, 1])  # builds the mirror from the file
+    _assert_state_equal(loaded, first.select([3, 0]))
+    loaded.params["user_gmf"].add_(1.0)  # a copy: the mirror is not changed through it
+    store.save_states([7, 4], _random_state(2, seed=4), 2, 0)
+    plain = WorkerStore(tmp_path / "w.db")
+    for users in ([1, 4, 7, 10], [7], [10, 4, 1]):
+        _assert_state_equal(store.load_states(users), plain.load_states(users))
+    with pytest.raises(store_module.StoreError, match="not in this store"):
+        store.load_states([1, 2])
+    plain.close()
+    store.close()
+
+
+def test_a_failed_save_leaves_the_mirror_as_the_file(tmp_path, split):
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.add_users(split, [1, 4])
+    before = _random_state(2, seed=5)
+    store.save_states([1, 4], before, None, None)
+    store.load_states([1])  # mirror built
+    with pytest.raises(StaleDataError):  # no row of user 99: the transaction rolls back
+        store.save_states([1, 4, 99], _random_state(3, seed=6), 1, 0)
+    _assert_state_equal(store.load_states([1, 4]), before)
+    store.close()
 
 
 def test_worker_modules_never_pickle_or_torch_load():
