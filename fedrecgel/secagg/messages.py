@@ -51,7 +51,7 @@ def _dump(kind: str, body: dict[str, Any]) -> bytes:
 def _load(data: bytes, kind: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # also nested too deeply
         raise MessageError("not JSON") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("kind") != kind:
         raise MessageError(f"not a {kind} message")
@@ -61,7 +61,7 @@ def _load(data: bytes, kind: str) -> dict[str, Any]:
 def _cid(s: Any) -> int:
     try:
         v = int(s)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 reads as infinity
         raise MessageError(f"bad client id {s!r}") from None
     if v < 0 or str(v) != str(s).strip():
         raise MessageError(f"bad client id {s!r}")
@@ -129,7 +129,7 @@ def decode_masked(data: bytes, length: int) -> Masked:
         n = int.from_bytes(data[:8], "little")
         meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
         complaints = json.loads(meta.get("complaints", "[]"))
-    except (SafetensorError, ValueError, UnicodeDecodeError):
+    except (SafetensorError, ValueError, UnicodeDecodeError, RecursionError):
         raise MessageError("not a safetensors blob") from None
     if meta.get("format") != FORMAT or meta.get("kind") != "masked" or set(tensors) != {"y"}:
         raise MessageError("not a masked-input message")

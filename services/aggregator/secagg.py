@@ -149,7 +149,7 @@ def _json_list(body: bytes) -> list[bytes]:
     """A body of a JSON list of messages: each one's canonical bytes."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # also nested too deeply
         raise Malformed("the body is not JSON", "malformed_message") from None
     if not isinstance(doc, list) or not doc:
         raise Malformed("the body is a non-empty JSON list of messages", "malformed_message")

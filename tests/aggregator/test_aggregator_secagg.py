@@ -214,6 +214,8 @@ def test_too_few_clients_fail_the_attempt_and_publish_nothing(rnd: Round) -> Non
 
 def test_malformed_and_out_of_turn_messages_are_refused_and_change_nothing(rnd: Round) -> None:
     good_keys = b"[" + messages.encode_keys(rnd.clients[0].advertise()) + b"]"
+    huge_id = good_keys.replace(b'"client_id": 0', b'"client_id": 1e400')  # read as infinity
+    assert huge_id != good_keys
     cases = [
         ("keys", 0, b"{", "application/json", 422, "malformed_message"),
         ("keys", 0, b"[]", "application/json", 422, "malformed_message"),
@@ -221,6 +223,8 @@ def test_malformed_and_out_of_turn_messages_are_refused_and_change_nothing(rnd: 
         ("keys", 1, good_keys, "application/json", 403, "not_owned"),  # 0 is token 0's
         ("shares", 0, good_keys, "application/json", 422, "malformed_message"),  # wrong kind
         ("masked", 0, b"\x00" * 64, "application/octet-stream", 422, "malformed_message"),
+        ("keys", 0, b"[" * 20_000 + b"]" * 20_000, "application/json", 422, "malformed_message"),
+        ("keys", 0, huge_id, "application/json", 422, "malformed_message"),
     ]
     for step, who, body, media, code, err in cases:
         r = rnd.post(step, who, body, media)

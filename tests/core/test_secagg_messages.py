@@ -90,6 +90,8 @@ def test_malformed_bodies_are_refused(recorded) -> None:  # type: ignore[no-unty
         (msg.decode_reveal, reveal.replace(b'"client_id": ', b'"client_id": -')),
         (lambda b: msg.decode_masked(b, spec.length), masked[:100]),
         (lambda b: msg.decode_masked(b, spec.length + 1), masked),
+        (msg.decode_keys, b"[" * 100_000 + b"]" * 100_000),  # too deep for the parser
+        (msg.decode_keys, keys.replace(b'"client_id": ', b'"client_id": 1e400, "x": ')),
     ]
     for decode, body in bad:
         with pytest.raises(msg.MessageError):
