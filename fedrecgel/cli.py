@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedrecgel.clitools import DatasetOption, console, fail, load_data, parse_seeds
-from fedrecgel.config import DEFAULTS, ConfigError, RunParams, bounds, check
+from fedrecgel.clitools import DatasetOption, console, fail, load_data, out_dir, parse_seeds
+from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError, RunParams, bounds, check
 from fedrecgel.data import DATASETS, DataError, Split, stats
 from fedrecgel.runreport import plot_run, summarize
 from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig, with_seed
@@ -280,6 +280,13 @@ def train(
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
     base = _apply_preset(ctx, base, preset, split.name)
+    n_shared = base.model(split.n_items).n_shared()
+    if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
+        raise fail(
+            f"--factor {base.factor} with --layers {base.layers} on {split.n_items} items would "
+            f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
+        )
+    out_dir(out)  # before training: a folder that cannot be written fails now, not at the end
     console.print(
         f"{split.name}: {split.n_users} users, {split.n_items} items, "
         f"{split.n_train} training interactions; method {method}"
@@ -345,7 +352,6 @@ def train(
                 f"NDCG@10 {sel['ndcg@10']:.4f}"
             )
         console.print(line)
-    out.mkdir(parents=True, exist_ok=True)
     summary = summarize(results)
     payload: dict[str, Any] = {
         "dataset": split.name,
@@ -420,7 +426,7 @@ def data_export(
         split = load_data(dataset, data_dir, validation)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
-    write_ncf(split, out)
+    write_ncf(split, out_dir(out))
     console.print(f"wrote {split.name} split to {out}")
 
 

@@ -3,6 +3,7 @@ ready split by what the user typed (and the --dataset option that names it), and
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -29,7 +30,8 @@ DatasetOption = Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)},
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a clear error and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {message}")
+    # not wrapped at 80 columns when the output is not a terminal: paths stay whole
+    console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -66,4 +68,18 @@ def parse_seeds(seeds: str) -> list[int]:
         raise fail(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     if not out:
         raise fail("--seeds is empty")
+    if len(set(out)) != len(out):
+        raise fail(f"--seeds names a seed twice: {seeds!r} (a mean over it would count it twice)")
     return out
+
+
+def out_dir(path: Path, option: str = "--out") -> Path:
+    """Create the output folder ``path`` now, before any work, or fail with a clear error
+    (a file in the way, no permission, a read-only file system)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise fail(f"{option} {path}: cannot create the folder ({err.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise fail(f"{option} {path}: the folder is not writable")
+    return path

@@ -26,6 +26,9 @@ UploadGrouping = Literal["client", "worker"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
 MAX_SEED = 2**32 - 1
+#: the largest model built by default, in shared parameters (200 MB of float32): factor and
+#: layers are bounded one by one, but together (1024, 8) they would make a 34e9-parameter tower
+MAX_MODEL_PARAMS = 50_000_000
 
 
 class RunParams(BaseModel):

@@ -73,6 +73,10 @@ class ModelConfig:
             shapes["predict.bias"] = (1,)
         return shapes
 
+    def n_shared(self) -> int:
+        """How many shared parameters the model has (nothing is allocated to count them)."""
+        return sum(math.prod(shape) for shape in self.shared_shapes().values())
+
     def dense_names(self) -> tuple[str, ...]:
         """Names of the shared parameters that are not item tables (the score network)."""
         tables = set(self.item_tables())

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+from fedrecgel.config import MAX_MODEL_PARAMS
 from services.secret_files import secret_from_file, weak_secret
 
 PLACEHOLDER_TOKEN = "changethis"
@@ -50,7 +51,7 @@ class Settings(BaseSettings):
     )
     # The largest model a run may build (shared parameters): refused with 422 before anything
     # is allocated.
-    max_model_params: int = Field(default=50_000_000, ge=1)
+    max_model_params: int = Field(default=MAX_MODEL_PARAMS, ge=1)
     # Largest upload body (bytes); every other request body is limited to max_json_bytes.
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_json_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)

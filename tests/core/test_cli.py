@@ -129,3 +129,28 @@ def test_a_dp_run_with_server_adam_is_told_what_the_noise_does(tmp_path: Path) -
     assert "note: server adam" in out and "--server-optimizer sgd" in out
     out = _dp_train(tmp_path, "--server-optimizer", "sgd", "--server-lr", "3")
     assert "differential privacy (central)" in out and "note: server" not in out
+
+
+def test_an_output_folder_that_cannot_be_made_fails_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for args in (["train", "--rounds", "1"], ["data", "export", "filmtrust"]):
+        for out in (blocker, blocker / "below"):
+            r = runner.invoke(app, [*args, "--out", str(out)])
+            assert r.exit_code == 2, (args, out, r.output)
+            assert f"--out {out}: cannot create the folder" in r.output, r.output
+            assert "Traceback" not in r.output and "seed 0:" not in r.output  # nothing trained
+
+
+def test_a_model_too_large_to_build_is_refused_before_allocating(tmp_path: Path) -> None:
+    # each bound alone is fine; together they would be a 34e9-parameter tower (137 GB)
+    r = runner.invoke(
+        app, ["train", "--rounds", "1", "--factor", "1024", "--layers", "8", "--out", str(tmp_path)]
+    )
+    assert r.exit_code == 2, r.output
+    assert "shared parameters; at most 50,000,000" in r.output and "Traceback" not in r.output
+
+
+def test_a_seed_named_twice_is_refused(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["train", "--rounds", "1", "--seeds", "0,1,0", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "--seeds names a seed twice" in r.output, r.output
