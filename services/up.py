@@ -184,4 +184,5 @@ def _print_try_it(c: Cluster, opts: UpOptions, token_file: Path) -> None:
             f"  curl -s 'http://{opts.host}:{opts.worker_http_port}/v1/users/0/recommendations?k=5'",
             f"  curl -s {c.rec_url}/healthz",
         ]
-    console.print("\n".join(lines) + "\n")
+    # not wrapped at the terminal's width: each command stays one line to paste
+    console.print("\n".join(lines) + "\n", soft_wrap=True, markup=False, highlight=False)

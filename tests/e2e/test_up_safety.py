@@ -172,3 +172,32 @@ def test_children_die_with_a_killed_launcher(tmp_path: Path) -> None:
         while any(alive(p) for p in children) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert [pid for pid in children if alive(pid)] == []
+
+
+def test_the_commands_to_try_print_whole_on_a_narrow_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # each command is one line a user can paste, also when the output is not a wide terminal
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    import services.up as up_module
+
+    out = io.StringIO()
+    monkeypatch.setattr(up_module, "console", Console(file=out, width=40))
+    agg = "http://127.0.0.1:8700"
+    c = SimpleNamespace(
+        agg_url=agg, rec_url="http://127.0.0.1:8702", dashboard_url="http://127.0.0.1:8704/ui/"
+    )
+    opts = SimpleNamespace(host="127.0.0.1", worker_http_port=8710, dashboard=True, recommend=True)
+    token = tmp_path / "operator.token"
+    up_module._print_try_it(c, opts, token)  # type: ignore[arg-type]
+    lines = out.getvalue().splitlines()
+    want = (
+        f'  curl -s -H "Authorization: Bearer $(cat {token})" {agg}/v1/models/latest '
+        "-o model.safetensors"
+    )
+    assert want in lines, lines
+    assert "  curl -s 'http://127.0.0.1:8710/v1/users/0/recommendations?k=5'" in lines
