@@ -14,6 +14,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import torch
 from pydantic import ValidationError
 
+from fedrecgel.data import DataError
 from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import StoreError
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         run_worker(settings)
-    except (WorkerError, StoreError) as err:
+    except (WorkerError, StoreError, DataError) as err:  # DataError: an unknown dataset
         log.error("%s", err)
         return 1
     except AggregatorCallError as err:  # a refusal no retry can fix (e.g. an unknown token)

@@ -206,7 +206,10 @@ class WorkerStore:
             url = f"sqlite:///{Path(url).expanduser()}"
         path = sqlite_file(url)
         if path is not None:
-            make_private(path)
+            try:
+                make_private(path)
+            except OSError as err:  # no such folder, a folder in the way, no permission
+                raise StoreError(f"cannot open the store {path}: {err.strerror}") from None
         self.engine: Engine = create_engine(url)
         if path is not None:
             event.listen(self.engine, "connect", _wal_mode)

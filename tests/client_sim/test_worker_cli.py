@@ -75,3 +75,16 @@ def test_redis_waiter_wakes_up_on_a_version_event(redis_url: str):
     finally:
         waiter.close()
         r.close()
+
+
+def test_an_unusable_store_or_dataset_is_an_error_line_not_a_traceback(tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    base = ["--aggregator", "http://127.0.0.1:9", "--shard", "0", "--shards", "2"]
+    for args, message in (
+        (["--store", str(blocker / "w.db")], f"cannot open the store {blocker / 'w.db'}"),
+        (["--store", str(tmp_path / "w.db"), "--dataset", "nope"], "unknown dataset 'nope'"),
+    ):
+        caplog.clear()
+        assert main([*base, *args]) == 1, args
+        assert message in caplog.text, caplog.text
