@@ -25,7 +25,7 @@ class Settings(BaseSettings):
     # token is refused outside development
     environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"
-    port: int = 8702
+    port: int = Field(default=8702, ge=0, le=65535)
     # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
     aggregator_url: str | None = "http://127.0.0.1:8700"
     aggregator_token: SecretStr | None = None

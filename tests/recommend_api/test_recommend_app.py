@@ -358,6 +358,15 @@ def test_a_placeholder_aggregator_token_is_refused_unless_in_development(token: 
     assert Settings(aggregator_token="a-real-reader-token-0123456789", workers=1).aggregator_token
 
 
+@pytest.mark.parametrize("port", [-1, 65536])
+def test_a_port_outside_tcp_is_a_settings_error(port: int) -> None:
+    # uvicorn would otherwise fail after start-up with "Servname not supported"
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="port"):
+        Settings(environment="development", port=port, workers=1)
+
+
 def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> None:
     import subprocess
     import sys
