@@ -57,6 +57,11 @@ def dashboard(ctx: typer.Context) -> None:
     dashboard_main(ctx.args)
 
 
+#: the most worker processes ``fedrec up`` starts on one machine (each is a Python process
+#: holding torch, ~0.45 GB resident: 32 of them already need 15 GB)
+MAX_UP_WORKERS = 32
+
+
 @app.command()
 @run_options(
     defaults={"rounds": UP_ROUNDS},
@@ -65,7 +70,14 @@ def dashboard(ctx: typer.Context) -> None:
 def up(
     run: dict[str, Any],
     data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="Client worker processes.")] = 2,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_UP_WORKERS,
+            help="Client worker processes (each holds its own torch, about 0.45 GB).",
+        ),
+    ] = 2,
     aggregator_port: Annotated[int, typer.Option(min=1, max=65535)] = 8700,
     recommend_port: Annotated[int, typer.Option(min=1, max=65535)] = 8702,
     worker_http_port: Annotated[

@@ -201,3 +201,17 @@ def test_the_commands_to_try_print_whole_on_a_narrow_terminal(
     )
     assert want in lines, lines
     assert "  curl -s 'http://127.0.0.1:8710/v1/users/0/recommendations?k=5'" in lines
+
+
+def test_a_worker_count_past_what_one_machine_holds_is_refused_before_starting(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli import MAX_UP_WORKERS, app
+
+    workdir = tmp_path / "up"
+    r = CliRunner().invoke(app, ["up", "--workers", "5000", "--workdir", str(workdir)])
+    assert r.exit_code == 2, r.output
+    assert f"less than or equal to {MAX_UP_WORKERS}" in r.output
+    assert not workdir.exists()  # nothing was started
