@@ -64,29 +64,62 @@ def roofline() -> list[str]:
         f"`{rf.get('command', 'OMP_NUM_THREADS=1 .venv/bin/python bench/roofline.py --threads 1')}`"
         " (a shared 2-core machine: only the same-run ratios carry over).",
     ]
+    lines += _floor_lines(ft)
     pr = ft.get("aggregate_round_profile")
     if pr:
         others = ", ".join(f"`{o['op']}` {o['share']:.0%}" for o in pr["top_other_ops"][:5])
         lines += [
             "",
-            f"Why the fraction stays below target (one more aggregate round under torch's "
-            f"profiler, FLOPs of the matrix products counted by it): the matrix products take "
-            f"{pr['matmul_share']:.0%} of the round and run at "
+            f"Where the round's own time goes (one more aggregate round under torch's profiler, "
+            f"which slows it; read the shares): the matrix products "
+            f"{pr['matmul_share']:.0%} of the round, at "
             f"{pr['matmul_gflops_inside_round']:.1f} GFLOP/s inside it "
-            f"({pr['matmul_rate_inside_round_over_probe']:.2f} of the probed 1024x1024 rate; "
-            f"pass 2's products are one per client, about "
-            f"{ft['samples_per_round_mean'] / ft['clients_per_round']:.0f} rows each); every "
-            f"other torch op takes "
-            f"{pr['other_torch_ops_share']:.0%} (memory-bound elementwise work, gathers and "
-            f"index adds over the (samples x width) activations: {others}); the remaining "
-            f"{pr['outside_torch_ops_share']:.0%} is outside torch's ops: Python and numpy (drawing the "
-            f"clients' samples alone: {pr['client_sampling_s_unprofiled']:.2f} s of the "
-            f"{pr['wall_s']:.2f} s round). Reaching half the matmul rate would need the "
-            "elementwise work fused into the products (a compiler or custom kernels) and "
-            "pass 2's per-client products batched, which the bit-identity of per-client "
-            "uploads constrains; not done.",
+            f"({pr['matmul_rate_inside_round_over_probe']:.2f} of the probed 1024x1024 rate); "
+            f"every other torch op {pr['other_torch_ops_share']:.0%} (elementwise work, "
+            f"gathers and index adds: {others}); outside torch's ops "
+            f"{pr['outside_torch_ops_share']:.0%}: Python and numpy (drawing the clients' "
+            f"samples alone: {pr['client_sampling_s_unprofiled']:.3f} s of the "
+            f"{pr['wall_s']:.2f} s round).",
         ]
     return lines
+
+
+def _floor_lines(ft: dict[str, Any]) -> list[str]:
+    """The attainable floor of a round: its products at their shapes plus its unavoidable
+    bytes at the measured bandwidth (``bench/roofline_floor.py``)."""
+    fl = ft.get("floor")
+    if fl is None:
+        return []
+    agg = ft["aggregate"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in fl["bytes_mb_by_part"].items())
+    return [
+        "",
+        "The attainable floor, measured in the same run: every matrix product of the round's "
+        "client step replayed alone at its actual shape on random tensors (the same groups of "
+        "clients, each product the best of 3), and the bytes the round must move outside its "
+        "products even with every bias, ReLU, mask and loss term fused into them, at the "
+        f"bandwidth of a large float32 copy (median {ft['bandwidth_gbs_median']:.1f} GB/s, "
+        "read + write, same thread count).",
+        "",
+        "| part of a round | work | seconds (median) | rate |",
+        "|---|---|---|---|",
+        f"| products over all of a group's samples (passes 1 and 3, pass 2's weight "
+        f"gradients) | {fl['batched_products_gflop_mean']:.2f} GFLOP | | "
+        f"{fl['batched_products_gflops']:.1f} GFLOP/s |",
+        f"| products per client, ~{ft['samples_per_round_mean'] / ft['clients_per_round']:.0f}"
+        f" rows each (pass 1's weight gradients, pass 2's forward and input gradients) | "
+        f"{fl['per_client_products_gflop_mean']:.2f} GFLOP | | "
+        f"{fl['per_client_products_gflops']:.1f} GFLOP/s |",
+        f"| all products | {fl['products_gflop_mean']:.2f} GFLOP | "
+        f"{fl['products_s_median']:.3f} | |",
+        f"| unavoidable memory traffic ({parts} MB) | {fl['bytes_mb_mean']:.0f} MB | "
+        f"{fl['bytes_s_median']:.3f} | {ft['bandwidth_gbs_median']:.1f} GB/s |",
+        f"| **attainable round** | | **{fl['attainable_s_median']:.3f}** | "
+        f"{fl['attainable_fraction_of_matmul_full']:.2f} of the 1024x1024 rate (full count) |",
+        f"| the round, aggregate path | | {agg['s_per_round_median']:.3f} | "
+        f"{agg['fraction_of_matmul_full']:.2f} of that rate; "
+        f"**{fl['achieved_fraction_of_attainable']:.2f} of the attainable floor** |",
+    ]
 
 
 def memory() -> list[str]:
@@ -212,6 +245,17 @@ def before_after() -> list[str]:
         f"{ft['aggregate'].get('speedup_vs_loop', float('nan')):.1f}x (aggregate path), "
         f"{ft['per_client'].get('speedup_vs_loop', float('nan')):.1f}x (per-client uploads) |",
     ]
+    prev = _load("roofline_before.json")
+    if prev is not None:  # the hand-written passes before the elementwise and Python work
+        pa, na = prev["filmtrust"]["aggregate"], ft["aggregate"]
+        lines += [
+            "| aggregate round before the fused ReLU masks, single-pass norms and perturbations "
+            "(`roofline_before.json`) vs now: fraction of the same-run 1024x1024 matmul rate | "
+            f"{pa['fraction_of_matmul_full']:.2f} | {na['fraction_of_matmul_full']:.2f} |",
+            "| same, x per-client loop (same run) | "
+            f"{pa.get('speedup_vs_loop', float('nan')):.1f}x | "
+            f"{na.get('speedup_vs_loop', float('nan')):.1f}x |",
+        ]
     if sp is not None:
         agree = sp["filmtrust"].get("upload_agreement_round_1")
         if agree:

@@ -8,8 +8,11 @@ padding), times the round (client samples, the three passes, aggregation, server
 evaluation) in both client paths (the aggregate path the simulator uses by default, and the
 per-client uploads a worker builds), and in the same run, interleaved with the rounds,
 torch's dense float32 matmul rate with the same thread count, and the plain per-client loop
-(:mod:`fedrecgel.reference`) on the same cohorts. The machine is shared: every figure that
-matters is a ratio of two things measured side by side. Writes bench/results/roofline.json.
+(:mod:`fedrecgel.reference`) on the same cohorts. Each round's attainable floor is measured
+alongside (:mod:`roofline_floor`): its matrix products replayed alone at their actual shapes,
+plus the bytes it must move outside them at the bandwidth of a large copy. The machine is
+shared: every figure that matters is a ratio of two things measured side by side. Writes
+bench/results/roofline.json.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from roofline_floor import bandwidth, floor_bytes, product_floor
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -195,11 +199,16 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
     loop_states: dict[int, PrivateState] = {}
     times: dict[str, list[float]] = {"aggregate": [], "per_client": [], "loop": [], "rate": []}
     flops: list[dict[str, float]] = []
+    floors: list[dict[str, Any]] = []
+    bws: list[float] = []
     torch.set_grad_enabled(False)
     for r in range(1, rounds + 1):
         cohort = select_cohort(fast.users, cfg.fraction, cfg.seed, r)
-        sizes = np.array([len(s[0]) for s in fast.samples_for(cohort, r)])
+        samples = fast.samples_for(cohort, r)
+        sizes = np.array([len(s[0]) for s in samples])
         flops.append(round_flops(fast.model_cfg, sizes, *cfg.effective_rho()))
+        floors.append(_floor(fast, samples, sizes))
+        bws.append(bandwidth())
         times["rate"].append(matmul_rate())
         times["aggregate"].append(_time_round(fast, r, cohort))
         times["rate"].append(matmul_rate())
@@ -208,6 +217,7 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
             times["rate"].append(matmul_rate())
             times["loop"].append(_time_loop(fast, loop_shared, loop_states, r, cohort))
     rate = statistics.median(times["rate"])
+    bw = statistics.median(bws)
     r = rounds + 1
     breakdown = profile_round(fast, r, select_cohort(fast.users, cfg.fraction, cfg.seed, r))
     breakdown["matmul_rate_inside_round_over_probe"] = (
@@ -222,7 +232,10 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
         "gflop_per_round_needed_mean": float(np.mean([f["needed"] for f in flops])) / 1e9,
         "matmul_gflops_median": rate / 1e9,
         "matmul_gflops": [x / 1e9 for x in times["rate"]],
+        "bandwidth_gbs_median": bw / 1e9,
+        "bandwidth_gbs": [x / 1e9 for x in bws],
     }
+    out["floor"] = _floor_summary(floors, times["aggregate"], flops, bw, rate)
     for path in ("aggregate", "per_client"):
         ts = times[path]
         full = [f["full"] / t for f, t in zip(flops, ts, strict=True)]
@@ -245,6 +258,53 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
             out[path]["speedup_vs_loop"] = loop / statistics.median(times[path][:k])
     out["targets"] = {"fraction_of_matmul": 0.5, "speedup_vs_loop": 5.0}
     return out
+
+
+def _floor(
+    sim: Simulator, samples: list[tuple[np.ndarray, np.ndarray]], sizes: np.ndarray
+) -> dict[str, Any]:
+    """The round's products replayed at their shapes and its unavoidable bytes."""
+    pairs = sum(len(np.unique(s[0])) for s in samples)
+    items = len(np.unique(np.concatenate([s[0] for s in samples])))
+    prod = product_floor(sim.model_cfg, sizes, sim.hp.max_batch_samples)
+    mem = floor_bytes(sim.model_cfg, int(sizes.sum()), pairs, items, len(sizes))
+    return {"products": prod, "bytes": mem}
+
+
+def _floor_summary(
+    floors: list[dict[str, Any]],
+    rounds_s: list[float],
+    flops: list[dict[str, float]],
+    bw: float,
+    rate: float,
+) -> dict[str, Any]:
+    """Attainable time of each round (its products at their probed speed, plus its unavoidable
+    bytes at the measured bandwidth), and what the round and that floor reach."""
+    med = statistics.median
+    floor_s = [f["products"]["s"] + f["bytes"]["total"] / bw for f in floors]
+    prod = [f["products"] for f in floors]
+    return {
+        "products_s_median": med(p["s"] for p in prod),
+        "products_gflop_mean": float(np.mean([p["gflop"] for p in prod])),
+        "batched_products_gflops": med(p["batched_gflop"] / p["batched_s"] for p in prod),
+        "batched_products_gflop_mean": float(np.mean([p["batched_gflop"] for p in prod])),
+        "per_client_products_gflops": med(p["per_client_gflop"] / p["per_client_s"] for p in prod),
+        "per_client_products_gflop_mean": float(np.mean([p["per_client_gflop"] for p in prod])),
+        "bytes_mb_mean": float(np.mean([f["bytes"]["total"] for f in floors])) / 1e6,
+        "bytes_mb_by_part": {
+            k: float(np.mean([f["bytes"][k] for f in floors])) / 1e6
+            for k in floors[0]["bytes"]
+            if k != "total"
+        },
+        "bytes_s_median": med(f["bytes"]["total"] / bw for f in floors),
+        "attainable_s_median": med(floor_s),
+        "achieved_fraction_of_attainable": med(
+            a / t for a, t in zip(floor_s, rounds_s, strict=True)
+        ),
+        "attainable_fraction_of_matmul_full": med(
+            f["full"] / a / rate for f, a in zip(flops, floor_s, strict=True)
+        ),
+    }
 
 
 def _without_out(argv: list[str]) -> list[str]:
