@@ -119,6 +119,43 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
         f"| the round, aggregate path | | {agg['s_per_round_median']:.3f} | "
         f"{agg['fraction_of_matmul_full']:.2f} of that rate; "
         f"**{fl['achieved_fraction_of_attainable']:.2f} of the attainable floor** |",
+        "",
+        "Reading: alone and at their shapes, the products run at "
+        f"{fl['batched_products_gflops']:.0f} GFLOP/s over a group's samples and "
+        f"{fl['per_client_products_gflops']:.0f} GFLOP/s per client "
+        f"({fl['per_client_products_gflop_mean'] / fl['products_gflop_mean']:.0%} of the "
+        "products' FLOPs are per client: in pass 2 every client has its own perturbed score "
+        "network), so a round doing nothing but its products and its unavoidable traffic "
+        f"would reach {fl['attainable_fraction_of_matmul_full']:.2f} of the 1024x1024 rate "
+        f"(counting the full {ft['gflop_per_round_full_mean']:.2f} GFLOP); half the rate is "
+        f"a round of {ft['gflop_per_round_full_mean'] / (0.5 * ft['matmul_gflops_median']):.3f}"
+        f" s, {ft['gflop_per_round_full_mean'] / (0.5 * ft['matmul_gflops_median']) / fl['attainable_s_median']:.2f}x"
+        " the floor. The round's time beyond the floor is the elementwise work done as "
+        "separate passes over the (samples x width) activations (bias, ReLU and its mask, loss "
+        "terms, gathers into per-sample rows, index adds), the Python around some 1,100 "
+        "per-client products a round, and drawing the clients' samples in numpy. Fusing "
+        "those passes into the products needs a compiler or custom kernels.",
+        *_compile_lines(),
+    ]
+
+
+def _compile_lines() -> list[str]:
+    """What ``torch.compile`` gave on pass 3 (``bench/roofline_compile.py``)."""
+    tc = _load("roofline_compile.json")
+    if tc is None:
+        return []
+    return [
+        "",
+        f"`torch.compile` (inductor, CPU) on pass 3 of one group ({tc['samples']:,} samples, "
+        f"{tc['clients']} clients; the batched pass, written as one function and compiled for "
+        f"that fixed shape): {tc['compiled_ms_best']:.1f} ms against "
+        f"{tc['eager_ms_best']:.1f} ms for the eager pass (best of the interleaved repeats; "
+        f"medians {tc['compiled_ms_median']:.1f} and {tc['eager_ms_median']:.1f}), for "
+        f"{tc['compile_s']:.0f} s of compiling (inductor's on-disk cache may have been warm). "
+        "A round has two or three such groups and every group of every round has its own "
+        "sample count, so a fixed-shape compile is paid again each time: the few "
+        "milliseconds a round do not pay for it, and the compiled path is not used. "
+        f"Reproduce: `{tc['command']}`.",
     ]
 
 
