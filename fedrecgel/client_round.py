@@ -28,9 +28,9 @@ from fedrecgel.sam import (
     SAMConfig,
     StepResult,
     client_rng,
-    client_samples,
     cohort_step,
 )
+from fedrecgel.sampling import cohort_samples
 from fedrecgel.strategy import partial_weights
 
 #: a client's training item indices, by user id
@@ -52,16 +52,14 @@ class ClientRound:
     def samples(
         self, round_id: int, user_ids: Sequence[int] | np.ndarray, train_items: TrainItems
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each client's samples for ``round_id`` (keyed by seed, round and user)."""
-        return [
-            client_samples(
-                train_items(int(u)),
-                self.model.n_items,
-                self.hp.n_negatives,
-                client_rng(self.seed, round_id, int(u)),
-            )
-            for u in user_ids
-        ]
+        """Each client's samples for ``round_id`` (keyed by seed, round and user; drawn
+        together, the same draws as :func:`fedrecgel.sam.client_samples` one by one)."""
+        return cohort_samples(
+            [train_items(int(u)) for u in user_ids],
+            self.model.n_items,
+            self.hp.n_negatives,
+            [client_rng(self.seed, round_id, int(u)) for u in user_ids],
+        )
 
     def step(
         self,

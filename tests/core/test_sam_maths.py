@@ -14,6 +14,7 @@ from fedrecgel.sam import (
     client_samples,
     cohort_step,
 )
+from fedrecgel.sampling import cohort_samples
 from fedrecgel.strategy import (
     ClipUpdates,
     FedAvgGradients,
@@ -146,6 +147,22 @@ def test_client_samples_draw_what_the_plain_rule_draws():
         assert np.array_equal(
             items, _plain_client_samples(pos, n_items, n_neg, client_rng(0, t, 1))
         )
+
+
+def test_cohort_samples_draw_what_each_client_draws_alone():
+    """A cohort drawn together gives every client the draws of its own stream alone, including
+    clients with no positives, repeated positives and small catalogues (many redraws)."""
+    gen = np.random.default_rng(1)
+    for t in range(40):
+        n_items, n_neg = int(gen.integers(8, 40)), int(gen.integers(1, 5))
+        pos = [gen.integers(0, n_items, size=int(gen.integers(0, 8))) for _ in range(15)]
+        got = cohort_samples(pos, n_items, n_neg, [client_rng(t, 1, u) for u in range(15)])
+        for u, (items, labels) in enumerate(got):
+            want = client_samples(pos[u], n_items, n_neg, client_rng(t, 1, u))
+            assert np.array_equal(items, want[0]) and np.array_equal(labels, want[1])
+    assert cohort_samples([], 10, 4, []) == []
+    with pytest.raises(ValueError, match="cannot draw"):
+        cohort_samples([np.array([1]), np.array([0, 1, 2])], 5, 4, [client_rng(0, 0, 0)] * 2)
 
 
 def test_client_samples_refuses_when_too_few_negatives_exist():
