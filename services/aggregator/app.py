@@ -28,7 +28,7 @@ from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import utcnow
 from services.aggregator.routes import router
 from services.aggregator.service import AggregatorService
-from services.aggregator.settings import Settings, resolve_population
+from services.aggregator.settings import Population, Settings, resolve_population
 from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,11 @@ def create_app(
     settings: Settings | None = None,
     *,
     clock: Callable[[], datetime] | None = None,
-    population: int | None = None,
+    population: int | Population | None = None,
 ) -> FastAPI:
     """Build the aggregator app; connections open in its lifespan, not here. ``population``
-    overrides the settings' (else resolved at start, see :func:`resolve_population`)."""
+    (a number of clients, or a :class:`Population`) overrides the settings' (else resolved at
+    start, see :func:`resolve_population`)."""
     settings = settings or Settings()
     metrics = AggregatorMetrics()
 
@@ -167,7 +168,7 @@ def create_app(
         task: asyncio.Task[None] | None = None
         try:
             await anyio.to_thread.run_sync(db.migrate)
-            resolved = population
+            resolved = Population(population) if isinstance(population, int) else population
             if resolved is None:
                 resolved = await anyio.to_thread.run_sync(resolve_population, settings)
             if settings.redis_url:
@@ -190,7 +191,7 @@ def create_app(
                 "aggregator ready (database %s, redis %s, population %s)",
                 db.engine.dialect.name,
                 "on" if bus else "off",
-                resolved,
+                resolved.n_users if resolved else None,
             )
             yield
         finally:

@@ -27,6 +27,7 @@ from services.aggregator.pending import PendingUpdates
 from services.aggregator.privacy import private_strategy, run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig, RunStarted, RunStatus
+from services.aggregator.settings import Population
 from services.contract import ModelBlob
 
 log = logging.getLogger(__name__)
@@ -135,13 +136,29 @@ class RunLifecycle:
         pending: PendingUpdates,
         newest: NewestRun,
         max_model_params: int,
+        population: Population | None = None,
     ) -> None:
         self.db = db
+        self.population = population
         self.clock = clock
         self.models = models
         self.pending = pending
         self.newest = newest
         self.max_model_params = max_model_params
+
+    def _check_catalogue(self, cfg: RunConfig) -> None:
+        """A population read from a dataset fixes the run's dataset and catalogue: its workers
+        hold that dataset and stop on a run over another one (422 before anything starts)."""
+        p = self.population
+        if p is None or p.dataset is None:
+            return
+        if cfg.dataset != p.dataset or cfg.n_items != p.n_items:
+            raise Malformed(
+                f"this aggregator's clients are the users of {p.dataset} ({p.n_items} items, "
+                f"FEDREC_AGG_POPULATION_DATASET); the run names dataset={cfg.dataset!r} with "
+                f"n_items={cfg.n_items}, which its workers would refuse",
+                "invalid_config",
+            )
 
     def start_run(self, cfg: RunConfig) -> RunStarted:
         """Start a run: version 0 = init_shared(model, seed), round 1 open.
@@ -158,6 +175,7 @@ class RunLifecycle:
                 "choose one",
                 "unsupported_setting",
             )
+        self._check_catalogue(cfg)
         mcfg = cfg.model()
         n_params = sum(math.prod(shape) for shape in mcfg.shared_shapes().values())
         if n_params > self.max_model_params:

@@ -37,7 +37,7 @@ from services.aggregator.reads import RunReads
 from services.aggregator.rounds import CloseOutcome, RoundCloser
 from services.aggregator.runs import NewestRun, RunLifecycle
 from services.aggregator.secagg import SecureRounds
-from services.aggregator.settings import Settings
+from services.aggregator.settings import Population, Settings
 from services.aggregator.storage import RetentionPolicy, StorageKeeper
 
 __all__ = ["AggregatorService", "Caller", "CloseOutcome"]
@@ -53,7 +53,7 @@ class AggregatorService:
         metrics: AggregatorMetrics,
         bus: RedisBus | None = None,
         clock: Clock = utcnow,
-        population: int | None = None,
+        population: Population | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -69,9 +69,9 @@ class AggregatorService:
             settings.compact_interval_s,
             on_pruned=self.models.forget,
         )
-        self.credentials = Credentials(db, settings, population)
+        self.credentials = Credentials(db, settings, population.n_users if population else None)
         self.runs = RunLifecycle(
-            db, clock, self.models, self.pending, self.newest, settings.max_model_params
+            db, clock, self.models, self.pending, self.newest, settings.max_model_params, population
         )
         self.reads = RunReads(db, self.models)
         self.rounds = RoundCloser(db, metrics, clock, self.models, self.pending, self.storage, bus)

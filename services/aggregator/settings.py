@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -126,12 +127,23 @@ class Settings(BaseSettings):
         return self
 
 
-def resolve_population(settings: Settings) -> int | None:
-    """The declared population: ``population``, or the number of users of
+@dataclass(frozen=True)
+class Population:
+    """The declared population: client ids ``0 .. n_users - 1``; when it was read from a
+    dataset, that dataset's name and catalogue size, which a run must then name too (its
+    workers hold that dataset and refuse any other)."""
+
+    n_users: int
+    dataset: str | None = None
+    n_items: int | None = None
+
+
+def resolve_population(settings: Settings) -> Population | None:
+    """The declared population: ``population``, or the users and items of
     ``population_dataset``'s split (loaded once, at start), or None (registration refused)."""
     if settings.population_dataset is None:
-        return settings.population
+        return None if settings.population is None else Population(settings.population)
     from fedrecgel.data import load_split
 
     split = load_split(settings.population_dataset, settings.population_data_dir)
-    return int(split.n_users)
+    return Population(int(split.n_users), settings.population_dataset, int(split.n_items))

@@ -144,6 +144,20 @@ def test_a_model_over_the_parameter_budget_is_422_before_allocation(
     assert r.status_code == 422 and r.json()["error"] == "model_too_large", r.text
 
 
+def test_a_run_over_another_catalogue_than_the_populations_dataset_is_422(
+    aggregator: AggregatorFactory,
+) -> None:
+    # the workers of a FilmTrust population stop on a run of another catalogue: refuse it
+    client = aggregator(population=None, population_dataset="filmtrust")
+    register(client, [0])
+    for bad in ({"n_items": 10}, {"n_items": 2059, "dataset": "amazon-video"}):
+        r = client.post("/v1/runs", json={**RUN, **bad}, headers=operator_headers())
+        assert r.status_code == 422 and r.json()["error"] == "invalid_config", r.text
+        assert "filmtrust (2059 items" in r.json()["detail"]
+    r = client.post("/v1/runs", json={**RUN, "n_items": 2059}, headers=operator_headers())
+    assert r.status_code == 201, r.text
+
+
 @pytest.mark.parametrize(
     "field,value",
     [("layers", 10**10), ("n_items", 10**8), ("seed", 2**70), ("factor", 0), ("seed", -1)],
