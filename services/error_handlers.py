@@ -37,6 +37,11 @@ def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -
     """``loc: message`` of every error, joined; ``skip_body`` leaves ``body`` out of locations."""
     parts = []
     for e in exc.errors():
+        if e.get("type") == "json_invalid":  # its location is a character offset, not a field
+            where = e.get("loc", ())[-1:] or ("?",)
+            reason = (e.get("ctx") or {}).get("error", "cannot be parsed")
+            parts.append(f"the body is not valid JSON ({reason} at character {where[0]})")
+            continue
         loc = ".".join(str(p) for p in e.get("loc", ()) if not (skip_body and p == "body"))
         parts.append(f"{loc}: {e.get('msg', 'invalid')}")
     return "; ".join(parts)
