@@ -8,7 +8,7 @@ import ctypes
 import errno
 import fcntl
 import os
-import shutil
+import re
 import signal
 import sys
 import threading
@@ -38,7 +38,13 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 LOCK_FILE = "fedrec-up.lock"
 TOKEN_FILE = "operator.token"
 # what a launcher leaves in its work directory; only these are cleared by the next one
-OWN_FILES = ("aggregator.db*", "worker-*.db*", "*.log", TOKEN_FILE)
+#: the names of the files a launcher writes in its work directory (databases with their SQLite
+#: companions, the services' logs, the operator token): nothing else there is ever removed
+OWN_FILES = re.compile(
+    r"(aggregator|worker-\d+)\.db(-wal|-shm|-journal)?"
+    r"|(aggregator|recommend_api|dashboard|worker-\d+)\.log"
+    rf"|{re.escape(TOKEN_FILE)}"
+)
 
 
 @contextlib.contextmanager
@@ -106,14 +112,11 @@ def locked_workdir(workdir: Path) -> Iterator[Path]:
 
 
 def clear_workdir(workdir: Path) -> None:
-    """Remove what an earlier launcher left in ``workdir`` (databases, stores, logs, token);
-    other files are left alone."""
-    for pattern in OWN_FILES:
-        for path in workdir.glob(pattern):
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+    """Remove what an earlier launcher left in ``workdir`` (databases, stores, logs, token):
+    files of exactly those names; any other file, and every folder, is left alone."""
+    for path in workdir.iterdir():
+        if OWN_FILES.fullmatch(path.name) and (path.is_symlink() or path.is_file()):
+            path.unlink(missing_ok=True)
 
 
 def die_with_parent() -> Callable[[], None] | None:

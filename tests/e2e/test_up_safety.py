@@ -215,3 +215,20 @@ def test_a_worker_count_past_what_one_machine_holds_is_refused_before_starting(
     assert r.exit_code == 2, r.output
     assert f"less than or equal to {MAX_UP_WORKERS}" in r.output
     assert not workdir.exists()  # nothing was started
+
+
+def test_clearing_a_work_directory_removes_only_the_launchers_own_files(tmp_path: Path) -> None:
+    from services.supervise import clear_workdir
+
+    own = ["aggregator.db", "aggregator.db-wal", "worker-0.db", "worker-12.db-shm"]
+    own += ["aggregator.log", "worker-3.log", "recommend_api.log", "dashboard.log"]
+    own += ["operator.token"]
+    others = ["build.log", "notes.log", "aggregator.db.bak", "worker-x.db", "my-worker-0.db"]
+    for name in own + others:
+        (tmp_path / name).write_text("x")
+    (tmp_path / "archive.log").mkdir()  # a folder that happens to match a pattern
+    (tmp_path / "archive.log" / "kept.txt").write_text("x")
+    clear_workdir(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*others, "archive.log"])
+    assert (tmp_path / "archive.log" / "kept.txt").exists()
