@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedrecgel.config import bounds
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 
@@ -77,8 +78,12 @@ class TuneSpec:
             raise ValueError(f"n_trials must be >= 1, got {self.n_trials}")
         if not self.seeds:
             raise ValueError("at least one tuning seed is needed")
-        if not self.round_choices or min(self.round_choices) < 1:
-            raise ValueError(f"round choices must be >= 1, got {self.round_choices}")
+        most = int(bounds("rounds")["le"])
+        if (
+            not self.round_choices
+            or not 1 <= min(self.round_choices) <= max(self.round_choices) <= most
+        ):
+            raise ValueError(f"round choices must be in 1..{most}, got {self.round_choices}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
         for params in self.first:

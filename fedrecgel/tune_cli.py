@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel.clitools import DatasetOption, console, fail, load_data, parse_seeds
+from fedrecgel.clitools import DatasetOption, console, fail, load_data, out_dir, parse_seeds
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import DataError
 from fedrecgel.presets import PRESETS_FILE, PresetError, save
@@ -98,6 +98,7 @@ def tune_command(
         first=first_trials,
         join=join,
     )
+    out_dir(spec.storage.parent, "--storage")  # a place the study cannot be kept fails now
     try:
         result = tune(split, spec, progress=console.print)
     except ValueError as err:

@@ -143,3 +143,20 @@ def test_presets_and_tune_resume(tmp_path: Path) -> None:
     assert r.exit_code == 0, r.output
     assert _results(out)["preset"] == "paper"
     assert np.isclose(_results(out)["runs"][0]["config"]["server_lr"], 0.001)
+
+
+def test_tune_refuses_bad_round_choices_and_storage_before_any_trial(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    storage = tmp_path / "study.db"
+    for args, message in (
+        (
+            ["--rounds", "999999999", "--storage", str(storage)],
+            "round choices must be in 1..100000",
+        ),
+        (["--rounds", "1", "--storage", str(blocker / "s.db")], f"--storage {blocker}: cannot"),
+    ):
+        r = runner.invoke(app, ["tune", "--trials", "1", "--eval-every", "1", *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output and "Traceback" not in r.output, r.output
+    assert not storage.exists()  # no study was opened, no failed trial recorded
