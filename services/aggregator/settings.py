@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from fedrecgel.config import MAX_MODEL_PARAMS
 from services.secret_files import secret_from_file, weak_secret
+from services.url_settings import DatabaseUrl, RedisUrl
 
 PLACEHOLDER_TOKEN = "changethis"
 #: the most clients one registration may name (and one evaluation report may cover)
@@ -23,12 +24,16 @@ MAX_POPULATION = 100_000_000
 class Settings(BaseSettings):
     """Everything the aggregator needs to start; nothing connects when this is built."""
 
-    model_config = SettingsConfigDict(env_prefix="FEDREC_AGG_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FEDREC_AGG_",
+        extra="ignore",
+        hide_input_in_errors=True,  # never echo a secret
+    )
 
     # Production unless chosen otherwise: every secret is then checked for strength.
     environment: Literal["development", "test", "production"] = "production"
-    database_url: str = "sqlite:///./aggregator.db"
-    redis_url: str | None = None
+    database_url: DatabaseUrl = "sqlite:///./aggregator.db"
+    redis_url: RedisUrl = None
     operator_token: str = PLACEHOLDER_TOKEN
     # Optional read-only credential for services that only download models (recommend_api).
     reader_token: str | None = None

@@ -15,6 +15,7 @@ from fedrecgel.config import DEFAULTS
 from services.enrolment import EnrolmentTokenError, parse_enrolment_token
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.secret_files import secret_from_file, weak_secret
+from services.url_settings import RedisUrl
 
 _ORDINAL = re.compile(r"-(\d+)$")
 
@@ -49,7 +50,11 @@ def is_loopback(host: str) -> bool:
 class WorkerSettings(BaseSettings):
     """Worker configuration; every field can be set from the env as ``FEDREC_WORKER_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="FEDREC_WORKER_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FEDREC_WORKER_",
+        extra="ignore",
+        hide_input_in_errors=True,  # never echo a secret
+    )
 
     aggregator: str = "http://127.0.0.1:8700"
     shard: int = 0
@@ -64,7 +69,7 @@ class WorkerSettings(BaseSettings):
     data_dir: Path | None = None
     validation: bool = False
     store: str = "worker-0.db"
-    redis_url: str | None = None
+    redis_url: RedisUrl = None
     max_rounds: int | None = None
     exit_when_finished: bool = True
     poll_min_s: float = 0.2

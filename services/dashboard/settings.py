@@ -21,7 +21,11 @@ class DashboardSettings(BaseSettings):
     browser types it, and it travels with each operator action only.
     """
 
-    model_config = SettingsConfigDict(env_prefix="FEDREC_DASH_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FEDREC_DASH_",
+        extra="ignore",
+        hide_input_in_errors=True,  # never echo a secret
+    )
 
     environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"

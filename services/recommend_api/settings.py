@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.recommend_api.ranking import RankingConfig
 from services.secret_files import secret_from_file, weak_secret
+from services.url_settings import RedisUrl
 
 _RANKING = RankingConfig()  # the ranking defaults live there once
 
@@ -19,7 +20,11 @@ _RANKING = RankingConfig()  # the ranking defaults live there once
 class Settings(BaseSettings):
     """Where the model comes from, how items are labelled, and how ranking is done."""
 
-    model_config = SettingsConfigDict(env_prefix="FEDREC_REC_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="FEDREC_REC_",
+        extra="ignore",
+        hide_input_in_errors=True,  # never echo a secret
+    )
 
     # production unless development is chosen explicitly: a placeholder or short aggregator
     # token is refused outside development
@@ -31,7 +36,7 @@ class Settings(BaseSettings):
     aggregator_token: SecretStr | None = None
     # the token read from a file instead (services/secret_files.py)
     aggregator_token_file: Path | None = None
-    redis_url: str | None = None
+    redis_url: RedisUrl = None
     versions_channel: str = "fedrec:versions"
     # Seconds between ETag polls of the aggregator when Redis is not configured; with Redis
     # the poll still runs, ``redis_poll_factor`` times slower, to catch missed events.

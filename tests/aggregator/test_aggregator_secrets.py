@@ -89,3 +89,27 @@ def test_the_server_refuses_to_start_with_a_weak_secret_without_a_traceback() ->
     assert proc.returncode != 0
     assert "FEDREC_AGG_READER_TOKEN is a placeholder" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"database_url": "postgresql+psycopg//u:hunter2@db/fedrec"}, "not a database URL"),
+        ({"redis_url": "localhost:6379"}, "a Redis URL starts with redis://"),
+    ],
+)
+def test_a_mistyped_url_is_a_settings_error_that_shows_no_secret(
+    settings: dict[str, str], message: str
+) -> None:
+    # refused before start (it was a traceback from the client library at the first
+    # connection), and the error never echoes the value: a URL may hold a password
+    with pytest.raises(ValidationError, match=message) as err:
+        Settings(operator_token=STRONG, enrolment_secret="e" + STRONG, **settings)  # type: ignore[arg-type]
+    assert "hunter2" not in str(err.value) and STRONG not in str(err.value)
+    assert "e" + STRONG[-6:] not in str(err.value)
+
+
+def test_a_settings_error_does_not_show_the_end_of_another_secret() -> None:
+    with pytest.raises(ValidationError, match="placeholder") as err:
+        Settings(operator_token="changethis", enrolment_secret="enrolment-" + STRONG)
+    assert STRONG[-6:] not in str(err.value)

@@ -88,3 +88,9 @@ def test_an_unusable_store_or_dataset_is_an_error_line_not_a_traceback(tmp_path,
         caplog.clear()
         assert main([*base, *args]) == 1, args
         assert message in caplog.text, caplog.text
+
+
+def test_a_mistyped_redis_url_is_a_usage_error(capsys):
+    args = ["--shard", "0", "--shards", "1", "--redis-url", "localhost:6379"]
+    assert main(args) == 2
+    assert "a Redis URL starts with redis://" in capsys.readouterr().err

@@ -358,6 +358,13 @@ def test_a_placeholder_aggregator_token_is_refused_unless_in_development(token: 
     assert Settings(aggregator_token="a-real-reader-token-0123456789", workers=1).aggregator_token
 
 
+def test_a_mistyped_redis_url_is_a_settings_error() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="a Redis URL starts with redis://"):
+        Settings(environment="development", redis_url="localhost:6379", workers=1)
+
+
 @pytest.mark.parametrize("port", [-1, 65536])
 def test_a_port_outside_tcp_is_a_settings_error(port: int) -> None:
     # uvicorn would otherwise fail after start-up with "Servname not supported"

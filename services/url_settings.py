@@ -1,0 +1,37 @@
+"""Checks of the connection URLs in the services' settings, so that a mistyped one is refused
+as an invalid setting, with its name, before a service starts (rather than as a traceback from
+the client library when the service first connects)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+#: the schemes the redis client accepts
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _redis_url(url: str | None) -> str | None:
+    if url is not None and not url.startswith(REDIS_SCHEMES):
+        raise ValueError(f"a Redis URL starts with {', '.join(REDIS_SCHEMES)}")
+    return url
+
+
+def _database_url(url: str) -> str:
+    try:
+        make_url(url)
+    except ArgumentError:
+        raise ValueError(
+            "not a database URL (sqlite:///path/to/file.db or "
+            "postgresql+psycopg://user:password@host/database)"
+        ) from None
+    return url
+
+
+#: an optional Redis URL setting
+RedisUrl = Annotated[str | None, AfterValidator(_redis_url)]
+#: an SQLAlchemy database URL setting
+DatabaseUrl = Annotated[str, AfterValidator(_database_url)]
