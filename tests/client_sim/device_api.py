@@ -66,7 +66,9 @@ async def worker_api(
     app = create_app(settings, store, LABELS, transport=rec_transport)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1:8710"
+        ) as client:
             yield client
 
 

@@ -43,6 +43,25 @@ def test_http_server_thread_serves_and_stops(tmp_path, split):
         httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=1.0)
 
 
+def test_without_a_device_token_only_requests_addressed_to_loopback_are_answered(tmp_path, split):
+    # a web page that points a DNS name at 127.0.0.1 (DNS rebinding) reaches the server, but
+    # its requests carry that name in Host: they must not read a user's training items
+    store = shard_store(tmp_path, split)
+    server = DeviceApiServer(create_app(settings_for(tmp_path), store, LABELS), "127.0.0.1", 0)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/users/0/training-items"
+        for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}", "[::1]:8710"):
+            assert httpx.get(url, headers={"Host": host}, timeout=5.0).status_code == 200, host
+        for host in (f"evil.example:{server.port}", "127.0.0.1.evil.example", "[fe80::1]:8710"):
+            r = httpx.get(url, headers={"Host": host}, timeout=5.0)
+            assert (r.status_code, r.json()["error"]) == (403, "host_not_allowed"), host
+        healthz = f"http://127.0.0.1:{server.port}/healthz"
+        assert httpx.get(healthz, headers={"Host": "probe:1"}, timeout=5.0).status_code == 200
+    finally:
+        server.stop()
+
+
 def test_worker_waits_for_an_aggregator_that_is_not_up_yet(tmp_path, split):
     fake = FakeAggregator()
     waits: list[float] = []
