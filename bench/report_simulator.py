@@ -139,7 +139,13 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
         f"(counting the full {ft['gflop_per_round_full_mean']:.2f} GFLOP); half the rate is "
         f"a round of {ft['gflop_per_round_full_mean'] / (0.5 * ft['matmul_gflops_median']):.3f}"
         f" s, {ft['gflop_per_round_full_mean'] / (0.5 * ft['matmul_gflops_median']) / fl['attainable_s_median']:.2f}x"
-        " the floor. The round's time beyond the floor is the elementwise work done as "
+        " the floor: "
+        + (
+            "within reach of this machine's kernels at these shapes, not of this implementation. "
+            if fl["attainable_fraction_of_matmul_full"] >= 0.5
+            else "beyond what this machine's kernels do at these shapes. "
+        )
+        + "The round's time beyond the floor is the elementwise work done as "
         "separate passes over the (samples x width) activations (bias, ReLU and its mask, loss "
         "terms, gathers into per-sample rows, index adds), the Python around some 1,100 "
         "per-client products a round, and drawing the clients' samples in numpy. Fusing "
