@@ -25,9 +25,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedrecgel.data import Split, load_split
 from services.client_sim.routes import AppState, router
-from services.client_sim.settings import WorkerError, WorkerSettings, is_loopback
+from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.error_handlers import error_response, install_error_handlers, limit_request_bodies
+from services.host_check import HostCheckMiddleware
 from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,9 @@ def create_app(
     limit_request_bodies(app, settings.http_max_body_bytes)
     if settings.device_token is not None:
         app.add_middleware(DeviceTokenMiddleware, token=settings.device_token.get_secret_value())
-    else:  # open on loopback: only to requests addressed to this machine by name or address
-        app.add_middleware(LoopbackHostMiddleware)
+    else:  # open on loopback: only to requests addressed to this machine (DNS rebinding)
+        hint = "set FEDREC_WORKER_DEVICE_TOKEN to serve other names"
+        app.add_middleware(HostCheckMiddleware, open_paths=OPEN_PATHS, hint=hint)
     return app
 
 
@@ -101,46 +103,6 @@ class DeviceTokenMiddleware:
     def _allowed(self, scope: Scope) -> bool:
         given = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
         return len(given) == 1 and hmac.compare_digest(given[0], self._expected)
-
-
-def host_is_loopback(host_header: str) -> bool:
-    """Whether a ``Host`` header (``name[:port]``, ``[v6]:port``) names this machine."""
-    host = host_header.strip().lower()
-    if host.startswith("["):
-        host = host[1:].partition("]")[0]
-    elif host.count(":") == 1:
-        host = host.partition(":")[0]
-    return is_loopback(host.rstrip("."))
-
-
-class LoopbackHostMiddleware:
-    """Pure ASGI middleware of the API without a device token, which answers any caller that
-    reaches it: safe on loopback only because only this machine reaches it, but a web page in
-    a browser here reaches 127.0.0.1 too, through a DNS name it points at 127.0.0.1 (DNS
-    rebinding), and could then read users' training items. Such requests carry that name in
-    ``Host``: every request but :data:`OPEN_PATHS` whose ``Host`` is not a loopback name or
-    address is refused (403 ``host_not_allowed``)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        hosts = [v for k, v in scope.get("headers", ()) if k == b"host"]
-        if (
-            scope["type"] != "http"
-            or scope["path"] in OPEN_PATHS
-            or (len(hosts) == 1 and host_is_loopback(hosts[0].decode("latin-1")))
-        ):
-            await self.app(scope, receive, send)
-            return
-        response = error_response(
-            403,
-            "host_not_allowed",
-            "without a device token this API answers requests addressed to this machine only "
-            "(Host: 127.0.0.1, localhost or [::1]); set FEDREC_WORKER_DEVICE_TOKEN to serve "
-            "other names",
-        )
-        await response(scope, receive, send)
 
 
 class DeviceApiServer:

@@ -15,6 +15,7 @@ from services.dashboard.routes import router
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.upstream import Upstream
 from services.error_handlers import install_error_handlers, limit_request_bodies
+from services.host_check import HostCheckMiddleware
 from services.web_assets import service_app
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -41,4 +42,6 @@ def create_app(
     install_error_handlers(app)
     limit_request_bodies(app, settings.max_body_bytes)
     app.include_router(router)
+    hint = "name other hosts in FEDREC_DASH_ALLOWED_HOSTS"
+    app.add_middleware(HostCheckMiddleware, allowed=settings.allowed_hosts.split(","), hint=hint)
     return app

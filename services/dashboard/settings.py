@@ -44,6 +44,10 @@ class DashboardSettings(BaseSettings):
     timeout_s: float = Field(default=10.0, gt=0)
     max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
     log_level: str = "info"
+    # Host names the page is served under besides 127.0.0.1, localhost and [::1]
+    # (comma-separated; "*": any): a page elsewhere that points its own name at this machine
+    # (DNS rebinding) is refused (services/host_check.py)
+    allowed_hosts: str = ""
 
     @field_validator("recommend_url", mode="before")
     @classmethod

@@ -54,7 +54,7 @@ def dashboard(agg: TestClient, **overrides: Any) -> TestClient:
         "poll_interval_s": 0.001,  # no snapshot is reused across the calls of a test
     }
     settings = DashboardSettings(**{**values, **overrides})
-    return TestClient(create_app(settings, transport=Routed(agg)))
+    return TestClient(create_app(settings, transport=Routed(agg)), base_url="http://127.0.0.1:8704")
 
 
 def test_the_page_is_self_contained_and_has_every_run_setting(agg: TestClient) -> None:
@@ -246,3 +246,17 @@ def test_counters_are_read_from_the_exposition() -> None:
     )
     got = counters(text)
     assert got["updates_refused"] == 5 and got["rounds_retried"] == 1
+
+
+def test_a_page_under_another_host_name_is_refused_unless_allowed(agg: TestClient) -> None:
+    # DNS rebinding: a page elsewhere points its own name at 127.0.0.1 and reads the answers
+    with dashboard(agg) as dash:
+        for path in ("/ui/", "/ui/api/state", "/ui/api/users/0/training-items"):
+            r = dash.get(path, headers={"Host": "rebound.example:8704"})
+            assert (r.status_code, r.json()["error"]) == (403, "host_not_allowed"), path
+            assert "FEDREC_DASH_ALLOWED_HOSTS" in r.json()["detail"]
+        assert dash.get("/ui/api/state", headers={"Host": "localhost:8704"}).status_code == 200
+        assert dash.get("/healthz", headers={"Host": "probe"}).status_code == 200
+    with dashboard(agg, allowed_hosts="dash.internal") as dash:
+        assert dash.get("/ui/api/state", headers={"Host": "dash.internal"}).status_code == 200
+        assert dash.get("/ui/api/state", headers={"Host": "other.example"}).status_code == 403
