@@ -191,9 +191,16 @@ class UploadResult(BaseModel):
 
 
 class UploadResponse(BaseModel):
-    """``POST /v1/rounds/{round_id}/updates``: outcome of every update of an accepted body."""
+    """``POST /v1/rounds/{round_id}/updates``: outcome of every update of an accepted body.
+
+    ``current``: when this body was the round's last and the aggregator closed the round while
+    answering it, the current round after the close as the caller sees it (what ``GET
+    /v1/rounds/current`` answers then), so that the uploader need not poll for the next round;
+    null otherwise (and in every secure-aggregation answer).
+    """
 
     results: list[UploadResult]
+    current: CurrentRound | None = None
 
 
 # ----------------------------------------------------------------------------- secure aggregation

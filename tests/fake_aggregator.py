@@ -281,9 +281,12 @@ class FakeAggregator:
             self.accepted[key] = (digest, u)
             results.append(UploadResult(client_id=u.client_id, status=status))
         self.uploads.append((round_id, [u.client_id for u in decoded.updates], body))
+        current = None
         if all((round_id, int(c)) in self.accepted for c in self.cohort):
-            self._close()
-        return httpx.Response(200, json=UploadResponse(results=results).model_dump())
+            self._close()  # and, like the real aggregator, answer with the round after it
+            current = CurrentRound.model_validate(self._current(owned))
+        answer = UploadResponse(results=results, current=current)
+        return httpx.Response(200, json=answer.model_dump(mode="json"))
 
 
 def _error(status: int, error: str, detail: str) -> httpx.Response:

@@ -32,6 +32,7 @@ from services.aggregator.models import Clock
 from services.aggregator.pending import PendingUpdates
 from services.aggregator.privacy import check_upload
 from services.aggregator.repository import Repository
+from services.aggregator.rounds import CloseOutcome
 from services.aggregator.runs import NewestRun, RunRef
 from services.aggregator.schemas import UploadResult
 from services.aggregator.uploadbatch import LiveRound, PendingUpload, RoundRefusal, UploadBatch
@@ -122,13 +123,21 @@ class Ingest:
 
     def accept(self, caller: Caller, round_id: int, body: bytes) -> list[UploadResult]:
         """Validate and durably store every update of an upload body (all or nothing)."""
+        return self.accept_and_close(caller, round_id, body)[0]
+
+    def accept_and_close(
+        self, caller: Caller, round_id: int, body: bytes
+    ) -> tuple[list[UploadResult], bool]:
+        """:meth:`accept`, and whether the body completed the round and this call closed it."""
         try:
             return self._accept(caller, round_id, body)
         except AggregatorError as err:
             self.metrics.updates_refused.labels(reason=err.code).inc()
             raise
 
-    def _accept(self, caller: Caller, round_id: int, body: bytes) -> list[UploadResult]:
+    def _accept(
+        self, caller: Caller, round_id: int, body: bytes
+    ) -> tuple[list[UploadResult], bool]:
         if not caller.client_ids:
             raise Forbidden("only clients upload updates", "not_owned")
         run = self.newest.get()
@@ -162,7 +171,7 @@ class Ingest:
         self.metrics.updates_accepted.inc(accepted)
         self.metrics.updates_duplicate.inc(len(stored.results) - accepted)
         if stored.round_pk is None:
-            return stored.results
+            return stored.results, False
         log.debug(
             "round %d: %d accepted, %d/%d received",
             round_id,
@@ -170,12 +179,13 @@ class Ingest:
             stored.received,
             stored.cohort_size,
         )
+        closed = False
         if stored.fresh and stored.received >= stored.cohort_size:
             try:
-                self.close_round(stored.round_pk)
+                closed = self.close_round(stored.round_pk) == CloseOutcome.CLOSED
             except Exception:  # the deadline task retries; the upload itself is committed
                 log.exception("closing round %d after its last upload failed", round_id)
-        return stored.results
+        return stored.results, closed
 
     def validate(self, caller: Caller, round_id: int, body: bytes, run: RunRef) -> PendingUpload:
         """Decode and check a body against the run's model, outside any transaction."""

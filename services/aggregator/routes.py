@@ -235,8 +235,11 @@ def model_version(
 def upload_updates(
     round_id: RoundId, caller: CallerDep, body: BodyDep, service: ServiceDep
 ) -> UploadResponse:
-    """Validate and store one or more clients' updates (wire.encode_updates body)."""
-    return UploadResponse(results=service.ingest.accept(caller, round_id, body))
+    """Validate and store one or more clients' updates (wire.encode_updates body); the body
+    that closes the round is answered with the round after the close."""
+    results, closed = service.ingest.accept_and_close(caller, round_id, body)
+    current = service.reads.current_round(caller) if closed else None
+    return UploadResponse(results=results, current=current)
 
 
 @router.get("/v1/rounds/{round_id}/secagg", responses=ERRORS)

@@ -255,7 +255,15 @@ class AggregatorClient:
         self, round_id: int, bodies: Sequence[tuple[list[int], bytes]]
     ) -> dict[int, str]:
         """:meth:`upload` of bodies already encoded by :meth:`split_bodies`."""
+        return self.upload_bodies_closing(round_id, bodies)[0]
+
+    def upload_bodies_closing(
+        self, round_id: int, bodies: Sequence[tuple[list[int], bytes]]
+    ) -> tuple[dict[int, str], CurrentRound | None]:
+        """:meth:`upload_bodies`, and the current round the aggregator answered a body with
+        when that body closed the round (None: none closed it)."""
         results: dict[int, str] = {}
+        current: CurrentRound | None = None
         for _, body in bodies:
             try:
                 resp = self._request(
@@ -267,9 +275,11 @@ class AggregatorClient:
             except AggregatorCallError as err:
                 err.partial = dict(results)
                 raise
-            for entry in UploadResponse.model_validate(resp.json()).results:
+            answer = UploadResponse.model_validate(resp.json())
+            for entry in answer.results:
                 results[entry.client_id] = entry.status
-        return results
+            current = answer.current or current
+        return results, current
 
     def secagg_round(self, round_id: int) -> SecAggRound:
         """Secure aggregation: the round's phase and what this worker's clients need now."""

@@ -1,10 +1,16 @@
-"""What a worker says when the aggregator refuses to register its users: the aggregator's
-answer and what to change in the deployment."""
+"""A worker's registration of its users, and what it says when the aggregator refuses it:
+the aggregator's answer and what to change in the deployment."""
 
 from __future__ import annotations
 
-from services.client_sim.aggregator_client import AggregatorCallError
-from services.client_sim.settings import WorkerSettings
+import logging
+from collections.abc import Sequence
+
+from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
+from services.client_sim.settings import WorkerError, WorkerSettings
+from services.client_sim.store import WorkerStore
+
+log = logging.getLogger(__name__)
 
 #: what to change when the aggregator refuses a registration, by its error code
 REGISTRATION_HINTS = {
@@ -28,3 +34,32 @@ def registration_refused(err: AggregatorCallError, settings: WorkerSettings, n_u
         f"{settings.shards} ({settings.dataset}): {err.status_code} {err.code}: {err.detail}"
         + (f". Hint: {hint}" if hint else "")
     )
+
+
+def register(
+    client: AggregatorClient, store: WorkerStore, settings: WorkerSettings, users: Sequence[int]
+) -> None:
+    """Register the owned ``users`` once, with the shard's enrolment token; the client token
+    is kept in the store (and given to ``client``). A worker that died before keeping it
+    registers again (the aggregator gives the same shard a fresh token). WorkerError when the
+    aggregator refuses (the message says why and what to change)."""
+    token = store.get_meta("token")
+    if token is not None:
+        client.token = token
+        return
+    s = settings
+    if s.enrolment_token is None:
+        raise WorkerError(
+            f"registering the users of shard {s.shard} of {s.shards} needs the shard's "
+            "enrolment token: set FEDREC_WORKER_ENROLMENT_TOKEN or "
+            "FEDREC_WORKER_ENROLMENT_TOKEN_FILE (`fedrec enrolment-token --shard "
+            f"{s.shard} --shards {s.shards}` issues it from the aggregator's secret)"
+        )
+    try:
+        token = client.register(list(users), s.enrolment_token.get_secret_value())
+    except AggregatorCallError as err:
+        if err.retryable:
+            raise
+        raise WorkerError(registration_refused(err, s, len(users))) from None
+    store.set_meta(token=token)
+    log.info("registered %d clients", len(users))

@@ -246,6 +246,14 @@ class WorkerStore:
                 else:
                     row.value = str(value)
 
+    def meta_like(self, prefix: str) -> dict[str, str]:
+        """Every meta value whose key starts with ``prefix``."""
+        with self._session() as s:
+            q = select(MetaRow.key, MetaRow.value).where(
+                MetaRow.key.startswith(prefix, autoescape=True)
+            )
+            return {k: v for k, v in s.execute(q)}
+
     # ------------------------------------------------------------------ users and data
 
     def user_ids(self) -> np.ndarray:

@@ -5,13 +5,17 @@ Phases: ``poll`` (asking for the current round), ``wait`` (idle between polls, u
 event or the poll interval), ``download`` (model versions), ``evaluate`` (scoring all owned
 users), ``report`` (posting the metric sums), ``compute`` (the cohort's SAM step), ``encode``
 (the upload bodies), ``upload`` (posting them: the aggregator's validation and group commit
-included), ``commit`` (the new private states into the store).
+included), ``commit`` (the new private states into the store). ``encode`` and ``upload`` run in
+the worker's upload thread, at the same time as the evaluation of the round's base version
+(``download``, ``evaluate``, ``report``), so a round's phases can add up to more than its wall
+time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -43,6 +47,7 @@ class PhaseTimer:
             registry=self.registry,
         )
         self._since: dict[str, float] = {}
+        self._lock = threading.Lock()  # the upload thread times its phases too
         #: wall clock of the newest answer to a poll (the one a round's work started from)
         self.seen = 0.0
 
@@ -55,11 +60,13 @@ class PhaseTimer:
         finally:
             dt = time.perf_counter() - t0
             self.seconds.labels(phase=name).observe(dt)
-            self._since[name] = self._since.get(name, 0.0) + dt
+            with self._lock:
+                self._since[name] = self._since.get(name, 0.0) + dt
 
     def take(self) -> dict[str, float]:
         """Seconds per phase since the last call (then reset)."""
-        out, self._since = self._since, {}
+        with self._lock:
+            out, self._since = self._since, {}
         return out
 
     def line(self, round_id: int, phases: dict[str, float]) -> str:

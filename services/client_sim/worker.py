@@ -2,8 +2,10 @@
 
 The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`Worker.step`):
 
-1. read the current round; on a run not seen before, check its dataset and catalogue, and give
-   every owned user a fresh private state (keyed by (seed, user), as the simulator does);
+1. read the current round (a poll; or, after an upload of this worker closed a round, that
+   upload's answer, which carries the next round); on a run not seen before, check its dataset
+   and catalogue, and give every owned user a fresh private state (keyed by (seed, user), as
+   the simulator does);
 2. if the round is open and some owned users are in its cohort and have not committed this
    (round, attempt): download that round's model, draw their samples from
    ``client_rng(seed, round, user)`` and take the SAM step for them together (the core's
@@ -11,10 +13,11 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
    per-client updates, or with ``upload_grouping=worker`` one partial sum of them all), and
    only after the 2xx commit their new private state (one transaction);
 3. evaluate every model version it has not evaluated yet over ALL its users, with their
-   private state as the store holds it, and report metric sums (federated evaluation). A version
-   v is evaluated before the new states of round v + 1 are committed (in step 2 between the
-   upload and the commit, so that the round need not wait for it; a secure-aggregation round
-   after it), so with the states after round v.
+   private state as the store holds it, and report metric sums (federated evaluation,
+   :mod:`services.client_sim.evaluation`). A version v is evaluated before the new states of
+   round v + 1 are committed (in step 2 while the upload is in flight, from an upload thread,
+   so that neither the round nor the worker waits for it; a secure-aggregation round after
+   it), so with the states after round v.
 
 A crash between the upload and the commit leaves the old state in the store, so the restarted
 worker recomputes the same update for the same users, which the server answers as a duplicate.
@@ -26,6 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -35,17 +39,17 @@ import torch
 
 from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split, load_split
-from fedrecgel.metrics import KS, metric_sums
-from fedrecgel.model import Scorer
 from fedrecgel.privacy import ClientPrivacy
 from fedrecgel.sam import PrivateState, StepResult
 from fedrecgel.wire import encode_partial
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
+    DownloadedModel,
     RetryPolicy,
 )
-from services.client_sim.registration import registration_refused
+from services.client_sim.evaluation import Evaluation
+from services.client_sim.registration import register
 from services.client_sim.secure import SecureParticipant
 from services.client_sim.server import DeviceApiServer, serve_in_thread
 from services.client_sim.settings import WorkerError, WorkerSettings
@@ -93,6 +97,15 @@ class Worker:
         self._refused: set[tuple[int, int]] = set()
         self.secure = SecureParticipant(self.client, self.store, self._compute)
         self.timer = PhaseTimer()
+        self.evaluation = Evaluation(self.client, self.store, self.data, self.timer)
+        #: the model version this step downloaded for its cohort (None: none yet)
+        self._base: DownloadedModel | None = None
+        #: the round after the one an upload of this worker closed, as its answer said: the
+        #: next step starts from it instead of a poll
+        self._announced: CurrentRound | None = None
+        #: the kept evaluation reports being delivered by the upload thread
+        self._delivering: Future[int] | None = None
+        self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
 
     # ------------------------------------------------------------------ set-up
 
@@ -128,30 +141,8 @@ class Worker:
         )
 
     def register(self) -> None:
-        """Register the owned users once, with the shard's enrolment token; the client token
-        is kept in the store. A worker that died before keeping it registers again (the
-        aggregator gives the same shard a fresh token). WorkerError when the aggregator refuses
-        (the message says why and what to change)."""
-        token = self.store.get_meta("token")
-        if token is not None:
-            self.client.token = token
-            return
-        s = self.settings
-        if s.enrolment_token is None:
-            raise WorkerError(
-                f"registering the users of shard {s.shard} of {s.shards} needs the shard's "
-                "enrolment token: set FEDREC_WORKER_ENROLMENT_TOKEN or "
-                "FEDREC_WORKER_ENROLMENT_TOKEN_FILE (`fedrec enrolment-token --shard "
-                f"{s.shard} --shards {s.shards}` issues it from the aggregator's secret)"
-            )
-        try:
-            token = self.client.register(self.users.tolist(), s.enrolment_token.get_secret_value())
-        except AggregatorCallError as err:
-            if err.retryable:
-                raise
-            raise WorkerError(registration_refused(err, s, len(self.users))) from None
-        self.store.set_meta(token=token)
-        log.info("registered %d clients", len(self.users))
+        """Register the owned users once (:func:`services.client_sim.registration.register`)."""
+        register(self.client, self.store, self.settings, self.users.tolist())
 
     def _ensure_run(self, info: CurrentRound) -> RunConfig:
         """Adopt the run of ``info``: check it fits this worker; fresh states on a new run."""
@@ -186,8 +177,11 @@ class Worker:
 
     def step(self) -> bool:
         """Poll once and do what the current round asks; True when something was done."""
-        with self.timer.phase("poll"):
-            info = self.client.current_round()
+        self._base = None
+        info, self._announced = self._announced, None
+        if info is None:  # unless the upload that closed the last round answered the next one
+            with self.timer.phase("poll"):
+                info = self.client.current_round()
         self.timer.seen = time.time()
         self.last_info = info
         if info.state == "idle" or info.config is None:
@@ -216,44 +210,24 @@ class Worker:
 
     def evaluated_version(self) -> int:
         """The newest model version this worker has reported metrics for."""
-        return int(self.store.get_meta("evaluated_version") or 0)
+        return self.evaluation.reported()
 
     def evaluate_up_to(self, version: int) -> bool:
-        """Evaluate and report every version after the last evaluated one, up to ``version``."""
-        done = self.evaluated_version()
-        for v in range(done + 1, version + 1):
-            self.evaluate(v)
-        return version > done
+        """Evaluate and report every version after the last evaluated one, up to ``version``,
+        and deliver the reports kept but not delivered yet; while reports are being delivered
+        in the background, only if there is a version to score (then waiting for them)."""
+        busy = self._delivering is not None and not self._delivering.done()
+        if busy and self.evaluation.done() >= version:
+            return False
+        self.settle()
+        return self.evaluation.up_to(version, self._base)
 
-    def evaluate(self, version: int) -> dict[str, float]:
-        """Federated evaluation of model ``version`` over all owned users; report the sums."""
-        with self.timer.phase("download"):
-            model = self.client.download_model(version)
-        with self.timer.phase("evaluate"):
-            scorer = Scorer(model.cfg, model.shared)
-            params = self.store.load_states(self.users.tolist()).params
-            d = self.data
-            sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS)
-            count = int(sums.pop("count"))
-            if d.val_items is not None and d.val_negatives is not None:
-                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS)
-                val.pop("count")
-                sums.update({f"val/{k}": v for k, v in val.items()})
-        try:
-            with self.timer.phase("report"):
-                self.client.report_evaluation(version, sums, count, self.users.tolist())
-        except AggregatorCallError as err:
-            if err.retryable:
-                raise
-            log.warning("evaluation of version %d refused: %s", version, err)
-        self.store.set_meta(evaluated_version=version)
-        log.info(
-            "version %d: evaluated %d users, hr@10 %.4f",
-            version,
-            count,
-            sums.get("hr@10", 0.0) / max(count, 1),
-        )
-        return sums
+    def settle(self) -> None:
+        """Wait for the reports being delivered in the background (what they failed to deliver
+        stays kept, for the next delivery)."""
+        if self._delivering is not None:
+            self._delivering.exception()
+            self._delivering = None
 
     def pending(self, info: CurrentRound) -> list[int]:
         """Owned cohort members of the open round that have not committed its (round, attempt)."""
@@ -275,6 +249,7 @@ class Worker:
         clipped (and noised) here, before they leave the worker."""
         with self.timer.phase("download"):
             model = self.client.download_model(version)
+        self._base = model  # the evaluation of ``version`` in this step reuses it
         if model.cfg != cfg.model():
             raise WorkerError(
                 f"model version {version} has shape {model.cfg}, the run announces {cfg.model()}"
@@ -304,9 +279,11 @@ class Worker:
     ) -> dict[int, str]:
         """Upload, then commit the new private states once the aggregator acknowledged them.
 
-        Between the two, the model versions up to ``version`` (the round's base) are evaluated
-        if they are not yet: the store still holds the states they are evaluated with (those
-        after round ``version``), and the round can close without waiting for the evaluation.
+        While the upload is in flight (a thread of its own: the aggregator's checks and group
+        commit, and for a round's last upload its close, take a while), the model versions up
+        to ``version`` (the round's base) are evaluated if they are not yet: the store still
+        holds the states they are evaluated with (those after round ``version``), and neither
+        the round's close nor the worker's next round waits for the evaluation.
 
         A note of the upload is kept in the store while it is in flight: if the worker dies
         after the aggregator stored it but before the states are committed, :meth:`recover`
@@ -316,14 +293,15 @@ class Worker:
         note = {"round": r, "attempt": a, "version": version, "users": todo}
         with self.timer.phase("commit"):
             self.store.set_meta(pending_upload=json.dumps(note))
+        sending = self._uploads.submit(self._send, r, todo, result)
         try:
-            with self.timer.phase("encode"):
-                if result.partial is not None:
-                    bodies = [(list(todo), encode_partial(r, result.partial))]
-                else:
-                    bodies = self.client.split_bodies(r, result.uploads)
-            with self.timer.phase("upload"):
-                statuses = self.client.upload_bodies(r, bodies)
+            # scored before the commit changes the states
+            scores = self.evaluation.score_up_to(version, self._base)
+        finally:
+            sending.exception()  # the upload is waited for, even when the evaluation failed
+        self.evaluation.keep(scores)
+        try:
+            statuses = sending.result()
         except AggregatorCallError as err:
             if err.retryable:
                 raise
@@ -331,7 +309,6 @@ class Worker:
             # except for the users of the bodies that were accepted before the refusal
             done = [i for i, u in enumerate(todo) if u in err.partial]
             if done:
-                self.evaluate_up_to(version)  # before any state of round r is committed
                 self.store.save_states(
                     [todo[i] for i in done], result.state.select(np.asarray(done)), r, a
                 )
@@ -345,10 +322,23 @@ class Worker:
                 err,
             )
             raise
-        self.evaluate_up_to(version)  # before the commit changes the states
         with self.timer.phase("commit"):
             self.store.save_states(todo, result.state, r, a)
             self.store.set_meta(pending_upload=None)
+        if scores:  # delivered by the upload thread while this worker goes on, before its next
+            # upload (a delivery queued behind another finds what that one left kept)
+            self._delivering = self._uploads.submit(self.evaluation.deliver)
+        return statuses
+
+    def _send(self, r: int, todo: list[int], result: StepResult) -> dict[int, str]:
+        """Encode and post the upload of ``todo`` for round ``r`` (in the upload thread)."""
+        with self.timer.phase("encode"):
+            if result.partial is not None:
+                bodies = [(list(todo), encode_partial(r, result.partial))]
+            else:
+                bodies = self.client.split_bodies(r, result.uploads)
+        with self.timer.phase("upload"):
+            statuses, self._announced = self.client.upload_bodies_closing(r, bodies)
         return statuses
 
     def recover(self, info: CurrentRound, cfg: RunConfig) -> bool:
@@ -472,7 +462,8 @@ class Worker:
             delay = min(self.settings.poll_max_s, delay * 1.5)
 
     def close(self) -> None:
-        """Close the client, the waiter and the store."""
+        """Close the upload thread, the client, the waiter and the store."""
+        self._uploads.shutdown(wait=True)
         self.client.close()
         self.waiter.close()
         self.store.close()

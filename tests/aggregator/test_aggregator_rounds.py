@@ -74,6 +74,27 @@ def _tick(client: TestClient) -> str | None:
     return service_of(client).tick()
 
 
+def test_only_the_upload_that_closes_a_round_is_answered_with_the_next_round(
+    clocked: Clocked,
+) -> None:
+    client, _, token = clocked
+    cohort = _start(client)
+    rng = np.random.default_rng(0)
+    first, last = cohort[:-1], cohort[-1:]
+    r = post_updates(client, token, 1, [random_update(MODEL, c, rng) for c in first])
+    assert r.status_code == 200 and r.json()["current"] is None  # round 1 still open
+    r = post_updates(client, token, 1, [random_update(MODEL, c, rng) for c in last])
+    assert r.status_code == 200, r.text
+    announced = r.json()["current"]
+    polled = client.get("/v1/rounds/current", headers=bearer(token)).json()
+    assert announced == polled
+    assert (announced["round_id"], announced["state"], announced["model_version"]) == (2, "open", 1)
+    # the last round's closing upload answers the finished run
+    cohort = current_cohort(client)
+    r = post_updates(client, token, 2, [random_update(MODEL, c, rng) for c in cohort])
+    assert r.json()["current"]["state"] == "finished"
+
+
 def test_deadline_with_quorum_closes_with_the_updates_received(clocked: Clocked) -> None:
     client, clock, token = clocked
     cohort = _start(client, quorum=0.5)

@@ -164,6 +164,7 @@ def test_restarted_worker_resumes_without_retraining(tmp_path, split, sim3):
     assert sum(r.path == "/v1/clients" for r in fake.requests) == 1
     n_uploads = len(fake.uploads)
     w2.step()  # evaluates version 1, trains round 2
+    w2.settle()  # the report of version 1 is delivered in the background
     assert [e["model_version"] for e in fake.evaluations] == [1]
     assert [u[0] for u in fake.uploads[n_uploads:]] == [2]
     _drive([w2], fake)
@@ -311,3 +312,38 @@ def test_crash_after_the_upload_that_closed_the_round_is_recovered(tmp_path, spl
     want = sim3[0].store.params(np.arange(split.n_users))
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_upload_that_closes_a_round_answers_the_next_one_without_a_poll(tmp_path, split, sim3):
+    """A lone worker closes every round with its upload: it polls once, at the start, and
+    takes each next round (and the end of the run) from its last upload's answer."""
+    fake, (w,) = _running(tmp_path, split)
+    _drive([w], fake)
+    polls = [r for r in fake.requests if r.path == "/v1/rounds/current"]
+    assert len(polls) == 1
+    assert [u[0] for u in fake.uploads] == [1, 2, 3]
+    assert [e["model_version"] for e in fake.evaluations] == [1, 2, 3]
+    for name, t in sim3[0].shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
+
+
+def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(tmp_path, split, sim3):
+    """Version 1 is scored while round 2's upload is in flight and kept in the store before
+    round 2's states are committed; a worker that dies before delivering the report delivers
+    it once restarted (the same sums, scored with the states after round 1)."""
+    fake, (w,) = _running(tmp_path, split)
+    fake.fail_when = lambda req: req.url.path == "/v1/evaluations"
+    fake.failures = [503] * 5  # the client's retries are used up: the report stays kept
+    w.step()
+    w.step()
+    w.settle()
+    assert w.evaluation.done() == 1 and w.evaluated_version() == 0
+    w.close()
+    restarted = _worker(tmp_path, fake, split, shard=0, shards=1)
+    restarted.register()
+    _drive([restarted], fake)
+    assert [e["model_version"] for e in fake.evaluations] == [1, 2, 3]
+    rec = sim3[1].rounds[0]
+    got = means({**fake.evaluations[0]["sums"], "count": fake.evaluations[0]["count"]})
+    for k, v in rec.test.items():
+        assert got[k] == pytest.approx(v, abs=1e-9)

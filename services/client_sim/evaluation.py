@@ -1,0 +1,145 @@
+"""Federated evaluation on a worker: metric sums of all its users for each model version.
+
+A version v is scored with every owned user's private state as the store holds it, and must
+be scored before the new states of round v + 1 are committed (so with the states after round
+v, as the simulator evaluates); the worker (:mod:`services.client_sim.worker`) keeps that
+order. The sums are then *kept*: written to the store's meta (``report:<v>``, with
+``evaluated_version`` = v, in one transaction) before those states are committed, so a crash
+loses no scored version and never scores one with later states. Kept reports are *delivered*
+(``POST /v1/evaluations``, which adds the workers' sums up) in version order, each key removed
+once the aggregator answered, maybe later and from another thread (the worker's upload
+thread): a restarted worker delivers what it kept, and a repeat is answered as already
+reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedrecgel.metrics import KS, metric_sums
+from fedrecgel.model import Scorer
+from services.client_sim.aggregator_client import (
+    AggregatorCallError,
+    AggregatorClient,
+    DownloadedModel,
+)
+from services.client_sim.store import UserData, WorkerStore
+from services.client_sim.timings import PhaseTimer
+
+log = logging.getLogger(__name__)
+
+#: meta key prefix of a kept report (``report:<version>``)
+_REPORT = "report:"
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The metric sums of one model version over a worker's users."""
+
+    version: int
+    sums: dict[str, float]
+    count: int
+
+
+class Evaluation:
+    """The federated evaluation of one worker's users."""
+
+    def __init__(
+        self,
+        client: AggregatorClient,
+        store: WorkerStore,
+        data: UserData,
+        timer: PhaseTimer,
+    ) -> None:
+        self.client = client
+        self.store = store
+        self.data = data
+        self.users: list[int] = np.asarray(data.user_ids).tolist()
+        self.timer = timer
+
+    def done(self) -> int:
+        """The newest model version scored and kept (maybe not delivered yet)."""
+        return int(self.store.get_meta("evaluated_version") or 0)
+
+    def reported(self) -> int:
+        """The newest model version delivered, with every one before it."""
+        kept = self.kept()
+        return min(kept) - 1 if kept else self.done()
+
+    def kept(self) -> dict[int, Scores]:
+        """The kept reports not delivered yet, by version."""
+        out = {}
+        for key, raw in self.store.meta_like(_REPORT).items():
+            body = json.loads(raw)
+            v = int(key.removeprefix(_REPORT))
+            out[v] = Scores(v, {k: float(x) for k, x in body["sums"].items()}, int(body["count"]))
+        return dict(sorted(out.items()))
+
+    def up_to(self, version: int, model: DownloadedModel | None = None) -> bool:
+        """Score, keep and deliver every version after the last scored one up to ``version``
+        (``model``: one of them, already downloaded), and deliver what else was kept; whether
+        there was anything to do."""
+        scores = self.score_up_to(version, model)
+        self.keep(scores)
+        delivered = self.deliver()
+        return bool(scores) or delivered > 0
+
+    def keep(self, scores: list[Scores]) -> None:
+        """Write scored versions to the store (one transaction), to be delivered."""
+        if not scores:
+            return
+        reports = {
+            f"{_REPORT}{sc.version}": json.dumps({"sums": sc.sums, "count": sc.count})
+            for sc in scores
+        }
+        self.store.set_meta(evaluated_version=scores[-1].version, **reports)
+
+    def deliver(self) -> int:
+        """Deliver the kept reports in version order; how many. A refusal that waiting cannot
+        help is logged and the report dropped; any other failure is raised, the report kept."""
+        kept = self.kept()
+        for sc in kept.values():
+            try:
+                with self.timer.phase("report"):
+                    self.client.report_evaluation(sc.version, sc.sums, sc.count, self.users)
+            except AggregatorCallError as err:
+                if err.retryable:
+                    raise
+                log.warning("evaluation of version %d refused: %s", sc.version, err)
+            self.store.set_meta(**{f"{_REPORT}{sc.version}": None})
+            log.info(
+                "version %d: evaluated %d users, hr@10 %.4f",
+                sc.version,
+                sc.count,
+                sc.sums.get("hr@10", 0.0) / max(sc.count, 1),
+            )
+        return len(kept)
+
+    def score_up_to(self, version: int, model: DownloadedModel | None = None) -> list[Scores]:
+        """Score (not report yet) every version after the last reported one up to ``version``."""
+        return [
+            self.score(v, model if model is not None and model.version == v else None)
+            for v in range(self.done() + 1, version + 1)
+        ]
+
+    def score(self, version: int, model: DownloadedModel | None = None) -> Scores:
+        """Metric sums of model ``version`` (downloaded unless given) over all owned users,
+        with their private states as the store holds them now."""
+        if model is None:
+            with self.timer.phase("download"):
+                model = self.client.download_model(version)
+        with self.timer.phase("evaluate"):
+            scorer = Scorer(model.cfg, model.shared)
+            params = self.store.load_states(self.users).params
+            d = self.data
+            sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS)
+            count = int(sums.pop("count"))
+            if d.val_items is not None and d.val_negatives is not None:
+                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS)
+                val.pop("count")
+                sums.update({f"val/{k}": v for k, v in val.items()})
+        return Scores(version, sums, count)
