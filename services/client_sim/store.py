@@ -27,6 +27,7 @@ Only the process that writes the store may mirror it (another one's mirror would
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -130,6 +131,34 @@ def encode_private(state: PrivateState, row: int) -> bytes:
         for name, t in table.items():
             tensors[f"{part}/{name}"] = t[row].detach().clone()
     return encode_state(tensors, {"format": STATE_FORMAT, "step": str(int(state.step[row]))})
+
+
+def encode_private_rows(state: PrivateState, n: int | None = None) -> list[bytes]:
+    """:func:`encode_private` of rows ``0 .. n-1`` of ``state`` (all by default), the same
+    bytes, without a safetensors call per row: the rows share one header per step count (made
+    by :func:`encode_private` of the first row with that count), and a row's data section is
+    its tensors' row bytes in the header's offset order."""
+    n = len(state.step) if n is None else n
+    parts = {"params": state.params, "exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq}
+    arrays = {
+        f"{part}/{name}": np.ascontiguousarray(t.detach().numpy())
+        for part, table in parts.items()
+        for name, t in table.items()
+    }
+    headers: dict[int, bytes] = {}
+    order: list[str] = []
+    out = []
+    for i, step in enumerate(state.step[:n].tolist()):
+        if step not in headers:
+            blob = encode_private(state, i)
+            size = 8 + int.from_bytes(blob[:8], "little")
+            headers[step] = blob[:size]
+            if not order:
+                entries = json.loads(blob[8:size])
+                entries.pop("__metadata__", None)
+                order = sorted(entries, key=lambda k: entries[k]["data_offsets"][0])
+        out.append(headers[step] + b"".join(arrays[k][i].tobytes() for k in order))
+    return out
 
 
 def decode_private(blobs: Sequence[bytes], steps: Sequence[int]) -> PrivateState:
@@ -391,10 +420,11 @@ class WorkerStore:
     ) -> None:
         """Commit the new state of ``user_ids`` (rows of ``state`` in that order) and mark them
         trained in (round, attempt), all in one transaction."""
+        blobs = encode_private_rows(state, len(user_ids))
         rows = [
             {
                 "user_id": int(u),
-                "state": encode_private(state, i),
+                "state": blobs[i],
                 "step": int(state.step[i]),
                 "last_round": round_id,
                 "last_attempt": attempt,

@@ -6,9 +6,9 @@ event or the poll interval), ``download`` (model versions), ``evaluate`` (scorin
 users), ``report`` (posting the metric sums), ``compute`` (the cohort's SAM step), ``encode``
 (the upload bodies), ``upload`` (posting them: the aggregator's validation and group commit
 included), ``commit`` (the new private states into the store). ``encode`` and ``upload`` run in
-the worker's upload thread, at the same time as the evaluation of the round's base version
-(``download``, ``evaluate``, ``report``), so a round's phases can add up to more than its wall
-time.
+the worker's upload thread at the same time as the scoring of the round's base version
+(``evaluate``), and so does ``report`` after the commit, at the same time as the worker's next
+poll, download and compute: a round's phases can add up to more than its wall time.
 """
 
 from __future__ import annotations

@@ -17,7 +17,13 @@ import services.client_sim.worker as worker_module
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PrivateState
 from fedrecgel.synthetic import synthetic_split
-from services.client_sim.store import UserRow, WorkerStore, decode_private, encode_private
+from services.client_sim.store import (
+    UserRow,
+    WorkerStore,
+    decode_private,
+    encode_private,
+    encode_private_rows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +123,16 @@ def test_private_blob_codec_checks_its_format():
 
     with pytest.raises(store_module.StoreError, match="format"):
         decode_private([encode_state({"x": torch.zeros(1)})], [0])
+
+
+def test_rows_encoded_together_are_the_bytes_of_each_row_encoded_alone():
+    state = _random_state(5, seed=7)
+    state.step[:] = torch.tensor([3, 10, 3, 0, 123456])  # header lengths differ by step
+    state.params["user_gmf"][1, 0] = -0.0
+    state.exp_avg["user_mlp"][2, 1] = float("nan")
+    alone = [encode_private(state, i) for i in range(5)]
+    assert encode_private_rows(state) == alone
+    assert encode_private_rows(state, 2) == alone[:2]
 
 
 def test_loading_a_user_without_state_fails_clearly(tmp_path, split):
