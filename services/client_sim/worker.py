@@ -406,19 +406,30 @@ class Worker:
     # ------------------------------------------------------------------ the loop
 
     def finished(self) -> bool:
-        """Whether the worker should stop: run finished (and evaluated) or max_rounds reached."""
+        """Whether the worker should stop: run finished or max_rounds reached, and every
+        version up to there scored and its report delivered (waited for here)."""
         info = self.last_info
         if info is None or info.state == "idle":
             return False
-        done = self.evaluated_version()
-        mr = self.settings.max_rounds
-        if mr is not None and done >= mr:
-            return True
-        return (
+        scored, mr = self.evaluation.done(), self.settings.max_rounds
+        if mr is not None and scored >= mr:
+            target = mr
+        elif (
             self.settings.exit_when_finished
             and info.state == "finished"
-            and done >= (info.model_version or 0)
-        )
+            and scored >= (info.model_version or 0)
+        ):
+            target = info.model_version or 0
+        else:
+            return False
+        self.settle()
+        try:
+            self.evaluation.deliver()
+        except AggregatorCallError as err:
+            if not err.retryable:
+                raise
+            log.warning("aggregator unavailable: %s", err)
+        return self.evaluated_version() >= target
 
     def run(self) -> None:
         """Register, then follow rounds until :meth:`finished`."""
