@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
 from fedrecgel.simulate import RunResult, Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_updates, update_digest
+from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker
@@ -333,12 +335,14 @@ def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(tmp_pat
     it once restarted (the same sums, scored with the states after round 1)."""
     fake, (w,) = _running(tmp_path, split)
     fake.fail_when = lambda req: req.url.path == "/v1/evaluations"
-    fake.failures = [503] * 5  # the client's retries are used up: the report stays kept
+    fake.failures = [503] * 100  # every delivery fails (retries included): the report stays kept
     w.step()
-    w.step()
+    with contextlib.suppress(AggregatorCallError):  # when the step delivers too, it fails
+        w.step()
     w.settle()
     assert w.evaluation.done() == 1 and w.evaluated_version() == 0
     w.close()
+    fake.failures = []
     restarted = _worker(tmp_path, fake, split, shard=0, shards=1)
     restarted.register()
     _drive([restarted], fake)
