@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sqlalchemy import Integer, LargeBinary, String, create_engine, event, select, update
+from sqlalchemy import Integer, LargeBinary, String, create_engine, event, inspect, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -242,6 +242,12 @@ class WorkerStore:
         self.engine: Engine = create_engine(url)
         if path is not None:
             event.listen(self.engine, "connect", _wal_mode)
+        foreign = set(inspect(self.engine).get_table_names()) - set(_Base.metadata.tables)
+        if foreign:  # another service's database (the aggregator's, say): never write into it
+            self.engine.dispose()
+            raise StoreError(
+                f"{path or url} is not a worker store: it holds the tables {sorted(foreign)[:5]}"
+            )
         _Base.metadata.create_all(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self._mirroring = mirror

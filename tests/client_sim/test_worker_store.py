@@ -220,3 +220,21 @@ def test_the_store_and_its_sqlite_files_are_private(tmp_path, split):
         reopened.close()
     finally:
         os.umask(old)
+
+
+def test_another_services_database_is_refused_and_left_as_it_was(tmp_path):
+    # e.g. --store pointed at the aggregator's database by mistake: no table is added to it
+    from sqlalchemy import create_engine
+    from sqlalchemy import inspect as sql_inspect
+
+    from services.aggregator.db import Database
+    from services.client_sim.store import StoreError
+
+    path = tmp_path / "aggregator.db"
+    Database(f"sqlite:///{path}").migrate()
+    engine = create_engine(f"sqlite:///{path}")
+    before = set(sql_inspect(engine).get_table_names())
+    with pytest.raises(StoreError, match="is not a worker store"):
+        WorkerStore(path)
+    assert set(sql_inspect(engine).get_table_names()) == before
+    engine.dispose()
