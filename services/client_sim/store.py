@@ -214,6 +214,14 @@ def make_private(path: Path) -> None:
             companion.chmod(PRIVATE_MODE)
 
 
+def _make_private_store(path: Path) -> None:
+    """:func:`make_private`, its failure a :class:`StoreError` that names the path."""
+    try:
+        make_private(path)
+    except OSError as err:  # no such folder, a folder in the way, no permission
+        raise StoreError(f"cannot open the store {path}: {err.strerror}") from None
+
+
 def _wal_mode(dbapi_connection: Any, connection_record: Any) -> None:
     """Each SQLite connection in WAL mode: a reader never waits for the writer."""
     cursor = dbapi_connection.cursor()
@@ -234,20 +242,20 @@ class WorkerStore:
         if "://" not in url:
             url = f"sqlite:///{Path(url).expanduser()}"
         path = sqlite_file(url)
-        if path is not None:
-            try:
-                make_private(path)
-            except OSError as err:  # no such folder, a folder in the way, no permission
-                raise StoreError(f"cannot open the store {path}: {err.strerror}") from None
+        existed = path is not None and path.exists()
+        if path is not None and not existed:  # created private, before SQLite writes to it
+            _make_private_store(path)
         self.engine: Engine = create_engine(url)
         if path is not None:
             event.listen(self.engine, "connect", _wal_mode)
         foreign = set(inspect(self.engine).get_table_names()) - set(_Base.metadata.tables)
-        if foreign:  # another service's database (the aggregator's, say): never write into it
+        if foreign:  # another service's database (the aggregator's, say): never touch it
             self.engine.dispose()
             raise StoreError(
                 f"{path or url} is not a worker store: it holds the tables {sorted(foreign)[:5]}"
             )
+        if path is not None and existed:
+            _make_private_store(path)
         _Base.metadata.create_all(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         self._mirroring = mirror

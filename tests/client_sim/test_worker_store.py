@@ -233,8 +233,10 @@ def test_another_services_database_is_refused_and_left_as_it_was(tmp_path):
     path = tmp_path / "aggregator.db"
     Database(f"sqlite:///{path}").migrate()
     engine = create_engine(f"sqlite:///{path}")
+    path.chmod(0o640)
     before = set(sql_inspect(engine).get_table_names())
     with pytest.raises(StoreError, match="is not a worker store"):
         WorkerStore(path)
     assert set(sql_inspect(engine).get_table_names()) == before
+    assert path.stat().st_mode & 0o777 == 0o640  # nor its mode
     engine.dispose()
