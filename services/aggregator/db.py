@@ -10,7 +10,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -67,12 +67,25 @@ def alembic_config() -> Config:
     return cfg
 
 
+class ForeignDatabase(RuntimeError):
+    """The database holds tables but no aggregator schema: another service's database."""
+
+
 def run_migrations(engine: Engine) -> None:
-    """``alembic upgrade head`` on ``engine`` (serialised across processes on PostgreSQL)."""
+    """``alembic upgrade head`` on ``engine`` (serialised across processes on PostgreSQL).
+    A database that holds tables but no Alembic version (a worker's store, say) is refused
+    with :class:`ForeignDatabase`, untouched."""
     cfg = alembic_config()
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        tables = set(inspect(conn).get_table_names())
+        if tables and "alembic_version" not in tables:
+            raise ForeignDatabase(
+                f"{engine.url.render_as_string(hide_password=True)} is not an aggregator "
+                f"database: it holds the tables {sorted(tables)[:5]} and no aggregator schema; "
+                "point FEDREC_AGG_DATABASE_URL at an empty database or the aggregator's own"
+            )
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
     log.info("database schema at head (%s)", engine.dialect.name)

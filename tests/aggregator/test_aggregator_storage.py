@@ -260,3 +260,20 @@ def test_compaction_runs_only_after_something_was_freed(tmp_path: Path) -> None:
     slow.mark_due()
     assert not slow.run_if_due()  # due, but not before the interval
     db.dispose()
+
+
+def test_another_services_database_is_refused_before_any_migration(tmp_path: Path) -> None:
+    # FEDREC_AGG_DATABASE_URL pointed at a worker's store by mistake: nothing is added to it
+    from services.aggregator.db import ForeignDatabase
+    from services.client_sim.store import WorkerStore
+
+    path = tmp_path / "worker-0.db"
+    WorkerStore(path).close()
+    with sqlite3.connect(path) as raw:
+        before = raw.execute("SELECT name FROM sqlite_master ORDER BY 1").fetchall()
+    db = Database(f"sqlite:///{path}")
+    with pytest.raises(ForeignDatabase, match="is not an aggregator database"):
+        db.migrate()
+    db.dispose()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("SELECT name FROM sqlite_master ORDER BY 1").fetchall() == before
