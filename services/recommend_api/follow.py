@@ -42,6 +42,15 @@ class ModelFollower:
         self.fetch_errors = 0
         self.events = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._last_problem: str | None = None
+
+    def _problem(self, message: str) -> None:
+        """A failed refresh: a warning when it differs from the previous one, debug when it
+        repeats it (before the first run, or while the aggregator is down, every poll fails
+        the same way)."""
+        level = logging.DEBUG if message == self._last_problem else logging.WARNING
+        log.log(level, "%s", message)
+        self._last_problem = message
 
     def start(self) -> None:
         """Start the poll loop (and the Redis listener when configured)."""
@@ -66,13 +75,14 @@ class ModelFollower:
             resp = await self.client.get("/v1/models/latest", headers=headers)
         except httpx.HTTPError as err:
             self.fetch_errors += 1
-            log.warning("aggregator unreachable (%s); serving version %s", err, self.holder.version)
+            self._problem(f"aggregator unreachable ({err}); serving version {self.holder.version}")
             return False
-        if resp.status_code == 304:
-            return False
-        if resp.status_code != 200:
+        if resp.status_code != 200 and resp.status_code != 304:
             self.fetch_errors += 1
-            log.warning("model download answered %d: %s", resp.status_code, resp.text[:200])
+            self._problem(f"model download answered {resp.status_code}: {resp.text[:200]}")
+            return False
+        self._last_problem = None  # answered: the next failure is news again
+        if resp.status_code == 304:
             return False
         etag = resp.headers.get("ETag")
         announced = resp.headers.get("X-Model-Version")

@@ -403,3 +403,25 @@ def test_candidate_stage_settings_reach_the_ranking(monkeypatch) -> None:
     assert holder_from_settings(given).config.ann_index == "auto"
     with pytest.raises(ValueError):
         Settings(aggregator_url=None, workers=1, ann_index="hnsw")  # type: ignore[arg-type]
+
+
+def test_a_refusal_repeated_at_every_poll_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    # before the first run every poll gets the same 404: one warning, not one every 2 s
+    from services.recommend_api.follow import ModelFollower
+
+    agg = FakeAggregator()
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=agg.transport(), base_url="http://agg") as client:
+            follower = ModelFollower(ModelHolder(labels=LABELS), client, poll_interval_s=1.0)
+            for _ in range(5):
+                assert not await follower.refresh()
+            agg.publish(1)
+            assert await follower.refresh()
+            agg.blob = None  # the same refusal again after a success: news again
+            assert not await follower.refresh()
+
+    with caplog.at_level(logging.WARNING, logger="services.recommend_api.follow"):
+        asyncio.run(go())
+    warnings = [r for r in caplog.records if "answered 404" in r.getMessage()]
+    assert len(warnings) == 2, [r.getMessage() for r in caplog.records]
