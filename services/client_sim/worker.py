@@ -14,10 +14,10 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
    only after the 2xx commit their new private state (one transaction);
 3. evaluate every model version it has not evaluated yet over ALL its users, with their
    private state as the store holds it, and report metric sums (federated evaluation,
-   :mod:`services.client_sim.evaluation`). A version v is evaluated before the new states of
-   round v + 1 are committed (in step 2 while the upload is in flight, from an upload thread,
-   so that neither the round nor the worker waits for it; a secure-aggregation round after
-   it), so with the states after round v.
+   :mod:`services.client_sim.evaluation`). A version v is scored before the new states of
+   round v + 1 are committed, so with the states after round v: in step 2 while the upload is
+   in flight (in the worker's upload thread), the sums kept in the store before the commit and
+   delivered from the upload thread after it, so neither the round nor the worker waits.
 
 A crash between the upload and the commit leaves the old state in the store, so the restarted
 worker recomputes the same update for the same users, which the server answers as a duplicate.

@@ -91,19 +91,24 @@ RUN_CONFIG = (
     "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping"
 )
 ERROR_KEYS = {"error", "detail"}
+#: the keys of a current-round answer (``GET /v1/rounds/current``, a closing upload's ``current``)
+CURRENT_ROUND = (
+    rf"run_id|round_id|attempt|state|deadline|model_version|cohort|cohort_size|config"
+    rf"|config\.({RUN_CONFIG})"
+)
 # (method, path regex) -> (request key paths, response key paths), regexes over dotted paths
 # (list elements as ``[]``); from docs/API.md
 API_KEYS: list[tuple[str, str, str, str]] = [
     ("POST", r"/v1/clients", r"client_ids", r"token|client_ids"),
     ("GET", r"/v1/clients/count", r"", r"registered"),
+    ("GET", r"/v1/rounds/current", r"", CURRENT_ROUND),
+    # the upload that closes a round is answered with the round after it
     (
-        "GET",
-        r"/v1/rounds/current",
+        "POST",
+        r"/v1/rounds/\d+/updates",
         r"",
-        rf"run_id|round_id|attempt|state|deadline|model_version|cohort|cohort_size|config"
-        rf"|config\.({RUN_CONFIG})",
+        rf"results|results\[\]\.(client_id|status)|current|current\.({CURRENT_ROUND})",
     ),
-    ("POST", r"/v1/rounds/\d+/updates", r"", r"results|results\[\]\.(client_id|status)"),
     (
         "POST",
         r"/v1/evaluations",
