@@ -35,7 +35,8 @@ class RunParams(BaseModel):
     """Everything an operator chooses for a federated run (defaults: the reference code's real
     behaviour; bounds: what this project can run)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and infinities are refused as such ("a finite number"), not by a bound they fail
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: ModelKind = Field(default="ncf", description="Model: NCF (paper) or MF.")
     factor: int = Field(default=32, ge=1, le=1024, description="Embedding size.")

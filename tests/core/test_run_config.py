@@ -207,3 +207,12 @@ def test_the_rho_default_is_written_once_per_radius() -> None:
         if re.search(r"(?<![\d.])0\.02(?!\d)", line)
     ]
     assert len(hits) == 2 and all(h.startswith("fedrecgel/config.py") for h in hits), hits
+
+
+@pytest.mark.parametrize(("name", "value"), [("server_lr", "nan"), ("rho_sh", "inf")])
+def test_nan_and_infinity_are_named_as_such(tmp_path: Path, name: str, value: str) -> None:
+    # 'Input should be less than or equal to 10' told a user who typed nan nothing useful
+    r = runner.invoke(app, ["train", "--" + name.replace("_", "-"), value, "--rounds", "1"])
+    assert r.exit_code == 2 and "Input should be a finite number" in r.output, r.output
+    with pytest.raises(ValueError, match="finite number"):
+        RunParams.model_validate({name: float(value)})
