@@ -193,7 +193,7 @@ def _reading(later: dict[str, Any]) -> list[str]:
         "evaluation after the upload takes the evaluation and its report off the path to the "
         "round's close."
         + _newest(later.get(NEWEST))
-        + " What is left of a round is mostly the workers' own computation (their half of the "
+        + " A round is mostly the workers' own computation (their half of the "
         "cohort's SAM step and the evaluation of all their users, the same work the simulator "
         "does in one process) and the polls, posts and state commits around it, with three "
         "processes on 2 cores shared with other jobs; the ratio also moves with the machine's "
@@ -208,6 +208,7 @@ def _newest(data: dict[str, Any] | None) -> str:
     if data is None or p is None:
         return " The 1.5x target is not met on this machine."
     w = p["breakdown_of_median_run"]["worker_phase_seconds_per_round"]
+    a = p["breakdown_of_median_run"]["aggregator_stage_seconds_per_round"]
     target = data.get("ratio_target", 1.5)
     met = "meets" if p["ratio_median"] <= target else "does not meet"
     loads = [r["load_avg_1m"] for r in data.get("repetitions", []) if "load_avg_1m" in r]
@@ -223,5 +224,12 @@ def _newest(data: dict[str, Any] | None) -> str:
         f"longer a blob decoded per user) and runs while its upload is in flight, its report "
         f"({w.get('report', 0):.3f} s) is posted from the upload thread after the state "
         f"commit ({w.get('commit', 0):.3f} s), and the worker whose upload closed a round "
-        "takes the next one from that upload's answer instead of a poll."
+        "takes the next one from that upload's answer instead of a poll. What is left on a "
+        f"round's path ({p['breakdown_of_median_run']['round_seconds']:.2f} s): a worker's "
+        f"compute of its half of the cohort ({w.get('compute', 0):.3f} s, against "
+        f"{min(p['simulator_wall_seconds']) / data['config']['rounds']:.3f} s a round for the "
+        "simulator's whole round, evaluation included, in one process), the post of its "
+        f"upload ({w.get('upload', 0):.3f} s; the closing one waits for the aggregator's "
+        f"close, {a.get('close', 0):.3f} s), the download of the new version "
+        f"({w.get('download', 0):.3f} s) and the state commit."
     )
