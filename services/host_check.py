@@ -9,6 +9,7 @@ carry its own name in ``Host``, which is what :class:`HostCheckMiddleware` refus
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -26,14 +27,15 @@ def host_name(host_header: str) -> str:
     return host.rstrip(".")
 
 
-def is_loopback_name(name: str) -> bool:
-    """Whether ``name`` (a host name or address) is this machine's loopback."""
-    if name == "localhost":
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address: a bind address, a ``Host`` header's name) is this
+    machine's loopback."""
+    if host == "localhost":
         return True
-    parts = name.split(".")
-    if len(parts) == 4 and all(p.isdigit() for p in parts):
-        return parts[0] == "127" and all(0 <= int(p) <= 255 for p in parts)
-    return name == "::1"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, not known to be private
 
 
 class HostCheckMiddleware:
@@ -58,7 +60,7 @@ class HostCheckMiddleware:
         if len(hosts) != 1:
             return False
         name = host_name(hosts[0].decode("latin-1"))
-        return "*" in self.allowed or name in self.allowed or is_loopback_name(name)
+        return "*" in self.allowed or name in self.allowed or is_loopback(name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths or self._allowed(scope):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import socket
 from pathlib import Path
@@ -14,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fedrecgel.config import DEFAULTS
 from services.enrolment import EnrolmentTokenError, parse_enrolment_token
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
+from services.host_check import is_loopback
 from services.secret_files import secret_from_file, weak_secret
 from services.url_settings import RedisUrl
 
@@ -35,16 +35,6 @@ def hostname_ordinal(hostname: str) -> int:
     if match is None:
         raise ValueError(f"host name {hostname!r} does not end in -<ordinal>")
     return int(match.group(1))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a bind address) is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: whatever it resolves to, not known to be private
 
 
 class WorkerSettings(BaseSettings):
