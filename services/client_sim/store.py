@@ -389,13 +389,16 @@ class WorkerStore:
         return self._load_from_db(user_ids)
 
     def _build_mirror(self) -> None:
-        """Load every owned user's state into the mirror, once all of them have one."""
-        if not self.has_state():
-            return
-        ids = self.user_ids()
-        state = self._load_from_db(ids.tolist())
+        """Load every owned user's state into the mirror, once all of them have one.
+
+        Under the lock from the read to the assignment: a save that commits meanwhile (the
+        worker's thread, while the device API's builds) then waits for the mirror and writes
+        its states into it, rather than finding none and leaving a mirror read before it."""
         with self._mirror_lock:
-            self._mirror, self._mirror_ids = state, ids
+            if self._mirror is not None or not self.has_state():
+                return
+            ids = self.user_ids()
+            self._mirror, self._mirror_ids = self._load_from_db(ids.tolist()), ids
 
     def _mirror_rows(self, user_ids: Sequence[int]) -> torch.Tensor | None:
         """The mirror's rows of ``user_ids``, or None when some user is not in it."""
