@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 import torch
 import uvicorn
 from pydantic import ValidationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from services.aggregator.app import create_app
+from services.aggregator.db import Database, ForeignDatabase
 from services.aggregator.settings import Settings, resolve_population
 
 
@@ -17,6 +21,40 @@ def configure_process(settings: Settings) -> None:
     """Process-wide settings of a server process (torch threads)."""
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
+
+
+def _sqlite_hint(url: str) -> str:
+    """Why an SQLite file cannot be opened when its directory is the cause, else ''."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return ""
+    parent = Path(u.database).expanduser().absolute().parent
+    if not parent.exists():
+        return f" (the directory {parent} does not exist)"
+    if not parent.is_dir():
+        return f" ({parent} is not a directory)"
+    return ""
+
+
+def check_database(settings: Settings) -> None:
+    """Open the database and bring its schema to the latest revision, as the app's start
+    does, so that a database that cannot be used stops the command with one line (a
+    ``SystemExit``) rather than a traceback from the server's start."""
+    shown = make_url(settings.database_url).render_as_string(hide_password=True)
+    db = Database(settings.database_url)
+    try:
+        db.migrate()
+    except ForeignDatabase as err:
+        raise SystemExit(f"FEDREC_AGG_DATABASE_URL: {err}") from None
+    except SQLAlchemyError as err:
+        cause = getattr(err, "orig", None) or err
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise SystemExit(
+            f"FEDREC_AGG_DATABASE_URL={shown}: cannot use the database: "
+            f"{reason}{_sqlite_hint(settings.database_url)}"
+        ) from None
+    finally:
+        db.dispose()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(
             f"FEDREC_AGG_POPULATION_DATASET={settings.population_dataset}: {err}"
         ) from None
+    check_database(settings)
     uvicorn.run(
         create_app(settings, population=population),
         host=settings.host,
