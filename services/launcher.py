@@ -37,6 +37,8 @@ from services.supervise import TOKEN_FILE, LaunchError, die_with_parent, uninter
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
+#: log lines that say nothing of why a service stopped (uvicorn's closing lines)
+QUIET_LOG_LINES = ("ERROR:    Application startup failed", "ERROR:    Traceback", "Traceback")
 
 
 def wanted_ports(opts: UpOptions) -> dict[int, str]:
@@ -77,6 +79,25 @@ def check_ports(opts: UpOptions) -> None:
             + "; port ".join(busy)
             + ". Stop what uses it, or choose other ports."
         )
+
+
+def check_redis(url: str | None) -> None:
+    """Raise LaunchError when ``url`` (``--redis-url``) is not a Redis URL or no Redis
+    answers there: every service would otherwise start and fail on it, one by one."""
+    if url is None:
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3.0, socket_timeout=3.0)
+    except ValueError as err:
+        raise LaunchError(f"--redis-url is not a Redis URL: {err}") from None
+    try:
+        client.ping()
+    except redis.RedisError as err:
+        raise LaunchError(f"--redis-url: Redis does not answer: {err}") from None
+    finally:
+        client.close()
 
 
 @dataclass
@@ -138,6 +159,24 @@ class Proc:
         self.send(signal.SIGKILL)
         return self.popen.wait()
 
+    def last_error(self) -> str:
+        """The last line of the log that says something (an exception's own line, not its
+        traceback's indented frames nor the server's closing line); '' when none."""
+        for line in reversed(self.log_tail().splitlines()):
+            line = line.strip()
+            if line and not line.startswith(QUIET_LOG_LINES) and line == line.lstrip():
+                return line
+        return ""
+
+    def exited(self, code: int) -> LaunchError:
+        """The error of this process's exit with ``code``: what went wrong, and its log."""
+        why = self.last_error()
+        return LaunchError(
+            f"{self.name} exited with code {code}"
+            + (f": {why}" if why else "")
+            + f"; see {self.log_path}"
+        )
+
     def log_tail(self, n_bytes: int = 4000) -> str:
         """The end of the process's log (for error messages)."""
         try:
@@ -189,7 +228,7 @@ class Cluster:
             p = self.latest(name)
             code = p.popen.poll()
             if code is not None and not p.name.startswith("worker"):
-                raise LaunchError(f"{p.name} exited with code {code}; see {p.log_path}")
+                raise p.exited(code)
 
     def wait_healthy(self, url: str, name: str) -> None:
         """Poll ``url`` until it answers 200."""
@@ -391,9 +430,7 @@ class Cluster:
             p = self.latest(name)
             code = p.popen.poll()
             if code not in (None, 0):
-                raise LaunchError(
-                    f"{name} exited with code {code}; see {p.log_path}:\n{p.log_tail()}"
-                )
+                raise p.exited(code)
 
     def wait_complete(self, timeout_s: float, poll_s: float = 0.2) -> dict[str, Any]:
         """Wait, without a display, until every round of the run is closed and evaluated;

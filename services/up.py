@@ -14,7 +14,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.launcher import Cluster, UpOptions, check_ports, cluster, console, run_complete
+from services.launcher import (
+    Cluster,
+    UpOptions,
+    check_ports,
+    check_redis,
+    cluster,
+    console,
+    run_complete,
+)
 from services.supervise import LaunchError, Stopped, clear_workdir, locked_workdir, stop_on_signals
 
 
@@ -30,6 +38,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
 
     with stop_on_signals(), locked_workdir(opts.workdir):
         check_ports(opts)
+        check_redis(opts.redis_url)
         split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
         clear_workdir(opts.workdir)
         with cluster(opts) as c:

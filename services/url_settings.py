@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import AfterValidator
+from redis.connection import parse_url
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -17,6 +18,11 @@ REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 def _redis_url(url: str | None) -> str | None:
     if url is not None and not url.startswith(REDIS_SCHEMES):
         raise ValueError(f"a Redis URL starts with {', '.join(REDIS_SCHEMES)}")
+    if url is not None:
+        try:
+            parse_url(url)  # as the client will (a port that is not a number, say)
+        except ValueError as err:
+            raise ValueError(f"not a Redis URL: {err}") from None
     return url
 
 

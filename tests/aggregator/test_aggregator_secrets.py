@@ -96,6 +96,7 @@ def test_the_server_refuses_to_start_with_a_weak_secret_without_a_traceback() ->
     [
         ({"database_url": "postgresql+psycopg//u:hunter2@db/fedrec"}, "not a database URL"),
         ({"redis_url": "localhost:6379"}, "a Redis URL starts with redis://"),
+        ({"redis_url": "redis://:hunter2@cache:notaport"}, "not a Redis URL: Port could not"),
     ],
 )
 def test_a_mistyped_url_is_a_settings_error_that_shows_no_secret(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.launcher import Proc
 from services.supervise import Stopped, locked_workdir, stop_on_signals
 from tests.support.loopback import free_port
 from tests.support.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
@@ -81,6 +83,44 @@ def test_a_busy_port_is_named_before_anything_starts(
     assert "Traceback" not in out
     # nothing was started: no log, no database
     assert sorted(p.name for p in workdir.iterdir()) == ["fedrec-up.lock"]
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://127.0.0.1:{port}", "--redis-url: Redis does not answer: Error 111"),
+        ("redis://127.0.0.1:notaport", "--redis-url is not a Redis URL: Port could not be cast"),
+    ],
+)
+def test_a_redis_url_that_cannot_be_used_is_named_before_anything_starts(
+    tmp_path: Path, url: str, message: str
+) -> None:
+    workdir = tmp_path / "up"
+    args = fedrec_up_on(workdir, _ports(), "--redis-url", url.format(port=free_port()))
+    code, out = _run(args, tmp_path / "up.log")
+    assert code == 2, out
+    assert message in out and "Traceback" not in out, out
+    assert sorted(p.name for p in workdir.iterdir()) == ["fedrec-up.lock"]
+
+
+def test_a_service_that_exits_is_reported_with_the_line_that_says_why(tmp_path: Path) -> None:
+    log = tmp_path / "aggregator.log"
+    log.write_text(
+        "INFO:     Started server process [1]\n"
+        "ERROR:    Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "    connect()\n"
+        "ValueError: Port could not be cast to integer value as 'x'\n"
+        "\n"
+        "ERROR:    Application startup failed. Exiting.\n"
+    )
+    with spawned([sys.executable, "-c", "raise SystemExit(3)"], None) as popen:
+        code = popen.wait(60)
+        error = str(Proc("aggregator", popen, log).exited(code))
+    assert error == (
+        "aggregator exited with code 3: ValueError: Port could not be cast to integer value "
+        f"as 'x'; see {log}"
+    )
 
 
 def test_a_second_instance_is_refused_without_touching_the_first_workdir(tmp_path: Path) -> None:
