@@ -2,8 +2,9 @@
 cover every registered client, the version's metrics (the means) are written, once.
 
 A report is checked before anything is stored: only ids the caller holds, each at most once
-per version, ``count`` equal to the number of ids, and every metric a finite sum of per-client
-values in [0, 1] (``0 <= sum <= count``). The means are exact sums (``math.fsum``) of values so
+per version, ``count`` equal to the number of ids, at least one metric and the same metrics as
+the version's earlier reports, and every metric a finite sum of per-client values in [0, 1]
+(``0 <= sum <= count``). The means are exact sums (``math.fsum``) of values so
 bounded, divided by the number of clients: nothing can overflow, one client cannot move a
 mean by more than 1/population, and the honest reports always complete.
 """
@@ -56,6 +57,11 @@ class Evaluations:
                 f"count {req.count} != {len(req.client_ids)} client ids", "count_mismatch"
             )
         sums = {k: v for k, v in req.sums.items() if k != "count"}
+        if not sums:
+            # its clients would count as evaluated with no value: 0 in every mean
+            raise Malformed(
+                "sums names no metric; a report carries at least one", "invalid_metrics"
+            )
         if len(sums) > MAX_METRICS:
             raise Malformed(f"{len(sums)} metrics; at most {MAX_METRICS}", "invalid_metrics")
         for name, value in sums.items():
@@ -96,6 +102,15 @@ class Evaluations:
             if seen:
                 return EvaluationAck(
                     model_version=v, accepted=0, ignored=len(seen), complete=row.metrics is not None
+                )
+            earlier = repo.evaluation_reports(run.id, v, limit=1)
+            if earlier and set(earlier[0].sums) != set(sums):
+                # a metric missing from some reports would be averaged as 0 for their clients
+                raise Malformed(
+                    f"metrics {sorted(sums)} differ from those of the earlier reports of "
+                    f"version {v}, {sorted(earlier[0].sums)}; every report of a version "
+                    "carries the same metrics",
+                    "invalid_metrics",
                 )
             repo.add_evaluation(run.id, v, sums, req.count, req.client_ids, self.clock())
             complete = row.metrics is not None

@@ -481,9 +481,11 @@ class Repository:
         )
         return int(self.session.scalar(stmt) or 0)
 
-    def evaluation_reports(self, run_id: int, version: int) -> list[EvaluationReport]:
-        """Every report of a version."""
+    def evaluation_reports(
+        self, run_id: int, version: int, limit: int | None = None
+    ) -> list[EvaluationReport]:
+        """Every report of a version (the first ``limit``), in the order they came."""
         stmt = select(EvaluationReport).where(
             EvaluationReport.run_id == run_id, EvaluationReport.version == version
         )
-        return list(self.session.scalars(stmt.order_by(EvaluationReport.id)))
+        return list(self.session.scalars(stmt.order_by(EvaluationReport.id).limit(limit)))

@@ -68,4 +68,6 @@ def junk_reports(version: int, own: list[int], foreign: list[int]) -> dict[str, 
         "repeated_id": report({"hr@10": 0.0}, ids=[own[0], own[0]], count=2),
         "too_many_metrics": report({f"m{i}": 0.0 for i in range(100)}),
         "empty_metric_name": report({"": 0.0}),
+        "no_metrics": report({}),
+        "only_the_count": report({"count": float(n)}),
     }

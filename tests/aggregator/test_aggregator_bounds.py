@@ -97,6 +97,24 @@ def test_out_of_range_evaluation_reports_are_422_and_honest_ones_complete(
     assert s.client.get("/v1/rounds/1").json()["metrics"] == {"hr@10": 0.375}
 
 
+def test_a_report_with_other_metrics_than_the_versions_earlier_ones_is_422(
+    started: Started,
+) -> None:
+    """A metric missing from one report would count as 0 for its clients in the mean."""
+    s = started
+    _close_round_1(s)
+    first = {"model_version": 1, "sums": {"hr@10": 2.0}, "count": 4, "client_ids": [0, 2, 4, 6]}
+    assert s.client.post("/v1/evaluations", json=first, headers=bearer(s.a)).status_code == 202
+    other = {**first, "sums": {"hr@10": 1.0, "ndcg@10": 1.0}, "client_ids": [1, 3, 5, 7]}
+    r = s.client.post("/v1/evaluations", json=other, headers=bearer(s.b))
+    assert r.status_code == 422 and r.json()["error"] == "invalid_metrics", r.text
+    assert "['hr@10', 'ndcg@10'] differ from those of the earlier reports" in r.json()["detail"]
+    honest = {**other, "sums": {"hr@10": 1.0}}
+    r = s.client.post("/v1/evaluations", json=honest, headers=bearer(s.b))
+    assert r.status_code == 202 and r.json()["complete"] is True
+    assert s.client.get("/v1/rounds/1").json()["metrics"] == {"hr@10": 0.375}
+
+
 def test_the_operator_cannot_report_evaluations_for_clients(started: Started) -> None:
     _close_round_1(started)
     report = {"model_version": 1, "sums": {"hr@10": 1.0}, "count": 1, "client_ids": [0]}
