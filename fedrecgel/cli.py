@@ -147,15 +147,21 @@ def _source(ctx: typer.Context, name: str) -> str | None:
 
 
 def _apply_preset(
-    ctx: typer.Context, base: TrainConfig, preset: str | None, dataset: str
+    ctx: typer.Context,
+    base: TrainConfig,
+    preset: str | None,
+    dataset: str,
+    presets_file: Path | None = None,
 ) -> TrainConfig:
-    """``base`` with the preset's settings, except those given on the command line."""
+    """``base`` with the preset's settings, except those given on the command line; presets
+    are the shipped ones, the user's and those of ``presets_file``, later ones winning."""
     if preset is None:
         return base
-    from fedrecgel.presets import PresetError, resolve
+    from fedrecgel.presets import PRESETS_FILE, PresetError, resolve, user_presets_file
 
+    files = (PRESETS_FILE, user_presets_file(), *([presets_file] if presets_file else []))
     try:
-        settings = resolve(preset, dataset)
+        settings = resolve(preset, dataset, *files)
     except PresetError as err:
         raise fail(str(err)) from None
     chosen = {
@@ -247,6 +253,13 @@ def train(
             "datasets) or tuned-<dataset>; options given on the command line win."
         ),
     ] = None,
+    presets_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="A presets file of your own (fedrec tune --presets-file), read after the "
+            "shipped presets and those in the user's configuration folder."
+        ),
+    ] = None,
     central_lr: Annotated[
         float | None,
         typer.Option(help="Adam step size of --method central (its epochs: --rounds)."),
@@ -279,7 +292,7 @@ def train(
         split = load_data(dataset, data_dir, validation, protocol, split_dir)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
-    base = _apply_preset(ctx, base, preset, split.name)
+    base = _apply_preset(ctx, base, preset, split.name, presets_file)
     n_shared = base.model(split.n_items).n_shared()
     if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
         raise fail(

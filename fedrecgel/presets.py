@@ -3,8 +3,9 @@
 * ``paper``: the faithful settings (the defaults of :mod:`fedrecgel.config`, with the SAM radii
   the authors used on the dataset, :data:`PAPER_RHO`);
 * ``tuned-<dataset>``: the best validation settings of a study on that dataset
-  (``fedrec tune --save-preset``), stored in ``presets.json`` beside this module with the
-  study's figures;
+  (``fedrec tune --save-preset``), with the study's figures: the shipped ones in
+  ``presets.json`` beside this module (package data, never written), the user's own in
+  :func:`user_presets_file` (or a file they name), which win over shipped ones of the same name;
 * ``tuned``: ``tuned-<dataset>`` when the dataset has one, else the settings learned across the
   tuned datasets (geometric mean of step sizes and radii, median rounds, the most common
   optimizer), so a new dataset never gets settings picked on its own test set.
@@ -14,11 +15,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import typer
+
+#: the presets shipped with the package (read only)
 PRESETS_FILE = Path(__file__).with_name("presets.json")
 #: settings averaged on a log scale when learned across datasets
 _LOG_SCALE = ("server_lr", "client_lr", "rho_sh", "rho_ns")
@@ -34,21 +40,48 @@ class PresetError(ValueError):
     """Unknown preset, or no tuned preset to learn from."""
 
 
-def stored(path: Path = PRESETS_FILE) -> dict[str, dict[str, Any]]:
-    """The presets saved by ``fedrec tune`` (name -> {"settings": ..., "study": ...})."""
-    if not path.is_file():
-        return {}
-    data: dict[str, dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
-    return data
+def user_presets_file() -> Path:
+    """Where ``fedrec tune --save-preset`` saves by default, and ``fedrec train --preset``
+    looks besides the shipped presets: ``presets.json`` in the user's configuration folder
+    (``$XDG_CONFIG_HOME/fedrecgel``, else ``~/.config/fedrecgel`` on Linux)."""
+    return Path(typer.get_app_dir("fedrecgel")) / "presets.json"
+
+
+def stored(*paths: Path) -> dict[str, dict[str, Any]]:
+    """The presets saved by ``fedrec tune`` (name -> {"settings": ..., "study": ...}) in
+    ``paths`` (default: the shipped ones, then the user's), a later file's winning over an
+    earlier one's of the same name; a missing file holds none."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths or (PRESETS_FILE, user_presets_file()):
+        if path.is_file():
+            out.update(json.loads(path.read_text(encoding="utf-8")))
+    return out
 
 
 def save(name: str, settings: dict[str, Any], about: dict[str, Any], path: Path) -> None:
-    """Store ``settings`` as preset ``name`` (with what the study measured) in ``path``."""
+    """Store ``settings`` as preset ``name`` (with what the study measured) in ``path``
+    (created with its folder; replaced whole, never left half written). The package's own
+    files are refused: a preset of the user's is no change to the installed package."""
     if not name.startswith("tuned-"):
         raise PresetError(f"a saved preset is named tuned-<dataset>, got {name!r}")
+    if path.resolve().is_relative_to(PRESETS_FILE.parent.resolve()):
+        raise PresetError(
+            f"{path} is inside the installed package; save presets elsewhere (the default is "
+            f"{user_presets_file()})"
+        )
     data = stored(path)
     data[name] = {"settings": settings, "study": about}
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise PresetError(f"cannot save presets in {path}: {err.strerror or err}") from None
 
 
 def learned_default(presets: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -68,12 +101,13 @@ def learned_default(presets: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def resolve(name: str, dataset: str, path: Path = PRESETS_FILE) -> dict[str, Any]:
-    """The TrainConfig settings of preset ``name`` for ``dataset``."""
+def resolve(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
+    """The TrainConfig settings of preset ``name`` for ``dataset``, from ``paths`` (see
+    :func:`stored`)."""
     if name == "paper":
         rho = PAPER_RHO.get(dataset)
         return {"rho_sh": rho[0], "rho_ns": rho[1]} if rho else {}
-    presets = stored(path)
+    presets = stored(*paths)
     if name == "tuned":
         own = presets.get(f"tuned-{dataset}")
         return dict(own["settings"]) if own else learned_default(presets)

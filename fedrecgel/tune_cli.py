@@ -12,7 +12,7 @@ import typer
 from fedrecgel.clitools import DatasetOption, console, fail, load_data, out_dir, parse_seeds
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import DataError
-from fedrecgel.presets import PRESETS_FILE, PresetError, save
+from fedrecgel.presets import PresetError, save, user_presets_file
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.tune import ROUND_CHOICES, TuneSpec, best_settings, finished, tune
 
@@ -65,7 +65,13 @@ def tune_command(
         str | None,
         typer.Option(help="Save the best settings as this preset (tuned-<dataset>)."),
     ] = None,
-    presets_file: Annotated[Path, typer.Option(help="Where presets are saved.")] = PRESETS_FILE,
+    presets_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where --save-preset saves [default: presets.json in the user's configuration "
+            "folder, which fedrec train --preset reads too]."
+        ),
+    ] = None,
 ) -> None:
     """Search server/client step sizes, SAM radii, rounds and the server optimizer on the
     validation item only; run it again to resume an interrupted study."""
@@ -118,8 +124,9 @@ def tune_command(
             "protocol": protocol,
             "dataset": split.name,
         }
+        target = presets_file or user_presets_file()
         try:
-            save(save_preset, best, about, presets_file)
+            save(save_preset, best, about, target)
         except PresetError as err:
             raise fail(str(err)) from None
-        console.print(f"saved preset {save_preset} in {presets_file}")
+        console.print(f"saved preset {save_preset} in {target}")

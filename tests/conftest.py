@@ -21,6 +21,18 @@ import pytest
 from tests.support.loopback import RedisServer, RedisUnavailable, free_port
 from tests.support.loopback import redis_server as start_redis
 
+# ----------------------------------------------------------------------------- user files
+
+
+@pytest.fixture(autouse=True)
+def _own_config_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test (and what it starts) has its own empty user configuration folder: none
+    reads or writes the user's (``fedrec tune`` saves presets there)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+
+
 # ----------------------------------------------------------------------------- redis
 
 

@@ -41,7 +41,7 @@ def _csv(tmp_path: Path) -> Path:
 def test_fedrec_train_preset_resolves_to_the_shipped_settings(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shipped = presets.stored()
+    shipped = presets.stored(presets.PRESETS_FILE)
     assert name in shipped, f"{name} is not shipped in {presets.PRESETS_FILE}"
     settings = shipped[name]["settings"]
     assert set(settings) >= {"server_lr", "client_lr", "rounds", "server_optimizer"}
