@@ -198,6 +198,8 @@ class Cluster:
         self.enrolment_secret = secrets.token_urlsafe(32)
         # the aggregator's population (client ids 0..n-1); None: it reads the dataset's
         self.population: int | None = None
+        # with ``population``: the catalogue's size, so that a run over another is refused
+        self.population_items: int | None = None
         self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
         self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
         self.dashboard_base = f"http://{opts.host}:{opts.dashboard_port}"
@@ -279,6 +281,8 @@ class Cluster:
         }
         if self.population is not None:
             env["FEDREC_AGG_POPULATION"] = str(self.population)
+            if self.population_items is not None:
+                env["FEDREC_AGG_POPULATION_ITEMS"] = str(self.population_items)
         else:
             env["FEDREC_AGG_POPULATION_DATASET"] = opts.dataset
             if opts.data_dir is not None:

@@ -42,7 +42,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
         clear_workdir(opts.workdir)
         with cluster(opts) as c:
-            c.population = split.n_users
+            c.population, c.population_items = split.n_users, split.n_items
             token_file = c.write_operator_token()
             c.start_aggregator()
             console.print(f"aggregator up at {c.agg_url}")

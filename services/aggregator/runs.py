@@ -147,16 +147,24 @@ class RunLifecycle:
         self.max_model_params = max_model_params
 
     def _check_catalogue(self, cfg: RunConfig) -> None:
-        """A population read from a dataset fixes the run's dataset and catalogue: its workers
-        hold that dataset and stop on a run over another one (422 before anything starts)."""
+        """A population read from a dataset fixes the run's dataset and catalogue, one given
+        as a number with its catalogue size the catalogue: its workers hold that dataset and
+        stop on a run over another one (422 before anything starts)."""
         p = self.population
-        if p is None or p.dataset is None:
+        if p is None or p.n_items is None:
             return
-        if cfg.dataset != p.dataset or cfg.n_items != p.n_items:
+        if p.dataset is not None and (cfg.dataset != p.dataset or cfg.n_items != p.n_items):
             raise Malformed(
                 f"this aggregator's clients are the users of {p.dataset} ({p.n_items} items, "
                 f"FEDREC_AGG_POPULATION_DATASET); the run names dataset={cfg.dataset!r} with "
                 f"n_items={cfg.n_items}, which its workers would refuse",
+                "invalid_config",
+            )
+        if cfg.n_items != p.n_items:
+            raise Malformed(
+                f"this aggregator's {p.n_users} clients hold a catalogue of {p.n_items} items "
+                f"(FEDREC_AGG_POPULATION_ITEMS); the run names n_items={cfg.n_items}, which "
+                "its workers would refuse",
                 "invalid_config",
             )
 

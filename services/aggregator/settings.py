@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     # The population: client ids are 0 .. population - 1; or the number of users of a
     # dataset's split (read once at start, from ``population_data_dir`` when given).
     population: int | None = Field(default=None, ge=1, le=MAX_POPULATION)
+    # With ``population``: the size of its workers' catalogue, which a run must then name
+    # (known from a dataset's split with ``population_dataset``; unchecked when unset).
+    population_items: int | None = Field(default=None, ge=1)
     population_dataset: str | None = Field(default=None, min_length=1, max_length=200)
     population_data_dir: Path | None = None
     # The most client ids one request may carry (registration, evaluation report).
@@ -129,6 +132,11 @@ class Settings(BaseSettings):
     def _one_population(self) -> Settings:
         if self.population is not None and self.population_dataset is not None:
             raise ValueError("set FEDREC_AGG_POPULATION or FEDREC_AGG_POPULATION_DATASET, not both")
+        if self.population_items is not None and self.population is None:
+            raise ValueError(
+                "FEDREC_AGG_POPULATION_ITEMS goes with FEDREC_AGG_POPULATION (a dataset's "
+                "population, FEDREC_AGG_POPULATION_DATASET, has its own catalogue)"
+            )
         return self
 
 
@@ -136,7 +144,8 @@ class Settings(BaseSettings):
 class Population:
     """The declared population: client ids ``0 .. n_users - 1``; when it was read from a
     dataset, that dataset's name and catalogue size, which a run must then name too (its
-    workers hold that dataset and refuse any other)."""
+    workers hold that dataset and refuse any other); a number of clients may come with the
+    catalogue size alone (``population_items``)."""
 
     n_users: int
     dataset: str | None = None
@@ -147,7 +156,9 @@ def resolve_population(settings: Settings) -> Population | None:
     """The declared population: ``population``, or the users and items of
     ``population_dataset``'s split (loaded once, at start), or None (registration refused)."""
     if settings.population_dataset is None:
-        return None if settings.population is None else Population(settings.population)
+        if settings.population is None:
+            return None
+        return Population(settings.population, n_items=settings.population_items)
     from fedrecgel.data import load_split
 
     split = load_split(settings.population_dataset, settings.population_data_dir)

@@ -12,9 +12,12 @@ import numpy as np
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from fedrecgel.model import ModelConfig
 from services.aggregator import runs as runs_module
+from services.aggregator.settings import Population, Settings, resolve_population
+from services.launcher import Cluster, UpOptions
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.junk import junk_reports, junk_uploads
 from tests.support.aggregator import (
@@ -174,6 +177,33 @@ def test_a_run_over_another_catalogue_than_the_populations_dataset_is_422(
         assert "filmtrust (2059 items" in r.json()["detail"]
     r = client.post("/v1/runs", json={**RUN, "n_items": 2059}, headers=operator_headers())
     assert r.status_code == 201, r.text
+
+
+def test_a_run_over_another_catalogue_than_a_numeric_populations_is_422(
+    aggregator: AggregatorFactory,
+) -> None:
+    client = aggregator(population=2, population_items=30)
+    register(client, [0])
+    r = client.post("/v1/runs", json={**RUN, "n_items": 10}, headers=operator_headers())
+    assert r.status_code == 422 and r.json()["error"] == "invalid_config", r.text
+    assert "catalogue of 30 items (FEDREC_AGG_POPULATION_ITEMS)" in r.json()["detail"]
+    r = client.post("/v1/runs", json={**RUN, "n_items": 30}, headers=operator_headers())
+    assert r.status_code == 201, r.text
+
+
+def test_a_catalogue_size_without_a_numeric_population_is_a_settings_error() -> None:
+    with pytest.raises(ValidationError, match="POPULATION_ITEMS goes with"):
+        Settings(environment="development", population_dataset="filmtrust", population_items=3)
+
+
+def test_fedrec_up_gives_its_aggregator_the_catalogue(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = Cluster(UpOptions(workdir=tmp_path))
+    c.population, c.population_items = 5, 30
+    for name, value in c.aggregator_env().items():
+        monkeypatch.setenv(name, value)
+    assert resolve_population(Settings(environment="development")) == Population(5, None, 30)
 
 
 @pytest.mark.parametrize(
