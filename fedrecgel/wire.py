@@ -67,8 +67,9 @@ _ROUND = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 def load_json(text: str | bytes, what: str) -> Any:
-    """Parse JSON sent by a peer: :class:`WireError` on anything that is not JSON, also on
-    nesting too deep for the parser (never a RecursionError)."""
+    """Parse JSON sent by a peer: :class:`WireError` on anything that is not JSON (bytes that
+    are not UTF-8 included), also on nesting too deep for the parser (never a RecursionError).
+    Every parser of a peer's JSON goes through here, so that none forgets a case."""
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as err:
@@ -324,8 +325,8 @@ def body_format(data: bytes) -> str | None:
     if n <= 0 or 8 + n > len(data):
         return None
     try:
-        header = json.loads(data[8 : 8 + n])
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        header = load_json(data[8 : 8 + n], "the header")
+    except WireError:
         return None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     fmt = meta.get("format") if isinstance(meta, dict) else None

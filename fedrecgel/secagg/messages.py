@@ -20,6 +20,7 @@ from safetensors.numpy import save as st_save
 
 from fedrecgel.secagg import shamir
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, Shares
+from fedrecgel.wire import WireError, load_json
 
 FORMAT = "fedrecgel-secagg"
 
@@ -50,8 +51,8 @@ def _dump(kind: str, body: dict[str, Any]) -> bytes:
 
 def _load(data: bytes, kind: str) -> dict[str, Any]:
     try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # also nested too deeply
+        doc = load_json(data, "the message")
+    except WireError:
         raise MessageError("not JSON") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("kind") != kind:
         raise MessageError(f"not a {kind} message")

@@ -41,6 +41,7 @@ from fedrecgel.secagg.aggregate import round_spec
 from fedrecgel.secagg.layout import unflatten, vector_length
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, RoundFailed, RoundSpec, Shares
 from fedrecgel.secagg.server import Outcome, Server
+from fedrecgel.wire import WireError, load_json
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed
@@ -148,8 +149,8 @@ def _digest(body: bytes) -> str:
 def _json_list(body: bytes) -> list[bytes]:
     """A body of a JSON list of messages: each one's canonical bytes."""
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # also nested too deeply
+        doc = load_json(body, "the body")
+    except WireError:
         raise Malformed("the body is not JSON", "malformed_message") from None
     if not isinstance(doc, list) or not doc:
         raise Malformed("the body is a non-empty JSON list of messages", "malformed_message")
