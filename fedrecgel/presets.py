@@ -53,8 +53,19 @@ def stored(*paths: Path) -> dict[str, dict[str, Any]]:
     earlier one's of the same name; a missing file holds none."""
     out: dict[str, dict[str, Any]] = {}
     for path in paths or (PRESETS_FILE, user_presets_file()):
-        if path.is_file():
-            out.update(json.loads(path.read_text(encoding="utf-8")))
+        if not path.exists():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:  # a folder, no permission, not UTF-8 JSON
+            raise PresetError(f"cannot read presets from {path}: {err}") from None
+        if not isinstance(data, dict) or not all(
+            isinstance(p, dict) and isinstance(p.get("settings"), dict) for p in data.values()
+        ):
+            raise PresetError(
+                f"{path} is not a presets file (an object of name -> {{'settings': {{...}}}})"
+            )
+        out.update(data)
     return out
 
 

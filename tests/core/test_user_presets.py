@@ -86,3 +86,21 @@ def test_saving_into_the_package_is_refused(tmp_path: Path, quick_study: None) -
     assert presets.PRESETS_FILE.read_bytes() == shipped
     with pytest.raises(presets.PresetError, match="inside the installed package"):
         presets.save("tuned-x", {}, {}, presets.PRESETS_FILE.parent / "other.json")
+
+
+@pytest.mark.parametrize(
+    "content", ["{oops", "[1, 2]", '{"tuned-x": 3}', '{"tuned-x": {"study": {}}}', "\udcff"]
+)
+def test_a_presets_file_that_cannot_be_read_is_named_not_a_traceback(
+    tmp_path: Path, content: str
+) -> None:
+    user = presets.user_presets_file()
+    user.parent.mkdir(parents=True)
+    user.write_bytes(content.encode("utf-8", "surrogateescape"))
+    train = ["train", "--dataset", str(_csv(tmp_path)), "--preset", "tuned", "--quiet"]
+    r = runner.invoke(cli.app, [*train, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and str(user) in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    with pytest.raises(presets.PresetError, match=str(user)):
+        presets.save("tuned-d", {}, {}, user)  # nor is it overwritten
+    assert user.read_bytes() == content.encode("utf-8", "surrogateescape")
