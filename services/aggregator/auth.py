@@ -74,7 +74,7 @@ class Credentials:
             hit = self._tokens.get(h)
         if hit is not None and hit[1] > now:
             return Caller(hit[0])
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             ids = Repository(s).clients_of_token(h)
         if not ids:
             raise Unauthorized("unknown token")
@@ -94,7 +94,7 @@ class Credentials:
 
     def count_clients(self) -> int:
         """How many clients are registered."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             return Repository(s).count_clients()
 
     def enrolment(self, token: str | None) -> Shard:

@@ -21,6 +21,9 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK_KEY = 0x0FEDEC
 
 
+# Execution option marking the connections of read-only transactions (Database.read).
+_READ_ONLY = "fedrec_read_only"
+
 # Bytes of WAL file SQLite keeps after a checkpoint reset it (larger transactions grow it).
 _SQLITE_WAL_KEEP_BYTES = 16 * 1024 * 1024
 
@@ -38,9 +41,12 @@ def make_engine(url: str) -> Engine:
         # Let SQLAlchemy's "begin" event below open transactions, not the driver.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
+        # Only takes effect on a file without tables (or at the next VACUUM): first. Setting it
+        # takes the write lock even when it is already set, so a connection opened while a
+        # round commits would wait for that commit: only a file not yet incremental sets it.
+        if int(cur.execute("PRAGMA auto_vacuum").fetchone()[0]) != 2:
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
         for pragma in (
-            # Only takes effect on a file without tables (or at the next VACUUM): first.
-            "PRAGMA auto_vacuum=INCREMENTAL",
             "PRAGMA journal_mode=WAL",
             "PRAGMA synchronous=FULL",
             "PRAGMA foreign_keys=ON",
@@ -52,9 +58,13 @@ def make_engine(url: str) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _sqlite_begin(conn: Any) -> None:
-        # Every transaction takes the write lock up front: readers never have to upgrade a
-        # shared lock (SQLite's deadlock case), and the round-closing guard serialises.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # A transaction that may write takes the write lock up front: it never has to upgrade
+        # a shared lock (SQLite's deadlock case), and the round-closing guard serialises. A
+        # read-only one (Database.read) takes a WAL snapshot instead and waits for no writer.
+        if conn.get_execution_options().get(_READ_ONLY):
+            conn.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
@@ -113,11 +123,23 @@ class Database:
     def __init__(self, url: str) -> None:
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        reader = self.engine.execution_options(**{_READ_ONLY: True})
+        self._read_sessions = sessionmaker(reader, expire_on_commit=False)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session in one transaction: commits on success, rolls back on any error."""
         with self._sessions() as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A session in one read-only transaction. On SQLite it reads a WAL snapshot
+        (``BEGIN DEFERRED``) instead of taking the write lock, so polls and downloads never
+        queue behind an upload's or a close's commit (its COMMIT writes nothing). Only for
+        code that writes nothing: a write inside would have to upgrade the lock and may fail
+        as busy."""
+        with self._read_sessions() as session, session.begin():
             yield session
 
     def ping(self) -> None:

@@ -44,7 +44,7 @@ class RunReads:
 
     def current_round(self, caller: Caller) -> CurrentRound:
         """The current round as a client sees it (its own cohort members only)."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             repo = Repository(s)
             run = repo.latest_run()
             if run is None:
@@ -78,7 +78,7 @@ class RunReads:
 
     def round_info(self, round_id: int) -> RoundInfo:
         """The latest attempt of a round of the current run."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             repo = Repository(s)
             run = repo.latest_run()
             rnd = None if run is None else repo.latest_attempt(run.id, round_id)
@@ -104,7 +104,7 @@ class RunReads:
 
     def history(self) -> History:
         """Every closed round of the current run."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             repo = Repository(s)
             run = repo.latest_run()
             if run is None:
@@ -141,7 +141,7 @@ class RunReads:
     def model_blob(self, version: int | None) -> ModelBlob:
         """An encoded version of the current run's model (the latest when ``version`` is
         None); 404 when it never existed, 410 when the retention policy pruned it."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             repo = Repository(s)
             run = repo.latest_run()
             if run is None:

@@ -97,7 +97,7 @@ class RoundCloser:
     def tick(self) -> CloseOutcome | None:
         """Close the live round if it is complete or past its deadline (the background task);
         None when there is no open round to look at."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             repo = Repository(s)
             run = repo.active_run()
             if run is None or run.state != "running":
@@ -148,7 +148,7 @@ class RoundCloser:
 
     def close_round(self, pk: int) -> CloseOutcome:
         """Close (or retry below quorum) a round attempt if it is due; exactly once."""
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             rnd = Repository(s).get_round(pk)
             if rnd is None or rnd.state != "open":
                 return CloseOutcome.NOT_OPEN

@@ -76,7 +76,7 @@ class NewestRun:
             cached = self._ref
         if cached is not None and not refresh:
             return cached
-        with self.db.transaction() as s:
+        with self.db.read() as s:
             run = Repository(s).latest_run()
             if run is None:
                 raise Conflict("no run has been started", "round_not_open")

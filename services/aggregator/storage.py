@@ -26,6 +26,7 @@ from services.aggregator.db import Database
 from services.aggregator.models import utcnow
 from services.aggregator.repository import Repository
 from services.aggregator.secagg_repository import SecAggRepository
+from services.priority import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,7 @@ class StorageKeeper:
         self._wake.set()
 
         def loop() -> None:
+            lower_thread_priority()  # a pass can wait; the round's close and uploads cannot
             while not self._stop.is_set():
                 self._wake.wait(poll_s)
                 self._wake.clear()
