@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -175,6 +176,50 @@ def test_a_failed_save_leaves_the_mirror_as_the_file(tmp_path, split):
     with pytest.raises(StaleDataError):  # no row of user 99: the transaction rolls back
         store.save_states([1, 4, 99], _random_state(3, seed=6), 1, 0)
     _assert_state_equal(store.load_states([1, 4]), before)
+    store.close()
+
+
+def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
+    tmp_path, split, monkeypatch
+):
+    """The device API's thread builds the mirror while the worker's thread saves: the save
+    commits after the build read the file and before it set the mirror. Its states must be
+    in the mirror (the build holds the lock from its read to the assignment, so the save
+    waits and writes into the new mirror), never the states read before it."""
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.add_users(split, [1, 4])
+    store.save_states([1, 4], _random_state(2, seed=7), None, None)
+    newer = _random_state(2, seed=8)
+    read_done, save_done = threading.Event(), threading.Event()
+    builder_reads = []
+    real_read, real_saved = store._load_from_db, store._mirror_saved
+
+    def read_then_let_the_save_in(user_ids):
+        state = real_read(user_ids)
+        if threading.current_thread().name == "builder" and not builder_reads:
+            builder_reads.append(user_ids)
+            read_done.set()
+            # the save commits and writes to the mirror now, unless the lock holds it back
+            # (then this waits in vain, and the save goes on once the mirror is set)
+            save_done.wait(timeout=1.0)
+        return state
+
+    def saved(user_ids, state):
+        real_saved(user_ids, state)
+        save_done.set()
+
+    monkeypatch.setattr(store, "_load_from_db", read_then_let_the_save_in)
+    monkeypatch.setattr(store, "_mirror_saved", saved)
+    built = []
+    builder = threading.Thread(
+        target=lambda: built.append(store.load_states([1, 4])), name="builder"
+    )
+    builder.start()
+    assert read_done.wait(timeout=30)
+    store.save_states([1, 4], newer, 1, 0)  # the worker's thread
+    builder.join(timeout=30)
+    assert builder_reads and built
+    _assert_state_equal(store.load_states([1, 4]), newer)
     store.close()
 
 
