@@ -115,10 +115,10 @@ def _per_client(t: Tensor, lay: Layout) -> Tensor:
     return t.index_select(0, lay.client)
 
 
-def relu_grad(d: Tensor, x: Tensor) -> Tensor:
-    """``d`` where the ReLU output ``x`` is positive, else 0 (one fused pass; the same as
-    ``d * (x > 0)`` up to the sign of zeros)."""
-    return torch.ops.aten.threshold_backward(d, x, 0.0)
+def relu_grad_(d: Tensor, x: Tensor) -> Tensor:
+    """``d`` where the ReLU output ``x`` is positive, else 0, written over ``d`` (one fused
+    pass that allocates nothing; the same as ``d * (x > 0)`` up to the sign of zeros)."""
+    return torch.ops.aten.threshold_backward.grad_input(d, x, 0.0, grad_input=d)
 
 
 @dataclass
@@ -252,7 +252,7 @@ def backward(
             else:
                 dn["predict.weight"] = torch.cat([dlogit @ fw.a_gmf, dlogit @ hid[-1]])[None]
                 dn["predict.bias"] = dlogit.sum().reshape(1)
-        dpre = relu_grad(d_h, hid[-1])
+        dpre = relu_grad_(d_h, hid[-1])
         for k in range(cfg.layers - 1, 0, -1):
             w = dense[f"tower.{k}.weight"]
             x = hid[k - 1]
@@ -272,7 +272,7 @@ def backward(
                     torch.mm(dc, wc, out=oc)
             else:
                 dx = dpre @ w
-            dpre = relu_grad(dx, x)
+            dpre = relu_grad_(dx, x)
         # first layer: a user half (one row per client) and an item half (one per sample)
         e = cfg.mlp_dim
         w0 = dense["tower.0.weight"]
