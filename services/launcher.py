@@ -33,6 +33,7 @@ from rich.console import Console
 from fedrecgel.config import RunParams
 from fedrecgel.run_config import RunConfig
 from services.enrolment import enrolment_token as derive_enrolment_token
+from services.history import HistoryCopy
 from services.supervise import TOKEN_FILE, LaunchError, die_with_parent, uninterrupted
 
 log = logging.getLogger(__name__)
@@ -79,25 +80,6 @@ def check_ports(opts: UpOptions) -> None:
             + "; port ".join(busy)
             + ". Stop what uses it, or choose other ports."
         )
-
-
-def check_redis(url: str | None) -> None:
-    """Raise LaunchError when ``url`` (``--redis-url``) is not a Redis URL or no Redis
-    answers there: every service would otherwise start and fail on it, one by one."""
-    if url is None:
-        return
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3.0, socket_timeout=3.0)
-    except ValueError as err:
-        raise LaunchError(f"--redis-url is not a Redis URL: {err}") from None
-    try:
-        client.ping()
-    except redis.RedisError as err:
-        raise LaunchError(f"--redis-url: Redis does not answer: {err}") from None
-    finally:
-        client.close()
 
 
 @dataclass
@@ -200,6 +182,7 @@ class Cluster:
         self.population: int | None = None
         # with ``population``: the catalogue's size, so that a run over another is refused
         self.population_items: int | None = None
+        self._history = HistoryCopy()
         self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
         self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
         self.dashboard_base = f"http://{opts.host}:{opts.dashboard_port}"
@@ -453,11 +436,18 @@ class Cluster:
         raise LaunchError(f"the run did not complete in {timeout_s:.0f}s ({done} rounds closed)")
 
     def history(self) -> dict[str, Any]:
-        """``GET /v1/runs/current/history``."""
-        body: dict[str, Any] = httpx.get(
-            f"{self.agg_url}/v1/runs/current/history", timeout=10
-        ).json()
-        return body
+        """The whole history of the run (``GET /v1/runs/current/history``, read a page at a
+        time into the copy this launcher holds: only what changed since the last call)."""
+
+        def page(after: int) -> dict[str, Any]:
+            url = f"{self.agg_url}/v1/runs/current/history"
+            resp = httpx.get(url, params={"after": after}, timeout=10)
+            resp.raise_for_status()
+            body: dict[str, Any] = resp.json()
+            return body
+
+        self._history.refresh(page)
+        return self._history.body()
 
 
 def run_complete(history: dict[str, Any], rounds: int) -> bool:

@@ -18,12 +18,30 @@ from services.launcher import (
     Cluster,
     UpOptions,
     check_ports,
-    check_redis,
     cluster,
     console,
     run_complete,
 )
 from services.supervise import LaunchError, Stopped, clear_workdir, locked_workdir, stop_on_signals
+
+
+def check_redis(url: str | None) -> None:
+    """Raise LaunchError when ``url`` (``--redis-url``) is not a Redis URL or no Redis
+    answers there: every service would otherwise start and fail on it, one by one."""
+    if url is None:
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=3.0, socket_timeout=3.0)
+    except ValueError as err:
+        raise LaunchError(f"--redis-url is not a Redis URL: {err}") from None
+    try:
+        client.ping()
+    except redis.RedisError as err:
+        raise LaunchError(f"--redis-url: Redis does not answer: {err}") from None
+    finally:
+        client.close()
 
 
 def up(opts: UpOptions) -> dict[str, Any]:
@@ -86,7 +104,7 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
         while True:
             c.check_alive()
             try:
-                history = httpx.get(f"{c.agg_url}/v1/runs/current/history", timeout=5).json()
+                history = c.history()
                 rounds = history.get("rounds", [])
                 done = len(rounds)
                 last_hr = next(

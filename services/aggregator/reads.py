@@ -11,6 +11,7 @@ from services.aggregator.modelstore import ModelStore
 from services.aggregator.privacy import run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import (
+    DEFAULT_HISTORY_LIMIT,
     CurrentRound,
     History,
     HistoryRound,
@@ -102,17 +103,22 @@ class RunReads:
             loss=rnd.loss,
         )
 
-    def history(self) -> History:
-        """Every closed round of the current run."""
+    def history(self, after: int = 0, limit: int = DEFAULT_HISTORY_LIMIT) -> History:
+        """The current run's closed rounds after round ``after``, at most ``limit`` of them;
+        ``next_after`` says where the next page starts when there are more."""
         with self.db.read() as s:
             repo = Repository(s)
             run = repo.latest_run()
             if run is None:
                 return History(run_id=None, rounds=[])
-            rounds = repo.closed_rounds(run.id)
-            metrics = repo.version_metrics(run.id)
+            rounds = repo.closed_rounds(run.id, after, limit + 1)
+            more = len(rounds) > limit
+            rounds = rounds[:limit]
+            versions = [r.model_version for r in rounds if r.model_version is not None]
+            metrics = repo.version_metrics(run.id, min(versions), max(versions)) if versions else {}
             cfg = RunConfig.model_validate(run.config)
             plan = run_plan(repo, cfg)
+        next_after = rounds[-1].round_id if more else None
         out = []
         for r in rounds:
             assert r.closed_at is not None and r.model_version is not None
@@ -129,13 +135,16 @@ class RunReads:
                 )
             )
         if plan is None:
-            return History(run_id=run.id, rounds=out, planned_rounds=cfg.rounds)
+            return History(
+                run_id=run.id, rounds=out, planned_rounds=cfg.rounds, next_after=next_after
+            )
         return History(
             run_id=run.id,
             rounds=out,
             planned_rounds=plan.rounds,
             delta=plan.delta,
             noise_multiplier=plan.noise,
+            next_after=next_after,
         )
 
     def model_blob(self, version: int | None) -> ModelBlob:

@@ -181,14 +181,14 @@ class Repository:
         stmt = select(Round).where(Round.run_id == run_id).order_by(Round.id.desc()).limit(1)
         return self.session.scalars(stmt).first()
 
-    def closed_rounds(self, run_id: int) -> list[Round]:
-        """The run's closed rounds in order."""
+    def closed_rounds(self, run_id: int, after: int = 0, limit: int | None = None) -> list[Round]:
+        """The run's closed rounds after round ``after`` in order (the first ``limit``)."""
         stmt = (
             select(Round)
-            .where(Round.run_id == run_id, Round.state == "closed")
+            .where(Round.run_id == run_id, Round.state == "closed", Round.round_id > after)
             .order_by(Round.round_id)
         )
-        return list(self.session.scalars(stmt))
+        return list(self.session.scalars(stmt.limit(limit)))
 
     def transition_round(
         self, pk: int, from_states: Sequence[str], to_state: str, **values: Any
@@ -412,10 +412,12 @@ class Repository:
                 .execution_options(synchronize_session=False)
             )
 
-    def version_metrics(self, run_id: int) -> dict[int, dict[str, float] | None]:
-        """version -> federated-evaluation means (None until complete)."""
+    def version_metrics(
+        self, run_id: int, first: int, last: int
+    ) -> dict[int, dict[str, float] | None]:
+        """version -> federated-evaluation means (None until complete), versions first..last."""
         stmt = select(ModelVersion.version, ModelVersion.metrics).where(
-            ModelVersion.run_id == run_id
+            ModelVersion.run_id == run_id, ModelVersion.version.between(first, last)
         )
         return {int(v): m for v, m in self.session.execute(stmt)}
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Path, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from services.aggregator.errors import BodyTooLarge, UnsupportedMediaType
 from services.aggregator.schemas import (
+    DEFAULT_HISTORY_LIMIT,
+    MAX_HISTORY_LIMIT,
     CurrentRound,
     ErrorBody,
     EvaluationAck,
@@ -296,9 +298,19 @@ def round_info(round_id: RoundId, service: ServiceDep) -> RoundInfo:
 
 
 @router.get("/v1/runs/current/history", responses=_errors())
-def run_history(service: ServiceDep) -> History:
-    """Every closed round of the current run."""
-    return service.reads.history()
+def run_history(
+    service: ServiceDep,
+    after: Annotated[
+        int, Query(ge=0, le=MAX_INT32, description="Only the rounds after this one.")
+    ] = 0,
+    limit: Annotated[
+        int,
+        Query(ge=1, le=MAX_HISTORY_LIMIT, description="The most rounds in the answer."),
+    ] = DEFAULT_HISTORY_LIMIT,
+) -> History:
+    """The closed rounds of the current run after round ``after``, at most ``limit`` of them
+    (``next_after``: where the next page starts, null at the newest round)."""
+    return service.reads.history(after, limit)
 
 
 @router.post("/v1/runs", status_code=status.HTTP_201_CREATED, responses=ERRORS)

@@ -61,8 +61,14 @@ class HistoryRound(BaseModel):
     epsilon: float | None = None  # DP runs: privacy spent once this round was released
 
 
+#: closed rounds in one history answer unless the reader asks for fewer (or more, up to
+#: MAX_HISTORY_LIMIT): a page stays well under a megabyte (about 400 bytes a round)
+DEFAULT_HISTORY_LIMIT = 1000
+MAX_HISTORY_LIMIT = 10_000
+
+
 class History(BaseModel):
-    """Every closed round of the current run."""
+    """The closed rounds of the current run, one page of them (in round order)."""
 
     run_id: int | None
     rounds: list[HistoryRound]
@@ -72,6 +78,9 @@ class History(BaseModel):
     #: configured dp_noise, or the one calibrated from target_epsilon); null otherwise
     delta: float | None = None
     noise_multiplier: float | None = None
+    #: more closed rounds follow this page: ask again with ``?after=<next_after>``; null when
+    #: the page ends at the newest closed round
+    next_after: int | None = None
 
 
 class RunStarted(BaseModel):

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fedrecgel.run_config import RunConfig
 from services.dashboard.settings import DashboardSettings
+from services.history import HistoryCopy
 
 #: aggregator counters shown on the page (name in /metrics -> key in the snapshot)
 COUNTERS = {
@@ -30,6 +31,7 @@ COUNTERS = {
     "fedrec_agg_updates_duplicate": "updates_duplicate",
     "fedrec_agg_updates_refused": "updates_refused",
 }
+HISTORY_PATH = "/v1/runs/current/history"
 #: the operator actions the page may forward (path under /v1/runs)
 OPERATOR_ACTIONS = ("pause", "resume", "stop")
 
@@ -84,6 +86,7 @@ class Upstream:
         self.settings = settings
         # one snapshot serves every viewer polling within half a poll period of it
         self._cached: tuple[float, dict[str, Any]] | None = None
+        self.history = HistoryCopy()  # refreshed under the lock, by one snapshot at a time
         self._lock = asyncio.Lock()
         timeout = settings.timeout_s
         reader = {}
@@ -128,7 +131,7 @@ class Upstream:
         """Everything the page shows, read concurrently."""
         run, history, registered, metrics, workers, rec = await asyncio.gather(
             self._get_json(self.agg, "/v1/rounds/current", self.reader_headers),
-            self._get_json(self.agg, "/v1/runs/current/history"),
+            self._read_history(),
             self._get_json(self.agg, "/v1/clients/count"),
             self._metrics(),
             asyncio.gather(*(self._get_json(w, "/healthz") for w in self.workers)),
@@ -153,11 +156,31 @@ class Upstream:
             "recommend": None if rec is None else {"ok": rec.status == 200, **_rec(rec)},
         }
 
+    async def _read_history(self) -> Answer:
+        """The run's history: the copy held, brought up to date with the rounds closed or
+        evaluated since the last poll (a page or two, not the whole history again)."""
+        failed: list[Answer] = []
+
+        async def page(after: int) -> dict[str, Any] | None:
+            a = await self._get_json(self.agg, HISTORY_PATH, params={"after": str(after)})
+            if a.status == 200 and isinstance(a.body, dict):
+                return a.body
+            failed.append(a)
+            return None
+
+        if not await self.history.arefresh(page):
+            return failed[-1]
+        return Answer(200, self.history.body())
+
     async def _get_json(
-        self, client: httpx.AsyncClient, path: str, headers: dict[str, str] | None = None
+        self,
+        client: httpx.AsyncClient,
+        path: str,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
     ) -> Answer:
         try:
-            resp = await client.get(path, headers=headers)
+            resp = await client.get(path, headers=headers, params=params)
         except httpx.HTTPError as err:
             return _unavailable(path, err)
         return Answer(resp.status_code, _json(resp))

@@ -44,8 +44,11 @@ class Routed(httpx.AsyncBaseTransport):
         raise httpx.ConnectError("connection refused", request=request)
 
 
-def dashboard(agg: TestClient, **overrides: Any) -> TestClient:
-    """The dashboard over ``agg`` (its ASGI app, reached through an httpx transport)."""
+def dashboard(
+    agg: TestClient, transport: httpx.AsyncBaseTransport | None = None, **overrides: Any
+) -> TestClient:
+    """The dashboard over ``agg`` (its ASGI app, reached through ``transport``, by default
+    :class:`Routed`)."""
     values: dict[str, Any] = {
         "environment": "test",
         "aggregator_url": "http://aggregator",
@@ -54,7 +57,8 @@ def dashboard(agg: TestClient, **overrides: Any) -> TestClient:
         "poll_interval_s": 0.001,  # no snapshot is reused across the calls of a test
     }
     settings = DashboardSettings(**{**values, **overrides})
-    return TestClient(create_app(settings, transport=Routed(agg)), base_url="http://127.0.0.1:8704")
+    app = create_app(settings, transport=transport or Routed(agg))
+    return TestClient(app, base_url="http://127.0.0.1:8704")
 
 
 def test_the_page_is_self_contained_and_has_every_run_setting(agg: TestClient) -> None:

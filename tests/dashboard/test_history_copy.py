@@ -1,0 +1,155 @@
+"""The history copy of the dashboard and ``fedrec up``: after the first read, a refresh asks
+the aggregator only for the rounds closed since (and one page for metrics still missing),
+never the whole history again; a replaced run is read from its start."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from services.history import HistoryCopy
+
+
+class FakeHistory:
+    """An aggregator's ``GET /v1/runs/current/history?after=`` over rounds held here."""
+
+    def __init__(self, limit: int = 3) -> None:
+        self.run_id = 1
+        self.limit = limit
+        self.rounds: list[dict[str, Any]] = []
+        self.asked: list[int] = []
+        self.down = False
+
+    def close(self, n: int, metrics: bool = True) -> None:
+        for _ in range(n):
+            rid = len(self.rounds) + 1
+            self.rounds.append(
+                {"round_id": rid, "metrics": {"hr@10": rid / 100} if metrics else None}
+            )
+
+    def read(self, after: int) -> dict[str, Any] | None:
+        self.asked.append(after)
+        if self.down:
+            return None
+        page = [r for r in self.rounds if r["round_id"] > after][: self.limit + 1]
+        more = len(page) > self.limit
+        page = page[: self.limit]
+        return {
+            "run_id": self.run_id,
+            "planned_rounds": 100,
+            "rounds": [dict(r) for r in page],
+            "next_after": page[-1]["round_id"] if more else None,
+        }
+
+
+def _ids(copy: HistoryCopy) -> list[int]:
+    return [r["round_id"] for r in copy.rounds]
+
+
+def test_a_refresh_reads_only_the_rounds_closed_since() -> None:
+    agg, copy = FakeHistory(limit=3), HistoryCopy()
+    agg.close(7)
+    assert copy.refresh(agg.read)
+    assert _ids(copy) == list(range(1, 8)) and agg.asked == [0, 3, 6]  # three pages
+    assert copy.body()["planned_rounds"] == 100 and copy.body()["next_after"] is None
+    agg.asked.clear()
+    assert copy.refresh(agg.read)
+    assert agg.asked == [7]  # nothing new: one short read, not the history again
+    agg.close(2)
+    agg.asked.clear()
+    copy.refresh(agg.read)
+    assert agg.asked == [7] and _ids(copy) == list(range(1, 10))
+
+
+def test_metrics_that_arrive_late_are_read_a_page_at_a_time() -> None:
+    agg, copy = FakeHistory(limit=3), HistoryCopy()
+    agg.close(4)
+    agg.close(4, metrics=False)  # rounds 5..8 not evaluated yet
+    copy.refresh(agg.read)
+    for r in agg.rounds[4:6]:
+        r["metrics"] = {"hr@10": 0.5}
+    agg.asked.clear()
+    copy.refresh(agg.read)
+    assert agg.asked == [8, 4]  # the new rounds, then one page from the first unevaluated
+    assert [r["metrics"] is not None for r in copy.rounds] == [True] * 6 + [False] * 2
+    assert _ids(copy) == list(range(1, 9))
+
+
+def test_a_replaced_run_is_read_from_its_start() -> None:
+    agg, copy = FakeHistory(), HistoryCopy()
+    agg.close(5)
+    copy.refresh(agg.read)
+    agg.run_id, agg.rounds = 2, []
+    agg.close(2)
+    agg.asked.clear()
+    copy.refresh(agg.read)
+    assert copy.run_id == 2 and _ids(copy) == [1, 2] and agg.asked == [5, 0]
+
+
+def test_a_failed_read_keeps_the_copy() -> None:
+    agg, copy = FakeHistory(), HistoryCopy()
+    agg.close(2)
+    copy.refresh(agg.read)
+    agg.down = True
+    assert copy.refresh(agg.read) is False and _ids(copy) == [1, 2]
+
+
+def test_the_asynchronous_refresh_reads_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    agg, copy = FakeHistory(limit=2), HistoryCopy()
+    agg.close(5)
+
+    async def read(after: int) -> dict[str, Any] | None:
+        return agg.read(after)
+
+    assert asyncio.run(copy.arefresh(read)) and _ids(copy) == [1, 2, 3, 4, 5]
+    assert agg.asked == [0, 2, 4]
+
+
+def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any) -> None:
+    """Polled again, the dashboard asks only for the rounds after the newest it holds."""
+    from fastapi.testclient import TestClient
+
+    from fedrecgel.model import ModelConfig
+    from services.aggregator.app import create_app as create_aggregator
+    from tests.dashboard.test_dashboard_app import READER, Routed, dashboard
+    from tests.support.aggregator import (
+        bearer,
+        make_settings,
+        post_run,
+        post_updates,
+        random_update,
+        register,
+        sqlite_url,
+    )
+
+    app = create_aggregator(make_settings(sqlite_url(tmp_path), reader_token=READER))
+    with TestClient(app) as agg:
+        token = register(agg, [0, 1])
+        post_run(agg, {"n_items": 30, "factor": 4, "layers": 1, "rounds": 5, "fraction": 1.0})
+        model, rng = ModelConfig(n_items=30, factor=4, layers=1), np.random.default_rng(0)
+        updates = [random_update(model, c, rng) for c in (0, 1)]
+        assert post_updates(agg, token, 1, updates).status_code == 200
+        report = {"model_version": 1, "sums": {"hr@10": 1.0}, "count": 2, "client_ids": [0, 1]}
+        assert agg.post("/v1/evaluations", json=report, headers=bearer(token)).status_code == 202
+        asked: list[str | None] = []
+
+        class Recording(Routed):
+            async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                if request.url.path == "/v1/runs/current/history":
+                    asked.append(request.url.params.get("after"))
+                return await super().handle_async_request(request)
+
+        with dashboard(agg, Recording(agg)) as dash:
+            first = dash.get("/ui/api/state").json()
+            second = dash.get("/ui/api/state").json()
+    assert (
+        [r["round_id"] for r in first["history"]]
+        == [1]
+        == [r["round_id"] for r in second["history"]]
+    )
+    assert second["history"][0]["metrics"] == {"hr@10": 0.5}
+    assert asked == ["0", "1"]
