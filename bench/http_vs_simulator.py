@@ -25,6 +25,7 @@ simulator computing per-client uploads the way the workers did.
 
     python bench/http_vs_simulator.py [--rounds 20] [--repeats 3] [--modes exact,grouped,partial]
         [--out bench/results/http_vs_simulator.json]
+    python bench/http_vs_simulator.py --merge a.json b.json ... --out merged.json
 """
 
 from __future__ import annotations
@@ -233,6 +234,30 @@ def summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def merge(paths: list[Path], out: Path, label: str) -> None:
+    """One result of several runs of this script (say, repetitions interleaved with those of
+    another commit, one per run): their repetitions, numbered again, and each mode's summary
+    over all of them; the first run's config, with every run's start load."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    merged = dict(runs[0], label=label or runs[0].get("label", ""), modes={}, repetitions=[])
+    merged["config"] = dict(
+        runs[0]["config"],
+        repeats=sum(len(r["repetitions"]) for r in runs),
+        load_avg_1m_at_start=min(r["config"]["load_avg_1m_at_start"] for r in runs),
+        load_avg_1m_at_starts=[r["config"]["load_avg_1m_at_start"] for r in runs],
+        merged_from=[p.name for p in paths],
+    )
+    for r in runs:
+        for row in r["repetitions"]:
+            merged["repetitions"].append(dict(row, repetition=len(merged["repetitions"])))
+    for mode in dict.fromkeys(row["mode"] for row in merged["repetitions"]):
+        merged["modes"][mode] = summary([r for r in merged["repetitions"] if r["mode"] == mode])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=2) + "\n")
+    for mode, s in merged["modes"].items():
+        print(f"{mode}: median ratio {s['ratio_median']:.2f} over {len(s['ratios'])} -> {out}")
+
+
 def main() -> None:
     """Run the repetitions, print the headline figures, write the JSON as it goes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -260,7 +285,17 @@ def main() -> None:
     parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check")
     parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. 'before')")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: merge these results of earlier runs into --out",
+    )
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.out, args.label)
+        return
     modes = [m for m in args.modes.split(",") if m]
     if any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
