@@ -156,10 +156,21 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
 
     Two requests a poll (the history, the open round's count), the run's state every tenth:
     the demo shares the machine with the run it shows."""
+    from services.history import HistoryCopy
+
     t0 = time.monotonic()
     status, cur = _request(f"{base}/v1/rounds/current", token)
     if status != 200 or not isinstance(cur, dict) or cur.get("config") is None:
         raise DemoError(f"no run to follow (GET /v1/rounds/current -> {status})")
+    copy = HistoryCopy()  # the history read a page at a time: only what changed, each poll
+
+    def page(after: int) -> dict[str, Any] | None:
+        status, body = _request(f"{base}/v1/runs/current/history?after={after}")
+        return body if status == 200 and isinstance(body, dict) else None
+
+    def read_history() -> tuple[int, Any]:
+        return (200, copy.body()) if copy.refresh(page) else (0, None)
+
     run_id, total = cur["run_id"], int(cur["config"]["rounds"])
     printed: set[int] = set()
     shown: tuple[int, int] | None = None
@@ -168,7 +179,7 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
     polls = 0
     while True:
         polls += 1
-        status, hist = _request(f"{base}/v1/runs/current/history")
+        status, hist = read_history()
         if status == 200 and isinstance(hist, dict) and hist.get("run_id") not in (None, run_id):
             raise DemoError(f"run {run_id} was replaced by run {hist['run_id']}")
         rounds = hist.get("rounds", []) if status == 200 and isinstance(hist, dict) else []
@@ -208,7 +219,7 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
                 raise DemoError(f"run {run_id} was replaced by run {cur.get('run_id')}")
             if cur.get("state") in ("finished", "idle"):
                 # read the history again: the last round may have closed since
-                _, again = _request(f"{base}/v1/runs/current/history")
+                _, again = read_history()
                 closed = len(again.get("rounds", [])) if isinstance(again, dict) else 0
                 if closed < total:
                     raise DemoError(f"run {run_id} ended after {closed} of {total} rounds")

@@ -6,6 +6,7 @@ one on every poll, ``fedrec up`` while it shows the progress."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
@@ -20,6 +21,25 @@ class HistoryCopy:
         self.run_id: int | None = None
         self.about: dict[str, Any] = {}  # the answer's other fields (planned_rounds, delta...)
         self._rounds: dict[int, dict[str, Any]] = {}  # round id -> round, in round order
+        # what changed when, for readers of this copy (the dashboard's pages): each round new
+        # or changed takes the next revision; ``epoch`` names the run held in this process
+        self._epoch = secrets.token_hex(4)
+        self._rev = 0
+        self._revs: dict[int, int] = {}
+
+    @property
+    def token(self) -> str:
+        """Where a reader of this copy is once it took in the rounds given with it."""
+        return f"{self._epoch}:{self._rev}"
+
+    def since(self, token: str | None) -> tuple[list[dict[str, Any]], bool]:
+        """The rounds new or changed since ``token`` (a :attr:`token` given before), and
+        False; or every round and True when the token is not one of this run's copy."""
+        epoch, _, rev = (token or "").partition(":")
+        if epoch == self._epoch and rev.isdigit() and int(rev) <= self._rev:
+            after = int(rev)
+            return [self._rounds[rid] for rid, v in self._revs.items() if v > after], False
+        return self.rounds, True
 
     @property
     def rounds(self) -> list[dict[str, Any]]:
@@ -80,9 +100,14 @@ class HistoryCopy:
         when it is of another run and not its start."""
         if page.get("run_id") != self.run_id:
             self.run_id, self.about, self._rounds = page.get("run_id"), {}, {}
+            self._epoch, self._rev, self._revs = secrets.token_hex(4), 0, {}
             if after != 0:
                 return False
         self.about = {k: v for k, v in page.items() if k not in ("run_id", "rounds", "next_after")}
         for r in page.get("rounds") or []:
-            self._rounds[int(r["round_id"])] = r
+            rid = int(r["round_id"])
+            if self._rounds.get(rid) != r:
+                self._rounds[rid] = r
+                self._rev += 1
+                self._revs[rid] = self._rev
         return True

@@ -97,10 +97,28 @@ async def page(request: Request) -> Response:
 
 @router.get("/ui/api/state")
 async def state(
-    upstream: UpstreamDep, if_none_match: Annotated[str | None, Header()] = None
+    upstream: UpstreamDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+    history_since: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description="The history_token of an earlier answer: only the rounds new or "
+            "changed since are sent (history_full false); else every round (true).",
+        ),
+    ] = None,
 ) -> Response:
     """The run as the page shows it; ``ETag`` of its content, 304 when unchanged."""
-    body = json.dumps(await upstream.snapshot(), sort_keys=True, default=str).encode()
+    snapshot = await upstream.snapshot()
+    # read with the token in one step (no await between): a refresh cannot come in between
+    rounds, full = upstream.history.since(history_since)
+    snapshot = {
+        **snapshot,
+        "history": rounds,
+        "history_full": full,
+        "history_token": upstream.history.token,
+    }
+    body = json.dumps(snapshot, sort_keys=True, default=str).encode()
     etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:

@@ -109,6 +109,29 @@ def test_the_asynchronous_refresh_reads_the_same(monkeypatch: pytest.MonkeyPatch
     assert agg.asked == [0, 2, 4]
 
 
+def test_a_reader_of_the_copy_gets_only_the_rounds_new_or_changed_since_its_token() -> None:
+    agg, copy = FakeHistory(limit=3), HistoryCopy()
+    agg.close(3)
+    agg.close(1, metrics=False)
+    copy.refresh(agg.read)
+    everything, full = copy.since(None)
+    assert full and [r["round_id"] for r in everything] == [1, 2, 3, 4]
+    token = copy.token
+    assert copy.since(token) == ([], False)
+    agg.rounds[3]["metrics"] = {"hr@10": 0.9}  # round 4 evaluated, round 5 closed
+    agg.close(1)
+    copy.refresh(agg.read)
+    changed, full = copy.since(token)
+    assert not full and [r["round_id"] for r in changed] == [4, 5]
+    assert changed[0]["metrics"] == {"hr@10": 0.9}
+    for foreign in ("", "x", "nope:1", token.split(":")[0] + ":99", token + "x"):
+        assert copy.since(foreign)[1] is True  # not a token of this copy: everything
+    agg.run_id, agg.rounds = 2, []  # another run: a token of the old one gets everything
+    agg.close(1)
+    copy.refresh(agg.read)
+    assert copy.since(token) == (copy.rounds, True) and len(copy.rounds) == 1
+
+
 def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any) -> None:
     """Polled again, the dashboard asks only for the rounds after the newest it holds."""
     from fastapi.testclient import TestClient
@@ -146,10 +169,18 @@ def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any
         with dashboard(agg, Recording(agg)) as dash:
             first = dash.get("/ui/api/state").json()
             second = dash.get("/ui/api/state").json()
+            since = dash.get(
+                "/ui/api/state", params={"history_since": second["history_token"]}
+            ).json()
+            bad = dash.get("/ui/api/state", params={"history_since": "x" * 65})
     assert (
         [r["round_id"] for r in first["history"]]
         == [1]
         == [r["round_id"] for r in second["history"]]
     )
     assert second["history"][0]["metrics"] == {"hr@10": 0.5}
-    assert asked == ["0", "1"]
+    assert first["history_full"] is True and asked == ["0", "1", "1"]
+    # a page that holds the rounds of the token is sent none of them again
+    assert since["history"] == [] and since["history_full"] is False
+    assert since["history_token"] == second["history_token"]
+    assert bad.status_code == 422

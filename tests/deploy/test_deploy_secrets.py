@@ -180,3 +180,38 @@ def test_demo_reads_the_operator_token_file_and_run_settings(tmp_path, monkeypat
     monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN_FILE", str(tmp_path / "missing"))
     with pytest.raises(start_run.DemoError, match="cannot read"):
         start_run.operator_token()
+
+
+def test_following_a_run_reads_the_history_a_page_at_a_time(monkeypatch):
+    """The compose demo's follower pages the history: a run longer than one page completes,
+    and a poll reads only the rounds after the newest one it holds."""
+    from urllib.parse import parse_qs, urlsplit
+
+    total, limit = 5, 2
+    asked: list[str] = []
+
+    def fake_request(url, token=None, data=None, timeout_s=10.0):
+        parts = urlsplit(url)
+        if parts.path == "/v1/rounds/current":
+            return 200, {"run_id": 1, "state": "open", "config": {"rounds": total}}
+        if parts.path == "/v1/runs/current/history":
+            assert len(asked) < 50, "the follower never saw the whole run"
+            after = int(parse_qs(parts.query).get("after", ["0"])[0])
+            asked.append(parts.query)
+            ids = list(range(after + 1, total + 1))
+            metrics = {"hr@10": 0.5, "ndcg@10": 0.3}
+            rounds = [
+                {"round_id": i, "n_updates": 2, "loss": 0.5, "seconds": 0.1, "metrics": metrics}
+                for i in ids[:limit]
+            ]
+            more = len(ids) > limit
+            body = {"run_id": 1, "planned_rounds": total, "rounds": rounds}
+            return 200, {**body, "next_after": ids[limit - 1] if more else None}
+        return 404, None
+
+    monkeypatch.setattr(start_run, "_request", fake_request)
+    monkeypatch.setattr(start_run, "say", lambda line: None)
+    done = start_run.follow("http://aggregator", "token", poll_s=0.0)
+    assert done["rounds"] == total
+    assert [r["round_id"] for r in done["history"]["rounds"]] == [1, 2, 3, 4, 5]
+    assert asked == ["after=0", "after=2", "after=4"]

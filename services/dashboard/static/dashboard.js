@@ -1,5 +1,6 @@
-// The dashboard's script: polls /ui/api/state (ETag, 304 when nothing changed), draws the
-// charts and tables, runs the recommendation panels and the operator actions.
+// The dashboard's script: polls /ui/api/state (ETag, 304 when nothing changed; the history's
+// rounds new or changed since the last answer only), draws the charts and tables, runs the
+// recommendation panels and the operator actions.
 // The operator token lives in this tab's sessionStorage (and in memory); it is sent in the
 // Authorization header of an action and nowhere else: never in a URL, a cookie or a log.
 "use strict";
@@ -10,6 +11,11 @@
   const POLL_MS = Number(document.body.dataset.pollMs) || 2000;
   let etag = null;
   let last = null;
+  // the run's closed rounds, in order, kept across polls: each poll brings only the rounds new
+  // or changed since the token of the last answer (all of them when history_full)
+  let historyToken = null;
+  let rounds = [];
+  const roundIndex = new Map(); // round id -> its index in rounds
   let skewMs = 0; // server clock minus browser clock, from the Date header
   const charts = {};
 
@@ -186,15 +192,27 @@
     }
   }
 
+  function mergeHistory(s) {
+    if (s.history_full !== false) { rounds = []; roundIndex.clear(); }
+    for (const r of s.history) {
+      const i = roundIndex.get(r.round_id);
+      if (i === undefined) { roundIndex.set(r.round_id, rounds.length); rounds.push(r); } else rounds[i] = r;
+    }
+    historyToken = s.history_token ?? null;
+    s.history = rounds;
+  }
+
   async function poll() {
     try {
       const headers = etag ? { "If-None-Match": etag } : {};
-      const resp = await fetch("/ui/api/state", { headers, cache: "no-store" });
+      const query = historyToken ? `?history_since=${encodeURIComponent(historyToken)}` : "";
+      const resp = await fetch(`/ui/api/state${query}`, { headers, cache: "no-store" });
       const date = resp.headers.get("Date");
       if (date) skewMs = Date.parse(date) - Date.now();
       if (resp.status === 200) {
         etag = resp.headers.get("ETag");
         last = await resp.json();
+        mergeHistory(last);
         render(last);
       }
       text("conn", resp.ok || resp.status === 304 ? `Live: updated ${new Date().toLocaleTimeString()}` : `Dashboard answered ${resp.status}`);
