@@ -115,9 +115,7 @@ def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> d
                 raise RuntimeError(f"only {seen} of {rounds} rounds closed in an hour")
             c.check_alive()
             c.check_workers()
-            closed = len(
-                httpx.get(f"{c.agg_url}/v1/runs/current/history", timeout=10).json()["rounds"]
-            )
+            closed = len(c.history()["rounds"])  # read a page at a time
             if closed > seen:
                 seen = closed
                 sample = {"round": seen, "bytes": measure()}
