@@ -1,8 +1,8 @@
 """Background threads that yield the CPU to a round's critical path.
 
 A federated round waits on a chain of steps (the last upload, the aggregator's close, the
-download, the cohort's computation); work beside that chain (scoring a model version, freeing
-storage) only has to be done eventually. On a machine whose cores are shared, such a thread
+download, the cohort's computation); work beside that chain (the aggregator's storage passes,
+which free finished rounds' bodies and prune versions) only has to be done eventually. On a machine whose cores are shared, such a thread
 runs with a higher nice value, so the scheduler gives the chain's threads the cores first.
 Linux keeps a nice value per thread; elsewhere this is a no-op.
 """

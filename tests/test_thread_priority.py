@@ -1,5 +1,5 @@
-"""Background threads (a worker's scoring, the aggregator's storage passes) are made nicer
-than the process, so that the threads of a round's critical path get the cores first."""
+"""Background threads (the aggregator's storage passes) are made nicer than the process, so
+that the threads of a round's critical path get the cores first."""
 
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +29,6 @@ from services.client_sim.aggregator_client import (
 )
 from services.client_sim.store import UserData, WorkerStore
 from services.client_sim.timings import PhaseTimer
-from services.priority import lower_thread_priority
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +60,6 @@ class Evaluation:
         self.data = data
         self.users: list[int] = np.asarray(data.user_ids).tolist()
         self.timer = timer
-        self._scoring = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="score", initializer=lower_thread_priority
-        )
 
     def done(self) -> int:
         """The newest model version scored and kept (maybe not delivered yet)."""
@@ -123,16 +118,6 @@ class Evaluation:
                 sc.sums.get("hr@10", 0.0) / max(sc.count, 1),
             )
         return len(kept)
-
-    def score_beside(self, version: int, model: DownloadedModel | None = None) -> list[Scores]:
-        """:meth:`score_up_to` in a thread nicer than the worker's (services/priority.py): it
-        runs while the upload is in flight, i.e. while the aggregator checks, stores and, for
-        a round's last upload, closes the round, and yields the CPU to them."""
-        return self._scoring.submit(self.score_up_to, version, model).result()
-
-    def close(self) -> None:
-        """Stop the scoring thread (after what it is doing)."""
-        self._scoring.shutdown(wait=True)
 
     def score_up_to(self, version: int, model: DownloadedModel | None = None) -> list[Scores]:
         """Score (not report yet) every version after the last reported one up to ``version``."""

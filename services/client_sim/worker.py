@@ -296,7 +296,7 @@ class Worker:
         sending = self._uploads.submit(self._send, r, todo, result)
         try:
             # scored before the commit changes the states
-            scores = self.evaluation.score_beside(version, self._base)
+            scores = self.evaluation.score_up_to(version, self._base)
         finally:
             sending.exception()  # the upload is waited for, even when the evaluation failed
         self.evaluation.keep(scores)
@@ -475,7 +475,6 @@ class Worker:
     def close(self) -> None:
         """Close the upload thread, the client, the waiter and the store."""
         self._uploads.shutdown(wait=True)
-        self.evaluation.close()
         self.client.close()
         self.waiter.close()
         self.store.close()
