@@ -57,6 +57,7 @@ from services.client_sim.store import WorkerStore, model_key
 from services.client_sim.timings import PhaseTimer
 from services.client_sim.waiters import RedisWaiter, SleepWaiter, Waiter
 from services.contract import CurrentRound, RunConfig
+from services.priority import Background
 
 log = logging.getLogger(__name__)
 
@@ -294,11 +295,12 @@ class Worker:
         with self.timer.phase("commit"):
             self.store.set_meta(pending_upload=json.dumps(note))
         sending = self._uploads.submit(self._send, r, todo, result)
-        try:
-            # scored before the commit changes the states
-            scores = self.evaluation.score_up_to(version, self._base)
-        finally:
-            sending.exception()  # the upload is waited for, even when the evaluation failed
+        # scored before the commit changes the states, beside the upload
+        scoring = Background(self.evaluation.score_up_to, version, self._base)
+        sending.exception()  # the upload is waited for, even when the evaluation fails
+        if self._announced is None:  # not the round's last upload: the round now waits for
+            scoring.yield_cpu()  # another's and the close, not this (services/priority.py)
+        scores = scoring.result()
         self.evaluation.keep(scores)
         try:
             statuses = sending.result()
