@@ -330,7 +330,9 @@ def before_after() -> list[str]:
         pa, na = prev["filmtrust"]["aggregate"], ft["aggregate"]
         lines += [
             "| aggregate round before the fused ReLU masks, single-pass norms and perturbations "
-            "(`roofline_before.json`) vs now: fraction of the same-run 1024x1024 matmul rate | "
+            "(`roofline_before.json`) vs now: fraction of the same-run 1024x1024 matmul rate "
+            f"({prev['filmtrust']['matmul_gflops_median']:.0f} GFLOP/s then, "
+            f"{ft['matmul_gflops_median']:.0f} now: not the same machine) | "
             f"{pa['fraction_of_matmul_full']:.2f} | {na['fraction_of_matmul_full']:.2f} |",
             "| same, x per-client loop (same run) | "
             f"{pa.get('speedup_vs_loop', float('nan')):.1f}x | "
