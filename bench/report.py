@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import report_http
 import report_serving
@@ -19,6 +18,7 @@ from accuracy_report import section as accuracy_section
 from accuracy_report import targets as accuracy_targets
 from accuracy_studies import studies as accuracy_studies
 from privacy_report import section as privacy_section
+from report_common import load_result
 from secagg_report import section as secagg_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +41,6 @@ def _pm(summary: dict[str, float], key: str) -> str:
     return f"{100 * m:.2f} ± {100 * s:.2f}"
 
 
-def _load(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def reproduction() -> list[str]:
     """The reproduction table."""
     lines = [
@@ -63,8 +59,8 @@ def reproduction() -> list[str]:
     base = RES / "reproduce"
     for dataset in ("filmtrust", "amazon-video", "lastfm-2k"):
         for method in ("fedrecgel", "fedncf"):
-            paper = _load(base / dataset / f"{method}-paper" / "results.json")
-            val = _load(base / dataset / f"{method}-validation" / "results.json")
+            paper = load_result(base / dataset / f"{method}-paper" / "results.json")
+            val = load_result(base / dataset / f"{method}-validation" / "results.json")
             if paper is None and val is None:
                 continue
             ref = paper or val
@@ -88,7 +84,7 @@ def reproduction() -> list[str]:
 
 def speed() -> list[str]:
     """The simulator speed figures."""
-    sp = _load(RES / "speed.json")
+    sp = load_result(RES / "speed.json")
     if sp is None:
         return []
     ft, ev = sp["filmtrust"], sp["evaluation"]
@@ -131,7 +127,7 @@ def speed() -> list[str]:
 
 def aggregator_storage() -> list[str]:
     """Database size over a long run: a table per backend, then the size of each table."""
-    data = _load(RES / "aggregator_storage.json")
+    data = load_result(RES / "aggregator_storage.json")
     if data is None:
         return []
     st = data["settings"]
@@ -171,7 +167,7 @@ def aggregator_storage() -> list[str]:
 
 def compose() -> list[str]:
     """The same FilmTrust run under docker compose and under ``fedrec up``."""
-    data = _load(RES / "compose_vs_loopback.json")
+    data = load_result(RES / "compose_vs_loopback.json")
     if data is None:
         return []
     cfg, machine = data["config"], data["machine"]
@@ -205,7 +201,7 @@ def compose() -> list[str]:
 
 def fuzzing() -> list[str]:
     """Schema-driven fuzzing of each service, per credential kind, and what it found."""
-    data = _load(RES / "fuzz.json")
+    data = load_result(RES / "fuzz.json")
     if data is None:
         return []
     lines = [
@@ -262,7 +258,7 @@ def fuzzing() -> list[str]:
 
 def other(name: str, title: str) -> list[str]:
     """Any other benchmark JSON, shown as it is."""
-    data = _load(RES / name)
+    data = load_result(RES / name)
     if data is None:
         return []
     return [
@@ -276,7 +272,7 @@ def other(name: str, title: str) -> list[str]:
 
 def baselines() -> list[str]:
     """Popularity / random / centralized reference points per dataset and protocol."""
-    data = _load(RES / "baselines.json")
+    data = load_result(RES / "baselines.json")
     if data is None:
         return []
     lines = [

@@ -7,12 +7,11 @@ Used by ``bench/report.py``; every figure comes from a JSON under bench/results/
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
-RES = Path(__file__).resolve().parents[1] / "bench" / "results"
+from report_common import load_result
+
 AFTER = "http_vs_simulator.json"
 BEFORE = "http_vs_simulator_before.json"
 #: later sessions, each a grouped run and one with per-worker partial sums under the same load:
@@ -56,11 +55,6 @@ AGG_ROWS = {
 }
 
 
-def _load(name: str) -> Any:
-    path = RES / name
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def _runs(data: dict[str, Any] | None, tag: str) -> list[tuple[str, dict[str, Any]]]:
     if data is None:
         return []
@@ -73,9 +67,9 @@ def _cell(x: float | None) -> str:
 
 def section() -> list[str]:
     """The before/after table and the breakdown of a round."""
-    after, before = _load(AFTER), _load(BEFORE)
+    after, before = load_result(AFTER), load_result(BEFORE)
     runs = _runs(before, "before") + _runs(after, "after")
-    later = {tag: data for name, tag in SESSIONS.items() if (data := _load(name)) is not None}
+    later = {tag: data for name, tag in SESSIONS.items() if (data := load_result(name)) is not None}
     for tag, data in later.items():
         runs += _runs(data, tag)
     if not runs:

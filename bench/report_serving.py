@@ -5,15 +5,9 @@ Used by ``bench/report.py``; every figure comes from a JSON under bench/results/
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-RES = Path(__file__).resolve().parents[1] / "bench" / "results"
-
-
-def _load(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
+from report_common import RES, load_result
 
 
 def _recall_row(items: str, target: str, load: dict[str, Any]) -> tuple[str, str, object]:
@@ -28,9 +22,9 @@ def _recall_row(items: str, target: str, load: dict[str, Any]) -> tuple[str, str
 
 def serving() -> list[str]:
     """Targets of two-stage recommendations and of evaluation against what was measured."""
-    rec = _load(RES / "recommend_load.json") or {}
-    ev = _load(RES / "evaluation.json") or {}
-    ev2 = _load(RES / "evaluation_threads2.json")
+    rec = load_result(RES / "recommend_load.json") or {}
+    ev = load_result(RES / "evaluation.json") or {}
+    ev2 = load_result(RES / "evaluation_threads2.json")
     if not rec and not ev:
         return []
     rows: list[tuple[str, str, object]] = []
@@ -159,8 +153,8 @@ def _p99_limit(big: dict[str, Any], cpus: int | None) -> list[str]:
 
 def serving_before_after() -> list[str]:
     """Serving and evaluation figures before this revision's changes and after."""
-    b, a = _load(RES / "recommend_load_before.json"), _load(RES / "recommend_load.json")
-    eb, ea = _load(RES / "evaluation_before.json"), _load(RES / "evaluation.json")
+    b, a = load_result(RES / "recommend_load_before.json"), load_result(RES / "recommend_load.json")
+    eb, ea = load_result(RES / "evaluation_before.json"), load_result(RES / "evaluation.json")
     if not (b and a):
         return []
     bm, am = b.get("items_1m", {}), a.get("items_1m", {})
@@ -233,7 +227,7 @@ def serving_before_after() -> list[str]:
 
 def shortlist_recall() -> list[str]:
     """The candidate stage at 1e6 items taken apart (bench/shortlist_recall.py)."""
-    d = _load(RES / "shortlist_recall.json")
+    d = load_result(RES / "shortlist_recall.json")
     if d is None:
         return []
     m = d["model"]
@@ -302,7 +296,7 @@ def shortlist_recall() -> list[str]:
 
 def evaluation_before_after() -> list[str]:
     """The evaluation of all Amazon-Video users: the previous code against the current one."""
-    ev, eb = _load(RES / "evaluation.json"), _load(RES / "evaluation_before.json")
+    ev, eb = load_result(RES / "evaluation.json"), load_result(RES / "evaluation_before.json")
     if not ev or "previous_median_s" not in ev:
         return []
     prof = ev.get("fast_profile", {})

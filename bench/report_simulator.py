@@ -5,21 +5,14 @@ Used by ``bench/report.py``; every figure comes from a JSON under bench/results/
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-RES = Path(__file__).resolve().parents[1] / "bench" / "results"
-
-
-def _load(name: str) -> Any:
-    path = RES / name
-    return json.loads(path.read_text()) if path.exists() else None
+from report_common import load_result
 
 
 def roofline() -> list[str]:
     """The achieved fraction of the matmul rate and the speed-up over the per-client loop."""
-    rf = _load("roofline.json")
+    rf = load_result("roofline.json")
     if rf is None:
         return []
     ft = rf["filmtrust"]
@@ -91,7 +84,7 @@ def roofline() -> list[str]:
 def _other_machine(ft: dict[str, Any]) -> list[str]:
     """The same benchmark of the previous revision on another machine of the same size
     (``roofline_other_machine.json``): how the fraction moves with the CPU's matmul rate."""
-    om = _load("roofline_other_machine.json")
+    om = load_result("roofline_other_machine.json")
     if om is None:
         return []
     o, a = om["filmtrust"], ft
@@ -184,7 +177,7 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
 
 def _compile_lines() -> list[str]:
     """What ``torch.compile`` gave on pass 3 (``bench/roofline_compile.py``)."""
-    tc = _load("roofline_compile.json")
+    tc = load_result("roofline_compile.json")
     if tc is None:
         return []
     return [
@@ -204,10 +197,10 @@ def _compile_lines() -> list[str]:
 
 def memory() -> list[str]:
     """Peak RSS per case, each in its own process."""
-    mem = _load("memory.json")
+    mem = load_result("memory.json")
     if not mem:
         return []
-    before = _load("memory_before.json") or {}
+    before = load_result("memory_before.json") or {}
     lines = [
         "## Simulator memory (`bench/memory.py`)",
         "",
@@ -239,7 +232,7 @@ def memory() -> list[str]:
 
 def scaling() -> list[str]:
     """Seconds per round against clients and against items."""
-    sc = _load("scaling.json")
+    sc = load_result("scaling.json")
     if not sc:
         return []
     lines = [
@@ -305,9 +298,9 @@ def scaling() -> list[str]:
 
 def before_after() -> list[str]:
     """The simulator's figures before and after the hand-written passes."""
-    old = _load("simulator_before.json")
-    rf = _load("roofline.json")
-    sp = _load("speed.json")
+    old = load_result("simulator_before.json")
+    rf = load_result("roofline.json")
+    sp = load_result("speed.json")
     if old is None or rf is None:
         return []
     ft = rf["filmtrust"]
@@ -325,7 +318,7 @@ def before_after() -> list[str]:
         f"{ft['aggregate'].get('speedup_vs_loop', float('nan')):.1f}x (aggregate path), "
         f"{ft['per_client'].get('speedup_vs_loop', float('nan')):.1f}x (per-client uploads) |",
     ]
-    prev = _load("roofline_before.json")
+    prev = load_result("roofline_before.json")
     if prev is not None:  # the hand-written passes before the elementwise and Python work
         pa, na = prev["filmtrust"]["aggregate"], ft["aggregate"]
         lines += [
@@ -353,7 +346,7 @@ def before_after() -> list[str]:
                 f"({old_m['tensor']}, a tensor {old_m['tensor_norm_over_upload_norm']:.1e} of "
                 "its upload's norm) |"
             )
-    mem, mem_old = _load("memory.json") or {}, _load("memory_before.json") or {}
+    mem, mem_old = load_result("memory.json") or {}, load_result("memory_before.json") or {}
     for case in ("filmtrust-all", "synthetic-1e6x1e5"):
         a, b = mem.get(case, {}), mem_old.get(case, {})
         if "peak_rss_mb" in a:

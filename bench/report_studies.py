@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+
+from report_common import RES, load_result
 
 ROOT = Path(__file__).resolve().parents[1]
-RES = ROOT / "bench" / "results"
-
-
-def _load(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _pm(stats: dict[str, float] | None) -> str:
@@ -22,7 +18,7 @@ def _pm(stats: dict[str, float] | None) -> str:
 
 def central() -> list[str]:
     """The centralized NCF upper bound per dataset (bench/results/central.json)."""
-    data = _load(RES / "central.json")
+    data = load_result(RES / "central.json")
     if data is None or not data.get("datasets"):
         return []
     lines = [
