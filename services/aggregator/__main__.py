@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         ) from None
     check_database(settings)
     uvicorn.run(
-        create_app(settings, population=population),
+        create_app(settings, population=population, migrated=True),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),

@@ -154,10 +154,13 @@ def create_app(
     *,
     clock: Callable[[], datetime] | None = None,
     population: int | Population | None = None,
+    migrated: bool = False,
 ) -> FastAPI:
     """Build the aggregator app; connections open in its lifespan, not here. ``population``
     (a number of clients, or a :class:`Population`) overrides the settings' (else resolved at
-    start, see :func:`resolve_population`)."""
+    start, see :func:`resolve_population`). ``migrated``: the caller brought the schema to the
+    latest revision just before (``python -m services.aggregator`` does, to stop on a database
+    it cannot use with one line), so the lifespan does not migrate again."""
     settings = settings or Settings()
     metrics = AggregatorMetrics()
 
@@ -167,7 +170,8 @@ def create_app(
         bus: RedisBus | None = None
         task: asyncio.Task[None] | None = None
         try:
-            await anyio.to_thread.run_sync(db.migrate)
+            if not migrated:
+                await anyio.to_thread.run_sync(db.migrate)
             resolved = Population(population) if isinstance(population, int) else population
             if resolved is None:
                 resolved = await anyio.to_thread.run_sync(resolve_population, settings)

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 import services.aggregator.__main__ as command
+from services.aggregator.db import Database
 from tests.support.loopback import free_port
 
 
@@ -60,5 +62,11 @@ def test_a_usable_database_is_migrated_and_served(
     monkeypatch: pytest.MonkeyPatch, started: list[Any], tmp_path: Path
 ) -> None:
     monkeypatch.setenv("FEDREC_AGG_DATABASE_URL", f"sqlite:///{tmp_path}/a.db")
+    migrations: list[Database] = []
+    migrate = Database.migrate
+    monkeypatch.setattr(Database, "migrate", lambda db: migrations.append(db) or migrate(db))
     command.main([])
     assert len(started) == 1 and (tmp_path / "a.db").exists()
+    with TestClient(started[0]) as client:  # the served app's start: no second migration
+        assert client.get("/healthz").status_code == 200
+    assert len(migrations) == 1
