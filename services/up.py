@@ -14,14 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from services.launcher import (
-    Cluster,
-    UpOptions,
-    check_ports,
-    cluster,
-    console,
-    run_complete,
-)
+from services.launcher import Cluster, UpOptions, check_ports, cluster, console, run_complete
 from services.supervise import LaunchError, Stopped, clear_workdir, locked_workdir, stop_on_signals
 
 
