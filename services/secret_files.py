@@ -14,10 +14,21 @@ from pathlib import Path
 from pydantic_settings import BaseSettings
 
 
+#: the largest secret file read (a secret is a line; a bigger file, or an endless one such as
+#: /dev/zero, is a wrong path, and reading it whole could exhaust memory)
+MAX_SECRET_FILE_BYTES = 64 * 1024
+
+
 def read_secret_file(path: Path, variable: str) -> str:
     """The secret in ``path`` (stripped); ValueError naming ``variable`` when unusable."""
     try:
-        value = Path(path).read_text(encoding="utf-8").strip()
+        with Path(path).open("rb") as fh:
+            raw = fh.read(MAX_SECRET_FILE_BYTES + 1)
+        if len(raw) > MAX_SECRET_FILE_BYTES:
+            raise ValueError(
+                f"{variable}: {path} is larger than {MAX_SECRET_FILE_BYTES} bytes; not a secret"
+            )
+        value = raw.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as err:
         reason = getattr(err, "strerror", None) or str(err)
         raise ValueError(f"{variable}: cannot read {path}: {reason}") from None

@@ -46,3 +46,12 @@ def test_unusable_input_is_a_message_and_exit_status_2(args, env, message):
     r = _run(*args, env=env)
     assert r.exit_code == 2 and message in r.output, r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "big"])
+def test_a_huge_or_endless_secret_file_is_refused_without_reading_it_whole(tmp_path, name):
+    path = name if name.startswith("/") else str(tmp_path / name)
+    if not name.startswith("/"):
+        (tmp_path / name).write_bytes(b"x" * (1 << 20))
+    r = _run("--shard", "0", "--shards", "1", "--secret-file", path)
+    assert r.exit_code == 2 and "larger than" in r.output, r.output
