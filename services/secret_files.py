@@ -13,7 +13,6 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings
 
-
 #: the largest secret file read (a secret is a line; a bigger file, or an endless one such as
 #: /dev/zero, is a wrong path, and reading it whole could exhaust memory)
 MAX_SECRET_FILE_BYTES = 64 * 1024
