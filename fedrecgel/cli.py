@@ -164,6 +164,11 @@ def _apply_preset(
         settings = resolve(preset, dataset, *files)
     except PresetError as err:
         raise fail(str(err)) from None
+    if unknown := sorted(set(settings) - set(PRESET_FIELDS)):
+        raise fail(
+            f"preset {preset}: unknown setting(s) {', '.join(unknown)}; a preset sets "
+            f"{', '.join(PRESET_FIELDS)}"
+        )
     chosen = {
         k: v
         for k, v in settings.items()
@@ -279,6 +284,10 @@ def train(
     hr_ndcg.png to --out."""
     if method not in METHODS + BASELINE_METHODS:
         raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
+    if presets_file is not None and preset is None:
+        raise fail("--presets-file is read only with --preset (the preset to take from it)")
+    if presets_file is not None and not presets_file.is_file():
+        raise fail(f"--presets-file {presets_file}: no such file")
     seed_list = parse_seeds(seeds)
     params = checked({**run, "seed": seed_list[0]})
     for seed in seed_list[1:]:

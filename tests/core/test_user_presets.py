@@ -104,3 +104,31 @@ def test_a_presets_file_that_cannot_be_read_is_named_not_a_traceback(
     with pytest.raises(presets.PresetError, match=str(user)):
         presets.save("tuned-d", {}, {}, user)  # nor is it overwritten
     assert user.read_bytes() == content.encode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize(
+    ("args", "content", "message"),
+    [
+        (["--preset", "tuned-d"], None, "no such file"),
+        ([], '{"tuned-d": {"settings": {"rounds": 2}}}', "only with --preset"),
+        (["--preset", "tuned-d"], '{"tuned-d": {"settings": {"serverlr": 2}}}', "serverlr"),
+    ],
+)
+def test_a_presets_file_that_would_be_ignored_is_refused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    content: str | None,
+    message: str,
+) -> None:
+    """A named presets file that is missing, given without --preset, or holding a setting
+    no preset sets, stops the run instead of training silently with other settings."""
+    monkeypatch.setattr(cli, "Simulator", _Capture)
+    _Capture.configs.clear()
+    mine = tmp_path / "mine.json"
+    if content is not None:
+        mine.write_text(content)
+    train = ["train", "--dataset", str(_csv(tmp_path)), "--quiet", "--presets-file", str(mine)]
+    r = runner.invoke(cli.app, [*train, *args, "--eval-every", "0", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert not _Capture.configs and not (tmp_path / "o").exists()
