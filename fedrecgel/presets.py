@@ -69,10 +69,9 @@ def stored(*paths: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def save(name: str, settings: dict[str, Any], about: dict[str, Any], path: Path) -> None:
-    """Store ``settings`` as preset ``name`` (with what the study measured) in ``path``
-    (created with its folder; replaced whole, never left half written). The package's own
-    files are refused: a preset of the user's is no change to the installed package."""
+def check_target(name: str, path: Path) -> dict[str, dict[str, Any]]:
+    """The presets already in ``path``, after checking that preset ``name`` may be saved there
+    (PresetError otherwise); ``fedrec tune`` asks before its study, not after."""
     if not name.startswith("tuned-"):
         raise PresetError(f"a saved preset is named tuned-<dataset>, got {name!r}")
     if path.resolve().is_relative_to(PRESETS_FILE.parent.resolve()):
@@ -80,7 +79,14 @@ def save(name: str, settings: dict[str, Any], about: dict[str, Any], path: Path)
             f"{path} is inside the installed package; save presets elsewhere (the default is "
             f"{user_presets_file()})"
         )
-    data = stored(path)
+    return stored(path)
+
+
+def save(name: str, settings: dict[str, Any], about: dict[str, Any], path: Path) -> None:
+    """Store ``settings`` as preset ``name`` (with what the study measured) in ``path``
+    (created with its folder; replaced whole, never left half written). The package's own
+    files are refused: a preset of the user's is no change to the installed package."""
+    data = check_target(name, path)
     data[name] = {"settings": settings, "study": about}
     tmp: str | None = None
     try:

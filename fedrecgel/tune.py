@@ -90,6 +90,15 @@ class TuneSpec:
             unknown = set(params) - {*SPACE, "rounds", "server_optimizer"}
             if unknown:
                 raise ValueError(f"first trial: unknown settings {sorted(unknown)}")
+            if "rounds" in params and params["rounds"] not in self.round_choices:
+                raise ValueError(
+                    f"first trial: rounds {params['rounds']!r} is not one of the round choices "
+                    f"{self.round_choices}"
+                )
+            try:
+                replace(self.base, **params).validate()
+            except ValueError as err:
+                raise ValueError(f"first trial: {err}") from None
 
 
 def validation_only(split: Split) -> Split:

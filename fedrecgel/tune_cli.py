@@ -12,7 +12,7 @@ import typer
 from fedrecgel.clitools import DatasetOption, console, fail, load_data, out_dir, parse_seeds
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import DataError
-from fedrecgel.presets import PresetError, save, user_presets_file
+from fedrecgel.presets import PresetError, check_target, save, user_presets_file
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.tune import ROUND_CHOICES, TuneSpec, best_settings, finished, tune
 
@@ -78,6 +78,12 @@ def tune_command(
     if method not in TUNABLE:
         raise fail(f"--method must be one of {', '.join(TUNABLE)}")
     seed_list = parse_seeds(seeds)
+    target = presets_file or user_presets_file()
+    if save_preset:  # a name or file that cannot take the result fails before the study
+        try:
+            check_target(save_preset, target)
+        except PresetError as err:
+            raise fail(str(err)) from None
     try:
         round_choices = tuple(int(r) for r in rounds.split(",") if r.strip())
     except ValueError:
@@ -105,6 +111,8 @@ def tune_command(
         join=join,
     )
     out_dir(spec.storage.parent, "--storage")  # a place the study cannot be kept fails now
+    if why := _not_a_study_file(spec.storage):
+        raise fail(f"--storage {spec.storage}: {why}")
     try:
         result = tune(split, spec, progress=console.print)
     except ValueError as err:
@@ -124,9 +132,24 @@ def tune_command(
             "protocol": protocol,
             "dataset": split.name,
         }
-        target = presets_file or user_presets_file()
         try:
             save(save_preset, best, about, target)
         except PresetError as err:
             raise fail(str(err)) from None
         console.print(f"saved preset {save_preset} in {target}")
+
+
+def _not_a_study_file(path: Path) -> str | None:
+    """Why ``path`` cannot hold a study (a folder, or a file that is not SQLite), else None."""
+    if path.is_dir():
+        return "is a folder (name the study's SQLite file)"
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        return f"cannot read it ({err.strerror or err})"
+    if head and head != b"SQLite format 3\x00":
+        return "is not an SQLite file (a study is kept in one)"
+    return None

@@ -160,3 +160,29 @@ def test_tune_refuses_bad_round_choices_and_storage_before_any_trial(tmp_path: P
         assert r.exit_code == 2, (args, r.output)
         assert message in r.output and "Traceback" not in r.output, r.output
     assert not storage.exists()  # no study was opened, no failed trial recorded
+
+
+def test_tune_refuses_a_bad_first_trial_storage_or_preset_name_before_any_trial(
+    tmp_path: Path,
+) -> None:
+    """Each of these used to run trials first (and print optuna's traceback of a failed trial),
+    or to end in a traceback of the database layer."""
+    not_sqlite = tmp_path / "notes.txt"
+    not_sqlite.write_text("not a study\n")
+    storage = tmp_path / "study.db"
+    ok = ["--storage", str(storage)]
+    for args, message in (
+        ([*ok, "--first", '{"server_lr": 1e300}'], "first trial: server_lr"),
+        ([*ok, "--first", '{"rounds": 7}'], "first trial: rounds 7"),
+        ([*ok, "--save-preset", "mine"], "tuned-<dataset>"),
+        (["--storage", str(not_sqlite)], "is not an SQLite file"),
+        (["--storage", str(tmp_path)], "is a folder"),
+    ):
+        r = runner.invoke(
+            app, ["tune", "--trials", "1", "--rounds", "1", "--eval-every", "1", *args]
+        )
+        assert r.exit_code == 2, (args, r.output)
+        assert message in r.output and "Traceback" not in r.output, (args, r.output)
+        assert "trial 0" not in r.output, r.output
+    assert not storage.exists()
+    assert not_sqlite.read_text() == "not a study\n"
