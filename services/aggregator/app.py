@@ -122,6 +122,11 @@ def _install_error_handlers(app: FastAPI, metrics: AggregatorMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, BodyTooLarge):
+            # a JSON body without Content-Length cut off by BodyLimitMiddleware while FastAPI
+            # read it: FastAPI reports any failure while reading as "error parsing the body"
+            count_refusal(request, BodyTooLarge.code)
+            return _error(413, BodyTooLarge.code, exc.__cause__.detail)
         if exc.status_code == 400:  # a body that cannot be decoded at all (not UTF-8 JSON)
             count_refusal(request, "validation_error")
             return _error(422, "validation_error", f"body: {exc.detail}")

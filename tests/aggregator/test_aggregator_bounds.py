@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -359,3 +360,21 @@ def test_openapi_describes_the_upload_body_and_every_refusal(started: Started) -
     version = spec["paths"]["/v1/models/{version}"]["get"]["parameters"][0]["schema"]
     assert version["maximum"] == 2**31 - 1
     json.dumps(spec)  # serialisable
+
+
+def test_a_json_body_over_the_limit_without_content_length_is_413(
+    aggregator: AggregatorFactory,
+) -> None:
+    """A chunked JSON body is cut off while read: 413 body_too_large, not a parse error."""
+    client = aggregator(population=8)
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"client_ids": ['
+        for _ in range(300):
+            yield b"0," * 5000
+
+    headers = {**enrol_headers(), "Content-Type": "application/json"}
+    r = client.post("/v1/clients", content=chunks(), headers=headers)
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large", r.text
+    assert "limit" in r.json()["detail"]
+    assert client.get("/v1/clients/count").json() == {"registered": 0}
