@@ -26,13 +26,21 @@ def _redis_url(url: str | None) -> str | None:
     return url
 
 
+_DATABASE_URL_FORMS = (
+    "sqlite:///path/to/file.db or postgresql+psycopg://user:password@host/database"
+)
+
+
 def _database_url(url: str) -> str:
     try:
-        make_url(url)
+        parsed = make_url(url)
     except ArgumentError:
+        raise ValueError(f"not a database URL ({_DATABASE_URL_FORMS})") from None
+    try:  # as the engine will at the first connection: an unknown or absent driver
+        parsed.get_dialect().import_dbapi()
+    except (ArgumentError, ImportError):
         raise ValueError(
-            "not a database URL (sqlite:///path/to/file.db or "
-            "postgresql+psycopg://user:password@host/database)"
+            f"no database driver for {parsed.drivername!r} here ({_DATABASE_URL_FORMS})"
         ) from None
     return url
 

@@ -95,6 +95,8 @@ def test_the_server_refuses_to_start_with_a_weak_secret_without_a_traceback() ->
     ("settings", "message"),
     [
         ({"database_url": "postgresql+psycopg//u:hunter2@db/fedrec"}, "not a database URL"),
+        ({"database_url": "nonsense://u:hunter2@db/fedrec"}, "no database driver for 'nonsense'"),
+        ({"database_url": "mysql://u:hunter2@db/fedrec"}, "no database driver for 'mysql'"),
         ({"redis_url": "localhost:6379"}, "a Redis URL starts with redis://"),
         ({"redis_url": "redis://:hunter2@cache:notaport"}, "not a Redis URL: Port could not"),
     ],
