@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import httpx
 from pydantic import AfterValidator
 from redis.connection import parse_url
 from sqlalchemy.engine import make_url
@@ -45,6 +46,20 @@ def _database_url(url: str) -> str:
     return url
 
 
+def _http_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("an HTTP URL starts with http:// or https://")
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as err:
+        raise ValueError(f"not an HTTP URL: {err}") from None
+    if not host:
+        raise ValueError("an HTTP URL names a host (http://host:port)")
+    return url
+
+
+#: the base URL of another service (http:// or https://, with a host)
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
 #: an optional Redis URL setting
 RedisUrl = Annotated[str | None, AfterValidator(_redis_url)]
 #: an SQLAlchemy database URL setting

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 from pathlib import Path
@@ -15,7 +16,7 @@ from services.enrolment import EnrolmentTokenError, parse_enrolment_token
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.host_check import is_loopback
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import RedisUrl
+from services.url_settings import HttpUrl, RedisUrl
 
 _ORDINAL = re.compile(r"-(\d+)$")
 
@@ -46,7 +47,7 @@ class WorkerSettings(BaseSettings):
         hide_input_in_errors=True,  # never echo a secret
     )
 
-    aggregator: str = "http://127.0.0.1:8700"
+    aggregator: HttpUrl = "http://127.0.0.1:8700"
     shard: int = 0
     shards: int = 1
     # The shard enrolment token the users are registered with (services/enrolment.py; issued by
@@ -62,12 +63,12 @@ class WorkerSettings(BaseSettings):
     redis_url: RedisUrl = None
     max_rounds: int | None = None
     exit_when_finished: bool = True
-    poll_min_s: float = 0.2
-    poll_max_s: float = 5.0
-    timeout_s: float = 30.0
-    retries: int = 4
-    backoff_s: float = 0.2
-    max_body_bytes: int = 8 * 1024 * 1024
+    poll_min_s: float = Field(default=0.2, gt=0, le=3600, allow_inf_nan=False)
+    poll_max_s: float = Field(default=5.0, gt=0, le=3600, allow_inf_nan=False)
+    timeout_s: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
+    retries: int = Field(default=4, ge=0, le=100)
+    backoff_s: float = Field(default=0.2, ge=0, le=3600, allow_inf_nan=False)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     log_level: str = "INFO"
     # Intra-op threads of torch in the worker process (None: torch's default, one per core).
     # Workers sharing a machine should split its cores: oversubscribed threads spin-wait.
@@ -90,7 +91,7 @@ class WorkerSettings(BaseSettings):
     device_token_file: Path | None = None
     # The largest request body the device API accepts (its routes take none: 413 above).
     http_max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
-    recommend_url: str = "http://127.0.0.1:8702"
+    recommend_url: HttpUrl = "http://127.0.0.1:8702"
     # How recommend_api names items: the dataset's own ids (it runs with FEDREC_REC_DATASET)
     # or catalogue indices as strings (it runs without labels).
     recommend_item_ids: Literal["dataset", "index"] = "dataset"
@@ -109,6 +110,11 @@ class WorkerSettings(BaseSettings):
             raise ValueError("need 0 < poll_min_s <= poll_max_s")
         if self.max_rounds is not None and self.max_rounds < 1:
             raise ValueError("max_rounds must be >= 1")
+        if not isinstance(logging.getLevelName(self.log_level.upper()), int):
+            raise ValueError(
+                f"log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got "
+                f"{self.log_level!r}"
+            )
         self._check_enrolment_token()
         self._check_device_token()
         return self

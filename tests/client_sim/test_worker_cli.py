@@ -94,3 +94,26 @@ def test_a_mistyped_redis_url_is_a_usage_error(capsys):
     args = ["--shard", "0", "--shards", "1", "--redis-url", "localhost:6379"]
     assert main(args) == 2
     assert "a Redis URL starts with redis://" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--timeout-s", "-1", "timeout_s"),
+        ("--timeout-s", "inf", "timeout_s"),
+        ("--poll-min-s", "nan", "poll_min_s"),
+        ("--retries", "-5", "retries"),
+        ("--max-body-bytes", "0", "max_body_bytes"),
+        ("--log-level", "nope", "log_level"),
+        ("--aggregator", "notaurl", "http://"),
+        ("--recommend-url", "http://", "host"),
+    ],
+)
+def test_unusable_flag_values_are_usage_errors_not_tracebacks_or_endless_retries(
+    capsys, flag, value, message
+):
+    """Each of these was taken as given: a traceback at the first request or wait
+    (negative timeout, NaN poll, negative retries), or retries without end (a URL without
+    its scheme)."""
+    assert main(["--shard", "0", "--shards", "1", flag, value]) == 2
+    assert message in capsys.readouterr().err
