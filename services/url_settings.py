@@ -46,7 +46,8 @@ def _database_url(url: str) -> str:
     return url
 
 
-def _http_url(url: str) -> str:
+def check_http_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host, else ValueError saying why."""
     if not url.startswith(("http://", "https://")):
         raise ValueError("an HTTP URL starts with http:// or https://")
     try:
@@ -59,7 +60,7 @@ def _http_url(url: str) -> str:
 
 
 #: the base URL of another service (http:// or https://, with a host)
-HttpUrl = Annotated[str, AfterValidator(_http_url)]
+HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 #: an optional Redis URL setting
 RedisUrl = Annotated[str | None, AfterValidator(_redis_url)]
 #: an SQLAlchemy database URL setting

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=0, le=65535)
-    deadline_poll_s: float = Field(default=1.0, gt=0)
+    deadline_poll_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
     model_cache_versions: int = Field(default=8, ge=1)
     # Retention of model versions: the newest ``keep_latest_versions`` and every version that
     # is a multiple of ``keep_every_versions`` (0: none besides the newest) keep their params;
@@ -77,9 +77,9 @@ class Settings(BaseSettings):
     # Least seconds between two compactions (space freed by pruning handed back to the
     # file system: SQLite incremental vacuum + WAL truncation, PostgreSQL VACUUM), run by the
     # background task after a round closed, never on a request.
-    compact_interval_s: float = Field(default=30.0, ge=0)
-    redis_lock_timeout_s: float = Field(default=60.0, gt=0)
-    redis_lock_wait_s: float = Field(default=10.0, ge=0)
+    compact_interval_s: float = Field(default=30.0, ge=0, le=86400, allow_inf_nan=False)
+    redis_lock_timeout_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
+    redis_lock_wait_s: float = Field(default=10.0, ge=0, le=3600, allow_inf_nan=False)
     log_level: str = "info"
     # Intra-op threads of torch in the server process (set by ``python -m services.aggregator``).
     # Aggregation is small, memory-bound work: one thread is fastest and never fights the

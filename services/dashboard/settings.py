@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.secret_files import secret_from_file, weak_secret
+from services.url_settings import HttpUrl, check_http_url
 
 
 class DashboardSettings(BaseSettings):
@@ -30,18 +31,18 @@ class DashboardSettings(BaseSettings):
     environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"
     port: int = Field(default=8704, ge=0, le=65535)
-    aggregator_url: str = "http://127.0.0.1:8700"
+    aggregator_url: HttpUrl = "http://127.0.0.1:8700"
     aggregator_token: SecretStr | None = None
     aggregator_token_file: Path | None = None
     # None: no recommendation-API panel
-    recommend_url: str | None = "http://127.0.0.1:8702"
+    recommend_url: HttpUrl | None = "http://127.0.0.1:8702"
     # the device APIs of the workers, comma-separated, in shard order (user u is on u % n)
     worker_urls: str = ""
     worker_token: SecretStr | None = None
     worker_token_file: Path | None = None
     # how often the page asks for fresh data (seconds); unchanged data costs a 304
     poll_interval_s: float = Field(default=2.0, gt=0, le=3600)
-    timeout_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
     log_level: str = "info"
     # Host names the page is served under besides 127.0.0.1, localhost and [::1]
@@ -53,6 +54,14 @@ class DashboardSettings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if isinstance(value, str) and value.strip().lower() in ("", "none") else value
+
+    @field_validator("worker_urls")
+    @classmethod
+    def _worker_urls_are_http(cls, value: str) -> str:
+        for url in value.split(","):
+            if url.strip():
+                check_http_url(url.strip())
+        return value
 
     @property
     def workers(self) -> list[str]:

@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.recommend_api.ranking import RankingConfig
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import RedisUrl
+from services.url_settings import HttpUrl, RedisUrl
 
 _RANKING = RankingConfig()  # the ranking defaults live there once
 
@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8702, ge=0, le=65535)
     # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
-    aggregator_url: str | None = "http://127.0.0.1:8700"
+    aggregator_url: HttpUrl | None = "http://127.0.0.1:8700"
     aggregator_token: SecretStr | None = None
     # the token read from a file instead (services/secret_files.py)
     aggregator_token_file: Path | None = None
@@ -40,9 +40,9 @@ class Settings(BaseSettings):
     versions_channel: str = "fedrec:versions"
     # Seconds between ETag polls of the aggregator when Redis is not configured; with Redis
     # the poll still runs, ``redis_poll_factor`` times slower, to catch missed events.
-    poll_interval_s: float = Field(default=2.0, gt=0)
-    redis_poll_factor: float = Field(default=15.0, ge=1)
-    fetch_timeout_s: float = Field(default=60.0, gt=0)
+    poll_interval_s: float = Field(default=2.0, gt=0, le=3600, allow_inf_nan=False)
+    redis_poll_factor: float = Field(default=15.0, ge=1, le=1e6, allow_inf_nan=False)
+    fetch_timeout_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
     # Item ids: the dataset's own labels in index order (``load_split(...).item_labels``),
     # or a text file with one label per line; item indices as strings when neither is set.
     dataset: str | None = None

@@ -195,3 +195,41 @@ def test_the_committed_operator_token_placeholder_is_refused_in_production():
     assert env["FEDREC_AGG_ENVIRONMENT"] == "production"
     with pytest.raises(ValueError, match="OPERATOR_TOKEN"):
         AggregatorSettings(environment="production", operator_token=token)
+
+
+@pytest.mark.parametrize(
+    ("module", "values", "field"),
+    [
+        ("services.aggregator.settings", {"compact_interval_s": float("inf")}, "compact"),
+        ("services.aggregator.settings", {"deadline_poll_s": float("inf")}, "deadline_poll"),
+        ("services.aggregator.settings", {"redis_lock_timeout_s": float("inf")}, "redis_lock"),
+        ("services.recommend_api.settings", {"fetch_timeout_s": float("inf")}, "fetch_timeout"),
+        ("services.recommend_api.settings", {"aggregator_url": "notaurl"}, "aggregator_url"),
+        ("services.dashboard.settings", {"aggregator_url": "aggregator:8700"}, "aggregator_url"),
+        ("services.dashboard.settings", {"recommend_url": "ftp://x"}, "recommend_url"),
+        ("services.dashboard.settings", {"worker_urls": "http://w0:1,w1:2"}, "worker_urls"),
+        ("services.dashboard.settings", {"timeout_s": float("inf")}, "timeout_s"),
+    ],
+)
+def test_unusable_intervals_and_urls_are_settings_errors(module, values, field):
+    """Each was accepted: an infinite interval ended in an OverflowError in a background
+    thread or a loop that never woke (rounds never closed at their deadline), and a URL
+    without its scheme in a service that started and then failed every call."""
+    import importlib
+
+    from pydantic import BaseModel, ValidationError
+
+    mod = importlib.import_module(module)
+    cls = next(
+        c
+        for name, c in vars(mod).items()
+        if isinstance(c, type)
+        and issubclass(c, BaseModel)
+        and name.endswith("Settings")
+        and c.__module__ == module
+    )
+    base: dict[str, Any] = {"environment": "development"}
+    if module == "services.aggregator.settings":
+        base["operator_token"] = "op-token-0123456789abcdef"
+    with pytest.raises(ValidationError, match=field):
+        cls(**base, **values)
