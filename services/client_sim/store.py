@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from sqlalchemy import Integer, LargeBinary, String, create_engine, event, inspect, select, update
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from fedrecgel.data import Split
@@ -241,6 +242,24 @@ class WorkerStore:
         url = str(path_or_url)
         if "://" not in url:
             url = f"sqlite:///{Path(url).expanduser()}"
+        shown = "the store URL"  # until parsed: a URL may hold a password
+        try:
+            shown = make_url(url).render_as_string(hide_password=True)
+            self._open(url)
+        except (ArgumentError, ImportError, SQLAlchemyError) as err:
+            # an unknown dialect, an absent driver, not a database, a folder, no permission
+            cause = getattr(err, "orig", None) or err
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise StoreError(f"cannot open the store {shown}: {reason}") from None
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._mirroring = mirror
+        #: every owned user's committed state (rows in ``_mirror_ids`` order), once built
+        self._mirror: PrivateState | None = None
+        self._mirror_ids = np.zeros(0, dtype=np.int64)
+        self._mirror_lock = threading.Lock()  # the device API reads from another thread
+
+    def _open(self, url: str) -> None:
+        """Create the engine and the schema (refusing another service's database)."""
         path = sqlite_file(url)
         existed = path is not None and path.exists()
         if path is not None and not existed:  # created private, before SQLite writes to it
@@ -248,8 +267,8 @@ class WorkerStore:
         self.engine: Engine = create_engine(url)
         if path is not None:
             event.listen(self.engine, "connect", _wal_mode)
-        foreign = set(inspect(self.engine).get_table_names()) - set(_Base.metadata.tables)
-        if foreign:  # another service's database (the aggregator's, say): never touch it
+        if foreign := set(inspect(self.engine).get_table_names()) - set(_Base.metadata.tables):
+            # another service's database (the aggregator's, say): never touch it
             self.engine.dispose()
             raise StoreError(
                 f"{path or url} is not a worker store: it holds the tables {sorted(foreign)[:5]}"
@@ -257,12 +276,6 @@ class WorkerStore:
         if path is not None and existed:
             _make_private_store(path)
         _Base.metadata.create_all(self.engine)
-        self._session = sessionmaker(self.engine, expire_on_commit=False)
-        self._mirroring = mirror
-        #: every owned user's committed state (rows in ``_mirror_ids`` order), once built
-        self._mirror: PrivateState | None = None
-        self._mirror_ids = np.zeros(0, dtype=np.int64)
-        self._mirror_lock = threading.Lock()  # the device API reads from another thread
 
     def close(self) -> None:
         """Release the engine's connections."""

@@ -84,10 +84,15 @@ def test_an_unusable_store_or_dataset_is_an_error_line_not_a_traceback(tmp_path,
     for args, message in (
         (["--store", str(blocker / "w.db")], f"cannot open the store {blocker / 'w.db'}"),
         (["--store", str(tmp_path / "w.db"), "--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--store", "nonsense://u:hunter2@h/d"], "cannot open the store nonsense://u:***@h/d"),
+        (["--store", str(blocker)], "file is not a database"),
+        (["--store", str(tmp_path)], "unable to open database file"),
     ):
         caplog.clear()
         assert main([*base, *args]) == 1, args
         assert message in caplog.text, caplog.text
+        assert "hunter2" not in caplog.text and "Traceback" not in caplog.text
+    assert blocker.read_text() == "not a folder"
 
 
 def test_a_mistyped_redis_url_is_a_usage_error(capsys):
