@@ -49,6 +49,8 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+from cpu_accounting import machine_busy_seconds, process_cpu_seconds
+
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
@@ -102,10 +104,15 @@ def http_run(
     t0 = time.perf_counter()
     with aggregator_started(opts) as c:
         start_workers(c, split.n_users)
+        pids = {p.name: p.popen.pid for p in c.procs}
+        cpu0 = {n: process_cpu_seconds(pid) for n, pid in pids.items()}
+        busy0 = machine_busy_seconds()
         t_ready, started = time.perf_counter(), time.time()
         c.start_run(split.n_items)
         history = c.wait_complete(timeout_s=3600.0, poll_s=watch_s)
         t_done = time.perf_counter()
+        cpu = {n: process_cpu_seconds(pid) - cpu0[n] for n, pid in pids.items()}
+        busy = machine_busy_seconds() - busy0
         resp = httpx.get(f"{c.agg_url}/v1/models/latest", headers=c.operator_headers(), timeout=30)
         resp.raise_for_status()
         _, shared, version = decode_model(resp.content)
@@ -120,6 +127,12 @@ def http_run(
         "shared": shared,
         "version": version,
         "breakdown": breakdown(logs, metrics, train.rounds, run_seconds),
+        # CPU seconds from the run's start until this script saw it complete (up to
+        # ``watch_s`` after its end): each service process, and the whole machine (every
+        # process on it, this script's polls and other jobs included)
+        "cpu_seconds": cpu,
+        "machine_busy_seconds": busy,
+        "cpu_window_seconds": t_done - t_ready,
     }
 
 
@@ -196,12 +209,16 @@ def agreement(http: dict[str, Any], sim: Simulator, result: RunResult) -> dict[s
     }
 
 
-def simulator_seconds(dataset: str, train: TrainConfig, threads: int) -> float:
-    """Wall seconds of the simulator's run (training and per-round evaluation)."""
+def simulator_seconds(dataset: str, train: TrainConfig, threads: int) -> tuple[float, float]:
+    """Wall seconds of the simulator's run (training and per-round evaluation), and the CPU
+    seconds this process spent meanwhile (all its threads)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return Simulator(load_split(dataset), train).run().wall_seconds
+        sim = Simulator(load_split(dataset), train)
+        cpu0 = time.process_time()
+        wall = sim.run().wall_seconds
+        return wall, time.process_time() - cpu0
     finally:
         torch.set_num_threads(before)
 
@@ -350,8 +367,11 @@ def main() -> None:
                     grouped,
                     args.watch_s,
                 )
-            sims = {t: simulator_seconds(args.dataset, run, t) for t in sim_threads}
+            timed = {t: simulator_seconds(args.dataset, run, t) for t in sim_threads}
+            sims = {t: w for t, (w, _) in timed.items()}
             best = min(sims.values())
+            best_cpu = min(timed.values())[1]
+            workers_cpu = sum(v for k, v in http["cpu_seconds"].items() if k != "aggregator")
             row = {
                 "repetition": rep,
                 "mode": mode,
@@ -364,6 +384,19 @@ def main() -> None:
                 "final_model_version": http["version"],
                 "load_avg_1m": os.getloadavg()[0],
                 "breakdown": http["breakdown"],
+                "cpu": {
+                    "aggregator_seconds": http["cpu_seconds"].get("aggregator", 0.0),
+                    "workers_seconds": workers_cpu,
+                    "per_process_seconds": http["cpu_seconds"],
+                    "machine_busy_seconds": http["machine_busy_seconds"],
+                    "window_seconds": http["cpu_window_seconds"],
+                    "simulator_seconds": best_cpu,
+                    # the services' CPU time against the simulator's, for the same run
+                    "services_over_simulator": (
+                        http["cpu_seconds"].get("aggregator", 0.0) + workers_cpu
+                    )
+                    / best_cpu,
+                },
             }
             if rep == 0 and not args.no_agreement:
                 ref = replace(run, grouped_uploads=grouped)

@@ -61,19 +61,11 @@ class Credentials:
 
     def authenticate(self, token: str | None) -> Caller:
         """The caller behind a bearer token (401 when missing or unknown)."""
-        if not token:
-            raise Unauthorized("missing bearer token")
-        if secrets.compare_digest(token.encode(), self.settings.operator_token.encode()):
-            return Caller(frozenset(), operator=True)
-        reader = self.settings.reader_token
-        if reader and secrets.compare_digest(token.encode(), reader.encode()):
-            return Caller(frozenset())  # may read rounds and models, owns no client
+        known = self.known(token)
+        if known is not None:
+            return known
+        assert token is not None
         h = hash_token(token)
-        now = time.monotonic()
-        with self._lock:
-            hit = self._tokens.get(h)
-        if hit is not None and hit[1] > now:
-            return Caller(hit[0])
         with self.db.read() as s:
             ids = Repository(s).clients_of_token(h)
         if not ids:
@@ -82,8 +74,25 @@ class Credentials:
         with self._lock:
             if len(self._tokens) > _TOKEN_CACHE_SIZE:
                 self._tokens.clear()
-            self._tokens[h] = (cached, now + _TOKEN_CACHE_TTL_S)
+            self._tokens[h] = (cached, time.monotonic() + _TOKEN_CACHE_TTL_S)
         return Caller(cached)
+
+    def known(self, token: str | None) -> Caller | None:
+        """:meth:`authenticate` without the database: the caller when the token is the
+        operator's, the reader's or in the cache, None when only the database can tell (401
+        when there is no token). Never blocks, so an event loop may call it."""
+        if not token:
+            raise Unauthorized("missing bearer token")
+        if secrets.compare_digest(token.encode(), self.settings.operator_token.encode()):
+            return Caller(frozenset(), operator=True)
+        reader = self.settings.reader_token
+        if reader and secrets.compare_digest(token.encode(), reader.encode()):
+            return Caller(frozenset())  # may read rounds and models, owns no client
+        with self._lock:
+            hit = self._tokens.get(hash_token(token))
+        if hit is not None and hit[1] > time.monotonic():
+            return Caller(hit[0])
+        return None
 
     def require_operator(self, token: str | None) -> None:
         """401 unless the token is the operator token."""

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response, 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from services.aggregator.errors import BodyTooLarge, UnsupportedMediaType
 from services.aggregator.schemas import (
@@ -42,7 +43,7 @@ M = TypeVar("M", bound=BaseModel)
 router = APIRouter()
 
 
-def get_service(request: Request) -> AggregatorService:
+async def get_service(request: Request) -> AggregatorService:
     """The service built by the app's lifespan."""
     service: AggregatorService = request.app.state.service
     return service
@@ -51,7 +52,7 @@ def get_service(request: Request) -> AggregatorService:
 ServiceDep = Annotated[AggregatorService, Depends(get_service)]
 
 
-def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str | None:
+async def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, if any."""
     if not authorization:
         return None
@@ -62,17 +63,25 @@ def bearer_token(authorization: Annotated[str | None, Header()] = None) -> str |
 TokenDep = Annotated[str | None, Depends(bearer_token)]
 
 
-def client_caller(service: ServiceDep, token: TokenDep) -> Caller:
+# The dependencies run on the event loop (``async def``) unless they may block: FastAPI runs
+# each plain ``def`` dependency in a worker thread, a hop there and back per dependency and
+# request. Only a token the credentials' cache does not know needs the database.
+
+
+async def client_caller(service: ServiceDep, token: TokenDep) -> Caller:
     """Authenticate a client (or the operator) from its bearer token."""
-    return service.credentials.authenticate(token)
+    known = service.credentials.known(token)
+    if known is not None:
+        return known
+    return await run_in_threadpool(service.credentials.authenticate, token)
 
 
-def operator_caller(service: ServiceDep, token: TokenDep) -> None:
+async def operator_caller(service: ServiceDep, token: TokenDep) -> None:
     """Require the operator token."""
     service.credentials.require_operator(token)
 
 
-def enrolment_shard(service: ServiceDep, token: TokenDep) -> Shard:
+async def enrolment_shard(service: ServiceDep, token: TokenDep) -> Shard:
     """Require a shard enrolment token: the shard it enrols."""
     return service.credentials.enrolment(token)
 
