@@ -171,6 +171,11 @@ def breakdown(
         / (rounds * max(1, len(per_worker)))
         for p in WORKER_PHASES
     }
+    cpu = {
+        p: sum(sum(r.get(f"cpu_{p}", 0.0) for r in w.values()) for w in per_worker)
+        / (rounds * max(1, len(per_worker)))
+        for p in WORKER_PHASES
+    }
     latency = [
         row["seen"] - closed[r - 1] for w in per_worker for r, row in w.items() if r - 1 in closed
     ]
@@ -184,6 +189,8 @@ def breakdown(
     return {
         "round_seconds": run_seconds / rounds,
         "worker_phase_seconds_per_round": phases,
+        # CPU seconds of the thread that ran each phase (mean over the workers, per round)
+        "worker_phase_cpu_seconds_per_round": cpu,
         "aggregator_stage_seconds_per_round": stages,
         "event_latency_seconds_median": statistics.median(latency) if latency else None,
         "event_latency_seconds_max": max(latency) if latency else None,

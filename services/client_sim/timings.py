@@ -8,7 +8,9 @@ users), ``report`` (posting the metric sums), ``compute`` (the cohort's SAM step
 included), ``commit`` (the new private states into the store). ``encode`` and ``upload`` run in
 the worker's upload thread at the same time as the scoring of the round's base version
 (``evaluate``), and so does ``report`` after the commit, at the same time as the worker's next
-poll, download and compute: a round's phases can add up to more than its wall time.
+poll, download and compute: a round's phases can add up to more than its wall time. The log
+line also gives each phase's CPU seconds (``cpu_<phase>``: the CPU time of the thread that ran
+it), which tells computing from waiting.
 """
 
 from __future__ import annotations
@@ -54,17 +56,20 @@ class PhaseTimer:
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the block as phase ``name``."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.thread_time() - c0
             self.seconds.labels(phase=name).observe(dt)
+            cpu = f"cpu_{name}"
             with self._lock:
                 self._since[name] = self._since.get(name, 0.0) + dt
+                self._since[cpu] = self._since.get(cpu, 0.0) + dc
 
     def take(self) -> dict[str, float]:
-        """Seconds per phase since the last call (then reset)."""
+        """Seconds per phase since the last call (then reset): wall seconds under the phase's
+        name, CPU seconds under ``cpu_<phase>``."""
         with self._lock:
             out, self._since = self._since, {}
         return out
