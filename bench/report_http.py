@@ -11,6 +11,7 @@ import statistics
 from typing import Any
 
 from report_common import load_result
+from report_http_cpu import CPU_AFTER, CPU_BEFORE, TAG_AFTER, TAG_BEFORE, capacity, cpu_reading
 
 AFTER = "http_vs_simulator.json"
 BEFORE = "http_vs_simulator_before.json"
@@ -24,6 +25,8 @@ SESSIONS = {
     "http_vs_simulator_rerun.json": "the same code, a later quiet run (partial only)",
     "http_vs_simulator_snapshot_before.json": "that code again, lighter measurement",
     "http_vs_simulator_snapshot.json": "reads from a WAL snapshot, background threads nicer",
+    CPU_BEFORE: TAG_BEFORE,
+    CPU_AFTER: TAG_AFTER,
 }
 #: the session before the newest (its reading says how far quiet runs move)
 NEWEST = "states in memory, evaluation during the upload"
@@ -159,7 +162,7 @@ def section() -> list[str]:
         + " | ".join(_cell(b["event_latency_seconds_median"]) for b in bds)
         + " |"
     )
-    return lines + _reading(later)
+    return lines + _reading(later) + cpu_reading() + capacity()
 
 
 def _ingest(s: dict[str, Any]) -> float:

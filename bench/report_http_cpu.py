@@ -1,0 +1,147 @@
+"""RESULTS paragraphs on where the CPU of the run over HTTP goes (``bench/http_vs_simulator.py``
+with its CPU accounting) and on how much arithmetic the machine's CPUs do at once
+(``bench/cpu_accounting.py``).
+
+Used by ``bench/report_http.py``; every figure comes from a JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from report_common import load_result
+
+CAPACITY = "parallel_capacity.json"
+#: the code before the session's change and after it, interleaved, with CPU accounting
+CPU_BEFORE = "http_vs_simulator_cpu_before.json"
+CPU_AFTER = "http_vs_simulator_cpu.json"
+TAG_BEFORE = "before: dependencies in worker threads, CPU accounted"
+TAG_AFTER = "authentication on the event loop, CPU accounted"
+
+
+def _med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _cpu(data: dict[str, Any], key: str) -> float:
+    """Median over the partial-mode repetitions of a CPU figure (seconds for the run)."""
+    return _med([r["cpu"][key] for r in data["repetitions"] if r["mode"] == "partial"])
+
+
+def _phase(data: dict[str, Any], part: str, name: str) -> float:
+    """Median over the repetitions of a worker phase's seconds per round (wall or CPU)."""
+    key = f"worker_phase{'_cpu' if part == 'cpu' else ''}_seconds_per_round"
+    return _med([r["breakdown"][key].get(name, 0.0) for r in data["repetitions"]])
+
+
+def capacity() -> list[str]:
+    """What the machine's CPUs do together against one alone."""
+    cap = load_result(CAPACITY)
+    if cap is None:
+        return []
+    n = cap["processes"]
+    x = cap["capacity_in_cpus"]
+    return [
+        "",
+        f"**The machine's CPUs at once** (`bench/cpu_accounting.py`, {len(cap['together_sum_gflops'])} "
+        "interleaved repetitions, 1-minute load "
+        f"{cap['load_avg_1m_at_start']:.1f} at the start): one single-threaded process "
+        "multiplying 512x512 float32 matrices runs at "
+        f"{cap['one_alone_gflops_median']:.0f} GFLOP/s alone; {n} such processes at once run at "
+        f"{cap['together_sum_gflops_median']:.0f} GFLOP/s in all, {x:.2f}x one alone "
+        f"(repetitions: alone {', '.join(f'{v:.0f}' for v in cap['one_alone_gflops'])}; "
+        f"together {', '.join(f'{v:.0f}' for v in cap['together_sum_gflops'])}). "
+        + (
+            f"The {n} CPUs this machine reports share about one core's arithmetic (on the "
+            "host they behave as hyperthreads of one core): two processes computing at once "
+            "each get about half of it. For the run over HTTP this means that its two workers "
+            "computing their halves of the cohort at the same moment take about as long as "
+            "one process computing the whole cohort, so splitting the cohort buys little "
+            "time, and everything the services do beyond the simulator's arithmetic (HTTP, "
+            "SQLite, encoding, the aggregator's close) comes on top of it."
+            if x < 1.5
+            else f"The {n} CPUs compute in parallel."
+        ),
+    ]
+
+
+def cpu_reading() -> list[str]:
+    """The interleaved runs before and after the session's change, with their CPU seconds."""
+    before, after = load_result(CPU_BEFORE), load_result(CPU_AFTER)
+    if before is None or after is None:
+        return []
+    b, a = before["modes"]["partial"], after["modes"]["partial"]
+    rounds = after["config"]["rounds"]
+    target = after.get("ratio_target", 1.5)
+    met = "meets" if a["ratio_median"] <= target else "does not meet"
+    loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
+
+    def per_round(d: dict[str, Any], key: str) -> float:
+        return _cpu(d, key) / rounds
+
+    rows = [
+        ("aggregator CPU s per round", "aggregator_seconds"),
+        ("workers' CPU s per round (both)", "workers_seconds"),
+        ("simulator's CPU s per round", "simulator_seconds"),
+    ]
+    table = [
+        "",
+        f"| CPU, medians over the repetitions | *{TAG_BEFORE}* | *{TAG_AFTER}* |",
+        "|---|---|---|",
+        *(
+            f"| {label} | {per_round(before, key):.3f} | {per_round(after, key):.3f} |"
+            for label, key in rows
+        ),
+        f"| services' CPU over the simulator's | {_cpu(before, 'services_over_simulator'):.2f} | "
+        f"{_cpu(after, 'services_over_simulator'):.2f} |",
+        *(
+            f"| a worker's {name}: wall / CPU s per round | "
+            f"{_phase(before, 'wall', name):.3f} / {_phase(before, 'cpu', name):.3f} | "
+            f"{_phase(after, 'wall', name):.3f} / {_phase(after, 'cpu', name):.3f} |"
+            for name in ("compute", "evaluate", "commit", "download", "upload")
+        ),
+    ]
+    text = (
+        f"**CPU accounting** (*{TAG_BEFORE}* and *{TAG_AFTER}*: {len(a['ratios'])} interleaved "
+        f"pairs of repetitions of partial-sum runs, 1-minute load {min(loads):.1f}-"
+        f"{max(loads):.1f} after the runs). The script now reads the CPU seconds of the "
+        "aggregator and of each worker over the run (from /proc), the simulator's own, and "
+        "each worker phase's CPU (the CPU time of the thread that ran it). The change: the "
+        "aggregator's request dependencies (its service, the bearer token, the caller) ran "
+        "each in a worker thread of FastAPI's, three thread hops per request before the "
+        "endpoint's own; the caller is now checked on the event loop when its token is known "
+        "(operator, reader or cached) and only an unknown token goes to the database in a "
+        f"thread. Median ratio {a['ratio_median']:.2f} "
+        f"({', '.join(f'{r:.2f}' for r in a['ratios'])}) against {b['ratio_median']:.2f} "
+        f"({', '.join(f'{r:.2f}' for r in b['ratios'])}); HTTP "
+        f"{_med(a['http_wall_seconds']):.2f} s against {_med(b['http_wall_seconds']):.2f} s, "
+        f"the simulator {_med(a['simulator_wall_seconds']):.2f} s and "
+        f"{_med(b['simulator_wall_seconds']):.2f} s (medians). The median ratio {met} the "
+        f"{target}x target. Where the CPU goes:"
+    )
+    return ["", text, *table, "", _cpu_reading(before, after, rounds)]
+
+
+def _cpu_reading(before: dict[str, Any], after: dict[str, Any], rounds: int) -> str:
+    """What the CPU figures say about the ratio."""
+    agg = _cpu(after, "aggregator_seconds") / rounds
+    wk = _cpu(after, "workers_seconds") / rounds
+    sim = _cpu(after, "simulator_seconds") / rounds
+    comp_w, comp_c = _phase(after, "wall", "compute"), _phase(after, "cpu", "compute")
+    return (
+        f"The services spend {agg + wk:.3f} CPU seconds a round ({agg:.3f} the aggregator, "
+        f"{wk:.3f} the two workers) where the simulator spends {sim:.3f}: "
+        f"{(agg + wk) / sim:.2f} times as much. A worker's compute of its half of the cohort "
+        f"takes {comp_w:.3f} s of wall time a round for {comp_c:.3f} s of CPU; the two "
+        f"workers' compute together costs {2 * comp_c:.3f} CPU seconds a round, against "
+        f"{sim:.3f} for the simulator's whole round, evaluation included, as the two compute "
+        "at the same moment on CPUs that share their arithmetic "
+        "(above). The aggregator's CPU is its share of every round: decoding and checking "
+        "two 1.5 MB partial sums, their group commits, the close (the server optimizer's "
+        "step, encoding the 1.6 MB version and its 3 MB optimizer state, writing both), the "
+        "storage pass that frees the round's bodies and the previous state, and about ten "
+        "polls, downloads and reports through FastAPI and SQLAlchemy. With one core's "
+        "arithmetic for all of it, the run over HTTP cannot be much faster than the "
+        "simulator's work plus the services' own, whatever overlaps."
+    )
