@@ -37,6 +37,21 @@ def check_redis(url: str | None) -> None:
         client.close()
 
 
+def check_run(opts: UpOptions, n_users: int, n_items: int) -> None:
+    """LaunchError, before anything starts, for run settings the aggregator would refuse once
+    every service is up and every user registered (DP with secure aggregation, a cohort too
+    small to mask, a privacy target no noise meets)."""
+    from services.aggregator.errors import Malformed
+    from services.aggregator.runs import check_before_start
+    from services.aggregator.schemas import RunConfig
+    from services.launcher import run_config
+
+    try:
+        check_before_start(RunConfig(**run_config(opts, n_items)), n_users)
+    except Malformed as err:
+        raise LaunchError(f"the run settings are refused: {err.detail}") from None
+
+
 def up(opts: UpOptions) -> dict[str, Any]:
     """Start everything, train, show progress; returns the run history.
 
@@ -51,6 +66,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         check_ports(opts)
         check_redis(opts.redis_url)
         split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
+        check_run(opts, split.n_users, split.n_items)
         clear_workdir(opts.workdir)
         with cluster(opts) as c:
             c.population, c.population_items = split.n_users, split.n_items

@@ -124,6 +124,36 @@ def check_secure_cohorts(cfg: RunConfig, n_clients: int) -> None:
         raise Malformed(str(err), "invalid_config") from None
 
 
+def check_settings(cfg: RunConfig) -> None:
+    """422 for settings no run takes whatever the clients: DP with secure aggregation."""
+    if cfg.secure_aggregation != "off" and (
+        cfg.dp_noise is not None or cfg.target_epsilon is not None
+    ):
+        raise Malformed(
+            "differential privacy together with secure aggregation is not supported: choose one",
+            "unsupported_setting",
+        )
+
+
+def check_before_start(cfg: RunConfig, n_clients: int) -> None:
+    """What :meth:`RunLifecycle.start_run` refuses (422) of a run over ``n_clients`` registered
+    clients, checked without a database: a launcher asks before it starts any service."""
+    check_settings(cfg)
+    run_plan(_Counted(n_clients), cfg)  # type: ignore[arg-type]
+    if cfg.secure_aggregation != "off":
+        check_secure_cohorts(cfg, n_clients)
+
+
+@dataclass
+class _Counted:
+    """The one query :func:`run_plan` makes of a repository: the registered clients."""
+
+    n: int
+
+    def count_clients(self) -> int:
+        return self.n
+
+
 class RunLifecycle:
     """Start, pause, resume and stop runs (the operator's actions); every one is a single
     transaction, and only the active run (``runs.active``, unique) is ever changed."""
@@ -175,14 +205,7 @@ class RunLifecycle:
         shared parameters is refused (422), and so is a start while a run is active or no
         client is registered (409); the transaction below checks the latter again.
         """
-        if cfg.secure_aggregation != "off" and (
-            cfg.dp_noise is not None or cfg.target_epsilon is not None
-        ):
-            raise Malformed(
-                "differential privacy together with secure aggregation is not supported: "
-                "choose one",
-                "unsupported_setting",
-            )
+        check_settings(cfg)
         self._check_catalogue(cfg)
         mcfg = cfg.model()
         n_params = sum(math.prod(shape) for shape in mcfg.shared_shapes().values())

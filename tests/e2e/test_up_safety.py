@@ -272,3 +272,24 @@ def test_clearing_a_work_directory_removes_only_the_launchers_own_files(tmp_path
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([*others, "archive.log"])
     assert (tmp_path / "archive.log" / "kept.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["--secure-aggregation", "dense", "--dp-noise", "1"], "not supported: choose one"),
+        (["--secure-aggregation", "dense", "--fraction", "0.0001"], "at least 2 clients"),
+        (["--dp-noise", "0.1", "--target-epsilon", "0.001"], "target_epsilon"),
+    ],
+)
+def test_run_settings_the_aggregator_refuses_are_named_before_anything_starts(
+    tmp_path: Path, settings: list[str], message: str
+) -> None:
+    """These used to start every service and register every user, then fail at the start
+    of the run."""
+    workdir = tmp_path / "up"
+    code, out = _run(fedrec_up_on(workdir, _ports(), *settings), tmp_path / "up.log")
+    assert code == 2, out
+    assert "the run settings are refused" in out and message in out, out
+    assert "aggregator up" not in out and "Traceback" not in out, out
+    assert sorted(p.name for p in workdir.iterdir()) == ["fedrec-up.lock"]
