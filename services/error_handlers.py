@@ -47,6 +47,21 @@ def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -
     return "; ".join(parts)
 
 
+def not_sent_as_json(request: Request, exc: RequestValidationError) -> str | None:
+    """Why a JSON body was refused when it came under another media type (FastAPI reads a body
+    as JSON only under application/json or +json, and reports any other, or none, as a body
+    of the wrong type, which does not say what to change), else None."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    if not any(
+        tuple(e.get("loc", ())) == ("body",) and e.get("type") != "missing" for e in exc.errors()
+    ):
+        return None
+    got = media or "no Content-Type"
+    return f"the body is JSON: send it with Content-Type: application/json (got {got})"
+
+
 def install_error_handlers(
     app: FastAPI,
     *,
@@ -63,6 +78,8 @@ def install_error_handlers(
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if (why := not_sent_as_json(request, exc)) is not None:
+            return error_response(415, "unsupported_media_type", why)
         return error_response(422, validation_code, validation_detail(exc, skip_body=skip_body))
 
     if http_errors:

@@ -34,3 +34,16 @@ def test_a_body_that_is_not_json_is_named_as_such(skip_body: bool, body: bytes, 
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert detail.startswith("the body is not valid JSON (") and where in detail, detail
+
+
+@pytest.mark.parametrize("media", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_json_body_under_another_media_type_is_415_naming_the_header(media: str) -> None:
+    """curl -d sends a form's media type; the answer was 422 'Input should be a valid
+    dictionary', which does not say what to change."""
+    headers = {"Content-Type": media} if media else {}
+    r = _app(False).post("/x", content=b'{"k": 1}', headers=headers)
+    assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type"
+    assert "Content-Type: application/json" in r.json()["detail"]
+    assert (media or "no Content-Type") in r.json()["detail"]
+    r = _app(False).post("/x", content=b"", headers=headers)  # no body at all: it is missing
+    assert r.status_code == 422 and "Field required" in r.json()["detail"], r.text

@@ -29,6 +29,7 @@ from services.aggregator.models import utcnow
 from services.aggregator.routes import router
 from services.aggregator.service import AggregatorService
 from services.aggregator.settings import Population, Settings, resolve_population
+from services.error_handlers import not_sent_as_json, validation_detail
 from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
@@ -113,12 +114,11 @@ def _install_error_handlers(app: FastAPI, metrics: AggregatorMetrics) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
-            for e in exc.errors()
-        )
+        if (why := not_sent_as_json(request, exc)) is not None:
+            count_refusal(request, "unsupported_media_type")
+            return _error(415, "unsupported_media_type", why)
         count_refusal(request, "validation_error")
-        return _error(422, "validation_error", detail or "invalid request")
+        return _error(422, "validation_error", validation_detail(exc) or "invalid request")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -378,3 +378,14 @@ def test_a_json_body_over_the_limit_without_content_length_is_413(
     assert r.status_code == 413 and r.json()["error"] == "body_too_large", r.text
     assert "limit" in r.json()["detail"]
     assert client.get("/v1/clients/count").json() == {"registered": 0}
+
+
+def test_a_run_config_under_another_media_type_is_415(started: Started) -> None:
+    for media in ("text/plain", "application/x-www-form-urlencoded"):
+        r = started.client.post(
+            "/v1/runs",
+            content=json.dumps(RUN).encode(),
+            headers={**operator_headers(), "Content-Type": media},
+        )
+        assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type", r.text
+        assert "application/json" in r.json()["detail"]
