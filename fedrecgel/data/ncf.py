@@ -42,10 +42,11 @@ def write_ncf(split: Split, out_dir: Path) -> None:
     _write_negative_file(
         out_dir / f"{split.name}.test.negative", split.test_items, split.test_negatives
     )
+    val_path = out_dir / f"{split.name}.val.negative"
     if split.val_items is not None and split.val_negatives is not None:
-        _write_negative_file(
-            out_dir / f"{split.name}.val.negative", split.val_items, split.val_negatives
-        )
+        _write_negative_file(val_path, split.val_items, split.val_negatives)
+    else:  # an earlier export's: read back, it would hold out items this split trains on
+        val_path.unlink(missing_ok=True)
     for suffix, labels in (("users", split.user_labels), ("items", split.item_labels)):
         with (out_dir / f"{split.name}.{suffix}.txt").open(
             "w", encoding="utf-8", newline="\n"

@@ -40,6 +40,18 @@ def test_ncf_round_trip(tmp_path: Path, validation: bool) -> None:
     assert train_first == f"0,{split.train_items[0]}"
 
 
+def test_an_export_without_validation_over_one_with_it_reads_back_as_itself(
+    tmp_path: Path,
+) -> None:
+    """The earlier export's val.negative stayed, and reading the folder back gave a split
+    whose validation items were training items of the new one."""
+    write_ncf(load_split("filmtrust", validation=True), tmp_path)
+    plain = load_split("filmtrust", validation=False)
+    write_ncf(plain, tmp_path)
+    assert not (tmp_path / "filmtrust.val.negative").exists()
+    assert read_ncf(tmp_path, "filmtrust") == plain
+
+
 def test_ncf_round_trip_string_labels_and_plain_layout(tmp_path: Path) -> None:
     raw = Interactions(
         "s",
