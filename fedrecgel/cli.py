@@ -389,6 +389,8 @@ def train(
     plotted = (eval_every and federated) or method == "central"
     if plotted:
         plot_run(results, out / "hr_ndcg.png")
+    else:  # an earlier run's plot beside these results would pass for theirs
+        (out / "hr_ndcg.png").unlink(missing_ok=True)
     if "best_test.hr@10.mean" in summary:
         console.print(
             f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "

@@ -103,6 +103,16 @@ def test_reference_methods(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--method" in r.output
 
 
+def test_results_without_a_plot_leave_no_earlier_runs_plot_beside_them(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["train", *ONE_ROUND, "--out", str(out)])
+    assert r.exit_code == 0 and (out / "hr_ndcg.png").exists(), r.output
+    r = runner.invoke(app, ["train", "--method", "popularity", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert _results(out)["method"] == "popularity"
+    assert not (out / "hr_ndcg.png").exists()  # the fedrecgel run's curve is gone
+
+
 def test_presets_and_tune_resume(tmp_path: Path) -> None:
     presets = tmp_path / "presets.json"
     base = ["--dataset", str(_csv(tmp_path)), *["--fraction", "0.5"]]
