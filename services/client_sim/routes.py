@@ -76,7 +76,10 @@ def _decimal(value: object) -> object:
     """A path or query integer is written in plain decimal digits: ``10``, not ``10.0``,
     ``+10``, ``1_0``, `` 10`` or ``010`` (which a lax integer parser would take)."""
     if isinstance(value, str) and not _DECIMAL.fullmatch(value):
-        raise ValueError("must be a non-negative integer in decimal digits")
+        raise ValueError(
+            "must be a non-negative integer in plain decimal digits (no sign, leading zero, "
+            "point or separator; at most 19 digits)"
+        )
     return value
 
 

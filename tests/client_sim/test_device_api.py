@@ -154,6 +154,15 @@ def test_integers_in_paths_and_queries_are_plain_decimal(tmp_path, split, path):
     assert r.json()["error"] == "validation_error"
 
 
+def test_an_id_of_too_many_digits_is_told_the_limit(tmp_path, split):
+    """It was told it was not 'in decimal digits', which it was."""
+    store = shard_store(tmp_path, split)
+    r = get(
+        settings_for(tmp_path), store, model_holder(), "/v1/users/" + "9" * 23 + "/training-items"
+    )
+    assert r.status_code == 422 and "at most 19 digits" in r.json()["detail"], r.text
+
+
 def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path, split):
     store = shard_store(tmp_path, split)
 
