@@ -116,6 +116,7 @@ class RunReads:
             rounds = rounds[:limit]
             versions = [r.model_version for r in rounds if r.model_version is not None]
             metrics = repo.version_metrics(run.id, min(versions), max(versions)) if versions else {}
+            evaluated = repo.newest_evaluated_version(run.id)
             cfg = RunConfig.model_validate(run.config)
             plan = run_plan(repo, cfg)
         next_after = rounds[-1].round_id if more else None
@@ -136,7 +137,11 @@ class RunReads:
             )
         if plan is None:
             return History(
-                run_id=run.id, rounds=out, planned_rounds=cfg.rounds, next_after=next_after
+                run_id=run.id,
+                rounds=out,
+                planned_rounds=cfg.rounds,
+                next_after=next_after,
+                evaluated_through=evaluated,
             )
         return History(
             run_id=run.id,
@@ -145,6 +150,7 @@ class RunReads:
             delta=plan.delta,
             noise_multiplier=plan.noise,
             next_after=next_after,
+            evaluated_through=evaluated,
         )
 
     def model_blob(self, version: int | None) -> ModelBlob:

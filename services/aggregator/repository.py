@@ -421,6 +421,13 @@ class Repository:
         )
         return {int(v): m for v, m in self.session.execute(stmt)}
 
+    def newest_evaluated_version(self, run_id: int) -> int | None:
+        """The run's newest version with metrics, if any (the newest are looked at first)."""
+        stmt = select(ModelVersion.version).where(
+            ModelVersion.run_id == run_id, ModelVersion.metrics.is_not(None)
+        )
+        return self.session.scalar(stmt.order_by(ModelVersion.version.desc()).limit(1))
+
     def set_version_metrics(self, run_id: int, version: int, metrics: dict[str, float]) -> bool:
         """Write a version's metrics once (only while they are still unset)."""
         stmt = (

@@ -81,6 +81,11 @@ class History(BaseModel):
     #: more closed rounds follow this page: ask again with ``?after=<next_after>``; null when
     #: the page ends at the newest closed round
     next_after: int | None = None
+    #: the run's newest model version with metrics; null when none has any yet. Versions
+    #: complete their evaluation in version order (each client's reports come in version
+    #: order), so a round whose ``model_version`` is at most this and has no ``metrics`` never
+    #: gets any: a reader re-reads only rounds after it, once this has moved past them
+    evaluated_through: int | None = None
 
 
 class RunStarted(BaseModel):

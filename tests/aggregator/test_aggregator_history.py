@@ -74,3 +74,21 @@ def test_an_unpaged_read_is_one_bounded_page(ctx: Ctx, monkeypatch: pytest.Monke
     monkeypatch.setattr(reads, "history", lambda a, n: asked.append((a, n)) or real(a, n))
     assert ctx.client.get("/v1/runs/current/history").status_code == 200
     assert asked == [(0, DEFAULT_HISTORY_LIMIT)] and DEFAULT_HISTORY_LIMIT <= MAX_HISTORY_LIMIT
+
+
+def test_the_history_says_the_newest_evaluated_version(ctx: Ctx) -> None:
+    """``evaluated_through``: a reader re-reads only rounds after it (metrics complete in
+    version order), on every page, whatever rounds the page holds."""
+    assert _page(ctx, "")[2]["evaluated_through"] is None  # no round closed yet
+    _close_rounds(ctx, 3)
+    assert _page(ctx, "")[2]["evaluated_through"] is None
+    _evaluate(ctx, 2, 0.5)
+    assert _page(ctx, "?after=2")[2]["evaluated_through"] == 2
+    _evaluate(ctx, 3, 0.25)
+    rounds, _, body = _page(ctx, "?limit=1")
+    assert rounds == [1] and body["evaluated_through"] == 3
+    assert [r["metrics"] for r in _page(ctx, "")[2]["rounds"]] == [
+        None,
+        {"hr@10": 0.5},
+        {"hr@10": 0.25},
+    ]

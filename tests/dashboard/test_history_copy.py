@@ -17,9 +17,10 @@ from services.history import HistoryCopy
 class FakeHistory:
     """An aggregator's ``GET /v1/runs/current/history?after=`` over rounds held here."""
 
-    def __init__(self, limit: int = 3) -> None:
+    def __init__(self, limit: int = 3, says_evaluated: bool = False) -> None:
         self.run_id = 1
         self.limit = limit
+        self.says_evaluated = says_evaluated  # the answer has ``evaluated_through``
         self.rounds: list[dict[str, Any]] = []
         self.asked: list[int] = []
         self.down = False
@@ -28,8 +29,15 @@ class FakeHistory:
         for _ in range(n):
             rid = len(self.rounds) + 1
             self.rounds.append(
-                {"round_id": rid, "metrics": {"hr@10": rid / 100} if metrics else None}
+                {
+                    "round_id": rid,
+                    "model_version": rid,
+                    "metrics": {"hr@10": rid / 100} if metrics else None,
+                }
             )
+
+    def evaluate(self, round_id: int) -> None:
+        self.rounds[round_id - 1]["metrics"] = {"hr@10": round_id / 100}
 
     def read(self, after: int) -> dict[str, Any] | None:
         self.asked.append(after)
@@ -38,12 +46,16 @@ class FakeHistory:
         page = [r for r in self.rounds if r["round_id"] > after][: self.limit + 1]
         more = len(page) > self.limit
         page = page[: self.limit]
-        return {
+        body = {
             "run_id": self.run_id,
             "planned_rounds": 100,
             "rounds": [dict(r) for r in page],
             "next_after": page[-1]["round_id"] if more else None,
         }
+        if self.says_evaluated:
+            done = [r["model_version"] for r in self.rounds if r["metrics"]]
+            body["evaluated_through"] = max(done, default=None)
+        return body
 
 
 def _ids(copy: HistoryCopy) -> list[int]:
@@ -77,6 +89,39 @@ def test_metrics_that_arrive_late_are_read_a_page_at_a_time() -> None:
     assert agg.asked == [8, 4]  # the new rounds, then one page from the first unevaluated
     assert [r["metrics"] is not None for r in copy.rounds] == [True] * 6 + [False] * 2
     assert _ids(copy) == list(range(1, 9))
+
+
+def test_a_round_never_evaluated_is_not_read_again_and_later_metrics_arrive() -> None:
+    """Every second version evaluated, more than a page of rounds: the odd rounds never get
+    metrics and are not read again; metrics that come late, pages beyond the oldest round
+    without them, are read once, when ``evaluated_through`` moves past their round."""
+    agg, copy = FakeHistory(limit=3, says_evaluated=True), HistoryCopy()
+    agg.close(12, metrics=False)
+    for rid in range(2, 7, 2):
+        agg.evaluate(rid)  # 2, 4, 6 evaluated; 8, 10, 12 to come; odd ones never
+    assert copy.refresh(agg.read) and agg.asked == [0, 3, 6, 9]
+    agg.asked.clear()
+    for _ in range(3):  # nothing evaluated since: no read but the one for new rounds
+        copy.refresh(agg.read)
+    assert agg.asked == [12] * 3
+    agg.evaluate(10)  # late, three pages beyond round 1 (never evaluated)
+    agg.asked.clear()
+    copy.refresh(agg.read)
+    assert agg.asked == [12, 6, 9]  # from round 7, the oldest that could still get metrics
+    assert [r["round_id"] for r in copy.rounds if r["metrics"]] == [2, 4, 6, 10]
+    agg.evaluate(8)  # older than an evaluated version: never read again (versions complete
+    agg.asked.clear()  # in order; the aggregator's workers report in version order)
+    copy.refresh(agg.read)
+    assert agg.asked == [12]
+    agg.close(2, metrics=False)
+    agg.evaluate(14)
+    agg.asked.clear()
+    copy.refresh(agg.read)
+    assert agg.asked == [12, 10]  # the new rounds; then rounds 11 and 12, still open
+    assert [r["round_id"] for r in copy.rounds if r["metrics"]] == [2, 4, 6, 10, 14]
+    agg.asked.clear()
+    copy.refresh(agg.read)
+    assert agg.asked == [14]
 
 
 def test_a_replaced_run_is_read_from_its_start() -> None:
