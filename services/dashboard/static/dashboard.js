@@ -1,6 +1,9 @@
 // The dashboard's script: polls /ui/api/state (ETag, 304 when nothing changed; the history's
 // rounds new or changed since the last answer only), draws the charts and tables, runs the
-// recommendation panels and the operator actions.
+// recommendation panels and the operator actions. An update touches only what the new or
+// changed rounds change: the versions table shows the newest rows (older ones on request) and
+// the charts at most MAX_POINTS points, the newest TAIL_POINTS rounds exactly and every
+// stride-th round before them, so a run of 100k rounds costs what one of a few thousand does.
 // The operator token lives in this tab's sessionStorage (and in memory); it is sent in the
 // Authorization header of an action and nowhere else: never in a URL, a cookie or a log.
 "use strict";
@@ -16,6 +19,8 @@
   let historyToken = null;
   let rounds = [];
   const roundIndex = new Map(); // round id -> its index in rounds
+  // sums over the rounds held, kept as rounds come and change: seconds, rounds with epsilon
+  const totals = { seconds: 0, epsRounds: 0 };
   let skewMs = 0; // server clock minus browser clock, from the Date header
   const charts = {};
 
@@ -62,32 +67,89 @@
     ], "metric");
     charts.eps = makeChart("chart-eps", [line("ε spent", COLORS.eps), line("target ε", COLORS.target, true)], "ε");
   }
-  function drawCharts(history, cfg) {
+  // The rounds drawn: the newest TAIL_POINTS exactly, before them every stride-th round (by
+  // index in rounds, stride a power of two, doubled when they would pass the rest of
+  // MAX_POINTS). idx lists the drawn indices in order; every chart's labels and data arrays
+  // run parallel to it and are changed in place, one round at a time.
+  const MAX_POINTS = 2000;
+  const TAIL_POINTS = 500;
+  const plot = { idx: [], stride: 1, target: null };
+  const metricOf = (r, key) => (r.metrics && key in r.metrics ? r.metrics[key] : null);
+  const SERIES = {
+    loss: [(r) => r.loss],
+    metrics: [(r) => metricOf(r, "hr@10"), (r) => metricOf(r, "ndcg@10"), (r) => metricOf(r, "val/hr@10"), (r) => metricOf(r, "val/ndcg@10")],
+    eps: [(r) => (given(r.epsilon) ? r.epsilon : null), () => plot.target],
+  };
+  function eachChart(f) {
+    for (const [name, values] of Object.entries(SERIES)) if (charts[name]) f(charts[name], values);
+  }
+  // the values of round index i, at position p of every chart (inserted when insert is true)
+  function putPoint(p, i, insert) {
+    const r = rounds[i];
+    eachChart((chart, values) => {
+      if (insert) chart.data.labels.splice(p, 0, r.round_id); else chart.data.labels[p] = r.round_id;
+      values.forEach((v, k) => { if (insert) chart.data.datasets[k].data.splice(p, 0, v(r)); else chart.data.datasets[k].data[p] = v(r); });
+    });
+  }
+  function dropPoint(p) {
+    eachChart((chart) => { chart.data.labels.splice(p, 1); for (const d of chart.data.datasets) d.data.splice(p, 1); });
+  }
+  // every chart drawn again from the rounds held (a new run, or the stride doubled)
+  function resample() {
+    const older = Math.max(0, rounds.length - TAIL_POINTS);
+    while (Math.ceil(older / plot.stride) > MAX_POINTS - TAIL_POINTS) plot.stride *= 2;
+    plot.idx = [];
+    for (let i = 0; i < older; i += plot.stride) plot.idx.push(i);
+    for (let i = older; i < rounds.length; i += 1) plot.idx.push(i);
+    eachChart((chart) => { chart.data.labels = []; for (const d of chart.data.datasets) d.data = []; });
+    plot.idx.forEach((i, p) => putPoint(p, i, true));
+  }
+  // position of round index i among the drawn points, -1 when it is not drawn
+  function drawnAt(i) {
+    let lo = 0;
+    let hi = plot.idx.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (plot.idx[mid] === i) return mid;
+      if (plot.idx[mid] < i) lo = mid + 1; else hi = mid - 1;
+    }
+    return -1;
+  }
+  function appendPoint(i) {
+    plot.idx.push(i);
+    putPoint(plot.idx.length - 1, i, true);
+    // the round that just left the exact tail stays only on the stride
+    const left = i - TAIL_POINTS;
+    if (left >= 0 && left % plot.stride !== 0) {
+      const p = plot.idx.length - TAIL_POINTS - 1;
+      plot.idx.splice(p, 1);
+      dropPoint(p);
+    }
+    if (plot.idx.length > MAX_POINTS) { plot.stride *= 2; resample(); }
+  }
+  // change: {full, added, changed}, indices into rounds (see mergeHistory)
+  function drawCharts(change, cfg) {
     const target = cfg && given(cfg.target_epsilon) ? cfg.target_epsilon : null;
-    const labels = history.map((r) => r.round_id);
-    const m = (r, key) => (r.metrics && key in r.metrics ? r.metrics[key] : null);
-    const series = {
-      loss: [history.map((r) => r.loss)],
-      metrics: [
-        history.map((r) => m(r, "hr@10")), history.map((r) => m(r, "ndcg@10")),
-        history.map((r) => m(r, "val/hr@10")), history.map((r) => m(r, "val/ndcg@10")),
-      ],
-      eps: [history.map((r) => (given(r.epsilon) ? r.epsilon : null)), history.map(() => target)],
-    };
     text("chart-eps-caption", isDP(cfg) ? "Privacy spent (ε) after each round (target dashed where set)"
       : cfg ? "Privacy spent (ε): no differential privacy in this run" : "Privacy spent (ε) after each round");
-    for (const [name, data] of Object.entries(series)) {
-      const chart = charts[name];
-      if (!chart) continue;
-      chart.data.labels = labels;
-      data.forEach((d, i) => { chart.data.datasets[i].data = d; chart.data.datasets[i].hidden = d.every((v) => v === null); });
+    const retarget = target !== plot.target;
+    plot.target = target;
+    if (change.full) { plot.stride = 1; resample(); } else {
+      if (retarget && charts.eps) charts.eps.data.datasets[1].data.fill(target);
+      for (const i of change.changed) { const p = drawnAt(i); if (p >= 0) putPoint(p, i, false); }
+      for (const i of change.added) appendPoint(i);
+      if (!retarget && !change.changed.length && !change.added.length) return;
+    }
+    eachChart((chart) => {
+      for (const d of chart.data.datasets) d.hidden = !d.data.some((v) => v !== null);
       chart.update("none");
       chart.canvas.dataset.points = String(chart.data.labels.length);
-    }
+      chart.canvas.dataset.rounds = String(rounds.length);
+    });
   }
 
   // ------------------------------------------------------------------ the snapshot
-  function render(s) {
+  function render(s, change) {
     const run = s.run;
     const agg = s.aggregator;
     text("ov-state", run ? run.state : agg && agg.error ? `aggregator: ${agg.error}` : "–");
@@ -97,8 +159,8 @@
     const cut = cfg && planned !== null && planned < cfg.rounds ? ` (target ε ends it; ${cfg.rounds} configured)` : "";
     text("ov-round", run && run.round_id ? `${run.round_id} of ${planned ?? "?"}${cut}` : "–");
     text("ov-version", run && run.model_version !== null && run.model_version !== undefined ? `v${run.model_version}` : "–");
-    const secs = s.history.map((r) => r.seconds);
-    text("ov-time", secs.length ? `${fmt(secs[secs.length - 1], 1)} s last, ${fmt(secs.reduce((a, b) => a + b, 0) / secs.length, 1)} s mean` : "–");
+    const n = rounds.length;
+    text("ov-time", n ? `${fmt(rounds[n - 1].seconds, 1)} s last, ${fmt(totals.seconds / n, 1)} s mean` : "–");
     text("ov-registered", s.registered === null ? "–" : String(s.registered));
     text("ov-size", run && run.size ? `${run.size.parameters.toLocaleString()} shared parameters (${bytes(run.size.bytes)} float32)` : "–");
     text("ov-serving", s.recommend ? (s.recommend.model_version !== null ? `model v${s.recommend.model_version}` : "no model yet") : "not configured");
@@ -115,8 +177,8 @@
     }
     renderPrivacy(s, cfg, planned);
     renderRound(s);
-    renderVersions(s);
-    drawCharts(s.history, cfg);
+    renderVersions(s, change);
+    drawCharts(change, cfg);
   }
 
   // a run is differentially private once dp_noise or target_epsilon is set
@@ -134,12 +196,13 @@
       return;
     }
     const p = s.privacy || {};
-    const spent = s.history.filter((r) => given(r.epsilon));
+    let newest = rounds.length - 1; // the newest round with an epsilon
+    while (newest >= 0 && !given(rounds[newest].epsilon)) newest -= 1;
     const delta = `δ = ${sig(p.delta)}`;
-    if (spent.length) {
-      const e = spent[spent.length - 1].epsilon;
+    if (newest >= 0) {
+      const e = rounds[newest].epsilon;
       eps.dataset.epsilon = String(e);
-      text("ov-eps", `ε = ${sig(e)} at ${delta}, after ${plural(spent.length, "round")}`);
+      text("ov-eps", `ε = ${sig(e)} at ${delta}, after ${plural(totals.epsRounds, "round")}`);
     } else {
       eps.dataset.epsilon = "0";
       text("ov-eps", `ε = 0 at ${delta} (no round released yet)`);
@@ -177,29 +240,102 @@
     text("rd-deadline", left > 0 ? `${Math.ceil(left)} s` : "due");
   }
 
-  function renderVersions(s) {
-    const tb = $("versions-table").tBodies[0];
-    tb.replaceChildren();
-    const size = s.run && s.run.size ? bytes(s.run.size.bytes) : "–";
-    for (const r of [...s.history].reverse()) {
-      const tr = document.createElement("tr");
-      const m = r.metrics || {};
-      cell(tr, `v${r.model_version}`); cell(tr, String(r.round_id));
-      cell(tr, new Date(r.closed_at).toLocaleTimeString()); cell(tr, fmt(r.seconds, 1));
-      cell(tr, String(r.n_updates)); cell(tr, fmt(r.loss)); cell(tr, fmt(m["hr@10"])); cell(tr, fmt(m["ndcg@10"]));
-      cell(tr, size);
-      tb.appendChild(tr);
-    }
+  // The versions table: the newest `shown` rounds, newest first; rows are kept across updates
+  // (round id -> its row): a new round adds its row at the top and pushes the oldest shown one
+  // out, a changed round (its metrics came) replaces its own row, and nothing else is touched.
+  const VERSIONS_PAGE = 50;
+  const versions = { shown: VERSIONS_PAGE, rows: new Map(), size: null };
+  function versionRow(r, size) {
+    const tr = document.createElement("tr");
+    const m = r.metrics || {};
+    cell(tr, `v${r.model_version}`); cell(tr, String(r.round_id));
+    cell(tr, new Date(r.closed_at).toLocaleTimeString()); cell(tr, fmt(r.seconds, 1));
+    cell(tr, String(r.n_updates)); cell(tr, fmt(r.loss)); cell(tr, fmt(m["hr@10"])); cell(tr, fmt(m["ndcg@10"]));
+    cell(tr, size);
+    versions.rows.set(r.round_id, tr);
+    return tr;
   }
+  // rows for the rounds of indices from down to (not including) to, at the bottom
+  function addOlderRows(tb, from, to) {
+    const rows = document.createDocumentFragment();
+    for (let i = from; i > to; i -= 1) rows.appendChild(versionRow(rounds[i], versions.size));
+    tb.appendChild(rows);
+  }
+  function renderVersions(s, change) {
+    const tb = $("versions-table").tBodies[0];
+    const size = s.run && s.run.size ? bytes(s.run.size.bytes) : "–";
+    const n = rounds.length;
+    if (change.full || size !== versions.size) {
+      versions.size = size;
+      versions.rows.clear();
+      tb.replaceChildren();
+      addOlderRows(tb, n - 1, Math.max(-1, n - 1 - versions.shown));
+    } else {
+      for (const i of change.changed) {
+        const old = versions.rows.get(rounds[i].round_id);
+        if (old) old.replaceWith(versionRow(rounds[i], size));
+      }
+      const fresh = document.createDocumentFragment();
+      for (let k = change.added.length - 1; k >= 0; k -= 1) fresh.appendChild(versionRow(rounds[change.added[k]], size));
+      tb.insertBefore(fresh, tb.firstChild);
+      while (tb.rows.length > versions.shown) {
+        const gone = tb.lastElementChild;
+        versions.rows.delete(Number(gone.cells[1].textContent));
+        gone.remove();
+      }
+    }
+    showVersionsNote();
+  }
+  function showVersionsNote() {
+    const n = rounds.length;
+    const shown = Math.min(n, versions.shown);
+    text("versions-note", n > VERSIONS_PAGE || versions.shown > VERSIONS_PAGE
+      ? `The newest ${shown.toLocaleString()} of ${n.toLocaleString()} versions (newest first).` : "");
+    $("versions-more").hidden = shown >= n;
+    text("versions-more", `Show ${Math.min(VERSIONS_PAGE, n - shown)} older versions`);
+    $("versions-newest").hidden = versions.shown <= VERSIONS_PAGE;
+    text("versions-newest", `Show only the newest ${VERSIONS_PAGE}`);
+  }
+  $("versions-more").addEventListener("click", () => {
+    const n = rounds.length;
+    const before = Math.min(n, versions.shown);
+    versions.shown = before + VERSIONS_PAGE;
+    addOlderRows($("versions-table").tBodies[0], n - 1 - before, Math.max(-1, n - 1 - versions.shown));
+    showVersionsNote();
+  });
+  $("versions-newest").addEventListener("click", () => {
+    versions.shown = VERSIONS_PAGE;
+    const tb = $("versions-table").tBodies[0];
+    while (tb.rows.length > versions.shown) {
+      const gone = tb.lastElementChild;
+      versions.rows.delete(Number(gone.cells[1].textContent));
+      gone.remove();
+    }
+    showVersionsNote();
+    if (!$("versions-more").hidden) $("versions-more").focus(); // this button is hidden now
+  });
 
+  // Take an answer's rounds in: all of them when history_full, else the rounds new or changed
+  // since the last answer; which indices of rounds were added or changed.
   function mergeHistory(s) {
-    if (s.history_full !== false) { rounds = []; roundIndex.clear(); }
+    const full = s.history_full !== false;
+    if (full) { rounds = []; roundIndex.clear(); totals.seconds = 0; totals.epsRounds = 0; }
+    const added = [];
+    const changed = [];
     for (const r of s.history) {
       const i = roundIndex.get(r.round_id);
-      if (i === undefined) { roundIndex.set(r.round_id, rounds.length); rounds.push(r); } else rounds[i] = r;
+      if (i === undefined) {
+        roundIndex.set(r.round_id, rounds.length); added.push(rounds.length); rounds.push(r);
+      } else {
+        const old = rounds[i];
+        totals.seconds -= old.seconds || 0; totals.epsRounds -= given(old.epsilon) ? 1 : 0;
+        rounds[i] = r; changed.push(i);
+      }
+      totals.seconds += r.seconds || 0; totals.epsRounds += given(r.epsilon) ? 1 : 0;
     }
     historyToken = s.history_token ?? null;
     s.history = rounds;
+    return { full, added, changed };
   }
 
   async function poll() {
@@ -212,8 +348,7 @@
       if (resp.status === 200) {
         etag = resp.headers.get("ETag");
         last = await resp.json();
-        mergeHistory(last);
-        render(last);
+        render(last, mergeHistory(last));
       }
       text("conn", resp.ok || resp.status === 304 ? `Live: updated ${new Date().toLocaleTimeString()}` : `Dashboard answered ${resp.status}`);
     } catch (err) {
