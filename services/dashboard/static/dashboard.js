@@ -73,6 +73,7 @@
   // run parallel to it and are changed in place, one round at a time.
   const MAX_POINTS = 2000;
   const TAIL_POINTS = 500;
+  const DOTS_UP_TO = 300;
   const plot = { idx: [], stride: 1, target: null };
   const metricOf = (r, key) => (r.metrics && key in r.metrics ? r.metrics[key] : null);
   const SERIES = {
@@ -141,7 +142,9 @@
       if (!retarget && !change.changed.length && !change.added.length) return;
     }
     eachChart((chart) => {
-      for (const d of chart.data.datasets) d.hidden = !d.data.some((v) => v !== null);
+      // dots only while they can be told apart: thousands of them cost more than the lines
+      const radius = chart.data.labels.length > DOTS_UP_TO ? 0 : 2;
+      for (const d of chart.data.datasets) { d.hidden = !d.data.some((v) => v !== null); d.pointRadius = radius; }
       chart.update("none");
       chart.canvas.dataset.points = String(chart.data.labels.length);
       chart.canvas.dataset.rounds = String(rounds.length);
@@ -276,7 +279,8 @@
         if (old) old.replaceWith(versionRow(rounds[i], size));
       }
       const fresh = document.createDocumentFragment();
-      for (let k = change.added.length - 1; k >= 0; k -= 1) fresh.appendChild(versionRow(rounds[change.added[k]], size));
+      const first = Math.max(0, change.added.length - versions.shown); // the newest only
+      for (let k = change.added.length - 1; k >= first; k -= 1) fresh.appendChild(versionRow(rounds[change.added[k]], size));
       tb.insertBefore(fresh, tb.firstChild);
       while (tb.rows.length > versions.shown) {
         const gone = tb.lastElementChild;
