@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import report_dashboard
 import report_http
 import report_serving
 import report_simulator
@@ -353,6 +354,8 @@ def main() -> None:
         *report_serving.evaluation_before_after(),
         "",
         *report_http.section(),
+        "",
+        *report_dashboard.section(),
         "",
         *compose(),
         "",
