@@ -29,6 +29,8 @@ MAX_SEED = 2**32 - 1
 #: the largest model built by default, in shared parameters (200 MB of float32): factor and
 #: layers are bounded one by one, but together (1024, 8) they would make a 34e9-parameter tower
 MAX_MODEL_PARAMS = 50_000_000
+#: the largest catalogue a run takes (items 0 .. MAX_ITEMS - 1)
+MAX_ITEMS = 10_000_000
 
 
 class RunParams(BaseModel):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedrecgel.config import RunParams
+from fedrecgel.config import MAX_ITEMS, RunParams
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import SAMConfig
 
@@ -16,7 +16,7 @@ from fedrecgel.sam import SAMConfig
 class RunConfig(RunParams):
     """A run over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
 
-    n_items: int = Field(ge=1, le=10_000_000, description="Items in the catalogue.")
+    n_items: int = Field(ge=1, le=MAX_ITEMS, description="Items in the catalogue.")
 
     def model(self) -> ModelConfig:
         """The model shape of this run."""

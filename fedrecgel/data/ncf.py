@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedrecgel.config import MAX_ITEMS
 from fedrecgel.data.raw import id_column, int_column, read_fields
 from fedrecgel.data.types import DataError, Split
 
@@ -95,11 +96,11 @@ def _read_negative_file(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     u = np.asarray(users, dtype=np.int64)
     if not np.array_equal(u, np.arange(len(u))):
         raise DataError(f"{path}: expected one line per user, users 0..n-1 in order")
-    return (
-        u,
-        np.asarray(items, dtype=np.int64),
-        np.asarray(negs, dtype=np.int32).reshape(len(u), width or 0),
-    )
+    try:
+        negatives = np.asarray(negs, dtype=np.int32).reshape(len(u), width or 0)
+    except OverflowError:
+        raise DataError(f"{path}: a negative item id is past 2^31 - 1") from None
+    return u, np.asarray(items, dtype=np.int64), negatives
 
 
 def _read_labels(path: Path, n: int) -> np.ndarray:
@@ -195,6 +196,12 @@ def _read_layout(
         if val_items is not None and val_neg is not None:
             parts += [val_items, val_neg.reshape(-1)]
         n_items = int(max(int(p.max()) for p in parts if len(p))) + 1
+        if n_items > MAX_ITEMS:  # the catalogue is built from 0 to the largest id
+            raise DataError(
+                f"{out_dir}: item id {n_items - 1} is past the largest catalogue a run takes "
+                f"(ids 0..{MAX_ITEMS - 1}); an NCF split numbers its items from 0 (or give "
+                f"their ids in {items_path.name})"
+            )
     item_labels = _read_labels(items_path, n_items)
     for what, arr in (("train", ti), ("test", test_items), ("negative", test_neg)):
         if arr.size and (arr.min() < 0 or arr.max() >= n_items):

@@ -82,6 +82,25 @@ def test_read_ncf_errors(tmp_path: Path) -> None:
         read_ncf(tmp_path, "x")
 
 
+@pytest.mark.parametrize(
+    ("train", "test", "message"),
+    [
+        ("0,999999999999\n", "(0,1)\t2\n", "item id 999999999999 is past the largest catalogue"),
+        ("0,3\n", "(0,99999999999)\t2\n", "item id 99999999999 is past the largest catalogue"),
+        ("0,3\n", "(0,1)\t99999999999\n", "a negative item id is past 2"),
+    ],
+)
+def test_huge_item_ids_are_refused_before_a_catalogue_is_built(
+    tmp_path: Path, train: str, test: str, message: str
+) -> None:
+    """Without items.txt the catalogue runs from 0 to the largest id: an id of 1e12 asked
+    for a 7 TiB array (and one of 1e9 for 8 GB that would be built)."""
+    write(tmp_path / "x.train.csv", train)
+    write(tmp_path / "x.test.negative", test)
+    with pytest.raises(DataError, match=message):
+        read_ncf(tmp_path, "x")
+
+
 # ----------------------------------------------------------------------------- ready splits
 
 
