@@ -59,6 +59,19 @@ def check_http_url(url: str) -> str:
     return url
 
 
+#: the levels both logging and uvicorn know
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def check_log_level(level: str) -> str:
+    """``level`` when logging and uvicorn both know it (any case), else ValueError."""
+    if level.lower() not in LOG_LEVELS:
+        raise ValueError(f"a log level is one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return level
+
+
+#: a log level setting
+LogLevel = Annotated[str, AfterValidator(check_log_level)]
 #: the base URL of another service (http:// or https://, with a host)
 HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 #: an optional Redis URL setting

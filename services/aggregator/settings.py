@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 
 from fedrecgel.config import MAX_MODEL_PARAMS
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import DatabaseUrl, RedisUrl
+from services.url_settings import DatabaseUrl, LogLevel, RedisUrl
 
 PLACEHOLDER_TOKEN = "changethis"
 #: the most clients one registration may name (and one evaluation report may cover)
@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     compact_interval_s: float = Field(default=30.0, ge=0, le=86400, allow_inf_nan=False)
     redis_lock_timeout_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
     redis_lock_wait_s: float = Field(default=10.0, ge=0, le=3600, allow_inf_nan=False)
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     # Intra-op threads of torch in the server process (set by ``python -m services.aggregator``).
     # Aggregation is small, memory-bound work: one thread is fastest and never fights the
     # request threads for cores.

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import HttpUrl, check_http_url
+from services.url_settings import HttpUrl, LogLevel, check_http_url
 
 
 class DashboardSettings(BaseSettings):
@@ -44,7 +44,7 @@ class DashboardSettings(BaseSettings):
     poll_interval_s: float = Field(default=2.0, gt=0, le=3600)
     timeout_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
-    log_level: str = "info"
+    log_level: LogLevel = "info"
     # Host names the page is served under besides 127.0.0.1, localhost and [::1]
     # (comma-separated; "*": any): a page elsewhere that points its own name at this machine
     # (DNS rebinding) is refused (services/host_check.py)

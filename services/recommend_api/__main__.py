@@ -11,8 +11,17 @@ import torch
 import uvicorn
 from pydantic import ValidationError
 
-from services.recommend_api.app import create_app
+from fedrecgel.data import DataError
+from services.recommend_api.app import create_app, holder_from_settings
 from services.recommend_api.settings import Settings
+from services.url_settings import check_log_level
+
+
+def _log_level(value: str) -> str:
+    try:
+        return check_log_level(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
@@ -30,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--ann-threshold", type=int)
     p.add_argument("--ann-shortlist", type=int)
     p.add_argument("--workers", type=int)
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", default="info", type=_log_level)
     args = vars(p.parse_args(argv))
     return {k: v for k, v in args.items() if v is not None}
 
@@ -50,7 +59,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"invalid recommend_api settings:\n{err}") from None
     # process-wide, so set here and not in create_app (tests build apps in a shared process)
     torch.set_num_threads(settings.torch_threads)
-    app = create_app(settings)
+    try:  # the item labels: a file or dataset that cannot be read stops here, in one line
+        holder = holder_from_settings(settings)
+    except (OSError, ValueError, DataError) as err:
+        what = "FEDREC_REC_ITEM_LABELS" if settings.item_labels else "FEDREC_REC_DATASET"
+        raise SystemExit(f"{what}: {err}") from None
+    app = create_app(settings, holder=holder)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=level)
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrecgel.config import MAX_ITEMS
 from fedrecgel.model import ModelConfig, Scorer
 from fedrecgel.wire import WireError, decode_model
 from services.recommend_api.errors import (
@@ -91,10 +92,28 @@ class Ranked:
     items: list[tuple[str, float]] = field(default_factory=list)
 
 
+#: the longest item label read from a labels file
+MAX_LABEL_CHARS = 1000
+
+
 def read_labels_file(path: Path) -> list[str]:
-    """Item labels from a text file, one per line, in item index order."""
-    with Path(path).open(encoding="utf-8") as fh:
-        labels = [line.rstrip("\r\n") for line in fh]
+    """Item labels from a text file, one per line, in item index order; ValueError (naming the
+    file) for a line over :data:`MAX_LABEL_CHARS` or more lines than a catalogue holds (an
+    endless or binary file is never read whole)."""
+    labels: list[str] = []
+    try:
+        with Path(path).open(encoding="utf-8") as fh:
+            while line := fh.readline(MAX_LABEL_CHARS + 2):
+                label = line.rstrip("\r\n")
+                if len(label) > MAX_LABEL_CHARS:
+                    raise ValueError(
+                        f"{path}, line {len(labels) + 1}: over {MAX_LABEL_CHARS} characters"
+                    )
+                if len(labels) == MAX_ITEMS:
+                    raise ValueError(f"{path}: more than {MAX_ITEMS} item labels")
+                labels.append(label)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not a UTF-8 text file ({err.reason})") from None
     while labels and labels[-1] == "":
         labels.pop()
     return labels
