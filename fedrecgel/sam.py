@@ -149,10 +149,30 @@ def client_rng(seed: int, round_id: int, user_id: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(round_id), int(user_id)])
 
 
+#: rows of negatives up to this wide are checked pair by pair, wider ones by sorting
+PAIRWISE_NEGATIVES = 32
+
+
 @functools.cache
 def _before(n: int) -> np.ndarray:
     """(n, n) bool: column i comes before column j of a row of negatives."""
     return np.triu(np.ones((n, n), dtype=bool), k=1)
+
+
+def repeated_in_row(negs: np.ndarray) -> np.ndarray:
+    """bool of ``negs``' shape: the value also appears earlier in its row. Narrow rows compare
+    every pair (fastest for the usual few negatives); wide ones sort each row, since the pairs
+    of 1,000 negatives take 1 MB a row (30 GiB for a FilmTrust cohort)."""
+    n = negs.shape[1]
+    if n <= PAIRWISE_NEGATIVES:
+        return ((negs[:, :, None] == negs[:, None, :]) & _before(n)).any(axis=1)
+    order = np.argsort(negs, axis=1, kind="stable")  # equal values keep their column order
+    ordered = np.take_along_axis(negs, order, axis=1)
+    later = np.zeros(negs.shape, dtype=bool)
+    later[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+    out = np.empty(negs.shape, dtype=bool)
+    np.put_along_axis(out, order, later, axis=1)
+    return out
 
 
 def client_samples(
@@ -172,7 +192,6 @@ def client_samples(
             f"from a catalogue of {n_items}"
         )
     negs = rng.integers(0, n_items, size=(p, n_negatives))
-    before = _before(n_negatives)
     while True:
         # bad: a negative the client has seen, or equal to an earlier negative of its row
         # (membership by binary search in the sorted ``seen``: np.isin costs about 100 us a
@@ -182,7 +201,7 @@ def client_samples(
             bad = seen[at] == negs
         else:
             bad = np.zeros(negs.shape, dtype=bool)
-        bad |= ((negs[:, :, None] == negs[:, None, :]) & before).any(axis=1)
+        bad |= repeated_in_row(negs)
         n_bad = int(np.count_nonzero(bad))
         if n_bad == 0:
             break

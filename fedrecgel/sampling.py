@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedrecgel.sam import _before
+from fedrecgel.sam import repeated_in_row
 
 
 def cohort_samples(
@@ -49,13 +49,12 @@ def cohort_samples(
     row_off = np.zeros(c + 1, dtype=np.int64)
     np.cumsum(sizes, out=row_off[1:])
     seen = np.sort(np.concatenate(pos) + row_client * n_items)  # keys (client, item)
-    before = _before(n_negatives)
     base = (row_client * n_items)[:, None]
     while True:
         keys = negs + base
         at = np.minimum(np.searchsorted(seen, keys), max(len(seen) - 1, 0))
         bad = seen[at] == keys if len(seen) else np.zeros(negs.shape, dtype=bool)
-        bad |= ((negs[:, :, None] == negs[:, None, :]) & before).any(axis=1)
+        bad |= repeated_in_row(negs)
         per_row = np.count_nonzero(bad, axis=1)
         if not per_row.any():
             break
