@@ -370,7 +370,8 @@ class Simulator:
         secure = self.config.secure_aggregation != "off"
         if self.config.upload_grouping == "worker":
             return self._train_partials(r, cohort)
-        if not self.config.per_client_uploads and not secure:
+        if not self.config.per_client_uploads and not secure and len(cohort):
+            # (an empty Poisson cohort takes the per-client path: no step, or a DP round's noise)
             samples = self.clients.samples(r, cohort, train)
             sizes = np.fromiter((len(s[0]) for s in samples), dtype=np.int64, count=len(samples))
             weights = self.strategy.linear_weights(sizes)
@@ -425,6 +426,8 @@ class Simulator:
             self.store.put(part, res.state)
             assert res.partial is not None
             partials.append(res.partial)
+        if not partials:  # an empty Poisson cohort: no step (the per-client path's rule)
+            return float("nan")
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
         self.strategy.apply(self.shared, combine_partials(partials, shapes, self.config.weighting))
         return partial_loss(partials)

@@ -171,3 +171,16 @@ def test_sharded_simulator_computes_the_same_maths():
         assert r1.test == pytest.approx(r2.test, abs=1e-9)
     with pytest.raises(ValueError, match="shards"):
         Simulator(SPLIT, replace(SMALL, shards=0))
+
+
+@pytest.mark.parametrize("grouping", ["client", "worker"])
+def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(grouping: str) -> None:
+    """Poisson sampling may draw nobody (documented); the weighted sum inside the backward
+    divided by zero clients, and the partial sums had none to combine."""
+    cfg = replace(SMALL, sampling="poisson", fraction=1e-6, rounds=2, upload_grouping=grouping)
+    sim = Simulator(SPLIT, cfg)
+    before = _params(sim)
+    result = sim.run()
+    assert [r.n_clients for r in result.rounds] == [0, 0]
+    assert all(np.isnan(r.loss) for r in result.rounds)
+    assert all(torch.equal(before[k], v) for k, v in sim.shared.items())
