@@ -102,8 +102,8 @@ class CentralConfig:
         for name in ("epochs", "batch_size", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.lr <= 10:  # the bound of the federated step sizes (NaN fails it too)
+            raise ValueError(f"lr must be in (0, 10], got {self.lr}")
         if self.n_negatives < 0:
             raise ValueError(f"n_negatives must be >= 0, got {self.n_negatives}")
 

@@ -284,6 +284,8 @@ def train(
     hr_ndcg.png to --out."""
     if method not in METHODS + BASELINE_METHODS:
         raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
+    if central_lr is not None and method != "central":
+        raise fail("--central-lr is the step size of --method central; it would change nothing")
     if presets_file is not None and preset is None:
         raise fail("--presets-file is read only with --preset (the preset to take from it)")
     if presets_file is not None and not presets_file.is_file():

@@ -196,3 +196,18 @@ def test_tune_refuses_a_bad_first_trial_storage_or_preset_name_before_any_trial(
         assert "trial 0" not in r.output, r.output
     assert not storage.exists()
     assert not_sqlite.read_text() == "not a study\n"
+
+
+def test_central_lr_out_of_bounds_or_without_method_central_is_refused(tmp_path: Path) -> None:
+    """1e308 overflowed inside Adam (a traceback after loading the data); with another method
+    the option was ignored without a word."""
+    out = tmp_path / "o"
+    for args, message in (
+        (["--method", "central", "--central-lr", "1e308"], "lr must be in (0, 10]"),
+        (["--method", "central", "--central-lr", "nan"], "lr must be in (0, 10]"),
+        (["--method", "popularity", "--central-lr", "0.1"], "--central-lr is the step size"),
+        (["--central-lr", "0.1"], "--central-lr is the step size"),
+    ):
+        r = runner.invoke(app, ["train", *args, *ONE_ROUND, "--out", str(out)])
+        assert r.exit_code == 2 and message in r.output, (args, r.output)
+        assert not (out / "results.json").exists()
