@@ -1,0 +1,56 @@
+"""Federated-evaluation reports on each database, with reports covering more clients than one
+``IN`` list holds (the coverage checks and inserts run as Core statements): two reports
+complete a version, a repeated report is ignored, an overlapping one is 409, and the mean is
+the clients' mean."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.aggregator.repository import Repository
+from tests.aggregator.conftest import AggregatorFactory
+from tests.support.aggregator import bearer, operator_headers, register
+
+N = 2400  # two credentials of 1200 clients: each report spans two IN lists of 1000
+
+
+def _report(ids: list[int], hr: float) -> dict[str, object]:
+    return {
+        "model_version": 0,
+        "sums": {"hr@10": hr * len(ids)},
+        "count": len(ids),
+        "client_ids": ids,
+    }
+
+
+def test_large_reports_complete_a_version_on_each_database(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
+    client = aggregator(database_url=database_url, population=N, max_register_per_request=N)
+    evens, odds = list(range(0, N, 2)), list(range(1, N, 2))
+    a, b = register(client, evens), register(client, odds)
+    run = {"n_items": 50, "factor": 4, "layers": 2, "rounds": 3, "fraction": 0.01, "seed": 7}
+    assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
+    post = client.post
+    first = post("/v1/evaluations", json=_report(evens, 0.2), headers=bearer(a))
+    assert first.status_code == 202, first.text
+    assert first.json() == {"model_version": 0, "accepted": 1200, "ignored": 0, "complete": False}
+    again = post("/v1/evaluations", json=_report(evens, 0.9), headers=bearer(a))
+    assert again.json() == {"model_version": 0, "accepted": 0, "ignored": 1200, "complete": False}
+    overlap = post("/v1/evaluations", json=_report(evens[-1:] + odds[:5], 0.1), headers=bearer(a))
+    assert overlap.status_code in (403, 409)  # odd clients are b's: refused before any insert
+    mixed = post("/v1/evaluations", json=_report(evens[1100:] + evens[:1], 0.1), headers=bearer(a))
+    assert mixed.status_code == 202 and mixed.json()["ignored"] == 101
+    part = post("/v1/evaluations", json=_report(odds[:1100], 0.4), headers=bearer(b))
+    assert part.status_code == 202 and part.json()["complete"] is False
+    clash = post("/v1/evaluations", json=_report(odds[1099:], 0.4), headers=bearer(b))
+    assert clash.status_code == 409 and clash.json()["error"] == "evaluation_overlap"
+    last = post("/v1/evaluations", json=_report(odds[1100:], 0.4), headers=bearer(b))
+    assert last.status_code == 202 and last.json()["complete"] is True
+    history = client.get("/v1/runs/current/history", headers=operator_headers()).json()
+    assert history["evaluated_through"] == 0
+    db = client.app.state.service.db  # type: ignore[attr-defined]
+    with db.read() as s:
+        row = Repository(s).version_meta(history["run_id"], 0)
+        assert row is not None
+        assert row.metrics == pytest.approx({"hr@10": (0.2 * 1200 + 0.4 * 1200) / N})
