@@ -32,6 +32,7 @@ from fedrecgel import passes
 from fedrecgel.config import DEFAULTS
 from fedrecgel.model import ModelConfig, init_private
 from fedrecgel.passes import Layout, SharedGrads, make_layout
+from fedrecgel.rows import repeated_in_row as repeats_by_sorting
 
 
 @dataclass(frozen=True)
@@ -166,13 +167,7 @@ def repeated_in_row(negs: np.ndarray) -> np.ndarray:
     n = negs.shape[1]
     if n <= PAIRWISE_NEGATIVES:
         return ((negs[:, :, None] == negs[:, None, :]) & _before(n)).any(axis=1)
-    order = np.argsort(negs, axis=1, kind="stable")  # equal values keep their column order
-    ordered = np.take_along_axis(negs, order, axis=1)
-    later = np.zeros(negs.shape, dtype=bool)
-    later[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
-    out = np.empty(negs.shape, dtype=bool)
-    np.put_along_axis(out, order, later, axis=1)
-    return out
+    return repeats_by_sorting(negs)
 
 
 def client_samples(

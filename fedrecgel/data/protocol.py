@@ -42,6 +42,7 @@ import pandas as pd
 
 from fedrecgel.data.raw import load_raw
 from fedrecgel.data.types import DataError, Interactions, Split
+from fedrecgel.rows import repeated_in_row
 
 Protocol = Literal["paper", "clean"]
 PROTOCOLS: tuple[str, ...] = ("paper", "clean")
@@ -237,19 +238,6 @@ def _latest_rows(timestamps: np.ndarray, indptr: np.ndarray, held: np.ndarray) -
     return np.asarray(np.minimum.reduceat(idx, starts), dtype=np.int64)
 
 
-def _row_duplicates(cand: np.ndarray) -> np.ndarray:
-    """Mask of entries equal to an earlier entry of the same row."""
-    if cand.shape[1] < 2:
-        return np.zeros(cand.shape, dtype=bool)
-    order = np.argsort(cand, axis=1, kind="stable")
-    s = np.take_along_axis(cand, order, axis=1)
-    dup_sorted = np.zeros(cand.shape, dtype=bool)
-    dup_sorted[:, 1:] = s[:, 1:] == s[:, :-1]
-    dup = np.zeros(cand.shape, dtype=bool)
-    np.put_along_axis(dup, order, dup_sorted, axis=1)
-    return dup
-
-
 def _in_sorted(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
     if len(sorted_keys) == 0:
         return np.zeros(keys.shape, dtype=bool)
@@ -352,7 +340,7 @@ def sample_negatives(
         rows = np.arange(u1 - u0)
         sub = cand
         for _ in range(_NEG_MAX_ROUNDS):
-            bad = _in_sorted(pos, base[rows] + sub) | _row_duplicates(sub)
+            bad = _in_sorted(pos, base[rows] + sub) | repeated_in_row(sub)
             if not bad.any():
                 rows = rows[:0]
                 break
@@ -361,7 +349,7 @@ def sample_negatives(
             sub[bad] = rng.integers(0, n_items, size=int(bad.sum()), dtype=np.int64)
             cand[rows] = sub
         else:
-            bad = _in_sorted(pos, base[rows] + sub) | _row_duplicates(sub)
+            bad = _in_sorted(pos, base[rows] + sub) | repeated_in_row(sub)
             keep_rows = bad.any(axis=1)
             rows, sub, bad = rows[keep_rows], sub[keep_rows], bad[keep_rows]
         # exact fallback for the few rows rejection did not settle (users with few free items)
