@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from services.aggregator.app import create_app
 from tests.support.aggregator import make_settings, sqlite_url
-from tests.support.loopback import free_port
+from tests.support.loopback import serve_app
 
 LiveAggregator = Callable[..., contextlib.AbstractContextManager[str]]
 
@@ -24,21 +21,8 @@ def serve_aggregator(directory: Path, **overrides: Any) -> Iterator[str]:
     """Serve the aggregator (test settings over a SQLite file in ``directory``, with
     ``overrides``) until the block ends; yields its base URL."""
     settings = make_settings(sqlite_url(directory), **overrides)
-    port = free_port()
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("aggregator did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_app(create_app(settings), timeout_s=30, log_level="warning") as url:
+        yield url
 
 
 @pytest.fixture()

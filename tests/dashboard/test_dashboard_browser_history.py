@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from services.dashboard.app import create_app
 from services.dashboard.settings import DashboardSettings
 from tests.dashboard.browser import chromium
 from tests.dashboard.test_dashboard_browser import AXE, LAPTOP, WCAG
-from tests.support.loopback import free_port
+from tests.support.loopback import serve_app
 
 ROUNDS = 100_000
 #: what the page draws at most (dashboard.js: VERSIONS_PAGE, MAX_POINTS, TAIL_POINTS)
@@ -99,22 +96,9 @@ def served(agg: FakeAggregator) -> Iterator[str]:
         recommend_url=None,
         poll_interval_s=0.3,
     )
-    port = free_port()
     app = create_app(settings, transport=agg)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the dashboard did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/ui/"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    with serve_app(app, timeout_s=30, log_level="warning") as url:
+        yield f"{url}/ui/"
 
 
 # counts the rows added to and removed from the versions table from now on

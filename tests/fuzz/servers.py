@@ -1,49 +1,13 @@
-"""A service app served by uvicorn in a thread on a free loopback port, for the fuzz tests,
-and an address-space limit that turns a runaway allocation into an error of the server under
-test instead of an out-of-memory kill of the machine."""
+"""An address-space limit for the fuzz tests, which turns a runaway allocation into an error
+of the server under test instead of an out-of-memory kill of the machine (the servers run in
+threads of the test process: :func:`tests.support.loopback.serve_app`)."""
 
 from __future__ import annotations
 
 import contextlib
 import resource
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import uvicorn
-
-from tests.support.loopback import free_port
-
-
-@contextlib.contextmanager
-def served(app: object, timeout_s: float = 60.0) -> Iterator[str]:
-    """Serve ``app`` (lifespan included) on 127.0.0.1; yields its base URL."""
-    port = free_port()
-    config = uvicorn.Config(
-        app,  # type: ignore[arg-type]
-        host="127.0.0.1",
-        port=port,
-        log_level="critical",
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"fuzz-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the server under test did not start (see its log)")
-        if time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"the server under test did not start in {timeout_s:.0f}s")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def _vm_size() -> int:

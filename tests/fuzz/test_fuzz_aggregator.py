@@ -16,7 +16,7 @@ import pytest
 
 from services.aggregator.app import create_app
 from tests.fuzz.harness import load_schema, operation_labels
-from tests.fuzz.servers import address_space_headroom, served
+from tests.fuzz.servers import address_space_headroom
 from tests.fuzz.targets import (
     AGGREGATOR_KINDS,
     AggregatorCredentials,
@@ -25,6 +25,7 @@ from tests.fuzz.targets import (
     start_run,
 )
 from tests.support.aggregator import OPERATOR_TOKEN, make_settings, sqlite_url
+from tests.support.loopback import serve_app
 
 EXAMPLES = 15  # per operation and generation mode (valid, invalid requests)
 READER_TOKEN = "fuzz-reader-token-5f0c2a9e41d7b3"
@@ -53,7 +54,7 @@ def aggregator(tmp_path: Path) -> Iterator[Aggregator]:
         # small enough that each fuzzed run config is built (or refused) quickly
         max_model_params=200_000,
     )
-    with address_space_headroom(HEADROOM_BYTES), served(create_app(settings)) as url:
+    with address_space_headroom(HEADROOM_BYTES), serve_app(create_app(settings)) as url:
         enrol, client = enrol_shard(url, ENROLMENT_SECRET, 0, SHARDS, POPULATION)
         start_run(url, OPERATOR_TOKEN)
         yield Aggregator(url, AggregatorCredentials(OPERATOR_TOKEN, READER_TOKEN, enrol, client))

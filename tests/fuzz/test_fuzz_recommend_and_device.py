@@ -28,8 +28,8 @@ from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.ranking import ModelHolder, RankingConfig
 from services.recommend_api.settings import Settings as RecommendSettings
 from tests.fuzz.harness import Tally, fuzz, load_schema, operation_labels
-from tests.fuzz.servers import served
 from tests.fuzz.targets import pinned_schema
+from tests.support.loopback import serve_app
 
 EXAMPLES = 25  # per operation and generation mode
 CFG = ModelConfig(n_items=30, factor=4, layers=2)
@@ -61,7 +61,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     # half of the shard's users have joined a run (a private state), half not yet
     joined = users[: len(users) // 2]
     store.reset_states(joined, PrivateState.fresh(CFG, 7, np.asarray(joined)))
-    with served(rec) as rec_url:
+    with serve_app(rec) as rec_url:
         settings = WorkerSettings(
             shard=0,
             shards=2,
@@ -70,7 +70,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             recommend_url=rec_url,
             device_token=SecretStr(DEVICE_TOKEN),
         )
-        with served(create_device_app(settings, store, LABELS)) as device_url:
+        with serve_app(create_device_app(settings, store, LABELS)) as device_url:
             yield Services(rec_url, device_url)
 
 

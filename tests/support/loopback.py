@@ -1,5 +1,5 @@
 """Loopback helpers of the tests and the benchmarks: a free port, waiting for a port to accept
-connections, and a throw-away redis-server."""
+connections, an ASGI app served in a thread, and a throw-away redis-server."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,41 @@ def wait_for_port(port: int, timeout: float = 15.0) -> bool:
                 return True
         time.sleep(0.05)
     return False
+
+
+@contextlib.contextmanager
+def serve_app(
+    app: object, timeout_s: float = 60.0, log_level: str = "critical", lifespan: str = "on"
+) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn in a thread on a free 127.0.0.1 port until the
+    block ends; yields its base URL."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host="127.0.0.1",
+        port=port,
+        log_level=log_level,
+        lifespan=lifespan,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"served-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the served app did not start (see its log)")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the served app did not start in {timeout_s:.0f}s")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
 
 
 class RedisUnavailable(RuntimeError):
