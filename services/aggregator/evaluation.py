@@ -17,6 +17,7 @@ import math
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound
+from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.models import Clock
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import EvaluationAck, EvaluationRequest
@@ -92,19 +93,21 @@ class Evaluations:
             row = repo.version_meta(run.id, v, for_update=True)
             if row is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
-            seen = repo.evaluated_clients(run.id, v, req.client_ids)
-            if seen and len(seen) < len(req.client_ids):
-                raise Conflict(
-                    f"{len(seen)} of the {len(req.client_ids)} clients already reported for "
-                    f"version {v}; report them separately",
-                    "evaluation_overlap",
-                )
-            if seen:
+            evals = EvaluationRepository(s)
+            # the unique constraint finds a client reported before: only then is it looked up
+            if not evals.add_evaluation(run.id, v, sums, req.count, req.client_ids, self.clock()):
+                seen = evals.evaluated_clients(run.id, v, req.client_ids)
+                if len(seen) < len(req.client_ids):
+                    raise Conflict(
+                        f"{len(seen)} of the {len(req.client_ids)} clients already reported "
+                        f"for version {v}; report them separately",
+                        "evaluation_overlap",
+                    )
                 return EvaluationAck(
                     model_version=v, accepted=0, ignored=len(seen), complete=row.metrics is not None
                 )
-            earlier = repo.evaluation_reports(run.id, v, limit=1)
-            if earlier and set(earlier[0].sums) != set(sums):
+            earlier = evals.evaluation_reports(run.id, v, limit=1)
+            if set(earlier[0].sums) != set(sums):  # (the first may be this one: then equal)
                 # a metric missing from some reports would be averaged as 0 for their clients
                 raise Malformed(
                     f"metrics {sorted(sums)} differ from those of the earlier reports of "
@@ -112,10 +115,9 @@ class Evaluations:
                     "carries the same metrics",
                     "invalid_metrics",
                 )
-            repo.add_evaluation(run.id, v, sums, req.count, req.client_ids, self.clock())
             complete = row.metrics is not None
-            if not complete and repo.count_evaluated(run.id, v) >= repo.count_clients():
-                reports = repo.evaluation_reports(run.id, v)
+            if not complete and evals.count_evaluated(run.id, v) >= repo.count_clients():
+                reports = evals.evaluation_reports(run.id, v)
                 total = sum(r.count for r in reports)
                 names = sorted({k for r in reports for k in r.sums})
                 means = {

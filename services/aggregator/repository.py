@@ -6,14 +6,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, undefer
 
 from services.aggregator.models import (
     Client,
-    Evaluation,
-    EvaluationReport,
     ModelVersion,
     Round,
     Run,
@@ -25,8 +23,6 @@ LIVE_ROUND_STATES = ("open", "paused")
 #: the most values bound in one ``IN (...)`` list: far below every backend's limit on bound
 #: variables (SQLite's 32766, PostgreSQL's 65535), whatever the request carried
 IN_CHUNK = 1000
-#: the evaluations table, for Core statements (one row per client a report covers)
-_EVALUATIONS: Table = Evaluation.__table__  # type: ignore[assignment]
 
 
 def chunks(values: Iterable[int], size: int = IN_CHUNK) -> Iterator[list[int]]:
@@ -445,53 +441,3 @@ class Repository:
         result = self.session.execute(stmt)
         assert isinstance(result, CursorResult)
         return result.rowcount == 1
-
-    # ------------------------------------------------------------------ evaluations
-
-    def evaluated_clients(self, run_id: int, version: int, client_ids: Iterable[int]) -> set[int]:
-        """Which of ``client_ids`` already reported for a version."""
-        t = _EVALUATIONS  # Core on the session's connection: the ORM's per-row work cost more
-        conn, out = self.session.connection(), set[int]()
-        for part in chunks(client_ids):
-            where = (t.c.run_id == run_id, t.c.version == version, t.c.client_id.in_(part))
-            out.update(int(c) for c in conn.execute(select(t.c.client_id).where(*where)).scalars())
-        return out
-
-    def add_evaluation(
-        self,
-        run_id: int,
-        version: int,
-        sums: dict[str, float],
-        count: int,
-        client_ids: Sequence[int],
-        now: datetime,
-    ) -> None:
-        """Store a report and mark its clients as covered."""
-        report = EvaluationReport(
-            run_id=run_id, version=version, sums=sums, count=count, created_at=now
-        )
-        self.session.add(report)
-        self.session.flush()
-        rows = [
-            {"run_id": run_id, "version": version, "client_id": c, "report_id": report.id}
-            for c in client_ids
-        ]
-        self.session.connection().execute(insert(_EVALUATIONS), rows)  # Core executemany
-
-    def count_evaluated(self, run_id: int, version: int) -> int:
-        """How many clients reported for a version."""
-        stmt = (
-            select(func.count())
-            .select_from(Evaluation)
-            .where(Evaluation.run_id == run_id, Evaluation.version == version)
-        )
-        return int(self.session.scalar(stmt) or 0)
-
-    def evaluation_reports(
-        self, run_id: int, version: int, limit: int | None = None
-    ) -> list[EvaluationReport]:
-        """Every report of a version (the first ``limit``), in the order they came."""
-        stmt = select(EvaluationReport).where(
-            EvaluationReport.run_id == run_id, EvaluationReport.version == version
-        )
-        return list(self.session.scalars(stmt.order_by(EvaluationReport.id).limit(limit)))

@@ -6,6 +6,7 @@ the clients' mean."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event
 
 from services.aggregator.repository import Repository
 from tests.aggregator.conftest import AggregatorFactory
@@ -54,3 +55,32 @@ def test_large_reports_complete_a_version_on_each_database(
         row = Repository(s).version_meta(history["run_id"], 0)
         assert row is not None
         assert row.metrics == pytest.approx({"hr@10": (0.2 * 1200 + 0.4 * 1200) / N})
+
+
+def test_a_fresh_report_is_stored_without_looking_its_clients_up(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
+    """The unique constraint finds clients reported before; the ``IN`` lookup of which ones
+    runs only when it did (a repeat), not for the usual first report of a version."""
+    client = aggregator(database_url=database_url, population=N, max_register_per_request=N)
+    evens = list(range(0, N, 2))
+    a = register(client, evens)
+    run = {"n_items": 50, "factor": 4, "layers": 2, "rounds": 3, "fraction": 0.01, "seed": 7}
+    assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
+    lookups: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if "client_id IN" in statement and "evaluations" in statement:
+            lookups.append(statement)
+
+    engine = client.app.state.service.db.engine  # type: ignore[attr-defined]
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        first = client.post("/v1/evaluations", json=_report(evens, 0.2), headers=bearer(a))
+        assert first.status_code == 202 and first.json()["accepted"] == 1200
+        assert lookups == []
+        again = client.post("/v1/evaluations", json=_report(evens, 0.2), headers=bearer(a))
+        assert again.json()["ignored"] == 1200
+        assert lookups  # the repeat was looked up, after the constraint refused it
+    finally:
+        event.remove(engine, "before_cursor_execute", count)

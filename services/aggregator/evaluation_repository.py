@@ -1,0 +1,80 @@
+"""The queries of federated evaluation (reports and the clients they cover), on one session:
+the service owns the transactions, as for :class:`~services.aggregator.repository.Repository`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from sqlalchemy import Table, func, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from services.aggregator.models import Evaluation, EvaluationReport
+from services.aggregator.repository import chunks
+
+#: the evaluations table, for Core statements (one row per client a report covers): the ORM's
+#: per-row work cost more than the rows themselves
+_EVALUATIONS: Table = Evaluation.__table__  # type: ignore[assignment]
+
+
+class EvaluationRepository:
+    """Queries over ``evaluation_reports`` and ``evaluations``."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def evaluated_clients(self, run_id: int, version: int, client_ids: Iterable[int]) -> set[int]:
+        """Which of ``client_ids`` already reported for a version."""
+        t = _EVALUATIONS
+        conn, out = self.session.connection(), set[int]()
+        for part in chunks(client_ids):
+            where = (t.c.run_id == run_id, t.c.version == version, t.c.client_id.in_(part))
+            out.update(int(c) for c in conn.execute(select(t.c.client_id).where(*where)).scalars())
+        return out
+
+    def add_evaluation(
+        self,
+        run_id: int,
+        version: int,
+        sums: dict[str, float],
+        count: int,
+        client_ids: Sequence[int],
+        now: datetime,
+    ) -> bool:
+        """Store a report and mark its clients as covered, in a savepoint: False, and nothing
+        stored, when a client was covered already (the unique constraint refused its row).
+        Only then need the caller look up which ones (:meth:`evaluated_clients`)."""
+        try:
+            with self.session.begin_nested():
+                report = EvaluationReport(
+                    run_id=run_id, version=version, sums=sums, count=count, created_at=now
+                )
+                self.session.add(report)
+                self.session.flush()
+                rows = [
+                    {"run_id": run_id, "version": version, "client_id": c, "report_id": report.id}
+                    for c in client_ids
+                ]
+                self.session.connection().execute(insert(_EVALUATIONS), rows)  # executemany
+        except IntegrityError:
+            return False
+        return True
+
+    def count_evaluated(self, run_id: int, version: int) -> int:
+        """How many clients reported for a version."""
+        stmt = (
+            select(func.count())
+            .select_from(Evaluation)
+            .where(Evaluation.run_id == run_id, Evaluation.version == version)
+        )
+        return int(self.session.scalar(stmt) or 0)
+
+    def evaluation_reports(
+        self, run_id: int, version: int, limit: int | None = None
+    ) -> list[EvaluationReport]:
+        """Every report of a version (the first ``limit``), in the order they came."""
+        stmt = select(EvaluationReport).where(
+            EvaluationReport.run_id == run_id, EvaluationReport.version == version
+        )
+        return list(self.session.scalars(stmt.order_by(EvaluationReport.id).limit(limit)))
