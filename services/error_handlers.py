@@ -34,8 +34,10 @@ def error_response(
 
 
 def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -> str:
-    """``loc: message`` of every error, joined; ``skip_body`` leaves ``body`` out of locations."""
-    parts = []
+    """``loc: message`` of every error, joined, each once (a parameter that the endpoint and a
+    dependency both declare is reported by each); ``skip_body`` leaves ``body`` out of
+    locations."""
+    parts: list[str] = []
     for e in exc.errors():
         if e.get("type") == "json_invalid":  # its location is a character offset, not a field
             where = e.get("loc", ())[-1:] or ("?",)
@@ -44,7 +46,7 @@ def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -
             continue
         loc = ".".join(str(p) for p in e.get("loc", ()) if not (skip_body and p == "body"))
         parts.append(f"{loc}: {e.get('msg', 'invalid')}")
-    return "; ".join(parts)
+    return "; ".join(dict.fromkeys(parts))
 
 
 def not_sent_as_json(request: Request, exc: RequestValidationError) -> str | None:

@@ -189,3 +189,16 @@ def test_refusals_are_counted_by_reason(ctx: Ctx) -> None:
     text = ctx.client.get("/metrics").text
     assert 'fedrec_agg_updates_refused_total{reason="round_not_open"} 1.0' in text
     assert 'fedrec_agg_updates_refused_total{reason="unauthorized"} 1.0' in text
+
+
+def test_an_unknown_secure_aggregation_step_is_named_once(ctx: Ctx) -> None:
+    """The step is a path parameter of the endpoint and of its body dependency: both refuse
+    it, and the answer says so once."""
+    r = ctx.client.post(
+        "/v1/rounds/1/secagg/bogus",
+        content=b"[]",
+        headers={**upload_headers(ctx.token), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert detail.count("path.step") == 1, detail
