@@ -11,6 +11,13 @@ import statistics
 from typing import Any
 
 from report_common import load_result
+from report_http_churn import (
+    CHURN_AFTER,
+    CHURN_BEFORE,
+    TAG_CHURN_AFTER,
+    TAG_CHURN_BEFORE,
+    churn_reading,
+)
 from report_http_cpu import CPU_AFTER, CPU_BEFORE, TAG_AFTER, TAG_BEFORE, capacity, cpu_reading
 
 AFTER = "http_vs_simulator.json"
@@ -27,6 +34,8 @@ SESSIONS = {
     "http_vs_simulator_snapshot.json": "reads from a WAL snapshot, background threads nicer",
     CPU_BEFORE: TAG_BEFORE,
     CPU_AFTER: TAG_AFTER,
+    CHURN_BEFORE: TAG_CHURN_BEFORE,
+    CHURN_AFTER: TAG_CHURN_AFTER,
 }
 #: the session before the newest (its reading says how far quiet runs move)
 NEWEST = "states in memory, evaluation during the upload"
@@ -162,7 +171,7 @@ def section() -> list[str]:
         + " | ".join(_cell(b["event_latency_seconds_median"]) for b in bds)
         + " |"
     )
-    return lines + _reading(later) + cpu_reading() + capacity()
+    return lines + _reading(later) + cpu_reading() + churn_reading() + capacity()
 
 
 def _ingest(s: dict[str, Any]) -> float:

@@ -20,8 +20,12 @@ TAG_BEFORE = "before: dependencies in worker threads, CPU accounted"
 TAG_AFTER = "authentication on the event loop, evaluation rows by Core, CPU accounted"
 
 
-def _med(xs: list[float]) -> float:
+def median_of(xs: list[float]) -> float:
+    """The median, NaN of nothing."""
     return statistics.median(xs) if xs else float("nan")
+
+
+_med = median_of
 
 
 def _cpu(data: dict[str, Any], key: str) -> float:
@@ -74,31 +78,7 @@ def cpu_reading() -> list[str]:
     met = "meets" if a["ratio_median"] <= target else "does not meet"
     loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
 
-    def per_round(d: dict[str, Any], key: str) -> float:
-        return _cpu(d, key) / rounds
-
-    rows = [
-        ("aggregator CPU s per round", "aggregator_seconds"),
-        ("workers' CPU s per round (both)", "workers_seconds"),
-        ("simulator's CPU s per round", "simulator_seconds"),
-    ]
-    table = [
-        "",
-        f"| CPU, medians over the repetitions | *{TAG_BEFORE}* | *{TAG_AFTER}* |",
-        "|---|---|---|",
-        *(
-            f"| {label} | {per_round(before, key):.3f} | {per_round(after, key):.3f} |"
-            for label, key in rows
-        ),
-        f"| services' CPU over the simulator's | {_cpu(before, 'services_over_simulator'):.2f} | "
-        f"{_cpu(after, 'services_over_simulator'):.2f} |",
-        *(
-            f"| a worker's {name}: wall / CPU s per round | "
-            f"{_phase(before, 'wall', name):.3f} / {_phase(before, 'cpu', name):.3f} | "
-            f"{_phase(after, 'wall', name):.3f} / {_phase(after, 'cpu', name):.3f} |"
-            for name in ("compute", "evaluate", "commit", "download", "upload")
-        ),
-    ]
+    table = cpu_table(before, after, TAG_BEFORE, TAG_AFTER)
     text = (
         f"**CPU accounting** (*{TAG_BEFORE}* and *{TAG_AFTER}*: {len(a['ratios'])} interleaved "
         f"pairs of repetitions of partial-sum runs, 1-minute load {min(loads):.1f}-"
@@ -122,6 +102,41 @@ def cpu_reading() -> list[str]:
         f"{target}x target. Where the CPU goes:"
     )
     return ["", text, *table, "", _cpu_reading(before, after, rounds)]
+
+
+def per_round_cpu(data: dict[str, Any], key: str, rounds: int) -> float:
+    """Median over the repetitions of a CPU figure, per round."""
+    return _cpu(data, key) / rounds
+
+
+def cpu_table(
+    before: dict[str, Any], after: dict[str, Any], tag_before: str, tag_after: str
+) -> list[str]:
+    """Where the CPU goes, two runs side by side (medians over their repetitions)."""
+    rounds = after["config"]["rounds"]
+    rows = [
+        ("aggregator CPU s per round", "aggregator_seconds"),
+        ("workers' CPU s per round (both)", "workers_seconds"),
+        ("simulator's CPU s per round", "simulator_seconds"),
+    ]
+    return [
+        "",
+        f"| CPU, medians over the repetitions | *{tag_before}* | *{tag_after}* |",
+        "|---|---|---|",
+        *(
+            f"| {label} | {per_round_cpu(before, key, rounds):.3f} | "
+            f"{per_round_cpu(after, key, rounds):.3f} |"
+            for label, key in rows
+        ),
+        f"| services' CPU over the simulator's | {_cpu(before, 'services_over_simulator'):.2f} | "
+        f"{_cpu(after, 'services_over_simulator'):.2f} |",
+        *(
+            f"| a worker's {name}: wall / CPU s per round | "
+            f"{_phase(before, 'wall', name):.3f} / {_phase(before, 'cpu', name):.3f} | "
+            f"{_phase(after, 'wall', name):.3f} / {_phase(after, 'cpu', name):.3f} |"
+            for name in ("compute", "evaluate", "commit", "download", "upload")
+        ),
+    ]
 
 
 def _cpu_reading(before: dict[str, Any], after: dict[str, Any], rounds: int) -> str:
