@@ -93,6 +93,10 @@ class Evaluations:
             row = repo.version_meta(run.id, v, for_update=True)
             if row is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
+            if row.metrics is not None:  # final: nothing a report says changes them (and the
+                # storage pass drops the per-client rows of such a version)
+                n = len(req.client_ids)
+                return EvaluationAck(model_version=v, accepted=0, ignored=n, complete=True)
             evals = EvaluationRepository(s)
             # the unique constraint finds a client reported before: only then is it looked up
             if not evals.add_evaluation(run.id, v, sums, req.count, req.client_ids, self.clock()):

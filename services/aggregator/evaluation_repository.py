@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import Table, func, insert, select
+from sqlalchemy import Table, delete, func, insert, select
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.aggregator.models import Evaluation, EvaluationReport
+from services.aggregator.models import Evaluation, EvaluationReport, ModelVersion
 from services.aggregator.repository import chunks
 
 #: the evaluations table, for Core statements (one row per client a report covers): the ORM's
@@ -78,3 +79,18 @@ class EvaluationRepository:
             EvaluationReport.run_id == run_id, EvaluationReport.version == version
         )
         return list(self.session.scalars(stmt.order_by(EvaluationReport.id).limit(limit)))
+
+    def drop_coverage_of_evaluated(self, run_id: int) -> int:
+        """Delete the per-client rows of every version of a run whose metrics are written
+        (their reports are answered as ignored from then on, see
+        :meth:`services.aggregator.evaluation.Evaluations.report`); how many."""
+        evaluated = select(ModelVersion.version).where(
+            ModelVersion.run_id == run_id, ModelVersion.metrics.is_not(None)
+        )
+        result = self.session.execute(
+            delete(Evaluation)
+            .where(Evaluation.run_id == run_id, Evaluation.version.in_(evaluated))
+            .execution_options(synchronize_session=False)
+        )
+        assert isinstance(result, CursorResult)
+        return int(result.rowcount)

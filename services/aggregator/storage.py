@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from services.aggregator.db import Database
+from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.models import utcnow
 from services.aggregator.repository import Repository
 from services.aggregator.secagg_repository import SecAggRepository
@@ -153,25 +154,33 @@ class StorageKeeper:
         self._wake.set()
 
     def free(self) -> dict[int, list[int]]:
-        """One transaction: release the blobs of every finished round attempt and prune the
-        versions of every run that the policy no longer keeps; run -> pruned versions."""
+        """One transaction: release the blobs of every finished round attempt, prune the
+        versions of every run that the policy no longer keeps and drop the per-client
+        evaluation rows of every version whose metrics are written; run -> pruned versions."""
         now = utcnow()
         with self._pass, self.db.transaction() as s:
             repo = Repository(s)
             released = repo.release_finished_update_blobs()
             released += SecAggRepository(s).release_finished()
             pruned = {}
+            evals, dropped = EvaluationRepository(s), 0
             for run_id, latest in repo.latest_versions().items():
                 repo.drop_old_optimizer_states(run_id, latest)
+                dropped += evals.drop_coverage_of_evaluated(run_id)
                 doomed = [
                     v for v in repo.unpruned_versions(run_id) if not self.policy.keeps(v, latest)
                 ]
                 if doomed:
                     repo.prune_versions(run_id, doomed, now)
                     pruned[run_id] = doomed
-        if released or pruned:
+        if released or pruned or dropped:
             self.compactor.mark_due()
-            log.debug("released %d update blobs; pruned versions %s", released, pruned)
+            log.debug(
+                "released %d update blobs and %d evaluation rows; pruned versions %s",
+                released,
+                dropped,
+                pruned,
+            )
         if self.on_pruned is not None:
             for run_id, versions in pruned.items():
                 self.on_pruned(run_id, versions)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
+from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.repository import Repository
 from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import bearer, operator_headers, register
@@ -65,6 +66,7 @@ def test_a_fresh_report_is_stored_without_looking_its_clients_up(
     client = aggregator(database_url=database_url, population=N, max_register_per_request=N)
     evens = list(range(0, N, 2))
     a = register(client, evens)
+    register(client, list(range(1, N, 2)))  # (so that the evens alone do not complete it)
     run = {"n_items": 50, "factor": 4, "layers": 2, "rounds": 3, "fraction": 0.01, "seed": 7}
     assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
     lookups: list[str] = []
@@ -84,3 +86,39 @@ def test_a_fresh_report_is_stored_without_looking_its_clients_up(
         assert lookups  # the repeat was looked up, after the constraint refused it
     finally:
         event.remove(engine, "before_cursor_execute", count)
+
+
+def test_a_complete_versions_coverage_is_dropped_and_its_reports_ignored(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
+    """Once a version's metrics are written, the storage pass deletes its per-client rows
+    (they would grow by the population every round), and any later report of it, repeated or
+    new, is ignored: the metrics are final."""
+    client = aggregator(database_url=database_url, population=N, max_register_per_request=N)
+    evens, odds = list(range(0, N, 2)), list(range(1, N, 2))
+    a, b = register(client, evens), register(client, odds)
+    run = {"n_items": 50, "factor": 4, "layers": 2, "rounds": 3, "fraction": 0.01, "seed": 7}
+    assert client.post("/v1/runs", json=run, headers=operator_headers()).status_code == 201
+    assert (
+        client.post("/v1/evaluations", json=_report(evens, 0.2), headers=bearer(a)).json()[
+            "complete"
+        ]
+        is False
+    )
+    done = client.post("/v1/evaluations", json=_report(odds, 0.4), headers=bearer(b))
+    assert done.json()["complete"] is True
+    service = client.app.state.service  # type: ignore[attr-defined]
+    run_id = client.get("/v1/runs/current/history").json()["run_id"]
+    with service.db.read() as s:
+        assert EvaluationRepository(s).count_evaluated(run_id, 0) == N
+    service.storage.free()
+    with service.db.read() as s:
+        assert EvaluationRepository(s).count_evaluated(run_id, 0) == 0
+        row = Repository(s).version_meta(run_id, 0)
+        assert row is not None and row.metrics == pytest.approx({"hr@10": 0.3})
+    again = client.post("/v1/evaluations", json=_report(odds[:7], 0.9), headers=bearer(b))
+    assert again.status_code == 202
+    assert again.json() == {"model_version": 0, "accepted": 0, "ignored": 7, "complete": True}
+    with service.db.read() as s:
+        assert EvaluationRepository(s).count_evaluated(run_id, 0) == 0
+        assert Repository(s).version_meta(run_id, 0).metrics == pytest.approx({"hr@10": 0.3})
