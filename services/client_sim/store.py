@@ -23,11 +23,12 @@ so loading states (the cohort's each round, all users' for each evaluation) is a
 instead of decoding a blob per user. The database stays the record: a save updates the mirror
 only once its transaction committed, and a restarted worker rebuilds the mirror from the file.
 Only the process that writes the store may mirror it (another one's mirror would go stale).
+The mirroring store also keeps its small ``meta`` table in memory, written through in the same
+way (each poll reads a few meta values, each a transaction of its own before).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import threading
@@ -46,15 +47,28 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from fedrecgel.data import Split
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PrivateState
-from fedrecgel.wire import decode_state, encode_state
+from fedrecgel.wire import decode_state
+from services.client_sim.store_codec import (
+    DATA_FORMAT,
+    StoreError,
+    decode_private,
+    encode_private,
+    encode_private_rows,
+    encode_user_data,
+)
 
-STATE_FORMAT = "fedrecgel-private-state"
-DATA_FORMAT = "fedrecgel-user-data"
+__all__ = [
+    "StoreError",
+    "UserData",
+    "UserRow",
+    "WorkerStore",
+    "decode_private",
+    "encode_private",
+    "encode_private_rows",
+    "model_key",
+]
+
 _CHUNK = 500  # rows per IN (...) query
-
-
-class StoreError(RuntimeError):
-    """The store is inconsistent with what the worker expects."""
 
 
 class _Base(DeclarativeBase):
@@ -105,84 +119,6 @@ class Progress:
 
     last_round: int | None
     last_attempt: int | None
-
-
-def _encode_data(split: Split, u: int) -> bytes:
-    tensors = {
-        "train": torch.from_numpy(np.asarray(split.user_train(u), dtype=np.int64).copy()),
-        "test": torch.tensor([int(split.test_items[u])], dtype=torch.int64),
-        "test_negatives": torch.from_numpy(np.asarray(split.test_negatives[u], dtype=np.int64)),
-    }
-    if split.val_items is not None and split.val_negatives is not None:
-        tensors["val"] = torch.tensor([int(split.val_items[u])], dtype=torch.int64)
-        tensors["val_negatives"] = torch.from_numpy(
-            np.asarray(split.val_negatives[u], dtype=np.int64)
-        )
-    return encode_state(tensors, {"format": DATA_FORMAT})
-
-
-def encode_private(state: PrivateState, row: int) -> bytes:
-    """One user's private state (row ``row`` of ``state``) as a safetensors blob."""
-    tensors = {}
-    for part, table in (
-        ("params", state.params),
-        ("exp_avg", state.exp_avg),
-        ("exp_avg_sq", state.exp_avg_sq),
-    ):
-        for name, t in table.items():
-            tensors[f"{part}/{name}"] = t[row].detach().clone()
-    return encode_state(tensors, {"format": STATE_FORMAT, "step": str(int(state.step[row]))})
-
-
-def encode_private_rows(state: PrivateState, n: int | None = None) -> list[bytes]:
-    """:func:`encode_private` of rows ``0 .. n-1`` of ``state`` (all by default), the same
-    bytes, without a safetensors call per row: the rows share one header per step count (made
-    by :func:`encode_private` of the first row with that count), and a row's data section is
-    its tensors' row bytes in the header's offset order."""
-    n = len(state.step) if n is None else n
-    parts = {"params": state.params, "exp_avg": state.exp_avg, "exp_avg_sq": state.exp_avg_sq}
-    arrays = {
-        f"{part}/{name}": np.ascontiguousarray(t.detach().numpy())
-        for part, table in parts.items()
-        for name, t in table.items()
-    }
-    headers: dict[int, bytes] = {}
-    order: list[str] = []
-    out = []
-    for i, step in enumerate(state.step[:n].tolist()):
-        if step not in headers:
-            blob = encode_private(state, i)
-            size = 8 + int.from_bytes(blob[:8], "little")
-            headers[step] = blob[:size]
-            if not order:
-                entries = json.loads(blob[8:size])
-                entries.pop("__metadata__", None)
-                order = sorted(entries, key=lambda k: entries[k]["data_offsets"][0])
-        out.append(headers[step] + b"".join(arrays[k][i].tobytes() for k in order))
-    return out
-
-
-def decode_private(blobs: Sequence[bytes], steps: Sequence[int]) -> PrivateState:
-    """Stack per-user blobs (as made by :func:`encode_private`) into one PrivateState."""
-    parts: dict[str, dict[str, list[torch.Tensor]]] = {
-        "params": {},
-        "exp_avg": {},
-        "exp_avg_sq": {},
-    }
-    for blob in blobs:
-        tensors, meta = decode_state(blob)
-        if meta.get("format") != STATE_FORMAT:
-            raise StoreError(f"not a private-state blob (format={meta.get('format')!r})")
-        for key, t in tensors.items():
-            part, name = key.split("/", 1)
-            parts[part].setdefault(name, []).append(t)
-    stacked = {p: {n: torch.stack(ts) for n, ts in d.items()} for p, d in parts.items()}
-    return PrivateState(
-        params=stacked["params"],
-        exp_avg=stacked["exp_avg"],
-        exp_avg_sq=stacked["exp_avg_sq"],
-        step=torch.tensor(list(steps), dtype=torch.int64),
-    )
 
 
 PRIVATE_MODE = 0o600
@@ -257,6 +193,9 @@ class WorkerStore:
         self._mirror: PrivateState | None = None
         self._mirror_ids = np.zeros(0, dtype=np.int64)
         self._mirror_lock = threading.Lock()  # the device API reads from another thread
+        #: with ``mirror``, the whole meta table (loaded on first use, written through)
+        self._meta: dict[str, str] | None = None
+        self._meta_lock = threading.Lock()
 
     def _open(self, url: str) -> None:
         """Create the engine and the schema (refusing another service's database)."""
@@ -285,30 +224,50 @@ class WorkerStore:
 
     def get_meta(self, key: str) -> str | None:
         """A meta value, or None."""
+        if self._mirroring:
+            return self._cached_meta().get(key)
         with self._session() as s:
             row = s.get(MetaRow, key)
             return None if row is None else row.value
 
     def set_meta(self, **values: str | int | None) -> None:
         """Set (or, with None, delete) several meta values in one transaction."""
-        with self._session.begin() as s:
-            for key, value in values.items():
-                row = s.get(MetaRow, key)
-                if value is None:
-                    if row is not None:
-                        s.delete(row)
-                elif row is None:
-                    s.add(MetaRow(key=key, value=str(value)))
-                else:
-                    row.value = str(value)
+        with self._meta_lock:  # the copy changes only with the commit, in commit order
+            with self._session.begin() as s:
+                for key, value in values.items():
+                    row = s.get(MetaRow, key)
+                    if value is None:
+                        if row is not None:
+                            s.delete(row)
+                    elif row is None:
+                        s.add(MetaRow(key=key, value=str(value)))
+                    else:
+                        row.value = str(value)
+            if self._meta is not None:
+                for key, value in values.items():
+                    if value is None:
+                        self._meta.pop(key, None)
+                    else:
+                        self._meta[key] = str(value)
 
     def meta_like(self, prefix: str) -> dict[str, str]:
         """Every meta value whose key starts with ``prefix``."""
+        if self._mirroring:
+            return {k: v for k, v in self._cached_meta().items() if k.startswith(prefix)}
         with self._session() as s:
             q = select(MetaRow.key, MetaRow.value).where(
                 MetaRow.key.startswith(prefix, autoescape=True)
             )
             return {k: v for k, v in s.execute(q)}
+
+    def _cached_meta(self) -> dict[str, str]:
+        """The mirrored meta table (a copy: read without the lock); loaded on first use. Each
+        poll reads a few meta values, and each was a transaction of its own."""
+        with self._meta_lock:
+            if self._meta is None:
+                with self._session() as s:
+                    self._meta = {k: v for k, v in s.execute(select(MetaRow.key, MetaRow.value))}
+            return dict(self._meta)
 
     # ------------------------------------------------------------------ users and data
 
@@ -329,7 +288,7 @@ class WorkerStore:
                         step=0,
                         last_round=None,
                         last_attempt=None,
-                        interactions=_encode_data(split, int(u)),
+                        interactions=encode_user_data(split, int(u)),
                     )
                 )
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlalchemy
 import torch
 from safetensors.torch import load as st_load
 from sqlalchemy.orm.exc import StaleDataError
@@ -285,3 +286,26 @@ def test_another_services_database_is_refused_and_left_as_it_was(tmp_path):
     assert set(sql_inspect(engine).get_table_names()) == before
     assert path.stat().st_mode & 0o777 == 0o640  # nor its mode
     engine.dispose()
+
+
+def test_a_mirroring_store_reads_its_meta_from_memory_and_writes_it_through(tmp_path, split):
+    """The worker's store (``mirror=True``) loads the meta table once; reads then cost no
+    query, writes still commit first, and the file holds what the copy says."""
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.set_meta(run_id="r1", evaluated_version=3, **{"report/4": "{}", "report/5": "{}"})
+    queries: list[str] = []
+    sqlalchemy.event.listen(store.engine, "before_cursor_execute", lambda *a: queries.append(a[2]))
+    assert store.get_meta("run_id") == "r1"  # the first read loads the table
+    loaded = len(queries)
+    for _ in range(5):
+        assert store.get_meta("evaluated_version") == "3"
+        assert store.get_meta("absent") is None
+        assert store.meta_like("report/") == {"report/4": "{}", "report/5": "{}"}
+    assert len(queries) == loaded == 1
+    store.set_meta(evaluated_version=5, **{"report/4": None})
+    assert store.get_meta("evaluated_version") == "5"
+    assert store.meta_like("report/") == {"report/5": "{}"}
+    store.close()
+    again = WorkerStore(tmp_path / "w.db")  # not mirroring: straight from the file
+    assert again.get_meta("evaluated_version") == "5" and again.get_meta("run_id") == "r1"
+    assert again.meta_like("report/") == {"report/5": "{}"}
