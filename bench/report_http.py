@@ -14,9 +14,14 @@ from report_common import load_result
 from report_http_churn import (
     CHURN_AFTER,
     CHURN_BEFORE,
+    META_AFTER,
+    META_BEFORE,
     TAG_CHURN_AFTER,
     TAG_CHURN_BEFORE,
+    TAG_META_AFTER,
+    TAG_META_BEFORE,
     churn_reading,
+    meta_reading,
 )
 from report_http_cpu import CPU_AFTER, CPU_BEFORE, TAG_AFTER, TAG_BEFORE, capacity, cpu_reading
 
@@ -36,6 +41,8 @@ SESSIONS = {
     CPU_AFTER: TAG_AFTER,
     CHURN_BEFORE: TAG_CHURN_BEFORE,
     CHURN_AFTER: TAG_CHURN_AFTER,
+    META_BEFORE: TAG_META_BEFORE,
+    META_AFTER: TAG_META_AFTER,
 }
 #: the session before the newest (its reading says how far quiet runs move)
 NEWEST = "states in memory, evaluation during the upload"
@@ -171,7 +178,7 @@ def section() -> list[str]:
         + " | ".join(_cell(b["event_latency_seconds_median"]) for b in bds)
         + " |"
     )
-    return lines + _reading(later) + cpu_reading() + churn_reading() + capacity()
+    return lines + _reading(later) + cpu_reading() + churn_reading() + meta_reading() + capacity()
 
 
 def _ingest(s: dict[str, Any]) -> float:
