@@ -33,14 +33,22 @@ _KINDS = {
 }
 
 
+def _pair(name_before: str, name_after: str) -> tuple[Any, Any, int, float] | None:
+    """Two interleaved sides' results, their rounds and the ratio target (None unless both
+    were run)."""
+    before, after = load_result(name_before), load_result(name_after)
+    if before is None or after is None:
+        return None
+    return before, after, after["config"]["rounds"], after.get("ratio_target", 1.5)
+
+
 def churn_reading() -> list[str]:
     """The interleaved HTTP runs before and after, with their CPU seconds."""
-    before, after = load_result(CHURN_BEFORE), load_result(CHURN_AFTER)
-    if before is None or after is None:
+    pair = _pair(CHURN_BEFORE, CHURN_AFTER)
+    if pair is None:
         return []
+    before, after, rounds, target = pair
     b, a = before["modes"]["partial"], after["modes"]["partial"]
-    rounds = after["config"]["rounds"]
-    target = after.get("ratio_target", 1.5)
     loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
     agg_b, agg_a = (per_round_cpu(d, "aggregator_seconds", rounds) for d in (before, after))
     wk_b, wk_a = (per_round_cpu(d, "workers_seconds", rounds) for d in (before, after))
@@ -128,12 +136,11 @@ def _totals(data: dict[str, Any], setting: str) -> str:
 
 def meta_reading() -> list[str]:
     """The interleaved HTTP runs before and after the workers kept their meta in memory."""
-    before, after = load_result(META_BEFORE), load_result(META_AFTER)
-    if before is None or after is None:
+    pair = _pair(META_BEFORE, META_AFTER)
+    if pair is None:
         return []
+    before, after, rounds, target = pair
     b, a = before["modes"]["partial"], after["modes"]["partial"]
-    rounds = after["config"]["rounds"]
-    target = after.get("ratio_target", 1.5)
     wk_b, wk_a = (per_round_cpu(d, "workers_seconds", rounds) for d in (before, after))
     agg_b, agg_a = (per_round_cpu(d, "aggregator_seconds", rounds) for d in (before, after))
     verdict = "meets" if a["ratio_median"] <= target else "does not meet"
