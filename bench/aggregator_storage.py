@@ -81,10 +81,15 @@ def postgres_sizes(url: str) -> tuple[int, dict[str, int]]:
     return total, {str(name): int(size) for name, size in rows}
 
 
+def default(name: str) -> Any:
+    """An aggregator setting's default (the settings object itself is not built here: in its
+    default environment it refuses the placeholder secrets, which the launcher replaces)."""
+    return Settings.model_fields[name].default
+
+
 def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> dict[str, Any]:
     """One run of ``rounds`` FilmTrust rounds; the sizes seen."""
     split = load_split("filmtrust")
-    defaults = Settings()
     opts = UpOptions(
         run=RunParams(dataset="filmtrust", rounds=rounds, deadline_s=3600.0),
         workers=2,
@@ -128,7 +133,7 @@ def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> d
         train_s = time.perf_counter() - t0
         at_end = measure()
         # the background task compacts at most compact_interval_s after the last close
-        settle = defaults.compact_interval_s + 3 * defaults.deadline_poll_s + 2.0
+        settle = default("compact_interval_s") + 3 * default("deadline_poll_s") + 2.0
         time.sleep(settle)
         compacted = measure()
         version = httpx.get(
@@ -166,7 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     backends = args.backends or ["sqlite", "postgres"]
-    defaults = Settings()
     results: list[dict[str, Any]] = []
     # a run of some backends keeps the others' results of the same configuration
     previous = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -180,9 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: v for k, v in res.items() if k != "per_round_mb"}, indent=1))
         results.append(res)
     settings = {
-        "keep_latest_versions": defaults.keep_latest_versions,
-        "keep_every_versions": defaults.keep_every_versions,
-        "compact_interval_s": defaults.compact_interval_s,
+        k: default(k) for k in ("keep_latest_versions", "keep_every_versions", "compact_interval_s")
     }
     if previous.get("rounds") == args.rounds and previous.get("settings") == settings:
         results += [b for b in previous.get("backends", []) if b["backend"] not in backends]

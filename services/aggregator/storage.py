@@ -61,13 +61,16 @@ class Compactor:
     ``PRAGMA incremental_vacuum`` truncates the file by its free pages, and a ``TRUNCATE``
     checkpoint resets the WAL file; free pages are reused by new rows anyway, so this runs at
     most every ``interval_s`` (it moves pages under the write lock). PostgreSQL: a plain
-    ``VACUUM`` of the two tables that hold blobs (it locks no reader or writer out) makes the
+    ``VACUUM`` of the tables a pass frees rows of (it locks no reader or writer out) makes the
     freed TOAST space reusable and gives trailing empty pages back; until it runs, deleted
     bodies keep their space, so it runs after every pass that freed something. Thread-safe;
     only one compaction runs at a time.
     """
 
-    TABLES = ("updates", "model_versions")
+    #: every table a pass deletes rows from or empties blobs of: update bodies (their own
+    #: table since bounded storage), secure-aggregation messages and totals, pruned versions'
+    #: params and states, evaluated versions' coverage
+    TABLES = ("update_blobs", "secagg_messages", "secagg_totals", "model_versions", "evaluations")
 
     def __init__(self, db: Database, interval_s: float) -> None:
         self.db = db
