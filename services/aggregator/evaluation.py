@@ -107,9 +107,7 @@ class Evaluations:
                         f"for version {v}; report them separately",
                         "evaluation_overlap",
                     )
-                return EvaluationAck(
-                    model_version=v, accepted=0, ignored=len(seen), complete=row.metrics is not None
-                )
+                return EvaluationAck(model_version=v, accepted=0, ignored=len(seen), complete=False)
             earlier = evals.evaluation_reports(run.id, v, limit=1)
             if set(earlier[0].sums) != set(sums):  # (the first may be this one: then equal)
                 # a metric missing from some reports would be averaged as 0 for their clients
@@ -119,8 +117,8 @@ class Evaluations:
                     "carries the same metrics",
                     "invalid_metrics",
                 )
-            complete = row.metrics is not None
-            if not complete and evals.count_evaluated(run.id, v) >= repo.count_clients():
+            complete = False  # (a version with metrics was answered above)
+            if evals.count_evaluated(run.id, v) >= repo.count_clients():
                 reports = evals.evaluation_reports(run.id, v)
                 total = sum(r.count for r in reports)
                 names = sorted({k for r in reports for k in r.sums})
