@@ -42,6 +42,19 @@ def _pair(name_before: str, name_after: str) -> tuple[Any, Any, int, float] | No
     return before, after, after["config"]["rounds"], after.get("ratio_target", 1.5)
 
 
+def _walls_and_ratios(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The HTTP and simulator wall times and the ratios of two sides' partial-mode summaries,
+    after (``a``) against before (``b``)."""
+    return (
+        f"HTTP {median_of(a['http_wall_seconds']):.2f} s against "
+        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
+        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
+        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians). Median ratio "
+        f"{a['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in a['ratios'])}) against "
+        f"{b['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in b['ratios'])})"
+    )
+
+
 def churn_reading() -> list[str]:
     """The interleaved HTTP runs before and after, with their CPU seconds."""
     pair = _pair(CHURN_BEFORE, CHURN_AFTER)
@@ -80,12 +93,7 @@ def churn_reading() -> list[str]:
         "them (a repeat or an overlap), not before every insert. "
         f"Aggregator CPU {agg_a:.3f} s a round against {agg_b:.3f} s "
         f"({(agg_a / agg_b - 1) * 100:+.0f}%), the two workers' {wk_a:.3f} against "
-        f"{wk_b:.3f} s; HTTP {median_of(a['http_wall_seconds']):.2f} s against "
-        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
-        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
-        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians). Median ratio "
-        f"{a['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in a['ratios'])}) against "
-        f"{b['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in b['ratios'])}): the code "
+        f"{wk_b:.3f} s; {_walls_and_ratios(a, b)}: the code "
         f"after {verdict(a)} the {target}x target ({under} of {len(a['ratios'])} "
         f"repetitions at or under it), the code before {verdict(b)} it in these runs. The "
         f"code before is the one measured as *{TAG_AFTER}* above{then}: the same code gives "
@@ -160,12 +168,7 @@ def meta_reading() -> list[str]:
         f"{min(spread):.3f}-{max(spread):.3f} s, so the change, about 10 meta reads of about "
         "a millisecond each per worker and round, is below what these runs resolve), the "
         f"aggregator's {agg_a:.3f} against "
-        f"{agg_b:.3f} s; HTTP {median_of(a['http_wall_seconds']):.2f} s against "
-        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
-        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
-        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians). Median ratio "
-        f"{a['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in a['ratios'])}) against "
-        f"{b['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in b['ratios'])}): the final "
+        f"{agg_b:.3f} s; {_walls_and_ratios(a, b)}: the final "
         f"code {verdict} the {target}x target in these runs."
     )
     return ["", text, *cpu_table(before, after, TAG_META_BEFORE, TAG_META_AFTER)]
