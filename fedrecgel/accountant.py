@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import dp_accounting
 import numpy as np
+from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 from dp_accounting.rdp import RdpAccountant, rdp_privacy_accountant
 
 from fedrecgel.cohort import cohort_size
@@ -182,11 +183,25 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
         q = m / n_users
     delta = params.dp_delta if params.dp_delta is not None else 1.0 / n_users
     target = params.target_epsilon
-    if params.dp_noise is not None:
-        z = params.dp_noise
-    else:
-        assert target is not None
-        z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta)
+    try:
+        if params.dp_noise is not None:
+            z = params.dp_noise
+        else:
+            assert target is not None
+            z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta)
+        # what every closed round reports: a setting the accountant cannot compute (a noise
+        # multiplier whose square underflows, a delta too small for its series) is refused
+        # here, not when the first round closes
+        epsilon(z, params.sampling, n_users, m, q, 1, delta)
+        epsilon(z, params.sampling, n_users, m, q, params.rounds, delta)
+    except (ArithmeticError, ValueError, NoBracketIntervalFoundError) as err:
+        field = "dp_noise" if params.dp_noise is not None else "target_epsilon"
+        raise ConfigError(
+            field,
+            f"the privacy accountant cannot compute epsilon for this run (dp_noise "
+            f"{params.dp_noise}, target_epsilon {target}, delta {delta:g}): "
+            f"{type(err).__name__}: {err}",
+        ) from None
     plan = PrivacyPlan(
         clip=params.dp_clip,
         noise=z,

@@ -74,3 +74,26 @@ def test_an_unreachable_target_epsilon_is_422(aggregator: AggregatorFactory) -> 
     r = client.post("/v1/runs", json=body, headers=operator_headers())
     assert r.status_code == 422, r.text
     assert "target_epsilon" in r.text
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        # z^2 underflows: the accountant divides by zero (the run was started, then every
+        # close failed with a ZeroDivisionError at ERROR and no round ever closed)
+        {"dp_noise": 1e-300, "fraction": 0.5},
+        # no noise multiplier reaches a delta this small: calibration finds no interval (500)
+        {"target_epsilon": 0.5, "dp_delta": 1e-300, "fraction": 1.0},
+    ],
+)
+def test_settings_the_accountant_cannot_compute_are_422_before_the_run_starts(
+    aggregator: AggregatorFactory, settings: dict[str, float]
+) -> None:
+    client = aggregator(population=4)
+    register(client, IDS)
+    body = {**{k: v for k, v in RUN.items() if k != "dp_noise"}, **settings}
+    r = client.post("/v1/runs", json=body, headers=operator_headers())
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_config"
+    assert "privacy accountant cannot compute epsilon" in r.json()["detail"]
+    assert client.get("/v1/runs/current/history").json()["run_id"] is None  # nothing started
