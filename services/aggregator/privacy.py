@@ -9,6 +9,7 @@ the operating system's secret randomness, never from the run seed (which the con
 from __future__ import annotations
 
 import functools
+import threading
 
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.config import ConfigError, RunParams
@@ -19,10 +20,21 @@ from fedrecgel.strategy import Strategy
 from services.aggregator.errors import Malformed
 from services.aggregator.repository import Repository
 
+# One plan is computed at a time: a calibration takes seconds of CPU (up to about 25 s for a
+# small target over many rounds), and a plan not cached (a new run, or a registration that
+# changed the number of clients) is asked for by every reader of the history at once, which
+# each calibrated again in parallel; now they wait for the one computation and share it.
+_PLAN_LOCK = threading.Lock()
+
 
 @functools.lru_cache(maxsize=64)
-def _plan(params: RunParams, n_users: int) -> PrivacyPlan | None:
+def _cached_plan(params: RunParams, n_users: int) -> PrivacyPlan | None:
     return plan_privacy(params, n_users)
+
+
+def _plan(params: RunParams, n_users: int) -> PrivacyPlan | None:
+    with _PLAN_LOCK:
+        return _cached_plan(params, n_users)
 
 
 def run_plan(repo: Repository, params: RunParams) -> PrivacyPlan | None:
