@@ -25,8 +25,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedrecgel.clitools import DatasetOption, console, fail, load_data, out_dir, parse_seeds
-from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError, RunParams, bounds, check
+from fedrecgel.clitools import (
+    DatasetOption,
+    console,
+    fail,
+    load_data,
+    option_flag,
+    out_dir,
+    parse_seeds,
+    run_option_help,
+)
+from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError, RunParams, check
 from fedrecgel.data import DATASETS, DataError, Split, stats
 from fedrecgel.runreport import plot_run, summarize
 from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig, with_seed
@@ -55,24 +64,6 @@ def _option_type(annotation: Any) -> Any:
     return annotation
 
 
-def _option_help(name: str, text: str | None) -> str:
-    field = RunParams.model_fields[name]
-    parts = [text or field.description or ""]
-    if get_origin(field.annotation) is Literal:
-        parts.append("One of " + ", ".join(map(str, get_args(field.annotation))) + ".")
-    limits = bounds(name)
-    if limits:
-        signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-        shown = {k: str(v) if isinstance(v, int) else f"{v:g}" for k, v in limits.items()}
-        parts.append("[" + ", ".join(f"{signs[k]} {v}" for k, v in shown.items()) + "]")
-    return " ".join(p for p in parts if p)
-
-
-def option_flag(name: str) -> str:
-    """The command-line flag of a :class:`RunParams` field (``rho_sh`` -> ``--rho-sh``)."""
-    return "--" + name.replace("_", "-")
-
-
 def run_options(
     exclude: tuple[str, ...] = (),
     defaults: dict[str, Any] | None = None,
@@ -93,7 +84,7 @@ def run_options(
             option = typer.Option(
                 option_flag(name),
                 *(aliases or {}).get(name, ()),
-                help=_option_help(name, (helps or {}).get(name)),
+                help=run_option_help(name, (helps or {}).get(name)),
                 rich_help_panel="Run settings",
             )
             added.append(

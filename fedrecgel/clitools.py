@@ -1,15 +1,17 @@
 """What every ``fedrec`` command shares: the error exit, the console, loading a dataset or a
-ready split by what the user typed (and the --dataset option that names it), and parsing seeds."""
+ready split by what the user typed (and the --dataset option that names it), parsing seeds, and
+the flag and help of a run setting's option."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, get_args, get_origin
 
 import typer
 from rich.console import Console
 
+from fedrecgel.config import RunParams, bounds
 from fedrecgel.data import (
     DATASETS,
     PROTOCOLS,
@@ -83,3 +85,23 @@ def out_dir(path: Path, option: str = "--out") -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise fail(f"{option} {path}: the folder is not writable")
     return path
+
+
+def run_option_help(name: str, text: str | None = None) -> str:
+    """The help of the option of :class:`RunParams` field ``name``: ``text`` or the field's
+    description, its choices and its bounds."""
+    field = RunParams.model_fields[name]
+    parts = [text or field.description or ""]
+    if get_origin(field.annotation) is Literal:
+        parts.append("One of " + ", ".join(map(str, get_args(field.annotation))) + ".")
+    limits = bounds(name)
+    if limits:
+        signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        shown = {k: str(v) if isinstance(v, int) else f"{v:g}" for k, v in limits.items()}
+        parts.append("[" + ", ".join(f"{signs[k]} {v}" for k, v in shown.items()) + "]")
+    return " ".join(p for p in parts if p)
+
+
+def option_flag(name: str) -> str:
+    """The command-line flag of a :class:`RunParams` field (``rho_sh`` -> ``--rho-sh``)."""
+    return "--" + name.replace("_", "-")

@@ -9,8 +9,17 @@ from typing import Annotated
 
 import typer
 
-from fedrecgel.clitools import DatasetOption, console, fail, load_data, out_dir, parse_seeds
-from fedrecgel.config import DEFAULTS
+from fedrecgel.clitools import (
+    DatasetOption,
+    console,
+    fail,
+    load_data,
+    option_flag,
+    out_dir,
+    parse_seeds,
+    run_option_help,
+)
+from fedrecgel.config import DEFAULTS, ConfigError, RunParams, check
 from fedrecgel.data import DataError
 from fedrecgel.presets import PresetError, check_target, save, user_presets_file
 from fedrecgel.simulate import TrainConfig
@@ -35,7 +44,7 @@ def tune_command(
     rounds: Annotated[
         str, typer.Option(help="Round counts a trial may choose, comma-separated.")
     ] = ",".join(map(str, ROUND_CHOICES)),
-    fraction: Annotated[float, typer.Option(min=0.0, max=1.0)] = DEFAULTS.fraction,
+    fraction: Annotated[float, typer.Option(help=run_option_help("fraction"))] = DEFAULTS.fraction,
     eval_every: Annotated[
         int,
         typer.Option(min=1, help="Evaluate (and report to the pruner) every this many rounds."),
@@ -56,10 +65,10 @@ def tune_command(
     ] = False,
     storage: Annotated[
         Path | None,
-        typer.Option(help="SQLite file of the study [default: runs/tune/<study>.db]."),
+        typer.Option(help="SQLite file of the study (default: runs/tune/<study>.db)."),
     ] = None,
     study: Annotated[
-        str | None, typer.Option(help="Study name [default: <dataset>-<method>-<protocol>].")
+        str | None, typer.Option(help="Study name (default: <dataset>-<method>-<protocol>).")
     ] = None,
     save_preset: Annotated[
         str | None,
@@ -68,8 +77,8 @@ def tune_command(
     presets_file: Annotated[
         Path | None,
         typer.Option(
-            help="Where --save-preset saves [default: presets.json in the user's configuration "
-            "folder, which fedrec train --preset reads too]."
+            help="Where --save-preset saves (default: presets.json in the user's configuration "
+            "folder, which fedrec train --preset reads too)."
         ),
     ] = None,
 ) -> None:
@@ -78,6 +87,10 @@ def tune_command(
     if method not in TUNABLE:
         raise fail(f"--method must be one of {', '.join(TUNABLE)}")
     seed_list = parse_seeds(seeds)
+    try:  # the bounds of a run's fraction, before the data is read
+        check({"fraction": fraction}, RunParams)
+    except ConfigError as err:
+        raise fail(f"{option_flag(err.field)}: {err.reason}") from None
     target = presets_file or user_presets_file()
     if save_preset:  # a name or file that cannot take the result fails before the study
         try:
