@@ -172,6 +172,39 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
         "per-client products a round, and drawing the clients' samples in numpy. Fusing "
         "those passes into the products needs a compiler or custom kernels.",
         *_compile_lines(),
+        *_allocator_lines(),
+    ]
+
+
+def _allocator_lines() -> list[str]:
+    """The client step's raised malloc thresholds against glibc's defaults
+    (``bench/allocator.py``)."""
+    al = load_result("allocator.json")
+    if al is None:
+        return []
+    d, k = al["summary"]["default"], al["summary"]["kept"]
+    faults = [r["faults_median"] for r in al["runs"]["default"]]
+    ratios = al["kept_over_default_cpu_ratios"]
+    faster = sum(r < 1.0 for r in ratios)
+    how = "at the same time on the two cores" if al.get("children_together") else "in turn"
+    return [
+        "",
+        "Page faults (`bench/allocator.py`, each side in its own process, "
+        f"{al['pairs']} pairs of {al['rounds']} default rounds run {how}). A round frees and "
+        "allocates again the same tens of MB, and with glibc's default thresholds part of it "
+        "comes back as fresh pages: "
+        f"{d['faults_per_round_median']:,.0f} page faults a round (median; from "
+        f"{min(faults):,.0f} to {max(faults):,.0f} across processes, as the heap happens to be "
+        "laid out). The client step now raises malloc's mmap and trim thresholds once per "
+        f"process (`fedrecgel/allocator.py`): {k['faults_per_round_median']:,.0f} faults a "
+        f"round, peak RSS {k['peak_rss_mb_max']:.0f} MB against {d['peak_rss_mb_max']:.0f} MB, "
+        f"thread CPU a round {k['cpu_s_per_round_median']:.3f} s against "
+        f"{d['cpu_s_per_round_median']:.3f} s; per-pair ratio median "
+        f"{al['kept_over_default_cpu_ratio_median']:.2f}, faster in {faster} of "
+        f"{len(ratios)} pairs (ratios from {min(ratios):.2f} to {max(ratios):.2f}: a small "
+        "gain against this machine's noise; 1-minute load average "
+        f"{al['load_avg'][0]:.1f} at the end, other jobs running). Reproduce: "
+        f"`{al['command']}`.",
     ]
 
 

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel import passes
+from fedrecgel.allocator import keep_freed_memory
 from fedrecgel.config import DEFAULTS
 from fedrecgel.model import ModelConfig, init_private
 from fedrecgel.passes import Layout, SharedGrads, make_layout
@@ -365,6 +366,7 @@ def cohort_step(
     computed one client at a time, so each is the same whatever else is computed with it
     (in groups too with ``hp.grouped_uploads``: faster, the rounding depends on the group).
     """
+    keep_freed_memory()  # a step frees what the next one allocates again: keep it mapped
     c = len(user_ids)
     new_state = state.select(slice(None))
     uploads: list[Update] = []
