@@ -35,6 +35,7 @@ from fedrecgel.run_config import RunConfig
 from services.enrolment import enrolment_token as derive_enrolment_token
 from services.history import HistoryCopy
 from services.supervise import TOKEN_FILE, LaunchError, die_with_parent, uninterrupted
+from services.url_settings import MAX_THREADS
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
@@ -460,7 +461,7 @@ def run_complete(history: dict[str, Any], rounds: int) -> bool:
 
 def worker_torch_threads(workers: int) -> int:
     """Torch threads per worker when ``workers`` share this machine: its cores, split."""
-    return max(1, (os.cpu_count() or 1) // workers)
+    return max(1, min(MAX_THREADS, (os.cpu_count() or 1) // workers))
 
 
 @contextlib.contextmanager

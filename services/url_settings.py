@@ -1,13 +1,14 @@
 """Checks of the connection URLs in the services' settings, so that a mistyped one is refused
 as an invalid setting, with its name, before a service starts (rather than as a traceback from
-the client library when the service first connects)."""
+the client library when the service first connects), and the other setting types the services
+share (log level, thread counts)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import httpx
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 from redis.connection import parse_url
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -70,6 +71,11 @@ def check_log_level(level: str) -> str:
     return level
 
 
+#: the most threads a thread-count setting may ask for: 100000 made torch fail to map its
+#: libraries (the worker's store then could not even open) instead of being refused
+MAX_THREADS = 1024
+#: a thread-count setting (torch's intra-op threads, a scoring pool)
+Threads = Annotated[int, Field(ge=1, le=MAX_THREADS)]
 #: a log level setting
 LogLevel = Annotated[str, AfterValidator(check_log_level)]
 #: the base URL of another service (http:// or https://, with a host)

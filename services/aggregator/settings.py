@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 
 from fedrecgel.config import MAX_MODEL_PARAMS
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import DatabaseUrl, LogLevel, RedisUrl
+from services.url_settings import DatabaseUrl, LogLevel, RedisUrl, Threads
 
 PLACEHOLDER_TOKEN = "changethis"
 #: the most clients one registration may name (and one evaluation report may cover)
@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # Intra-op threads of torch in the server process (set by ``python -m services.aggregator``).
     # Aggregation is small, memory-bound work: one thread is fastest and never fights the
     # request threads for cores.
-    torch_threads: int | None = Field(default=1, ge=1)
+    torch_threads: Threads | None = 1
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Settings:

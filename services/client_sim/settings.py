@@ -16,7 +16,7 @@ from services.enrolment import EnrolmentTokenError, parse_enrolment_token
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.host_check import is_loopback
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import HttpUrl, RedisUrl
+from services.url_settings import HttpUrl, RedisUrl, Threads
 
 _ORDINAL = re.compile(r"-(\d+)$")
 
@@ -72,7 +72,7 @@ class WorkerSettings(BaseSettings):
     log_level: str = "INFO"
     # Intra-op threads of torch in the worker process (None: torch's default, one per core).
     # Workers sharing a machine should split its cores: oversubscribed threads spin-wait.
-    torch_threads: int | None = Field(default=None, ge=1)
+    torch_threads: Threads | None = None
     # Compute the cohort members' uploads in groups (several times faster) instead of one
     # client at a time. A client's float rounding then depends on its group: the run is the
     # simulator's bit for bit only while every worker computes all its members together (a

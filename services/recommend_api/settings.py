@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.recommend_api.ranking import RankingConfig
 from services.secret_files import secret_from_file, weak_secret
-from services.url_settings import HttpUrl, RedisUrl
+from services.url_settings import MAX_THREADS, HttpUrl, RedisUrl, Threads
 
 _RANKING = RankingConfig()  # the ranking defaults live there once
 
@@ -62,8 +62,8 @@ class Settings(BaseSettings):
     ann_scan_candidates: int = Field(default=_RANKING.ann_scan_candidates, ge=1)
     max_k: int = Field(default=_RANKING.max_k, ge=1)
     # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
-    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
-    torch_threads: int = Field(default=1, ge=1)
+    workers: Threads = Field(default_factory=lambda: min(os.cpu_count() or 1, MAX_THREADS))
+    torch_threads: Threads = 1
     # The largest request body accepted (bytes); a larger one is answered 413 unread.
     max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
 

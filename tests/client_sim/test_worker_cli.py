@@ -108,6 +108,7 @@ def test_a_mistyped_redis_url_is_a_usage_error(capsys):
         ("--timeout-s", "inf", "timeout_s"),
         ("--poll-min-s", "nan", "poll_min_s"),
         ("--retries", "-5", "retries"),
+        ("--torch-threads", "100000", "torch_threads"),
         ("--max-body-bytes", "0", "max_body_bytes"),
         ("--log-level", "nope", "log_level"),
         ("--aggregator", "notaurl", "http://"),

@@ -69,3 +69,23 @@ def test_the_other_services_refuse_an_unknown_log_level(settings: str) -> None:
     with pytest.raises(ValidationError, match="a log level is one of"):
         cls(environment="development", log_level="nope", **extra)
     assert cls(environment="development", log_level="DEBUG", **extra).log_level == "DEBUG"
+
+
+@pytest.mark.parametrize("setting", ["FEDREC_REC_WORKERS", "FEDREC_REC_TORCH_THREADS"])
+def test_a_thread_count_beyond_any_machine_is_a_settings_error(
+    setting: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--workers 100000 was taken (a scoring pool that grows to 100000 threads under load);
+    so was the aggregator's and the worker's torch thread count, where torch then failed to map
+    its libraries."""
+    from services.aggregator.settings import Settings as AggregatorSettings
+
+    with pytest.raises(SystemExit) as stop:
+        monkeypatch.setenv(setting, "100000")
+        command.main(NO_AGGREGATOR)
+    assert stop.value.code not in (0, None)
+    assert "less than or equal to 1024" in capsys.readouterr().err + str(stop.value.code)
+    token = {"operator_token": "op-token-0123456789abcdef", "environment": "development"}
+    with pytest.raises(ValidationError, match="less than or equal to 1024"):
+        AggregatorSettings(torch_threads=100000, **token)
+    assert AggregatorSettings(torch_threads=1024, **token).torch_threads == 1024
