@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -309,8 +310,11 @@ def accuracy() -> list[str]:
     return [*accuracy_section(), *accuracy_studies(), *accuracy_targets(), *accuracy_readings()]
 
 
-def main() -> None:
-    """Write docs/RESULTS.md."""
+def main(argv: list[str] | None = None) -> None:
+    """Write docs/RESULTS.md (``--help`` says so and writes nothing)."""
+    argparse.ArgumentParser(
+        description="Write docs/RESULTS.md from the JSON under bench/results/ (takes no options)."
+    ).parse_args(argv)
     parts = [
         "# Results",
         "",
