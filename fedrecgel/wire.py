@@ -143,13 +143,34 @@ def encode_model(cfg: ModelConfig, shared: dict[str, Tensor], version: int) -> b
     return st_save(tensors, metadata=meta)
 
 
-def _read(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """Parse a safetensors blob into tensors and metadata (WireError on garbage)."""
+#: the largest safetensors header (tensor names, shapes, metadata) read from a peer: parsing
+#: one costs far more than its size (a 64 MB header of empty JSON lists took 2.5 GB and 28 s
+#: of CPU before it was refused); a worker splits its uploads to stay below it
+#: (``services.client_sim.aggregator_client``), a partial sum of 180,000 clients fits
+MAX_HEADER_BYTES = 8 * 1024 * 1024
+
+
+def header_length(data: bytes, limit: int | None = None) -> int:
+    """The header length of a safetensors blob; WireError unless it is within the blob and at
+    most ``limit`` bytes (default :data:`MAX_HEADER_BYTES`; checked before any of it is
+    parsed)."""
+    limit = MAX_HEADER_BYTES if limit is None else limit
     if len(data) < 8:
         raise WireError("body is not a safetensors blob (too short)")
-    header_len = int.from_bytes(data[:8], "little")
-    if header_len <= 0 or 8 + header_len > len(data):
+    n = int.from_bytes(data[:8], "little")
+    if n <= 0 or 8 + n > len(data):
         raise WireError("body is not a safetensors blob (bad header length)")
+    if n > limit:
+        raise WireError(
+            f"safetensors header of {n} bytes is over the limit of {limit} (too many updates "
+            "or clients in one body: split it)"
+        )
+    return n
+
+
+def _read(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Parse a safetensors blob into tensors and metadata (WireError on garbage)."""
+    header_len = header_length(data)
     try:
         header = json.loads(data[8 : 8 + header_len])
         tensors = st_load(data)
@@ -318,12 +339,14 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
 
 def body_format(data: bytes) -> str | None:
     """The ``format`` metadata of a safetensors body (None when it has none or is no such
-    blob): tells a partial sum from per-client updates before decoding either."""
+    blob): tells a partial sum from per-client updates before decoding either. WireError
+    when its header is over :data:`MAX_HEADER_BYTES` (not parsed)."""
     if len(data) < 8:
         return None
     n = int.from_bytes(data[:8], "little")
     if n <= 0 or 8 + n > len(data):
         return None
+    header_length(data)
     try:
         header = load_json(data[8 : 8 + n], "the header")
     except WireError:

@@ -20,7 +20,7 @@ from safetensors.numpy import save as st_save
 
 from fedrecgel.secagg import shamir
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, Shares
-from fedrecgel.wire import WireError, load_json
+from fedrecgel.wire import WireError, header_length, load_json
 
 FORMAT = "fedrecgel-secagg"
 
@@ -126,10 +126,12 @@ def encode_masked(m: Masked) -> bytes:
 def decode_masked(data: bytes, length: int) -> Masked:
     """Inverse of :func:`encode_masked` (``length``: the round's vector length)."""
     try:
+        n = header_length(data)
         tensors = st_load(data)
-        n = int.from_bytes(data[:8], "little")
         meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
         complaints = json.loads(meta.get("complaints", "[]"))
+    except WireError as err:
+        raise MessageError(str(err)) from None
     except (SafetensorError, ValueError, UnicodeDecodeError, RecursionError):
         raise MessageError("not a safetensors blob") from None
     if meta.get("format") != FORMAT or meta.get("kind") != "masked" or set(tensors) != {"y"}:

@@ -190,7 +190,11 @@ class Ingest:
     def validate(self, caller: Caller, round_id: int, body: bytes, run: RunRef) -> PendingUpload:
         """Decode and check a body against the run's model, outside any transaction."""
         grouped = run.config is not None and run.config.upload_grouping == "worker"
-        if (body_format(body) == PARTIAL_FORMAT) != grouped:
+        try:
+            fmt = body_format(body)
+        except WireError as err:
+            raise Malformed(str(err), "malformed_update") from None
+        if (fmt == PARTIAL_FORMAT) != grouped:
             want = "one partial sum per worker" if grouped else "per-client updates"
             raise Malformed(
                 f"this run takes {want} (upload_grouping={'worker' if grouped else 'client'})",

@@ -8,6 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
+from fedrecgel import wire
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
 from fedrecgel.wire import decode_updates, encode_model, update_digest
@@ -172,6 +173,20 @@ def test_upload_splits_bodies_to_the_byte_budget():
     assert all(len(b) <= budget for _, b in bodies)
     assert [c for ids, _ in bodies for c in ids] == list(range(6))
     assert client.upload(1, updates) == dict.fromkeys(range(6), "accepted")
+
+
+def test_upload_splits_bodies_to_the_aggregators_header_limit(monkeypatch):
+    """Many updates of a small model make a body that is mostly header: it is split to the
+    header limit the aggregator enforces, whatever the byte budget allows."""
+    updates = _updates(6)
+    whole = AggregatorClient("http://x").split_bodies(1, updates)[0][1]
+    limit = int.from_bytes(whole[:8], "little") // 3
+    monkeypatch.setattr(wire, "MAX_HEADER_BYTES", limit)
+    client, _ = _client(_ok_results)
+    bodies = client.split_bodies(1, updates)
+    assert len(bodies) > 1
+    assert all(int.from_bytes(b[:8], "little") <= limit for _, b in bodies)
+    assert [c for ids, _ in bodies for c in ids] == list(range(6))
 
 
 def test_upload_content_type_and_path():

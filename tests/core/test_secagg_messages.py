@@ -108,3 +108,17 @@ def test_a_replayed_or_foreign_message_is_refused_by_the_server(recorded) -> Non
         server.add_keys(msg.decode_keys(body))
     with pytest.raises(RoundFailed):
         server.unmask([])
+
+
+def test_a_masked_input_with_a_header_over_the_limit_is_refused_before_it_is_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The masked input is a safetensors body of up to the upload limit: its header is bounded
+    as every upload's is (fedrecgel.wire.MAX_HEADER_BYTES), not parsed whatever its size."""
+    from fedrecgel import wire
+
+    monkeypatch.setattr(wire, "MAX_HEADER_BYTES", 1024)
+    header = b'{"x":[' + b"[]," * 400 + b"[]]}"
+    header += b" " * (-len(header) % 8)
+    with pytest.raises(msg.MessageError, match="over the limit"):
+        msg.decode_masked(len(header).to_bytes(8, "little") + header, 4)
