@@ -30,6 +30,7 @@ from fedrecgel.clitools import (
     console,
     fail,
     load_data,
+    no_earlier_outputs,
     option_flag,
     out_dir,
     parse_seeds,
@@ -116,6 +117,11 @@ def checked(values: dict[str, Any]) -> RunParams:
     except ConfigError as err:
         raise fail(f"{option_flag(err.field)}: {err.reason}") from None
 
+
+#: where ``fedrec train`` writes by default: the latest run's results, replaced by the next
+TRAIN_OUT = Path("runs/latest")
+#: what ``fedrec train`` writes in its ``--out``
+TRAIN_OUTPUTS = ["results.json", "hr_ndcg.png"]
 
 #: methods of ``fedrec train`` that are not federated: reference points (fedrecgel.baselines)
 BASELINE_METHODS = ("popularity", "random", "central")
@@ -266,9 +272,16 @@ def train(
         typer.Option(help="Hold out each user's second-latest item to select the round honestly."),
     ] = True,
     eval_every: Annotated[int, typer.Option(min=0)] = 1,
-    out: Annotated[Path, typer.Option(help="Folder for results.json and the plot.")] = Path(
-        "runs/latest"
-    ),
+    out: Annotated[
+        Path,
+        typer.Option(
+            help=f"Folder for results.json and the plot (those of an earlier run there are "
+            f"replaced only with --overwrite, or in {TRAIN_OUT}, which holds the latest run)."
+        ),
+    ] = TRAIN_OUT,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the results.json and plot an earlier run left in --out.")
+    ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Train with the in-process simulator (or a reference point); write results.json and
@@ -301,7 +314,9 @@ def train(
             f"--factor {base.factor} with --layers {base.layers} on {split.n_items} items would "
             f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
         )
-    out_dir(out)  # before training: a folder that cannot be written fails now, not at the end
+    # before training: a folder that cannot be written, or holds results, fails now
+    no_earlier_outputs(out, TRAIN_OUTPUTS, overwrite or out.resolve() == TRAIN_OUT.resolve())
+    out_dir(out)
     console.print(
         f"{split.name}: {split.n_users} users, {split.n_items} items, "
         f"{split.n_train} training interactions; method {method}"
@@ -435,6 +450,9 @@ def data_export(
     out: Annotated[Path, typer.Option(help="Output folder.")],
     data_dir: Annotated[Path | None, typer.Option()] = None,
     validation: Annotated[bool, typer.Option()] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace the files of an earlier export of this dataset in --out.")
+    ] = False,
 ) -> None:
     """Write the ready split in the NCF train / test-negative layout."""
     from fedrecgel.data import write_ncf
@@ -443,6 +461,8 @@ def data_export(
         split = load_data(dataset, data_dir, validation)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
+    suffixes = ("train.csv", "test.negative", "val.negative", "users.txt", "items.txt")
+    no_earlier_outputs(out, [f"{split.name}.{s}" for s in suffixes], overwrite)
     write_ncf(split, out_dir(out))
     console.print(f"wrote {split.name} split to {out}")
 

@@ -87,6 +87,17 @@ def out_dir(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def no_earlier_outputs(folder: Path, names: list[str], overwrite: bool) -> None:
+    """Fail when ``folder`` already holds one of the files ``names`` (an earlier run's, or
+    anyone's), unless the user said ``--overwrite``."""
+    there = [name for name in names if (folder / name).exists()]
+    if there and not overwrite:
+        raise fail(
+            f"--out {folder} already holds {', '.join(there)}; choose another --out, or pass "
+            "--overwrite to replace them"
+        )
+
+
 def run_option_help(name: str, text: str | None = None) -> str:
     """The help of the option of :class:`RunParams` field ``name``: ``text`` or the field's
     description, its choices and its bounds."""

@@ -118,7 +118,7 @@ def _dp_train(tmp_path: Path, *extra: str) -> str:
     csv.write_text("\n".join(rows) + "\n")
     args = ["train", "--dataset", str(csv), "--rounds", "2", "--fraction", "0.5"]
     args += ["--factor", "4", "--layers", "1", "--dp-noise", "1.0", "--quiet"]
-    r = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / "o")])
+    r = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / "o"), "--overwrite"])
     assert r.exit_code == 0, r.output
     return " ".join(r.output.split())
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from fedrecgel.cli import app
@@ -26,6 +27,11 @@ def _csv(tmp_path: Path) -> Path:
     path = tmp_path / "d.csv"
     path.write_text("\n".join(rows) + "\n")
     return path
+
+
+def _said(output: str) -> str:
+    """The console output with its line wrapping undone."""
+    return " ".join(output.split())
 
 
 def _results(out: Path) -> dict:  # type: ignore[type-arg]
@@ -107,7 +113,7 @@ def test_results_without_a_plot_leave_no_earlier_runs_plot_beside_them(tmp_path:
     out = tmp_path / "o"
     r = runner.invoke(app, ["train", *ONE_ROUND, "--out", str(out)])
     assert r.exit_code == 0 and (out / "hr_ndcg.png").exists(), r.output
-    r = runner.invoke(app, ["train", "--method", "popularity", "--out", str(out)])
+    r = runner.invoke(app, ["train", "--method", "popularity", "--out", str(out), "--overwrite"])
     assert r.exit_code == 0, r.output
     assert _results(out)["method"] == "popularity"
     assert not (out / "hr_ndcg.png").exists()  # the fedrecgel run's curve is gone
@@ -211,3 +217,27 @@ def test_central_lr_out_of_bounds_or_without_method_central_is_refused(tmp_path:
         r = runner.invoke(app, ["train", *args, *ONE_ROUND, "--out", str(out)])
         assert r.exit_code == 2 and message in r.output, (args, r.output)
         assert not (out / "results.json").exists()
+
+
+def test_an_earlier_runs_results_are_replaced_only_when_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fedrec train and fedrec data export wrote over what an --out folder held, unasked."""
+    out = tmp_path / "mine"
+    popularity = ["train", "--method", "popularity", "--quiet"]
+    assert runner.invoke(app, [*popularity, "--out", str(out)]).exit_code == 0
+    before = (out / "results.json").read_bytes()
+    r = runner.invoke(app, ["train", "--method", "random", "--out", str(out)])
+    assert r.exit_code == 2 and "already holds results.json" in _said(r.output), r.output
+    assert "--overwrite" in r.output and (out / "results.json").read_bytes() == before
+    r = runner.invoke(app, ["train", "--method", "random", "--out", str(out), "--overwrite"])
+    assert r.exit_code == 0 and _results(out)["method"] == "random", r.output
+    monkeypatch.chdir(tmp_path)  # the default folder holds the latest run: replaced
+    for method in ("popularity", "random"):
+        r = runner.invoke(app, ["train", "--method", method])
+        assert r.exit_code == 0 and _results(tmp_path / "runs/latest")["method"] == method
+    export = ["data", "export", "filmtrust", "--out", str(tmp_path / "split")]
+    assert runner.invoke(app, export).exit_code == 0
+    r = runner.invoke(app, export)
+    assert r.exit_code == 2 and "filmtrust.train.csv" in r.output, r.output
+    assert runner.invoke(app, [*export, "--overwrite"]).exit_code == 0
