@@ -155,8 +155,10 @@
   function render(s, change) {
     const run = s.run;
     const agg = s.aggregator;
-    text("ov-state", run ? run.state : agg && agg.error ? `aggregator: ${agg.error}` : "–");
-    text("ov-run", run && run.run_id ? `#${run.run_id}` : "none yet");
+    const aggDown = !run && agg && agg.error;
+    text("ov-state", run ? run.state : aggDown ? `aggregator: ${agg.error}` : "–");
+    // without the aggregator's answer the run is unknown, not absent
+    text("ov-run", run && run.run_id ? `#${run.run_id}` : aggDown ? "unknown (no run state from the aggregator)" : "none yet");
     const cfg = run && run.config ? run.config : null;
     const planned = s.privacy && given(s.privacy.planned_rounds) ? s.privacy.planned_rounds : cfg ? cfg.rounds : null;
     const cut = cfg && planned !== null && planned < cfg.rounds ? ` (target ε ends it; ${cfg.rounds} configured)` : "";
@@ -354,7 +356,9 @@
         last = await resp.json();
         render(last, mergeHistory(last));
       }
-      text("conn", resp.ok || resp.status === 304 ? `Live: updated ${new Date().toLocaleTimeString()}` : `Dashboard answered ${resp.status}`);
+      const agg = last && last.aggregator;
+      const stale = agg && !agg.ok ? `; no run state from the aggregator (${agg.error}): the figures shown are the last known` : "";
+      text("conn", resp.ok || resp.status === 304 ? `Live: updated ${new Date().toLocaleTimeString()}${stale}` : `Dashboard answered ${resp.status}`);
     } catch (err) {
       text("conn", "Dashboard not reachable; retrying");
     }
@@ -379,6 +383,8 @@
     });
     table.hidden = false;
   }
+  // a request that got no answer (the dashboard not reachable, a header the browser refuses)
+  const noAnswer = (err) => `No answer from the dashboard (${err && err.message ? err.message : err}); try again once it is reachable`;
   const problem = (resp, body) => `${resp.status} ${body && body.error ? body.error : ""}: ${body && body.detail ? body.detail : ""}`;
 
   $("rec-form").addEventListener("submit", async (ev) => {
@@ -387,10 +393,17 @@
     const k = encodeURIComponent($("rec-k").value || "10");
     const withTrain = $("rec-train").checked;
     text("rec-status", `Asking the worker of user ${$("rec-user").value}…`);
-    const [resp, trainResp] = await Promise.all([
-      fetch(`/ui/api/users/${user}/recommendations?k=${k}&include_training=${withTrain}`),
-      fetch(`/ui/api/users/${user}/training-items`),
-    ]);
+    let resp, trainResp;
+    try {
+      [resp, trainResp] = await Promise.all([
+        fetch(`/ui/api/users/${user}/recommendations?k=${k}&include_training=${withTrain}`),
+        fetch(`/ui/api/users/${user}/training-items`),
+      ]);
+    } catch (err) {
+      $("rec-table").hidden = true; $("rec-train-details").hidden = true;
+      text("rec-status", noAnswer(err));
+      return;
+    }
     const body = await resp.json().catch(() => null);
     const trainBody = await trainResp.json().catch(() => null);
     if (!resp.ok) {
@@ -418,9 +431,15 @@
     recapi.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       text("recapi-status", "Sending…");
-      const resp = await fetch("/ui/api/recommendations", {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: $("recapi-body").value,
-      });
+      let resp;
+      try {
+        resp = await fetch("/ui/api/recommendations", {
+          method: "POST", headers: { "Content-Type": "application/json" }, body: $("recapi-body").value,
+        });
+      } catch (err) {
+        $("recapi-table").hidden = true; text("recapi-status", noAnswer(err));
+        return;
+      }
       const body = await resp.json().catch(() => null);
       if (!resp.ok) { $("recapi-table").hidden = true; text("recapi-status", `Refused: ${problem(resp, body)}`); return; }
       showItems("recapi-table", body.items);
@@ -458,17 +477,21 @@
       text(`cfg-${el.dataset.field}-error`, "");
     }
   }
-  // a configuration refusal, readable: "dp_noise: Input should be ..." with that input marked
+  // a configuration refusal, readable: "dp_noise: Input should be ..." with that input marked;
+  // a refusal of several fields ("body.a: ...; body.b: ...") marks each with its own message
   function configProblem(resp, answer) {
     if (!answer || typeof answer.detail !== "string") return problem(resp, answer);
-    const detail = answer.detail.replace(/^body: (Value error, )?/, "").replace(/^body\./, "");
-    const m = /^([a-z_]+): ([\s\S]*)$/.exec(detail);
-    const el = m ? $(`cfg-${m[1]}`) : null;
-    if (el) {
-      el.setAttribute("aria-invalid", "true");
-      text(`cfg-${m[1]}-error`, m[2]);
+    const parts = answer.detail.split(/; (?=body[.:])/).map(
+      (part) => part.replace(/^body: (Value error, )?/, "").replace(/^body\./, ""));
+    for (const part of parts) {
+      const m = /^([a-z_]+): ([\s\S]*)$/.exec(part);
+      const el = m ? $(`cfg-${m[1]}`) : null;
+      if (el) {
+        el.setAttribute("aria-invalid", "true");
+        text(`cfg-${m[1]}-error`, m[2]);
+      }
     }
-    return `${resp.status} ${answer.error || ""}: ${detail}`;
+    return `${resp.status} ${answer.error || ""}: ${parts.join("; ")}`;
   }
 
   async function operator(path, body) {
@@ -476,8 +499,21 @@
     if (token) headers.Authorization = `Bearer ${token}`;
     const starting = path === "/ui/api/runs";
     if (starting) clearFieldErrors();
-    const resp = await fetch(path, { method: "POST", headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    text("op-result", starting ? "Starting a run…" : `Sending ${path.split("/").pop()}…`);
+    let resp;
+    try {
+      resp = await fetch(path, { method: "POST", headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    } catch (err) {
+      // it may or may not have reached the aggregator: the run's state above tells
+      text("op-result", `${noAnswer(err)}; the run's state above shows whether it took effect.`);
+      etag = null;
+      return 0;
+    }
     const answer = await resp.json().catch(() => null);
+    if (resp.status === 401 && token) {
+      // the token typed is not the operator's: say so where the token is
+      text("op-state", "The aggregator refused this tab's operator token (401): enter the operator token, or forget this one.");
+    } else if (resp.ok) operatorState();
     if (resp.ok) {
       text("op-result", `Done: run #${answer.run_id} is ${answer.state}${answer.round_id ? `, round ${answer.round_id}` : ""}.`);
     } else {

@@ -1,0 +1,148 @@
+"""The dashboard page in a real browser (the system's Chromium, headless) when an answer is not
+the happy one: the aggregator stops answering (the run is unknown, not absent, and the page
+says its figures are the last known), a wrong operator token (said where the token is), a run
+configuration refused on several fields (each input marked with its own message), and the
+dashboard itself not reachable (every panel says its request got no answer, no uncaught
+error). The dashboard service runs on a loopback port over a fake aggregator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from services.dashboard.app import create_app
+from services.dashboard.settings import DashboardSettings
+from tests.dashboard.browser import chromium
+from tests.dashboard.test_dashboard_browser import LAPTOP
+from tests.dashboard.test_dashboard_browser_history import FakeAggregator
+from tests.support.loopback import serve_app
+
+TOKEN = "the-operator-token-3b8e1f"
+#: the aggregator's answer to a configuration with two fields out of bounds
+TWO_FIELDS = (
+    "body.rounds: Input should be greater than or equal to 1; "
+    "body.dp_noise: Input should be greater than or equal to 0"
+)
+
+
+class Aggregator(FakeAggregator):
+    """Three closed rounds; operator calls checked against :data:`TOKEN` (every start is
+    refused on two fields); ``down`` refuses every connection."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.down = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.method != "POST":
+            return await super().handle_async_request(request)
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return httpx.Response(
+                401, json={"error": "unauthorized", "detail": "operator token required"}
+            )
+        if request.url.path == "/v1/runs":
+            return httpx.Response(422, json={"error": "validation_error", "detail": TWO_FIELDS})
+        state = request.url.path.rsplit("/", 1)[-1].replace("pause", "paused")
+        return httpx.Response(200, json={"run_id": 1, "state": state, "round_id": 4})
+
+
+@contextmanager
+def page_over(agg: Aggregator) -> Iterator[tuple[Any, list[str]]]:
+    """The dashboard page over ``agg``, live, and the page's uncaught errors."""
+    settings = DashboardSettings(
+        environment="test",
+        aggregator_url="http://aggregator",
+        recommend_url="http://recommend",  # refuses to connect; shows the pasted-vector panel
+        worker_urls="http://worker",
+        poll_interval_s=0.3,
+    )
+    with (
+        serve_app(create_app(settings, transport=agg), timeout_s=30) as url,
+        chromium() as browser,
+    ):
+        context = browser.new_context(viewport=LAPTOP, locale="en-US")
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}/ui/")
+        page.wait_for_selector("#conn:has-text('Live')")
+        page.wait_for_selector("#ov-run:text-is('#1')")
+        yield page, errors
+        context.close()
+
+
+def _use_token(page: Any, token: str) -> None:
+    page.fill("#op-token", token)
+    page.click("#token-form button[type=submit]")
+
+
+def test_an_aggregator_that_stops_answering_leaves_the_run_unknown_not_absent() -> None:
+    agg = Aggregator()
+    with page_over(agg) as (page, errors):
+        agg.down = True
+        page.wait_for_selector("#ov-state:has-text('aggregator: 502 upstream_unavailable')")
+        assert page.text_content("#ov-run") == "unknown (no run state from the aggregator)"
+        conn = page.text_content("#conn") or ""
+        assert "no run state from the aggregator (502" in conn and "last known" in conn
+        # the rounds read before stay shown
+        assert page.eval_on_selector_all("#versions-table tbody tr", "rs => rs.length") == 3
+        agg.down = False
+        page.wait_for_selector("#ov-run:text-is('#1')")
+        page.wait_for_selector("#conn:not(:has-text('no run state'))")
+        assert errors == []
+
+
+def test_a_wrong_operator_token_is_said_where_the_token_is() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        _use_token(page, "not-the-operator-token")
+        page.click("#op-actions button[data-action=pause]")
+        page.wait_for_selector("#op-result:has-text('Refused: 401 unauthorized')")
+        assert "refused this tab's operator token" in (page.text_content("#op-state") or "")
+        _use_token(page, TOKEN)
+        assert page.text_content("#op-state") == "Operator token set for this tab."
+        page.click("#op-actions button[data-action=pause]")
+        page.wait_for_selector("#op-result:has-text('Done: run #1 is paused')")
+        assert page.text_content("#op-state") == "Operator token set for this tab."
+        assert errors == []
+
+
+def test_a_configuration_refused_on_two_fields_marks_both() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        _use_token(page, TOKEN)
+        page.click("#start-details summary")
+        page.click("#start-form button[type=submit]")
+        page.wait_for_selector("#op-result:has-text('Refused: 422 validation_error')")
+        for field, message in (
+            ("rounds", "Input should be greater than or equal to 1"),
+            ("dp_noise", "Input should be greater than or equal to 0"),
+        ):
+            assert page.get_attribute(f"#cfg-{field}", "aria-invalid") == "true", field
+            assert page.text_content(f"#cfg-{field}-error") == message
+        result = page.text_content("#op-result") or ""
+        assert "rounds: Input" in result and "; dp_noise: Input" in result
+        assert "body." not in result
+        assert errors == []
+
+
+def test_requests_the_dashboard_does_not_answer_are_said_in_their_panels() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        _use_token(page, TOKEN)
+        page.route("**/ui/api/**", lambda route: route.abort("connectionrefused"))
+        no_answer = "No answer from the dashboard"
+        page.click("#op-actions button[data-action=stop]")
+        page.wait_for_selector(f"#op-result:has-text('{no_answer}')")
+        page.click("#rec-form button[type=submit]")
+        page.wait_for_selector(f"#rec-status:has-text('{no_answer}')")
+        assert page.is_hidden("#rec-table")
+        body = {"user": {"user_gmf": [0.0], "user_mlp": [0.0]}, "k": 5}
+        page.fill("#recapi-body", json.dumps(body))
+        page.click("#recapi-form button[type=submit]")
+        page.wait_for_selector(f"#recapi-status:has-text('{no_answer}')")
+        page.wait_for_selector("#conn:has-text('Dashboard not reachable')")
+        assert errors == []
