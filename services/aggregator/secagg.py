@@ -146,14 +146,21 @@ def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
 
 
-def _json_list(body: bytes) -> list[bytes]:
-    """A body of a JSON list of messages: each one's canonical bytes."""
+def _json_list(body: bytes, most: int) -> list[bytes]:
+    """A body of a JSON list of at most ``most`` messages: each one's canonical bytes (a list
+    longer than the caller's clients is refused before its messages are serialized again:
+    600,000 empty objects in a 2 MB body took 2.6 s of CPU before the first was refused)."""
     try:
         doc = load_json(body, "the body")
     except WireError:
         raise Malformed("the body is not JSON", "malformed_message") from None
     if not isinstance(doc, list) or not doc:
         raise Malformed("the body is a non-empty JSON list of messages", "malformed_message")
+    if len(doc) > most:
+        raise Malformed(
+            f"{len(doc)} messages in one body; one per client, and this token holds {most}",
+            "malformed_message",
+        )
     return [json.dumps(m, sort_keys=True).encode() for m in doc]
 
 
@@ -165,8 +172,8 @@ class _Message:
     parsed: Keys | Shares | Masked | Reveal
 
 
-def _decode(step: str, body: bytes, length: int) -> list[_Message]:
-    """Decode a body of ``step`` (422 on anything malformed)."""
+def _decode(step: str, body: bytes, length: int, most: int) -> list[_Message]:
+    """Decode a body of ``step`` of at most ``most`` messages (422 on anything malformed)."""
     try:
         if step == "masked":
             m = messages.decode_masked(body, length)
@@ -177,7 +184,7 @@ def _decode(step: str, body: bytes, length: int) -> list[_Message]:
         elif step == "reveal":
             decoder = messages.decode_reveal
         out = []
-        for raw in _json_list(body):
+        for raw in _json_list(body, most):
             parsed = decoder(raw)
             out.append(_Message(parsed.client_id, _digest(raw), raw, parsed))
         return out
@@ -256,7 +263,7 @@ class SecureRounds:
         """``POST /v1/rounds/{round_id}/secagg/{step}`` (``cfg``: the newest run's)."""
         if not caller.client_ids:
             raise Forbidden("only clients take part in secure aggregation", "not_owned")
-        msgs = _decode(step, body, vector_length(cfg.model()))
+        msgs = _decode(step, body, vector_length(cfg.model()), len(caller.client_ids))
         ids = [m.client_id for m in msgs]
         if len(set(ids)) != len(ids):
             raise Malformed("one message per client in a body", "malformed_message")

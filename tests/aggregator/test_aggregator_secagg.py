@@ -285,3 +285,12 @@ def test_a_restarted_aggregator_resumes_the_phase_from_the_database(rnd: Round) 
     rnd.masked(IDS[4:])
     rnd.reveal()
     rnd.check_model(IDS)
+
+
+def test_a_body_of_more_messages_than_the_token_holds_clients_is_422(rnd: Round) -> None:
+    good_keys = messages.encode_keys(rnd.clients[0].advertise())
+    r = rnd.post("keys", 0, b"[" + b",".join([good_keys] * 1000) + b"]")
+    assert (r.status_code, r.json()["error"]) == (422, "malformed_message"), r.text
+    assert "this token holds 4" in r.json()["detail"]
+    rnd.keys()  # nothing was stored: every client still advertises its keys
+    assert rnd.phase() == "shares"
