@@ -235,7 +235,10 @@ class Upstream:
             resp = await self.agg.post(path, content=body or b"", headers=headers)
         except httpx.HTTPError as err:
             return _unavailable("aggregator", err)
-        self._cached = None  # the next page poll shows the action's effect
+        if resp.status_code not in (401, 403):
+            # the next page poll shows the action's effect (a refusal for the token changed
+            # nothing: without the token, a caller cannot make the services be read again)
+            self._cached = None
         return Answer(resp.status_code, _json(resp))
 
 

@@ -163,8 +163,15 @@ def test_viewers_polling_together_share_one_snapshot(agg: TestClient) -> None:
         register(agg, [0, 1])
         # within half a poll period: the same snapshot, the services are not asked again
         assert dash.get("/ui/api/state").json()["registered"] == 0
-        # an operator action (refused or not) makes the next poll read again
-        dash.post("/ui/api/runs/current/pause")
+        # an action refused for its token changes nothing: whoever reaches the page cannot
+        # make the services be read more often by sending them
+        for headers in ({}, {"Authorization": "Bearer not-the-operator-token"}):
+            assert dash.post("/ui/api/runs/current/pause", headers=headers).status_code == 401
+            assert dash.get("/ui/api/state").json()["registered"] == 0
+        # an operator action the aggregator answered (done or not) makes the next poll read again
+        assert (
+            dash.post("/ui/api/runs/current/pause", headers=operator_headers()).status_code == 409
+        )
         assert dash.get("/ui/api/state").json()["registered"] == 2
 
 
