@@ -87,7 +87,13 @@ def up(
         int, typer.Option(min=1, max=65535, help="The web dashboard's port.")
     ] = 8704,
     dashboard: Annotated[bool, typer.Option(help="Also start the web dashboard.")] = True,
-    workdir: Annotated[Path, typer.Option(help="SQLite files and logs.")] = Path("runs/up"),
+    workdir: Annotated[
+        Path,
+        typer.Option(
+            help="SQLite files and logs; an earlier fedrec up's there are replaced (files of those "
+            "names that no fedrec up wrote are refused)."
+        ),
+    ] = Path("runs/up"),
     redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
     recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
     keep_running: Annotated[

@@ -111,12 +111,32 @@ def locked_workdir(workdir: Path) -> Iterator[Path]:
         os.close(fd)
 
 
+def _own_files(workdir: Path) -> list[Path]:
+    return sorted(
+        path
+        for path in workdir.iterdir()
+        if OWN_FILES.fullmatch(path.name) and (path.is_symlink() or path.is_file())
+    )
+
+
+def check_workdir(workdir: Path, launchers: bool) -> None:
+    """LaunchError, removing nothing, when ``workdir`` holds files of the names a launcher
+    writes (an aggregator's database, say) but no launcher has used it (``launchers``: the lock
+    file was there before this one's): they are someone else's, not for the launcher to clear."""
+    found = [path.name for path in _own_files(workdir)]
+    if found and not launchers:
+        raise LaunchError(
+            f"work directory {workdir} holds {', '.join(found)}, which no `fedrec up` wrote "
+            f"(there is no {LOCK_FILE}) and which `fedrec up` would replace; choose another "
+            "--workdir, or move them away"
+        )
+
+
 def clear_workdir(workdir: Path) -> None:
     """Remove what an earlier launcher left in ``workdir`` (databases, stores, logs, token):
     files of exactly those names; any other file, and every folder, is left alone."""
-    for path in workdir.iterdir():
-        if OWN_FILES.fullmatch(path.name) and (path.is_symlink() or path.is_file()):
-            path.unlink(missing_ok=True)
+    for path in _own_files(workdir):
+        path.unlink(missing_ok=True)
 
 
 def die_with_parent() -> Callable[[], None] | None:

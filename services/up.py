@@ -15,7 +15,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from services.launcher import Cluster, UpOptions, check_ports, cluster, console, run_complete
-from services.supervise import LaunchError, Stopped, clear_workdir, locked_workdir, stop_on_signals
+from services.supervise import (
+    LOCK_FILE,
+    LaunchError,
+    Stopped,
+    check_workdir,
+    clear_workdir,
+    locked_workdir,
+    stop_on_signals,
+)
 
 
 def check_redis(url: str | None) -> None:
@@ -56,12 +64,15 @@ def up(opts: UpOptions) -> dict[str, Any]:
     """Start everything, train, show progress; returns the run history.
 
     Refuses (LaunchError) before starting anything when the work directory is in use by
-    another instance or a port is taken. SIGTERM and SIGHUP raise :class:`Stopped` after
+    another instance or holds files of a launcher's names that no launcher wrote, or a port is
+    taken. An earlier launcher's databases, logs and token in the work directory are replaced. SIGTERM and SIGHUP raise :class:`Stopped` after
     every child is stopped, as Ctrl-C raises KeyboardInterrupt; with ``keep_running``, any of
     them ends the wait normally.
     """
     from fedrecgel.data import load_split
 
+    if opts.workdir.is_dir():  # before the lock file, which marks a folder a launcher used
+        check_workdir(opts.workdir, launchers=(opts.workdir / LOCK_FILE).exists())
     with stop_on_signals(), locked_workdir(opts.workdir):
         check_ports(opts)
         check_redis(opts.redis_url)

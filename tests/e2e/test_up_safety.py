@@ -293,3 +293,27 @@ def test_run_settings_the_aggregator_refuses_are_named_before_anything_starts(
     assert "the run settings are refused" in out and message in out, out
     assert "aggregator up" not in out and "Traceback" not in out, out
     assert sorted(p.name for p in workdir.iterdir()) == ["fedrec-up.lock"]
+
+
+def test_files_of_the_launchers_names_that_no_launcher_wrote_are_refused(tmp_path: Path) -> None:
+    """`fedrec up --workdir .` where `fedrec aggregator` had made ./aggregator.db (its default
+    database) deleted that database; files in a folder an earlier `fedrec up` used are its own
+    and replaced as before."""
+    from services.launcher import UpOptions
+    from services.supervise import LaunchError, check_workdir
+    from services.up import up
+
+    (tmp_path / "aggregator.db").write_bytes(b"a run of its own")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(LaunchError) as refused:
+        up(UpOptions(workdir=tmp_path))
+    assert f"work directory {tmp_path} holds aggregator.db, which no `fedrec up` wrote" in str(
+        refused.value
+    )
+    assert (tmp_path / "aggregator.db").read_bytes() == b"a run of its own"
+    assert not (tmp_path / "fedrec-up.lock").exists()  # a second try is refused as well
+    launched = tmp_path / "launched"
+    launched.mkdir()
+    (launched / "aggregator.db").write_bytes(b"an earlier launcher's")
+    (launched / "fedrec-up.lock").write_text("1\n")
+    check_workdir(launched, launchers=True)  # no refusal: the launcher replaces its own files
