@@ -345,7 +345,11 @@ class WorkerStore:
             return missing.first() is None
 
     def reset_states(self, user_ids: Sequence[int], state: PrivateState) -> None:
-        """Replace the state of ``user_ids`` (a new run) and forget their progress."""
+        """Replace the state of ``user_ids`` (a new run) and forget their progress. The mirror
+        is dropped first, to be rebuilt from the file when next read: a new run's model may
+        have other private widths (another factor or kind), which the old one cannot hold."""
+        with self._mirror_lock:
+            self._mirror = None
         self.save_states(user_ids, state, None, None)
 
     def load_states(self, user_ids: Sequence[int]) -> PrivateState:

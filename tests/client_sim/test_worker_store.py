@@ -168,6 +168,23 @@ def test_a_mirrored_store_loads_what_the_file_holds(tmp_path, split):
     store.close()
 
 
+def test_a_new_run_of_another_model_shape_replaces_the_mirrored_states(tmp_path, split):
+    """Regression: a run with another factor (or kind) than the previous one crashed every
+    mirroring worker (the mirror of the old widths could not take the new states)."""
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.add_users(split, [1, 4])
+    store.save_states([1, 4], _random_state(2, seed=5), None, None)
+    store.load_states([1])  # mirror built, factor 4
+    cfg = ModelConfig(n_items=40, kind="mf", factor=8)
+    fresh = PrivateState.fresh(cfg, 0, np.array([1, 4]))
+    store.reset_states([1, 4], fresh)
+    _assert_state_equal(store.load_states([1, 4]), fresh)
+    plain = WorkerStore(tmp_path / "w.db")
+    _assert_state_equal(plain.load_states([4, 1]), fresh.select([1, 0]))
+    plain.close()
+    store.close()
+
+
 def test_a_failed_save_leaves_the_mirror_as_the_file(tmp_path, split):
     store = WorkerStore(tmp_path / "w.db", mirror=True)
     store.add_users(split, [1, 4])
