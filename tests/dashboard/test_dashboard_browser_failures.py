@@ -3,7 +3,8 @@ the happy one: the aggregator stops answering (the run is unknown, not absent, a
 says its figures are the last known), a wrong operator token (said where the token is), a run
 configuration refused on several fields (each input marked with its own message), and the
 dashboard itself not reachable (every panel says its request got no answer, no uncaught
-error). The dashboard service runs on a loopback port over a fake aggregator."""
+error), and numbers the form accepts written otherwise (``1e3``, ``5.0``). The dashboard
+service runs on a loopback port over a fake aggregator."""
 
 from __future__ import annotations
 
@@ -145,4 +146,26 @@ def test_requests_the_dashboard_does_not_answer_are_said_in_their_panels() -> No
         page.click("#recapi-form button[type=submit]")
         page.wait_for_selector(f"#recapi-status:has-text('{no_answer}')")
         page.wait_for_selector("#conn:has-text('Dashboard not reachable')")
+        assert errors == []
+
+
+def test_a_user_id_and_k_the_form_accepts_are_sent_in_plain_digits() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        asked: list[str] = []
+
+        def worker(route: Any) -> None:
+            asked.append(route.request.url.split("/ui/api/", 1)[1])
+            items = [{"item": "7", "score": 1.0}] if "recommendations" in asked[-1] else ["3"]
+            route.fulfill(json={"model_version": 3, "items": items})
+
+        page.route("**/ui/api/users/**", worker)
+        # valid numbers for the form's inputs (integers, step 1), written otherwise
+        page.fill("#rec-user", "1e3")
+        page.fill("#rec-k", "5.0")
+        page.click("#rec-form button[type=submit]")
+        page.wait_for_selector("#rec-status:has-text('User 1000: top 1, model v3')")
+        assert sorted(asked) == [
+            "users/1000/recommendations?k=5&include_training=false",
+            "users/1000/training-items",
+        ]
         assert errors == []

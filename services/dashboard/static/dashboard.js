@@ -389,10 +389,13 @@
 
   $("rec-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    const user = encodeURIComponent($("rec-user").value);
-    const k = encodeURIComponent($("rec-k").value || "10");
+    // the numbers the inputs hold, in plain digits: a number input takes "1e3" or "7.0" as
+    // valid, which the dashboard's integer path and query would refuse as typed
+    const number = (id) => { const el = $(id); return Number.isFinite(el.valueAsNumber) ? String(el.valueAsNumber) : el.value; };
+    const user = encodeURIComponent(number("rec-user"));
+    const k = encodeURIComponent(number("rec-k") || "10");
     const withTrain = $("rec-train").checked;
-    text("rec-status", `Asking the worker of user ${$("rec-user").value}…`);
+    text("rec-status", `Asking the worker of user ${decodeURIComponent(user)}…`);
     let resp, trainResp;
     try {
       [resp, trainResp] = await Promise.all([
