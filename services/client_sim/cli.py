@@ -24,38 +24,38 @@ log = logging.getLogger(__name__)
 
 
 #: the help of every option: ``--a-name`` sets the WorkerSettings field ``a_name`` and takes
-#: its type (an on/off switch for a bool, the choices of a Literal)
+#: its type (an on/off switch for a bool, the choices of a Literal) and its default, which the
+#: help shows (:func:`_help`)
 HELP: dict[str, str] = {
-    "aggregator": "aggregator base URL (default http://127.0.0.1:8700)",
+    "aggregator": "aggregator base URL",
     "shard": "this worker's shard index I (owns u %% N == I)",
     "shards": "number of shards N",
     "enrolment_token_file": "file holding the shard's enrolment token ({shard} is replaced by "
     "the shard; or $FEDREC_WORKER_ENROLMENT_TOKEN)",
-    "dataset": "dataset name (default filmtrust)",
-    "data_dir": "data directory (default: $FEDREC_DATA_DIR)",
-    "validation": "hold out a validation item per user (default off)",
-    "store": "store path or SQLAlchemy URL; {shard} is replaced by the shard (default worker-0.db)",
+    "dataset": "dataset name",
+    "data_dir": "data directory (else $FEDREC_DATA_DIR)",
+    "validation": "hold out a validation item per user",
+    "store": "store path or SQLAlchemy URL; {shard} is replaced by the shard",
     "redis_url": "subscribe to version events on this Redis",
     "max_rounds": "stop after this many model versions",
-    "exit_when_finished": "stop when the run finishes (default on)",
+    "exit_when_finished": "stop when the run finishes",
     "poll_min_s": "first poll interval when idle",
     "poll_max_s": "longest poll interval when idle",
     "timeout_s": "HTTP timeout",
     "retries": "retries of a failed request",
     "max_body_bytes": "byte budget of one upload body",
-    "log_level": "logging level (default INFO)",
-    "torch_threads": "torch intra-op threads (default: cores)",
+    "log_level": "logging level",
+    "torch_threads": "torch intra-op threads (unset: one per core)",
     "grouped_uploads": "compute the cohort members' uploads in groups: faster, but bit for bit "
-    "only while no worker recomputes part of a round after a crash (default off)",
+    "only while no worker recomputes part of a round after a crash",
     "shard_from_hostname": "take --shard from the host name's trailing ordinal (StatefulSet "
     "pod worker-I)",
     "http_port": "serve the demo HTTP API on this port",
-    "http_host": "bind address of the HTTP API (default 127.0.0.1; another needs a device token)",
+    "http_host": "bind address of the HTTP API (one off loopback needs a device token)",
     "device_token_file": "file holding the token the HTTP API requires (or "
     "$FEDREC_WORKER_DEVICE_TOKEN)",
-    "recommend_url": "recommend_api base URL (default http://127.0.0.1:8702)",
-    "recommend_item_ids": "item ids recommend_api uses: the dataset's (default) or catalogue "
-    "indices",
+    "recommend_url": "recommend_api base URL",
+    "recommend_item_ids": "item ids recommend_api uses: the dataset's or catalogue indices",
 }
 
 
@@ -71,6 +71,15 @@ def _option(field: str) -> dict[str, Any]:
     return {"type": kind}
 
 
+def _help(field: str) -> str:
+    """The help of a field's option, with the field's default when it has one."""
+    default = WorkerSettings.model_fields[field].default
+    if default is None:
+        return HELP[field]
+    shown = ("on" if default else "off") if isinstance(default, bool) else str(default)
+    return f"{HELP[field]} (default {shown.replace('%', '%%')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The worker's argument parser (every flag defaults to the env / settings value)."""
     p = argparse.ArgumentParser(
@@ -78,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate the clients of one shard of users against an aggregator.",
         argument_default=argparse.SUPPRESS,
     )
-    for field, help_text in HELP.items():
-        p.add_argument("--" + field.replace("_", "-"), help=help_text, **_option(field))
+    for field in HELP:
+        p.add_argument("--" + field.replace("_", "-"), help=_help(field), **_option(field))
     return p
 
 

@@ -59,7 +59,7 @@ class WorkerSettings(BaseSettings):
     dataset: str = DEFAULTS.dataset
     data_dir: Path | None = None
     validation: bool = False
-    store: str = "worker-0.db"
+    store: str = "worker-{shard}.db"  # a shard's own file: another shard's store is refused
     redis_url: RedisUrl = None
     max_rounds: int | None = None
     exit_when_finished: bool = True
