@@ -269,6 +269,7 @@ def test_dashboard_in_a_browser(tmp_path: Path) -> None:
         # the overview and the charts: the top of the page
         top = {"x": 0, "y": 0, "width": LAPTOP["width"], "height": LAPTOP["height"]}
         page.screenshot(path=str(shots / "dashboard-privacy.png"), full_page=True, clip=top)
+        page.on("dialog", lambda d: d.accept())  # stop asks first: yes
         for action, state, shown_state in (
             ("resume", "running", "open"),
             ("stop", "stopped", "finished"),

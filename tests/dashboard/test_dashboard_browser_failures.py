@@ -1,10 +1,10 @@
 """The dashboard page in a real browser (the system's Chromium, headless) when an answer is not
 the happy one: the aggregator stops answering (the run is unknown, not absent, and the page
 says its figures are the last known), a wrong operator token (said where the token is), a run
-configuration refused on several fields (each input marked with its own message), and the
-dashboard itself not reachable (every panel says its request got no answer, no uncaught
-error), and numbers the form accepts written otherwise (``1e3``, ``5.0``). The dashboard
-service runs on a loopback port over a fake aggregator."""
+configuration refused on several fields (each input marked with its own message), a stop
+(asked for first: it cannot be undone), the dashboard itself not reachable (every panel says
+its request got no answer, no uncaught error), and numbers the form accepts written otherwise
+(``1e3``, ``5.0``). The dashboard service runs on a loopback port over a fake aggregator."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ TWO_FIELDS = (
     "body.dp_noise: Input should be greater than or equal to 0"
 )
 
+#: the run's state after each operator action
+STATES = {"pause": "paused", "resume": "running", "stop": "stopped"}
+
 
 class Aggregator(FakeAggregator):
     """Three closed rounds; operator calls checked against :data:`TOKEN` (every start is
@@ -49,7 +52,7 @@ class Aggregator(FakeAggregator):
             )
         if request.url.path == "/v1/runs":
             return httpx.Response(422, json={"error": "validation_error", "detail": TWO_FIELDS})
-        state = request.url.path.rsplit("/", 1)[-1].replace("pause", "paused")
+        state = STATES[request.url.path.rsplit("/", 1)[-1]]
         return httpx.Response(200, json={"run_id": 1, "state": state, "round_id": 4})
 
 
@@ -113,6 +116,34 @@ def test_a_wrong_operator_token_is_said_where_the_token_is() -> None:
         assert errors == []
 
 
+def test_stop_asks_first_and_sends_nothing_when_declined() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        _use_token(page, TOKEN)
+        sent: list[str] = []
+        page.on("request", lambda r: sent.append(r.url) if r.method == "POST" else None)
+        asked: list[str] = []
+
+        def answer(accept: bool) -> Any:
+            def on(dialog: Any) -> None:
+                asked.append(dialog.message)
+                dialog.accept() if accept else dialog.dismiss()
+
+            return on
+
+        page.once("dialog", answer(False))
+        page.click("#op-actions button[data-action=stop]")
+        page.wait_for_selector("#op-result:text-is('Not stopped: run #1 goes on.')")
+        assert sent == [] and "Stop run #1 for good?" in asked[0]
+        page.once("dialog", answer(True))
+        page.click("#op-actions button[data-action=stop]")
+        page.wait_for_selector("#op-result:has-text('Done: run #1 is stopped')")
+        assert [u.split("/ui/api/")[1] for u in sent] == ["runs/current/stop"]
+        # pause and resume are asked for nothing
+        page.click("#op-actions button[data-action=pause]")
+        page.wait_for_selector("#op-result:has-text('Done: run #1 is paused')")
+        assert len(asked) == 2 and errors == []
+
+
 def test_a_configuration_refused_on_two_fields_marks_both() -> None:
     with page_over(Aggregator()) as (page, errors):
         _use_token(page, TOKEN)
@@ -136,6 +167,7 @@ def test_requests_the_dashboard_does_not_answer_are_said_in_their_panels() -> No
         _use_token(page, TOKEN)
         page.route("**/ui/api/**", lambda route: route.abort("connectionrefused"))
         no_answer = "No answer from the dashboard"
+        page.once("dialog", lambda d: d.accept())  # stop for good: yes
         page.click("#op-actions button[data-action=stop]")
         page.wait_for_selector(f"#op-result:has-text('{no_answer}')")
         page.click("#rec-form button[type=submit]")

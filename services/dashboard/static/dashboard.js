@@ -525,8 +525,18 @@
     etag = null; // show the effect at the next poll
     return resp.status;
   }
+  // stop ends the run for good (its open round aborted, no resume): asked for first
+  function confirmStop() {
+    const run = last && last.run && last.run.run_id ? `run #${last.run.run_id}` : "the run";
+    if (window.confirm(`Stop ${run} for good? A stopped run cannot be resumed; its open round is aborted.`)) return true;
+    text("op-result", `Not stopped: ${run} goes on.`);
+    return false;
+  }
   for (const b of document.querySelectorAll("#op-actions button")) {
-    b.addEventListener("click", () => operator(`/ui/api/runs/current/${b.dataset.action}`));
+    b.addEventListener("click", () => {
+      if (b.dataset.action === "stop" && !confirmStop()) return;
+      operator(`/ui/api/runs/current/${b.dataset.action}`);
+    });
   }
   $("start-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
