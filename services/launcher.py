@@ -267,6 +267,9 @@ class Cluster:
             env["FEDREC_AGG_POPULATION"] = str(self.population)
             if self.population_items is not None:
                 env["FEDREC_AGG_POPULATION_ITEMS"] = str(self.population_items)
+                # the name its workers check: a run over another dataset is refused (422)
+                # instead of stopping every worker
+                env["FEDREC_AGG_POPULATION_DATASET"] = opts.dataset
         else:
             env["FEDREC_AGG_POPULATION_DATASET"] = opts.dataset
             if opts.data_dir is not None:

@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     # dataset's split (read once at start, from ``population_data_dir`` when given).
     population: int | None = Field(default=None, ge=1, le=MAX_POPULATION)
     # With ``population``: the size of its workers' catalogue, which a run must then name
-    # (known from a dataset's split with ``population_dataset``; unchecked when unset).
+    # (known from a dataset's split with ``population_dataset``; unchecked when unset), and
+    # with both, ``population_dataset`` names that catalogue only (not read; `fedrec up`).
     population_items: int | None = Field(default=None, ge=1)
     population_dataset: str | None = Field(default=None, min_length=1, max_length=200)
     population_data_dir: Path | None = None
@@ -130,8 +131,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_population(self) -> Settings:
-        if self.population is not None and self.population_dataset is not None:
-            raise ValueError("set FEDREC_AGG_POPULATION or FEDREC_AGG_POPULATION_DATASET, not both")
+        if (
+            self.population is not None
+            and self.population_dataset is not None
+            and self.population_items is None
+        ):
+            raise ValueError(
+                "set FEDREC_AGG_POPULATION or FEDREC_AGG_POPULATION_DATASET, not both (or both "
+                "with FEDREC_AGG_POPULATION_ITEMS: the dataset then only names the catalogue)"
+            )
         if self.population_items is not None and self.population is None:
             raise ValueError(
                 "FEDREC_AGG_POPULATION_ITEMS goes with FEDREC_AGG_POPULATION (a dataset's "
@@ -153,12 +161,15 @@ class Population:
 
 
 def resolve_population(settings: Settings) -> Population | None:
-    """The declared population: ``population``, or the users and items of
+    """The declared population: ``population`` (with the catalogue's size and name when
+    given: a launcher that read the split already), or the users and items of
     ``population_dataset``'s split (loaded once, at start), or None (registration refused)."""
+    if settings.population is not None:
+        return Population(
+            settings.population, settings.population_dataset, settings.population_items
+        )
     if settings.population_dataset is None:
-        if settings.population is None:
-            return None
-        return Population(settings.population, n_items=settings.population_items)
+        return None
     from fedrecgel.data import load_split
 
     split = load_split(settings.population_dataset, settings.population_data_dir)

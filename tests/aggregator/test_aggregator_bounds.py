@@ -205,7 +205,21 @@ def test_fedrec_up_gives_its_aggregator_the_catalogue(
     c.population, c.population_items = 5, 30
     for name, value in c.aggregator_env().items():
         monkeypatch.setenv(name, value)
-    assert resolve_population(Settings(environment="development")) == Population(5, None, 30)
+    want = Population(5, "filmtrust", 30)
+    assert resolve_population(Settings(environment="development")) == want
+
+
+def test_a_run_over_another_dataset_than_fedrec_ups_is_422(aggregator: AggregatorFactory) -> None:
+    """Regression: the aggregator of `fedrec up` knew its catalogue's size but not its name,
+    so a run naming another dataset (the dashboard's run form offers three) was started and
+    every worker stopped on it. The population's numbers come with the dataset's name now."""
+    client = aggregator(population=2, population_items=30, population_dataset="filmtrust")
+    register(client, [0])
+    r = client.post("/v1/runs", json={**RUN, "dataset": "lastfm-2k"}, headers=operator_headers())
+    assert r.status_code == 422 and r.json()["error"] == "invalid_config", r.text
+    assert "filmtrust (30 items" in r.json()["detail"]
+    r = client.post("/v1/runs", json={**RUN, "dataset": "filmtrust"}, headers=operator_headers())
+    assert r.status_code == 201, r.text
 
 
 @pytest.mark.parametrize(
