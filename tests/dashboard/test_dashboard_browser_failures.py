@@ -1,10 +1,11 @@
 """The dashboard page in a real browser (the system's Chromium, headless) when an answer is not
 the happy one: the aggregator stops answering (the run is unknown, not absent, and the page
-says its figures are the last known), a wrong operator token (said where the token is), a run
-configuration refused on several fields (each input marked with its own message), a stop
-(asked for first: it cannot be undone), the dashboard itself not reachable (every panel says
-its request got no answer, no uncaught error), and numbers the form accepts written otherwise
-(``1e3``, ``5.0``). The dashboard service runs on a loopback port over a fake aggregator."""
+says its figures are the last known), a wrong or empty operator token (said where the token
+is), a run configuration refused on several fields (each input marked with its own message), a
+stop (asked for first: it cannot be undone), the dashboard itself not reachable (every panel
+says its request got no answer, no uncaught error), and numbers the form accepts written
+otherwise (``1e3``, ``5.0``). The dashboard service runs on a loopback port over a fake
+aggregator."""
 
 from __future__ import annotations
 
@@ -113,6 +114,22 @@ def test_a_wrong_operator_token_is_said_where_the_token_is() -> None:
         page.click("#op-actions button[data-action=pause]")
         page.wait_for_selector("#op-result:has-text('Done: run #1 is paused')")
         assert page.text_content("#op-state") == "Operator token set for this tab."
+        assert errors == []
+
+
+def test_use_token_with_nothing_typed_says_so() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        page.click("#token-form button[type=submit]")
+        assert page.text_content("#op-state") == (
+            "No token typed: type the operator token, then Use token."
+        )
+        assert page.is_disabled("#op-actions button[data-action=pause]")
+        _use_token(page, TOKEN)
+        page.fill("#op-token", "   ")
+        page.keyboard.press("Enter")
+        assert "keeps the operator token it has" in (page.text_content("#op-state") or "")
+        assert page.evaluate("sessionStorage.getItem('fedrec-operator-token')") == TOKEN
+        assert not page.is_disabled("#op-actions button[data-action=pause]")
         assert errors == []
 
 

@@ -462,7 +462,13 @@
     ev.preventDefault();
     const value = $("op-token").value.trim();
     $("op-token").value = "";
-    if (!value) return;
+    if (!value) {
+      // nothing typed: said, and the tab's token (if any) kept
+      text("op-state", token ? "No token typed: this tab keeps the operator token it has."
+        : "No token typed: type the operator token, then Use token.");
+      $("op-token").focus();
+      return;
+    }
     token = value;
     sessionStorage.setItem(TOKEN_KEY, value);
     operatorState();
