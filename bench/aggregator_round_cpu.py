@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import positive
 from sqlalchemy import event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
@@ -155,9 +156,9 @@ def measure(secure_delete: str, rounds: int, warmup: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     """Measure both settings interleaved and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=positive, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if min(args.rounds, args.repeats) < 1 or args.warmup < 0:
@@ -201,4 +202,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_cli import positive
 from sqlalchemy import create_engine, text
 
 from fedrecgel.config import RunParams
@@ -164,7 +165,7 @@ def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> d
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark for every requested backend and write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=positive, default=100)
     parser.add_argument(
         "--backend", action="append", choices=["sqlite", "postgres"], dest="backends"
     )
@@ -204,4 +205,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

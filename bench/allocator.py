@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_cli import positive
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "allocator.json"
 
@@ -99,7 +101,7 @@ def main() -> None:
     """Alternate the two sides and write the JSON."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=positive, default=10)
     ap.add_argument("--child", choices=("default", "kept"))
     ap.add_argument("--core", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sequential", action="store_true", help="one child at a time")
@@ -155,4 +157,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_cli import positive
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/support/
@@ -251,8 +252,8 @@ def loopback_run(rounds: int) -> dict[str, Any]:
 def main() -> None:
     """Alternate compose and loopback runs; write medians and every run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rounds", type=positive, default=20)
+    parser.add_argument("--repeats", type=positive, default=1)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     threads = max(1, (os.cpu_count() or 1) // 2)  # what `fedrec up` gives each of 2 workers
@@ -321,4 +322,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

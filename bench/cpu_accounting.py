@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_cli import positive
+
 OUT = Path(__file__).resolve().parent / "results" / "parallel_capacity.json"
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -116,7 +118,7 @@ def parallel_capacity(repeats: int, seconds: float, n: int) -> dict[str, Any]:
 def main() -> None:
     """Measure and write bench/results/parallel_capacity.json."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=positive, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -143,4 +145,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_cli import positive
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -104,9 +106,9 @@ def one(browser: Any, url: str, agg: FakeAggregator, script: str, updates: int) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=100_000)
+    ap.add_argument("--rounds", type=positive, default=100_000)
     ap.add_argument("--updates", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=positive, default=2)
     ap.add_argument("--before-rev", default="9b52d12", help="git revision of the 'before' script")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
@@ -156,4 +158,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import positive
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -153,7 +154,7 @@ def _timed(fn: Any) -> tuple[float, float]:
 def main() -> None:
     """Time the three evaluations and write the JSON result."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=positive, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     args = ap.parse_args()
     if args.threads:
@@ -249,4 +250,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

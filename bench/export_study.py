@@ -23,7 +23,10 @@ OUT = ROOT / "bench" / "results" / "accuracy" / "studies"
 def export(db: Path, name: str | None = None) -> dict[str, Any]:
     """The study's trials as a JSON-ready dict."""
     storage = f"sqlite:///{db.resolve()}"
-    name = name or optuna.get_all_study_names(storage)[0]
+    names = optuna.get_all_study_names(storage)
+    name = name or (names[0] if names else None)
+    if name not in names:
+        raise LookupError(f"{db} holds no study {name or ''}".rstrip() + f" (it holds {names})")
     study = optuna.load_study(study_name=name, storage=storage)
     return {
         "study": name,
@@ -45,11 +48,18 @@ def main() -> None:
     ap.add_argument("db", type=Path)
     ap.add_argument("--study")
     args = ap.parse_args()
-    data = export(args.db, args.study)
+    if not args.db.is_file():  # opening it would create an empty database there
+        ap.error(f"{args.db}: no such file (a study's SQLite file, from fedrec tune)")
+    try:
+        data = export(args.db, args.study)
+    except LookupError as err:
+        ap.error(str(err))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{data['study']}.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"{data['study']}: {len(data['trials'])} trials")
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -321,4 +321,6 @@ def _version(name: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 import torch
+from bench_cli import positive
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from cpu_accounting import machine_busy_seconds, process_cpu_seconds
@@ -286,9 +287,9 @@ def main() -> None:
     """Run the repetitions, print the headline figures, write the JSON as it goes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="filmtrust")
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=positive, default=20)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=positive, default=3)
     parser.add_argument(
         "--modes", default=",".join(MODES), help="comma-separated: " + ",".join(MODES)
     )
@@ -430,4 +431,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

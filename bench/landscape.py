@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import positive
 from trained import ROOT, train_cached
 
 from fedrecgel.data import load_split
@@ -164,7 +165,7 @@ def main() -> None:
     ap.add_argument("--dataset", default="filmtrust")
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--rounds", type=positive, default=100)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--directions", type=int, default=3)
     ap.add_argument("--points", type=int, default=13, help="points of each 1-D slice")
@@ -209,4 +210,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

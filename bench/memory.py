@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_cli import positive
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "memory.json"
 CASES = ("filmtrust-all", "filmtrust-all-per-client", "synthetic-1e6x1e5")
@@ -81,7 +83,7 @@ def child(case: str, rounds: int) -> dict[str, Any]:
 def main() -> None:
     """Run every case in a child process; write bench/results/memory.json incrementally."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=100, help="FilmTrust rounds")
+    ap.add_argument("--rounds", type=positive, default=100, help="FilmTrust rounds")
     ap.add_argument("--scale-rounds", type=int, default=2, help="rounds of the 1e6 x 1e5 case")
     ap.add_argument("--only", choices=CASES, action="append")
     ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
@@ -109,4 +111,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

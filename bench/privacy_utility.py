@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_cli import positive
 
 from fedrecgel.data import load_split
 from fedrecgel.simulate import Simulator, TrainConfig
@@ -194,7 +195,7 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--epsilons", default="1,3,8")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=positive, default=4)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
@@ -209,4 +210,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -373,4 +373,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_cli import positive
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
 
@@ -32,7 +34,7 @@ def main() -> None:
     """Run every missing configuration."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
-    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--rounds", type=positive, default=100)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--datasets", default=",".join(RHO))
     ap.add_argument("--methods", default=",".join(METHODS))
@@ -83,4 +85,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import positive
 from roofline_floor import bandwidth, floor_bytes, product_floor
 
 from fedrecgel.cohort import select_cohort
@@ -327,7 +328,7 @@ def _without_out(argv: list[str]) -> list[str]:
 def main() -> None:
     """Run the benchmark and write bench/results/roofline.json."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=positive, default=5)
     ap.add_argument("--loop-rounds", type=int, default=2)
     ap.add_argument("--fraction", type=float, default=TrainConfig().fraction)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
@@ -354,4 +355,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

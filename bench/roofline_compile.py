@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_cli import positive
 from torch import Tensor
 
 from fedrecgel import passes
@@ -50,7 +51,7 @@ def pass3(
 def main() -> None:
     """Time the eager and the compiled pass 3 and write the JSON."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--repeats", type=positive, default=15)
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
@@ -105,4 +106,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

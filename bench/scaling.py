@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_cli import positive
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scaling.json"
 DOCS = ROOT / "docs"
@@ -135,7 +137,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-clients", type=int, default=CLIENTS[-1])
     ap.add_argument("--max-items", type=int, default=ITEMS[-1])
-    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per point (1 from 30k)")
+    ap.add_argument(
+        "--rounds", type=positive, default=2, help="timed rounds per point (1 from 30k)"
+    )
     ap.add_argument(
         "--point-timeout",
         type=float,
@@ -170,4 +174,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

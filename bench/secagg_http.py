@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_cli import positive
 
 from fedrecgel.data import load_split
 from fedrecgel.secagg.layout import vector_length
@@ -89,7 +90,7 @@ def one_run(mode: str, rounds: int, fraction: float, workdir: Path) -> dict[str,
 def main() -> None:
     """Run both modes and write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--fraction", type=float, default=TrainConfig().fraction)
     args = ap.parse_args()
     torch.set_num_threads(worker_torch_threads(2))
@@ -119,4 +120,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

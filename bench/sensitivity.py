@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import positive
 from trained import ROOT, run_path, train_cached
 
 from fedrecgel.config import DEFAULTS
@@ -105,7 +106,7 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--rho-sh", default=GRID)
     ap.add_argument("--rho-ns", default=GRID)
-    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--rounds", type=positive, default=100)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--worker", default="0/1", help="i/n: train cells i, i+n, ... only")
@@ -158,4 +159,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_cli import positive
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split, load_split
@@ -217,7 +218,7 @@ def scale_child(rounds: int) -> None:
 def main() -> None:
     """Run the benchmarks and write bench/results/speed.json."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=positive, default=5)
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
@@ -251,4 +252,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

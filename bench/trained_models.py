@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import positive
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,11 +111,13 @@ def main() -> None:
     """Train (or retrain) one model."""
     ap = argparse.ArgumentParser()
     ap.add_argument("name", choices=sorted(SPECS))
-    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--rounds", type=positive)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     train(args.name, args.rounds)
 
 
 if __name__ == "__main__":
-    main()
+    from bench_cli import run
+
+    run(main)

@@ -1,0 +1,65 @@
+"""The benchmark programs' command lines: ``bench/report.py`` answers ``--help`` and unknown
+options without writing docs/RESULTS.md (it took no arguments, so ``--help`` rewrote the file),
+and bad input to any program is one line and a non-zero exit, not a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "RESULTS.md"
+
+
+def _bench(program: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / program), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_report_help_and_unknown_options_write_nothing() -> None:
+    before = RESULTS.stat().st_mtime_ns
+    for args, code, said in ((["--help"], 0, "usage:"), (["--rounds", "2"], 2, "unrecognized")):
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "report.py"), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == code, (args, r.stdout, r.stderr)
+        assert said in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert RESULTS.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["speed.py", "--rounds", "0", "--skip-scale"], "--rounds: must be at least 1, got 0"),
+        (["aggregator_storage.py", "--rounds", "-1"], "--rounds: must be at least 1, got -1"),
+        (["http_vs_simulator.py", "--dataset", "nope"], "error: unknown dataset 'nope'"),
+        (["export_study.py", "{tmp}/none.db"], "none.db: no such file"),
+    ],
+)
+def test_bad_input_to_a_benchmark_is_one_line_not_a_traceback(
+    args: list[str], said: str, tmp_path: Path
+) -> None:
+    """Each ended in a traceback (a median of no rounds, a ConfigError, a DataError, an
+    IndexError after creating an empty database where the study file was not)."""
+    r = _bench(*(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_every_benchmark_program_runs_its_main_through_the_bad_input_guard() -> None:
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        text = path.read_text()
+        if '__name__ == "__main__"' in text:
+            assert "run(main)" in text, path.name
