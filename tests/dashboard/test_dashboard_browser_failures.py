@@ -30,6 +30,16 @@ TWO_FIELDS = (
     "body.dp_noise: Input should be greater than or equal to 0"
 )
 
+#: the aggregator's counters: 5 rounds retried over the runs since it started
+METRICS = "# TYPE fedrec_agg_rounds_retried_total counter\nfedrec_agg_rounds_retried_total 5.0\n"
+OPEN_ROUND = {
+    "round_id": 4,
+    "attempt": 1,
+    "state": "open",
+    "cohort_size": 2,
+    "updates_received": 1,
+    "deadline": None,
+}
 #: the run's state after each operator action
 STATES = {"pause": "paused", "resume": "running", "stop": "stopped"}
 
@@ -45,6 +55,10 @@ class Aggregator(FakeAggregator):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/metrics":  # the counters since the aggregator started
+            return httpx.Response(200, text=METRICS)
+        if request.url.path == "/v1/rounds/4":  # the open round: its second attempt
+            return httpx.Response(200, json=OPEN_ROUND)
         if request.method != "POST":
             return await super().handle_async_request(request)
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -217,4 +231,14 @@ def test_a_user_id_and_k_the_form_accepts_are_sent_in_plain_digits() -> None:
             "users/1000/recommendations?k=5&include_training=false",
             "users/1000/training-items",
         ]
+        assert errors == []
+
+
+def test_the_retry_counter_is_said_to_be_the_aggregators_not_the_runs() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        page.wait_for_selector("#rd-retries:has-text('attempt 1')")
+        assert page.text_content("#rd-retries") == (
+            "1 retry (attempt 1, counting from 0); 5 retries since the aggregator started"
+        )
+        assert "since the aggregator started" in page.text_content("dt:has(+ #ov-counters)")
         assert errors == []

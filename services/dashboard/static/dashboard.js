@@ -233,7 +233,8 @@
     // the aggregator's count: ceil(quorum * cohort), at least 1
     const needed = r && q !== null ? Math.max(1, Math.ceil(q * r.cohort_size - 1e-9)) : null;
     text("rd-quorum", needed !== null ? `${needed} of ${r.cohort_size} (quorum ${q})` : "–");
-    const retried = s.counters ? `; ${plural(s.counters.rounds_retried, "retry", "retries")} in the run` : "";
+    // the aggregator's /metrics counter: every run since the aggregator started, not this run's
+    const retried = s.counters ? `; ${plural(s.counters.rounds_retried, "retry", "retries")} since the aggregator started` : "";
     text("rd-retries", r ? `${plural(r.attempt, "retry", "retries")} (attempt ${r.attempt}, counting from 0)${retried}` : "–");
     tickDeadline();
   }
