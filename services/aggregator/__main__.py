@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from services.aggregator.app import create_app
 from services.aggregator.db import Database, ForeignDatabase
 from services.aggregator.settings import Settings, resolve_population
+from services.url_settings import describe_settings
 
 
 def configure_process(settings: Settings) -> None:
@@ -63,8 +64,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m services.aggregator",
         description="FedRecGEL aggregator (settings: FEDREC_AGG_* environment variables)",
     )
-    parser.add_argument("--host", default=None, help="bind address (FEDREC_AGG_HOST)")
-    parser.add_argument("--port", type=int, default=None, help="port (FEDREC_AGG_PORT)")
+    parser.add_argument("--host", default=None, help="bind address")
+    parser.add_argument("--port", type=int, default=None, help="port")
+    describe_settings(parser, Settings)
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     try:

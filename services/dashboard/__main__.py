@@ -11,18 +11,25 @@ from pydantic import ValidationError
 
 from services.dashboard.app import create_app
 from services.dashboard.settings import DashboardSettings
+from services.url_settings import describe_settings
 
 
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     """Command-line options; each overrides its ``FEDREC_DASH_*`` environment variable."""
     p = argparse.ArgumentParser(prog="python -m services.dashboard", description=__doc__)
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--aggregator-url")
+    p.add_argument("--host", help="bind address")
+    p.add_argument("--port", type=int, help="port")
+    p.add_argument("--aggregator-url", help="aggregator base URL")
     p.add_argument("--recommend-url", help="recommend_api base URL ('none': no such panel)")
     p.add_argument("--worker-urls", help="the workers' device APIs, comma-separated, shard order")
-    p.add_argument("--poll-interval", dest="poll_interval_s", type=float)
-    p.add_argument("--log-level")
+    p.add_argument(
+        "--poll-interval",
+        dest="poll_interval_s",
+        type=float,
+        help="seconds between the page's state reads",
+    )
+    p.add_argument("--log-level", help="logging level")
+    describe_settings(p, DashboardSettings)
     args = vars(p.parse_args(argv))
     return {k: v for k, v in args.items() if v is not None}
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from fedrecgel.data import DataError
 from services.recommend_api.app import create_app, holder_from_settings
 from services.recommend_api.settings import Settings
-from services.url_settings import check_log_level
+from services.url_settings import check_log_level, describe_settings
 
 
 def _log_level(value: str) -> str:
@@ -27,19 +27,24 @@ def _log_level(value: str) -> str:
 def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
     """Command-line options; each overrides its ``FEDREC_REC_*`` environment variable."""
     p = argparse.ArgumentParser(prog="python -m services.recommend_api", description=__doc__)
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p.add_argument("--host", help="bind address")
+    p.add_argument("--port", type=int, help="port")
     p.add_argument("--aggregator-url", help="aggregator base URL ('none': do not follow one)")
-    p.add_argument("--aggregator-token")
-    p.add_argument("--redis-url")
-    p.add_argument("--poll-interval", dest="poll_interval_s", type=float)
+    p.add_argument("--aggregator-token", help="the aggregator's reader token")
+    p.add_argument("--redis-url", help="follow model versions by Redis events too")
+    p.add_argument(
+        "--poll-interval", dest="poll_interval_s", type=float, help="seconds between model polls"
+    )
     p.add_argument("--dataset", help="dataset whose item ids label the catalogue")
     p.add_argument("--data-dir", type=Path)
     p.add_argument("--item-labels", type=Path, help="file of item ids, one per line")
-    p.add_argument("--ann-threshold", type=int)
-    p.add_argument("--ann-shortlist", type=int)
-    p.add_argument("--workers", type=int)
-    p.add_argument("--log-level", default="info", type=_log_level)
+    p.add_argument(
+        "--ann-threshold", type=int, help="catalogue size from which candidates are shortlisted"
+    )
+    p.add_argument("--ann-shortlist", type=int, help="candidates re-ranked exactly")
+    p.add_argument("--workers", type=int, help="scoring threads (unset: one per core)")
+    p.add_argument("--log-level", default="info", type=_log_level, help="(default info)")
+    describe_settings(p, Settings)
     args = vars(p.parse_args(argv))
     return {k: v for k, v in args.items() if v is not None}
 
