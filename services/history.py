@@ -33,6 +33,17 @@ class HistoryCopy:
         self._revs: dict[int, int] = {}
 
     @property
+    def newest(self) -> int:
+        """The id of the newest round held (0: none)."""
+        return next(reversed(self._rounds), 0)
+
+    def forget(self) -> None:
+        """Hold nothing (the next refresh reads the run from its start); readers' tokens
+        lapse, so they are given every round again."""
+        self.run_id, self.about, self._rounds, self._unsettled = None, {}, {}, {}
+        self._epoch, self._rev, self._revs = secrets.token_hex(4), 0, {}
+
+    @property
     def token(self) -> str:
         """Where a reader of this copy is once it took in the rounds given with it."""
         return f"{self._epoch}:{self._rev}"
@@ -135,9 +146,8 @@ class HistoryCopy:
         """Take one page in (read after round ``after``); False, holding nothing any more,
         when it is of another run and not its start."""
         if page.get("run_id") != self.run_id:
-            self.run_id, self.about, self._rounds = page.get("run_id"), {}, {}
-            self._unsettled = {}
-            self._epoch, self._rev, self._revs = secrets.token_hex(4), 0, {}
+            self.forget()
+            self.run_id = page.get("run_id")
             if after != 0:
                 return False
         self.about = {k: v for k, v in page.items() if k not in ("run_id", "rounds", "next_after")}

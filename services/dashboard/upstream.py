@@ -137,6 +137,11 @@ class Upstream:
             asyncio.gather(*(self._get_json(w, "/healthz") for w in self.workers)),
             self._get_json(self.rec, "/livez") if self.rec else _none(),
         )
+        if self._held_past(run):
+            # the aggregator's run is short of the rounds held: another database under the
+            # same run id (the aggregator's storage was replaced); read it from its start
+            self.history.forget()
+            history = await self._read_history()
         current = None
         if run.status == 200 and run.body.get("round_id") is not None:
             detail = await self._get_json(self.agg, f"/v1/rounds/{run.body['round_id']}")
@@ -155,6 +160,15 @@ class Upstream:
             ],
             "recommend": None if rec is None else {"ok": rec.status == 200, **_rec(rec)},
         }
+
+    def _held_past(self, run: Answer) -> bool:
+        """Whether the history copy holds rounds after the current round of the same run
+        (a round closes after it is current: never, unless the aggregator lost them)."""
+        if run.status != 200 or not isinstance(run.body, dict):
+            return False
+        current = run.body.get("round_id")
+        same = run.body.get("run_id") == self.history.run_id
+        return same and current is not None and self.history.newest > int(current)
 
     async def _read_history(self) -> Answer:
         """The run's history: the copy held, brought up to date with the rounds closed or

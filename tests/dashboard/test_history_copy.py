@@ -229,3 +229,33 @@ def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any
     assert since["history"] == [] and since["history_full"] is False
     assert since["history_token"] == second["history_token"]
     assert bad.status_code == 422
+
+
+def test_a_run_the_aggregator_lost_rounds_of_is_read_again_from_its_start() -> None:
+    """The aggregator's storage replaced under a running dashboard (the same run id, fewer
+    rounds): the copy is not kept past the run's current round but read from its start."""
+    from fastapi.testclient import TestClient
+
+    from services.dashboard.app import create_app
+    from services.dashboard.settings import DashboardSettings
+    from tests.dashboard.test_dashboard_browser_history import FakeAggregator
+
+    agg = FakeAggregator(5)
+    settings = DashboardSettings(
+        environment="test",
+        aggregator_url="http://aggregator",
+        recommend_url=None,
+        poll_interval_s=0.001,  # every call reads the services
+    )
+    app = create_app(settings, transport=agg)
+    with TestClient(app, base_url="http://127.0.0.1:8704") as dash:
+        first = dash.get("/ui/api/state").json()
+        assert [r["round_id"] for r in first["history"]] == [1, 2, 3, 4, 5]
+        agg.rounds = agg.rounds[:2]  # run 1 again, in another database: 2 rounds closed
+        token = first["history_token"]
+        again = dash.get("/ui/api/state", params={"history_since": token}).json()
+        later = dash.get("/ui/api/state", params={"history_since": again["history_token"]})
+    assert again["run"]["round_id"] == 3
+    assert again["history_full"] is True
+    assert [r["round_id"] for r in again["history"]] == [1, 2]
+    assert later.json()["history"] == [] and later.json()["history_full"] is False
