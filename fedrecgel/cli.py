@@ -271,7 +271,12 @@ def train(
         bool,
         typer.Option(help="Hold out each user's second-latest item to select the round honestly."),
     ] = True,
-    eval_every: Annotated[int, typer.Option(min=0)] = 1,
+    eval_every: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Evaluate every this many rounds and after the last; 0: never evaluate."
+        ),
+    ] = 1,
     out: Annotated[
         Path,
         typer.Option(
@@ -448,8 +453,10 @@ def data_stats(
 def data_export(
     dataset: Annotated[str, typer.Argument(help=f"One of {', '.join(DATASETS)}.")],
     out: Annotated[Path, typer.Option(help="Output folder.")],
-    data_dir: Annotated[Path | None, typer.Option()] = None,
-    validation: Annotated[bool, typer.Option()] = False,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
+    validation: Annotated[
+        bool, typer.Option(help="Hold out a validation item per user (<name>.val.negative).")
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option(help="Replace the files of an earlier export of this dataset in --out.")
     ] = False,

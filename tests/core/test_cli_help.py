@@ -54,3 +54,11 @@ def test_tune_fraction_has_the_bounds_of_a_runs_fraction(tmp_path: Path) -> None
     assert r.exit_code == 2, r.output
     assert "--fraction: Input should be greater than 0" in r.output, r.output
     assert not storage.exists()
+
+
+@pytest.mark.parametrize("path", _commands(typer.main.get_command(app)), ids=" ".join)
+def test_every_option_says_what_it_does(path: tuple[str, ...]) -> None:
+    """--eval-every, and data export's --data-dir and --validation, had no help."""
+    params = _command(path).params
+    bare = [p.name for p in params if p.param_type_name == "option" and not p.help]
+    assert not bare, bare
