@@ -175,6 +175,26 @@ def test_stop_asks_first_and_sends_nothing_when_declined() -> None:
         assert len(asked) == 2 and errors == []
 
 
+def test_one_operator_call_at_a_time() -> None:
+    with page_over(Aggregator()) as (page, errors):
+        _use_token(page, TOKEN)
+        held: list[Any] = []
+        page.route("**/ui/api/runs/current/pause", lambda r: held.append(r))  # held back
+        sent: list[str] = []
+        page.on("request", lambda r: sent.append(r.url) if r.method == "POST" else None)
+        page.click("#op-actions button[data-action=pause]")
+        page.click("#op-actions button[data-action=pause]")
+        page.wait_for_selector("#op-result:has-text('Waiting for the answer to pause')")
+        page.click("#start-details summary")
+        page.click("#start-form button[type=submit]")
+        assert [u.split("/ui/api/")[1] for u in sent] == ["runs/current/pause"]
+        assert page.get_attribute("#op-actions", "aria-busy") == "true"
+        held[0].continue_()
+        page.wait_for_selector("#op-result:has-text('Done: run #1 is paused')")
+        assert page.get_attribute("#op-actions", "aria-busy") is None
+        assert len(sent) == 1 and errors == []
+
+
 def test_a_configuration_refused_on_two_fields_marks_both() -> None:
     with page_over(Aggregator()) as (page, errors):
         _use_token(page, TOKEN)

@@ -504,7 +504,23 @@
     return `${resp.status} ${answer.error || ""}: ${parts.join("; ")}`;
   }
 
+  // one operator call at a time: a second click (a double click on Start run) before the
+  // first's answer would be sent too, and its refusal (409 run_active) could arrive last and
+  // hide that the first one worked
+  let pending = null;
   async function operator(path, body) {
+    const what = path === "/ui/api/runs" ? "start" : path.split("/").pop();
+    if (pending) { text("op-result", `Waiting for the answer to ${pending}; nothing else was sent.`); return 0; }
+    pending = what;
+    for (const id of ["op-actions", "start-form"]) $(id).setAttribute("aria-busy", "true");
+    try {
+      return await send(path, body);
+    } finally {
+      pending = null;
+      for (const id of ["op-actions", "start-form"]) $(id).removeAttribute("aria-busy");
+    }
+  }
+  async function send(path, body) {
     const headers = { "Content-Type": "application/json" };
     if (token) headers.Authorization = `Bearer ${token}`;
     const starting = path === "/ui/api/runs";
