@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
+from bench_cli import writable_file
 from fastapi import FastAPI, Request
 
 from fedrecgel.model import ModelConfig
@@ -197,7 +198,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--noop-server", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument(
-        "--out", type=Path, default=ROOT / "bench" / "results" / "aggregator_ingest.json"
+        "--out", type=writable_file, default=ROOT / "bench" / "results" / "aggregator_ingest.json"
     )
     args = ap.parse_args()
     if args.noop_server:

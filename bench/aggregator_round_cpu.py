@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive
+from bench_cli import positive, writable_file
 from sqlalchemy import event
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=positive, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=positive, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=writable_file, default=RESULTS)
     args = parser.parse_args(argv)
     if min(args.rounds, args.repeats) < 1 or args.warmup < 0:
         parser.error("--rounds and --repeats must be at least 1, --warmup at least 0")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_cli import positive
+from bench_cli import positive, writable_file
 from sqlalchemy import create_engine, text
 
 from fedrecgel.config import RunParams
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--backend", action="append", choices=["sqlite", "postgres"], dest="backends"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=writable_file, default=RESULTS)
     args = parser.parse_args(argv)
     backends = args.backends or ["sqlite", "postgres"]
     results: list[dict[str, Any]] = []

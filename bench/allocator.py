@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "allocator.json"
@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--child", choices=("default", "kept"))
     ap.add_argument("--core", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sequential", action="store_true", help="one child at a time")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
     if args.child:
         if args.core is not None:

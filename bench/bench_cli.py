@@ -1,4 +1,5 @@
-"""What the benchmark programs share on their command line: counts that must be positive, and
+"""What the benchmark programs share on their command line: counts that must be positive, a result file that can be written (checked before the run, not
+after it), and
 input the user got wrong (an unknown dataset, a setting out of its bounds, a file that is not
 there) answered with one line and a non-zero exit instead of a traceback."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -23,6 +25,29 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def writable_file(text: str) -> Path:
+    """An ``argparse`` type: a file path whose folder exists (created if needed) and can be
+    written, so that a benchmark does not run for minutes to fail at writing its result."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder (name the result file)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"cannot create the folder of {path} ({err.strerror})"
+        ) from None
+    existed = path.exists()
+    try:  # opened for appending, as the benchmark will write it; a new file is removed again
+        with path.open("a"):
+            pass
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"{path} cannot be written ({err.strerror})") from None
+    if not existed:
+        path.unlink()
+    return path
 
 
 def run(main: Callable[[], object]) -> None:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests/support/
@@ -254,7 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=positive, default=20)
     parser.add_argument("--repeats", type=positive, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=writable_file, default=RESULTS)
     args = parser.parse_args()
     threads = max(1, (os.cpu_count() or 1) // 2)  # what `fedrec up` gives each of 2 workers
     runs: dict[str, list[dict[str, Any]]] = {"compose": [], "loopback": []}

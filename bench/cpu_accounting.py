@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 OUT = Path(__file__).resolve().parent / "results" / "parallel_capacity.json"
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -120,7 +120,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=positive, default=5)
     ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
     cpus = os.cpu_count() or 1
     load = os.getloadavg()[0]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--repeats", type=positive, default=2)
     ap.add_argument("--before-rev", default="9b52d12", help="git revision of the 'before' script")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
     rel = SCRIPT.relative_to(ROOT)
     scripts = {

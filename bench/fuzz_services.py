@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_cli import writable_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     p.add_argument("--quick", action="store_true", help="10 examples (a smoke run)")
     p.add_argument("--timeout-s", type=float, default=15.0, help="per request")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=writable_file, default=OUT)
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     args = p.parse_args(argv)
     examples = 10 if args.quick else args.examples

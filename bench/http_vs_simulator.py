@@ -47,7 +47,7 @@ from typing import Any
 
 import httpx
 import torch
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from cpu_accounting import machine_busy_seconds, process_cpu_seconds
@@ -309,7 +309,7 @@ def main() -> None:
     )
     parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check")
     parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. 'before')")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=writable_file, default=RESULTS)
     parser.add_argument(
         "--merge",
         type=Path,

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "memory.json"
@@ -87,7 +87,7 @@ def main() -> None:
     ap.add_argument("--scale-rounds", type=int, default=2, help="rounds of the 1e6 x 1e5 case")
     ap.add_argument("--only", choices=CASES, action="append")
     ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.rounds)))

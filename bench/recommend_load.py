@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from bench_cli import writable_file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -335,7 +336,7 @@ def main() -> None:
     ap.add_argument("--ann-threshold", type=int, default=RankingConfig().ann_threshold)
     ap.add_argument("--quick", action="store_true", help="smaller counts (smoke run)")
     ap.add_argument("--only", choices=["12k", "1m"], help="run one part, keep the other's result")
-    ap.add_argument("--out", type=Path, default=OUT, help="result file")
+    ap.add_argument("--out", type=writable_file, default=OUT, help="result file")
     ap.add_argument("--recall-users-1m", type=int, help="users of the 1e6 recall (0: skip)")
     args = ap.parse_args()
     if args.serve:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive
+from bench_cli import positive, writable_file
 from roofline_floor import bandwidth, floor_bytes, product_floor
 
 from fedrecgel.cohort import select_cohort
@@ -332,7 +332,7 @@ def main() -> None:
     ap.add_argument("--loop-rounds", type=int, default=2)
     ap.add_argument("--fraction", type=float, default=TrainConfig().fraction)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scaling.json"
@@ -149,7 +149,7 @@ def main() -> None:
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--plot-only", action="store_true")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
     if args.child:
         u, i, m, c, r = args.child.split(",")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_cli import positive
+from bench_cli import positive, writable_file
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split, load_split
@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "speed.json")
+    ap.add_argument("--out", type=writable_file, default=ROOT / "bench" / "results" / "speed.json")
     args = ap.parse_args()
     if args.scale_child:
         scale_child(args.rounds)

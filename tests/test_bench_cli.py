@@ -45,13 +45,17 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
         (["aggregator_storage.py", "--rounds", "-1"], "--rounds: must be at least 1, got -1"),
         (["http_vs_simulator.py", "--dataset", "nope"], "error: unknown dataset 'nope'"),
         (["export_study.py", "{tmp}/none.db"], "none.db: no such file"),
+        (["memory.py", "--out", "{tmp}"], "is a folder (name the result file)"),
+        (["roofline.py", "--out", "{tmp}/a-file/r.json"], "cannot create the folder"),
     ],
 )
 def test_bad_input_to_a_benchmark_is_one_line_not_a_traceback(
     args: list[str], said: str, tmp_path: Path
 ) -> None:
     """Each ended in a traceback (a median of no rounds, a ConfigError, a DataError, an
-    IndexError after creating an empty database where the study file was not)."""
+    IndexError after creating an empty database where the study file was not); a result file
+    that cannot be written failed after the whole benchmark had run."""
+    (tmp_path / "a-file").write_text("in the way")
     r = _bench(*(a.replace("{tmp}", str(tmp_path)) for a in args))
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
