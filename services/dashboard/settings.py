@@ -58,9 +58,14 @@ class DashboardSettings(BaseSettings):
     @field_validator("worker_urls")
     @classmethod
     def _worker_urls_are_http(cls, value: str) -> str:
-        for url in value.split(","):
-            if url.strip():
-                check_http_url(url.strip())
+        if not value.strip():
+            return value
+        for shard, url in enumerate(value.split(",")):
+            if not url.strip():  # skipping it would give every later worker the wrong shard
+                raise ValueError(
+                    f"entry {shard} is empty: the list is in shard order, one URL per shard"
+                )
+            check_http_url(url.strip())
         return value
 
     @property

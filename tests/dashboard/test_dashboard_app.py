@@ -247,6 +247,14 @@ def test_settings_refuse_weak_tokens_and_read_lists() -> None:
     assert s.workers == ["http://a:1", "http://b:2"] and s.recommend_url is None
 
 
+@pytest.mark.parametrize("urls", ["http://a:1,,http://c:3", ",http://b:2", "http://a:1,"])
+def test_an_empty_entry_in_the_shard_ordered_worker_list_is_refused(urls: str) -> None:
+    """It was skipped: with 'a,,c' the dashboard took c for shard 1 of 2 and asked it for the
+    users of shard 2 of 3."""
+    with pytest.raises(ValueError, match="is empty: the list is in shard order"):
+        DashboardSettings(worker_urls=urls)
+
+
 def test_counters_are_read_from_the_exposition() -> None:
     text = (
         "# TYPE fedrec_agg_updates_refused_total counter\n"
