@@ -100,7 +100,7 @@ def _pair(order: tuple[str, str], rounds: int, together: bool) -> dict[str, dict
 def main() -> None:
     """Alternate the two sides and write the JSON."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--pairs", type=positive, default=4)
     ap.add_argument("--rounds", type=positive, default=10)
     ap.add_argument("--child", choices=("default", "kept"))
     ap.add_argument("--core", type=int, help=argparse.SUPPRESS)

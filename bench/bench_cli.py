@@ -1,7 +1,7 @@
-"""What the benchmark programs share on their command line: counts that must be positive, a result file that can be written (checked before the run, not
-after it), and
-input the user got wrong (an unknown dataset, a setting out of its bounds, a file that is not
-there) answered with one line and a non-zero exit instead of a traceback."""
+"""What the benchmark programs share on their command line: counts that must be positive, a
+result file that can be written (checked before the run, not after it), and input the user got
+wrong (an unknown dataset, a setting out of its bounds, a file that is not there) answered
+with one line and a non-zero exit instead of a traceback."""
 
 from __future__ import annotations
 

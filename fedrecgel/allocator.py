@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import platform
-import threading
 
 #: blocks up to this size come from the heap (reused) instead of fresh mappings
 MMAP_THRESHOLD = 64 << 20
@@ -31,20 +31,11 @@ TRIM_THRESHOLD = 512 << 20
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
-_lock = threading.Lock()
-_applied: bool | None = None
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds (once per process); whether they are set."""
-    global _applied
-    with _lock:
-        if _applied is None:
-            _applied = _set_thresholds()
-        return _applied
-
-
-def _set_thresholds() -> bool:
+    """Raise glibc's mmap and trim thresholds (once per process; a second call from another
+    thread at the same moment only sets the same values again); whether they are set."""
     if platform.libc_ver()[0] != "glibc":
         return False
     name = ctypes.util.find_library("c")
