@@ -34,11 +34,17 @@ def roofline() -> list[str]:
         "| fraction (needed) | best round, fraction (full) | x per-client loop (same rounds) |",
         "|---|---|---|---|---|---|---|",
     ]
+    native = ft.get("native_kernels", False)
     names = {
-        "aggregate": "aggregate inside the backward (simulator default)",
+        "aggregate": "aggregate, native kernels (simulator default)"
+        if native
+        else "aggregate inside the backward (simulator default)",
+        "aggregate_torch_ops": "aggregate, torch ops (`FEDREC_NATIVE=0`)",
         "per_client": "per-client uploads (worker path; bit-identity tests)",
     }
     for key, label in names.items():
+        if key not in ft:
+            continue
         p = ft[key]
         lines.append(
             f"| {label} | {p['s_per_round_median']:.3f} | {p['gflops_full_median']:.1f} | "
@@ -51,6 +57,17 @@ def roofline() -> list[str]:
             f"| per-client loop (`fedrecgel/reference.py`) | "
             f"{ft['per_client_loop_s_per_round_median']:.3f} | | | | | 1.0x |"
         )
+    ratio = ft["aggregate"].get("torch_ops_over_native_per_round_median")
+    if native and ratio:
+        lines += [
+            "",
+            "The aggregate path's client step runs on the native kernels "
+            "(`fedrecgel/native/sam_kernels.cpp`: the three passes one client at a time, its "
+            "activations kept in the core's cache, the elementwise work as loops over them, "
+            "only the products calling the BLAS). The same rounds on torch ops, interleaved: "
+            f"a round on torch ops takes {ratio:.2f}x the native one (median of the per-round "
+            "ratios).",
+        ]
     lines += [
         "",
         f"Targets: >= {ft['targets']['fraction_of_matmul']:.0%} of the matmul rate, >= "
@@ -72,8 +89,8 @@ def roofline() -> list[str]:
             f"{pr['matmul_share']:.0%} of the round, at "
             f"{pr['matmul_gflops_inside_round']:.1f} GFLOP/s inside it "
             f"({pr['matmul_rate_inside_round_over_probe']:.2f} of the probed 1024x1024 rate); "
-            f"every other torch op {pr['other_torch_ops_share']:.0%} (elementwise work, "
-            f"gathers and index adds: {others}); outside torch's ops "
+            f"every other op {pr['other_torch_ops_share']:.0%} (elementwise work, "
+            f"gathers, index adds and the native kernel's own loops: {others}); outside the ops "
             f"{pr['outside_torch_ops_share']:.0%}: Python and numpy (drawing the clients' "
             f"samples alone: {pr['client_sampling_s_unprofiled']:.3f} s of the "
             f"{pr['wall_s']:.2f} s round).",
@@ -88,23 +105,24 @@ def _other_machine(ft: dict[str, Any]) -> list[str]:
     if om is None:
         return []
     o, a = om["filmtrust"], ft
-    oa, na = o["aggregate"], a["aggregate"]
+    oa, na = o["aggregate"], a.get("aggregate_torch_ops") or a["aggregate"]
     ofl, nfl = o.get("floor", {}), a.get("floor", {})
     return [
         "",
-        "The same benchmark of the previous revision on another machine of this size "
+        "The same benchmark of an earlier revision (torch ops only) on another machine of this size "
         f"(`roofline_other_machine.json`): 1024x1024 rate {o['matmul_gflops_median']:.0f} "
         f"GFLOP/s there, {a['matmul_gflops_median']:.0f} GFLOP/s here (a CPU with AVX-512 and "
         f"AMX); products at the round's shapes {ofl.get('products_s_median', float('nan')):.3f}"
         f" s there, {nfl.get('products_s_median', float('nan')):.3f} s here; the round "
-        f"{oa['s_per_round_median']:.3f} s there, {na['s_per_round_median']:.3f} s here; "
+        f"{oa['s_per_round_median']:.3f} s there, {na['s_per_round_median']:.3f} s here "
+        "(on torch ops); "
         f"fraction of the matmul rate {oa['fraction_of_matmul_full']:.2f} there, "
         f"{na['fraction_of_matmul_full']:.2f} here; copy bandwidth "
         f"{o['bandwidth_gbs_median']:.1f} and {a['bandwidth_gbs_median']:.1f} GB/s. The "
-        "faster products did not make the round faster: its time is the elementwise passes, "
-        "gathers and index adds (bound by memory, which is no faster here) and the Python "
-        "around them, so the fraction of the matmul rate falls as the matmul rate rises, and "
-        "the 0.5 target is missed by more on this machine.",
+        "faster products did not make that revision's round faster: its time was the "
+        "elementwise passes, gathers and index adds (bound by memory, which is no faster "
+        "here) and the Python around them, so on torch ops the fraction of the matmul rate "
+        "falls as the matmul rate rises.",
     ]
 
 
@@ -121,6 +139,35 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
     if fl is None:
         return []
     agg = ft["aggregate"]
+    native = ft.get("native_kernels", False)
+    native_label = ", native kernels" if native else ""
+    half = ft["gflop_per_round_full_mean"] / (0.5 * ft["matmul_gflops_median"])
+    tops = ft.get("aggregate_torch_ops")
+    torch_row = (
+        [
+            f"| the round, aggregate path on torch ops | | {tops['s_per_round_median']:.3f} | "
+            f"{tops['fraction_of_matmul_full']:.2f} of that rate; "
+            f"{fl['attainable_s_median'] / tops['s_per_round_median']:.2f} of the floor "
+            "(medians) |"
+        ]
+        if native and tops
+        else []
+    )
+    native_reading = (
+        "The native kernels keep each client's activations in the core's cache through its "
+        "three passes, so the elementwise work that ran as separate passes over the whole "
+        "group's activations on torch ops is now loops over data already in cache. What is "
+        "left beyond the floor: the kernels run passes 1 and 3 per client too (at the "
+        "per-client products' rate rather than the group's, for the sake of the cache), the "
+        "call around each of some 2,700 small products a round, the item tables' index adds "
+        "and the layout in torch and numpy, and drawing the clients' samples in numpy."
+    )
+    torch_reading = (
+        "The round's time beyond the floor is the elementwise work done as separate passes "
+        "over the (samples x width) activations (bias, ReLU and its mask, loss terms, gathers "
+        "into per-sample rows, index adds), the Python around some 1,100 per-client products "
+        "a round, and drawing the clients' samples in numpy."
+    )
     parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f}" for k, v in fl["bytes_mb_by_part"].items())
     return [
         "",
@@ -146,9 +193,10 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
         f"{fl['bytes_s_median']:.3f} | {ft['bandwidth_gbs_median']:.1f} GB/s |",
         f"| **attainable round** | | **{fl['attainable_s_median']:.3f}** | "
         f"{fl['attainable_fraction_of_matmul_full']:.2f} of the 1024x1024 rate (full count) |",
-        f"| the round, aggregate path | | {agg['s_per_round_median']:.3f} | "
+        f"| the round, aggregate path{native_label} | | {agg['s_per_round_median']:.3f} | "
         f"{agg['fraction_of_matmul_full']:.2f} of that rate; "
         f"**{fl['achieved_fraction_of_attainable']:.2f} of the attainable floor** |",
+        *torch_row,
         "",
         "Reading: alone and at their shapes, the products run at "
         f"{fl['batched_products_gflops']:.0f} GFLOP/s over a group's samples and "
@@ -158,19 +206,8 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
         "network), so a round doing nothing but its products and its unavoidable traffic "
         f"would reach {fl['attainable_fraction_of_matmul_full']:.2f} of the 1024x1024 rate "
         f"(counting the full {ft['gflop_per_round_full_mean']:.2f} GFLOP); half the rate is "
-        f"a round of {ft['gflop_per_round_full_mean'] / (0.5 * ft['matmul_gflops_median']):.3f}"
-        f" s, {ft['gflop_per_round_full_mean'] / (0.5 * ft['matmul_gflops_median']) / fl['attainable_s_median']:.2f}x"
-        " the floor: "
-        + (
-            "within reach of this machine's kernels at these shapes, not of this implementation. "
-            if fl["attainable_fraction_of_matmul_full"] >= 0.5
-            else "beyond what this machine's kernels do at these shapes. "
-        )
-        + "The round's time beyond the floor is the elementwise work done as "
-        "separate passes over the (samples x width) activations (bias, ReLU and its mask, loss "
-        "terms, gathers into per-sample rows, index adds), the Python around some 1,100 "
-        "per-client products a round, and drawing the clients' samples in numpy. Fusing "
-        "those passes into the products needs a compiler or custom kernels.",
+        f"a round of {half:.3f} s, {half / fl['attainable_s_median']:.2f}x the floor. "
+        + (native_reading if native else torch_reading),
         *_compile_lines(),
         *_allocator_lines(),
     ]

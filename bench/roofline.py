@@ -5,7 +5,8 @@
 For a default FilmTrust round (fraction 0.1) it counts the floating-point work analytically
 (:func:`round_flops`: the multiply-adds of the three SAM passes for the actual samples, no
 padding), times the round (client samples, the three passes, aggregation, server step; no
-evaluation) in both client paths (the aggregate path the simulator uses by default, and the
+evaluation) in its client paths (the aggregate path the simulator uses by default, on the
+native kernels of :mod:`fedrecgel.native` when they are built and again on torch ops, and the
 per-client uploads a worker builds), and in the same run, interleaved with the rounds,
 torch's dense float32 matmul rate with the same thread count, and the plain per-client loop
 (:mod:`fedrecgel.reference`) on the same cohorts. Each round's attainable floor is measured
@@ -36,6 +37,7 @@ from roofline_floor import bandwidth, floor_bytes, product_floor
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
 from fedrecgel.model import ModelConfig
+from fedrecgel.native import ops as native
 from fedrecgel.reference import reference_client_step
 from fedrecgel.sam import PrivateState, Update
 from fedrecgel.simulate import Simulator, TrainConfig
@@ -196,10 +198,17 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
     split = load_split("filmtrust")
     cfg = TrainConfig(eval_every=0, fraction=fraction)
     fast = Simulator(split, cfg)
+    torch_ops = Simulator(split, cfg)  # the same aggregate path on torch ops, no native kernels
     exact = Simulator(split, replace(cfg, per_client_uploads=True))
     loop_shared = {k: v.clone() for k, v in fast.shared.items()}
     loop_states: dict[int, PrivateState] = {}
-    times: dict[str, list[float]] = {"aggregate": [], "per_client": [], "loop": [], "rate": []}
+    times: dict[str, list[float]] = {
+        "aggregate": [],
+        "aggregate_torch_ops": [],
+        "per_client": [],
+        "loop": [],
+        "rate": [],
+    }
     flops: list[dict[str, float]] = []
     floors: list[dict[str, Any]] = []
     bws: list[float] = []
@@ -213,6 +222,8 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
         bws.append(bandwidth())
         times["rate"].append(matmul_rate())
         times["aggregate"].append(_time_round(fast, r, cohort))
+        with native.off():
+            times["aggregate_torch_ops"].append(_time_round(torch_ops, r, cohort))
         times["rate"].append(matmul_rate())
         times["per_client"].append(_time_round(exact, r, cohort))
         if r <= loop_rounds:
@@ -226,6 +237,7 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
         breakdown["matmul_gflops_inside_round"] * 1e9 / rate
     )
     out: dict[str, Any] = {
+        "native_kernels": native.kernels() is not None,
         "aggregate_round_profile": breakdown,
         "rounds": rounds,
         "clients_per_round": int(flops[0]["clients"]),
@@ -238,7 +250,7 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
         "bandwidth_gbs": [x / 1e9 for x in bws],
     }
     out["floor"] = _floor_summary(floors, times["aggregate"], flops, bw, rate)
-    for path in ("aggregate", "per_client"):
+    for path in ("aggregate", "aggregate_torch_ops", "per_client"):
         ts = times[path]
         full = [f["full"] / t for f, t in zip(flops, ts, strict=True)]
         needed = [f["needed"] / t for f, t in zip(flops, ts, strict=True)]
@@ -252,13 +264,17 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
             # the least disturbed round against the fastest probe (a shared machine)
             "fraction_of_matmul_full_best": max(full) / max(times["rate"]),
         }
+    # the same rounds on the native kernels and on torch ops, side by side
+    out["aggregate"]["torch_ops_over_native_per_round_median"] = statistics.median(
+        t / n for t, n in zip(times["aggregate_torch_ops"], times["aggregate"], strict=True)
+    )
     if times["loop"]:
         loop = statistics.median(times["loop"])
         out["per_client_loop_s_per_round"] = times["loop"]
         out["per_client_loop_s_per_round_median"] = loop
         # ratios over the rounds both ran, side by side
         k = len(times["loop"])
-        for path in ("aggregate", "per_client"):
+        for path in ("aggregate", "aggregate_torch_ops", "per_client"):
             out[path]["speedup_vs_loop"] = loop / statistics.median(times[path][:k])
     out["targets"] = {"fraction_of_matmul": 0.5, "speedup_vs_loop": 5.0}
     return out

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedrecgel import native
 from fedrecgel.clitools import (
     DatasetOption,
     console,
@@ -477,6 +478,10 @@ def data_export(
 def main() -> None:
     """Run :data:`app` (with whatever commands were added to it)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    problem = native.check()  # FEDREC_NATIVE: a bad value or a required build that failed
+    if problem is not None:
+        console.print(f"[bold red]error:[/] {problem}", soft_wrap=True)
+        sys.exit(2)
     try:
         app()
     except KeyboardInterrupt:

@@ -16,7 +16,8 @@ network exists only in pass 2. Nothing of size clients x items is built, and the
 tables are never copied. Per-client uploads are computed one client at a time (a client's
 float rounding must not depend on its neighbours: the in-process simulator and a worker that
 recomputes only its pending clients after a crash compute the same bytes); the aggregate
-path takes groups of clients.
+path takes groups of clients, and for NCF runs on :mod:`fedrecgel.native`'s compiled kernels
+where they are built (the torch passes are the reference they are tested against).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fedrecgel import passes
 from fedrecgel.allocator import keep_freed_memory
 from fedrecgel.config import DEFAULTS
 from fedrecgel.model import ModelConfig, init_private
+from fedrecgel.native import ops as native
 from fedrecgel.passes import Layout, SharedGrads, make_layout
 from fedrecgel.rows import repeated_in_row as repeats_by_sorting
 
@@ -343,6 +345,11 @@ def _group_step(
     return lay, upload, g_priv, loss
 
 
+def native_fits(cfg: ModelConfig, hp: SAMConfig) -> bool:
+    """Whether :mod:`fedrecgel.native` computes this model's aggregate path (NCF, rho_sh > 0)."""
+    return cfg.kind == "ncf" and hp.rho_sh > 0
+
+
 def cohort_step(
     cfg: ModelConfig,
     shared: dict[str, Tensor],
@@ -380,6 +387,7 @@ def cohort_step(
         shapes = cfg.shared_shapes()
         tables = {t: torch.zeros(shapes[t]) for t in cfg.item_tables()}
     w_all = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+    ops = native.kernels() if native_fits(cfg, hp) else None
     start = 0
     with torch.no_grad():
         while start < c:
@@ -394,9 +402,15 @@ def cohort_step(
                 stop += 1
             priv = {k: v[start:stop] for k, v in state.params.items()}
             w = None if w_all is None else w_all[start:stop]
-            lay, up, g_priv, loss = _group_step(
-                cfg, shared_d, priv, samples[start:stop], hp, w, tables
-            )
+            group = samples[start:stop]
+            up: SharedGrads | dict[str, Tensor]
+            if w is not None and ops is not None:
+                rho = (hp.rho_sh, hp.rho_ns)
+                lay, up, g_priv, loss = native.group_step(
+                    ops, cfg, shared_d, priv, group, rho, hp.chunk_size, w, tables
+                )
+            else:
+                lay, up, g_priv, loss = _group_step(cfg, shared_d, priv, group, hp, w, tables)
             if isinstance(up, dict):
                 if total is None:
                     total = up

@@ -13,3 +13,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch "$stamp"
 fi
+# The simulator's compiled client step (fedrecgel/native): built once per source and CPU into
+# ~/.cache/fedrecgel/native; without a C++ compiler the torch code runs instead.
+.venv/bin/python -m fedrecgel.native >/dev/null ||
+  echo "note: native kernels not built (see above); the client step runs on torch ops" >&2

@@ -14,6 +14,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import torch
 from pydantic import ValidationError
 
+from fedrecgel import native
 from fedrecgel.data import DataError
 from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.settings import WorkerError, WorkerSettings
@@ -109,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = settings_from_args(argv)
     except ValidationError as err:
         sys.stderr.write(f"invalid worker settings:\n{err}\n")
+        return 2
+    problem = native.check()  # FEDREC_NATIVE: a bad value or a required build that failed
+    if problem is not None:
+        sys.stderr.write(f"error: {problem}\n")
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -35,7 +35,8 @@ def test_a_partial_sum_is_the_weighted_sum_of_its_clients_uploads(weighting: str
     assert partial is not None
     assert partial.client_ids == tuple(int(u) for u in part)
     assert partial.n_samples == tuple(u.n_samples for u in per_client.uploads)
-    assert partial.loss == pytest.approx(sum(u.loss for u in per_client.uploads), rel=1e-9)
+    # float32 losses, summed in another order where the native kernels compute the partial sum
+    assert partial.loss == pytest.approx(sum(u.loss for u in per_client.uploads), rel=1e-6)
     shapes = sim.model_cfg.shared_shapes()
     w = partial_weights(np.array(partial.n_samples), weighting)  # type: ignore[arg-type]
     dense = [u.densify(shapes) for u in per_client.uploads]
