@@ -453,6 +453,29 @@ void ncf_group_step(const Tensor& offsets, const Tensor& pair_offsets, const Ten
                   sample_pair.numel() == N && row_gmf.size(0) == N && row_mlp.size(0) == N &&
                   g_ug.size(0) == C && g_um.size(0) == C && loss.numel() == C,
               "group sizes do not match");
+  const int64_t I = item_gmf.size(0), P = pair_items.numel();
+  TORCH_CHECK(item_gmf.size(1) == m.F && item_mlp.size(1) == m.E && item_mlp.size(0) == I &&
+                  row_gmf.size(1) == m.F && row_mlp.size(1) == m.E && g_ug.size(1) == m.F &&
+                  g_um.size(1) == m.E && acc_wp.numel() == m.F + m.HL && acc_bp.numel() == 1,
+              "table or output widths do not match the model");
+  for (int64_t k = 0; k < m.L; ++k)
+    TORCH_CHECK(B[k].numel() == m.width[k] && (k == 0 || W[k].size(1) == m.width[k - 1]) &&
+                    acc_W[k].sizes() == W[k].sizes() && acc_b[k].sizes() == B[k].sizes(),
+                "tower layer ", k, " has inconsistent shapes");
+  // every index is checked before any is used: a bad layout is an error, never a stray write
+  const int64_t *off = offsets.data_ptr<int64_t>(), *poff = pair_offsets.data_ptr<int64_t>();
+  const int64_t *sp = sample_pair.data_ptr<int64_t>(), *pit = pair_items.data_ptr<int64_t>();
+  const int64_t* itm = items.data_ptr<int64_t>();
+  TORCH_CHECK(off[0] == 0 && off[C] == N && poff[0] == 0 && poff[C] == P,
+              "offsets must run from 0 to the number of samples and pairs");
+  for (int64_t c = 0; c < C; ++c) {
+    TORCH_CHECK(off[c] <= off[c + 1] && poff[c] <= poff[c + 1], "offsets must not decrease");
+    for (int64_t i = off[c]; i < off[c + 1]; ++i)
+      TORCH_CHECK(sp[i] >= poff[c] && sp[i] < poff[c + 1] && itm[i] >= 0 && itm[i] < I,
+                  "sample ", i, " has an item or pair outside its client's range");
+  }
+  for (int64_t q = 0; q < P; ++q)
+    TORCH_CHECK(pit[q] >= 0 && pit[q] < I, "pair ", q, " names an item outside the tables");
   Group g{offsets.data_ptr<int64_t>(), pair_offsets.data_ptr<int64_t>(),
           sample_pair.data_ptr<int64_t>(), pair_items.data_ptr<int64_t>(),
           items.data_ptr<int64_t>(), fp(labels), fp(lweights), fp(client_w), fp(ug), fp(um),

@@ -15,6 +15,7 @@ import torch
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.native import NativeSettingError, check, mode
 from fedrecgel.native import ops as native
+from fedrecgel.passes import make_layout
 from fedrecgel.sam import (
     PrivateState,
     SAMConfig,
@@ -229,3 +230,56 @@ def test_commands_refuse_a_bad_setting_with_a_message(monkeypatch, capsys):
     monkeypatch.setenv("FEDREC_NATIVE", "fast")
     assert worker_main([]) == 2
     assert "FEDREC_NATIVE must be one of" in capsys.readouterr().err
+
+
+def test_a_layout_with_an_index_out_of_range_is_refused_before_any_write(ops):
+    cfg, shared, _, state, samples = _group()
+    lay = make_layout(samples, cfg.n_items, 128)
+    c, n = lay.n_clients, len(lay.items)
+    layers = range(cfg.layers)
+    acc_w = [torch.zeros_like(shared[f"tower.{k}.weight"]) for k in layers]
+    acc_b = [torch.zeros_like(shared[f"tower.{k}.bias"]) for k in layers]
+    row_gmf = torch.zeros(n, cfg.factor)
+
+    def call(items, sample_pair):
+        ops.ncf_group_step(
+            torch.from_numpy(lay.offsets),
+            torch.from_numpy(np.asarray(lay.pair_offsets, dtype=np.int64)),
+            sample_pair,
+            lay.pair_items,
+            items,
+            lay.labels,
+            lay.weights,
+            torch.full((c,), 0.1),
+            state.params["user_gmf"],
+            state.params["user_mlp"],
+            [shared[f"tower.{k}.weight"] for k in layers],
+            [shared[f"tower.{k}.bias"] for k in layers],
+            shared["predict.weight"].reshape(-1),
+            shared["predict.bias"],
+            shared["item_gmf"],
+            shared["item_mlp"],
+            0.1,
+            0.1,
+            acc_w,
+            acc_b,
+            torch.zeros(shared["predict.weight"].numel()),
+            torch.zeros(1),
+            row_gmf,
+            torch.zeros(n, cfg.mlp_dim),
+            torch.zeros(c, cfg.factor),
+            torch.zeros(c, cfg.mlp_dim),
+            torch.zeros(c),
+        )
+
+    far = lay.items.clone()
+    far[-1] = cfg.n_items  # one past the tables
+    with pytest.raises(RuntimeError, match="outside its client's range"):
+        call(far, lay.sample_pair)
+    other = lay.sample_pair.clone()
+    other[0] = lay.pair_offsets[1]  # the first client's sample pointing at the second's pair
+    with pytest.raises(RuntimeError, match="outside its client's range"):
+        call(lay.items, other)
+    assert not row_gmf.any() and not any(t.any() for t in acc_w)
+    call(lay.items, lay.sample_pair)
+    assert row_gmf.any() and all(t.any() for t in acc_w)
