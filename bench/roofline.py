@@ -103,6 +103,7 @@ def matmul_rate(size: int = 1024, repeats: int = 5) -> float:
 _MATMUL_OPS = (
     "aten::mm",
     "aten::addmm",
+    "aten::addmm_",
     "aten::bmm",
     "aten::baddbmm",
     "aten::addmv",

@@ -114,6 +114,22 @@ inline Tensor view(const float* p, int64_t n, int64_t m, int64_t ld) {
                        at::TensorOptions().dtype(at::kFloat));
 }
 
+// the transpose of that (n x m) matrix: an (m x n) tensor over the same floats
+inline Tensor tview(const float* p, int64_t n, int64_t m, int64_t ld) {
+  return at::from_blob(const_cast<float*>(p), {m, n}, {1, ld},
+                       at::TensorOptions().dtype(at::kFloat));
+}
+
+inline float* fp(const Tensor& t) { return t.data_ptr<float>(); }
+
+// the first n rows of a row-major matrix (no dispatcher call, unlike narrow)
+inline Tensor rows(const Tensor& t, int64_t n) { return view(fp(t), n, t.size(1), t.size(1)); }
+
+// columns [j, j + len) of a row-major matrix
+inline Tensor cols(const Tensor& t, int64_t j, int64_t len) {
+  return view(fp(t) + j, t.size(0), len, t.size(1));
+}
+
 struct Model {
   int64_t L, F, E, H0, HL, ld0;  // layers, GMF factor, MLP embedding, widths, tower.0 row
   std::vector<int64_t> width;    // output width of each tower layer
@@ -162,17 +178,15 @@ struct Work {
   }
 };
 
-inline float* fp(const Tensor& t) { return t.data_ptr<float>(); }
-
 // The tower's forward for n rows: h[0] = relu(first + uh), h[k] = relu(h[k-1] W_k^T + b_k),
 // with W_k from `weights` (the model's or a perturbed copy) and b_k from `biases` (k >= 1).
 void tower(const Model& m, Work& w, int64_t n, const float* first, const float* uh,
            const std::vector<const float*>& weights, const std::vector<const float*>& biases) {
   bias_relu(first, uh, n, m.H0, fp(w.h[0]));
   for (int64_t k = 1; k < m.L; ++k) {
-    Tensor out = w.h[k].narrow(0, 0, n);
-    at::mm_out(out, w.h[k - 1].narrow(0, 0, n), view(weights[k], m.width[k], m.width[k - 1],
-                                                      m.width[k - 1]).t());
+    Tensor out = rows(w.h[k], n);
+    at::mm_out(out, rows(w.h[k - 1], n),
+               tview(weights[k], m.width[k], m.width[k - 1], m.width[k - 1]));
     bias_relu(fp(out), biases[k], n, m.width[k], fp(out));
   }
 }
@@ -208,12 +222,12 @@ float* tower_back(const Model& m, Work& w, int64_t n, const float* d, const floa
   for (int64_t k = m.L - 1; k >= 1; --k) {
     const int64_t wo = m.width[k], wi = m.width[k - 1];
     Tensor tdpre = view(dpre, n, wo, wo);
-    Tensor hprev = w.h[k - 1].narrow(0, 0, n);
+    Tensor hprev = rows(w.h[k - 1], n);
     if (gW != nullptr) {
       if (acc) {
-        (*gW)[k].addmm_(tdpre.t(), hprev);
+        (*gW)[k].addmm_(tview(dpre, n, wo, wo), hprev);
       } else {
-        at::mm_out((*gW)[k], tdpre.t(), hprev);
+        at::mm_out((*gW)[k], tview(dpre, n, wo, wo), hprev);
       }
       colsum(dpre, n, wo, fp((*gb)[k]), acc);
     }
@@ -260,9 +274,9 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
     std::copy_n(g.item_mlp + itm[i] * E, E, im + i * E);
     for (int64_t j = 0; j < F; ++j) gmf[i * F + j] = ugc[j] * ig[i * F + j];
   }
-  Tensor tfirst = w.first.narrow(0, 0, n);
-  Tensor tim = w.im.narrow(0, 0, n);
-  at::mm_out(tfirst, tim, view(W0 + E, H0, E, m.ld0).t());  // item half, kept for pass 3
+  Tensor tfirst = rows(w.first, n);
+  Tensor tim = rows(w.im, n);
+  at::mm_out(tfirst, tim, tview(W0 + E, H0, E, m.ld0));  // item half, kept for pass 3
   matvec(W0, m.ld0, umc, Bm[0], H0, E, uh);                  // user half + bias
   tower(m, w, n, first, uh, Wm, Bm);
   logits_grad(m, w, n, gmf, m.wp, m.bp, y, lw, 1.f, dl, g.loss + c);
@@ -280,8 +294,8 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
   for (int64_t h = 0; h < H0; ++h)
     for (int64_t j = 0; j < E; ++j) dW0[h * m.ld0 + j] = s[h] * umc[j];
   Tensor tdpre = view(dpre, n, H0, H0);
-  Tensor dW0i = w.dW[0].narrow(1, E, m.ld0 - E);
-  at::mm_out(dW0i, tdpre.t(), tim);
+  Tensor dW0i = cols(w.dW[0], E, m.ld0 - E);
+  at::mm_out(dW0i, tview(dpre, n, H0, H0), tim);
   std::copy_n(s, H0, fp(w.db[0]));
   float* dx = dpre == fp(w.bufA) ? fp(w.bufB) : fp(w.bufA);
   Tensor tdim = view(dx, n, E, E);
@@ -340,10 +354,10 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
     std::copy_n(rm + q * E, E, im2 + i * E);
     for (int64_t j = 0; j < F; ++j) gmf[i * F + j] = ugc[j] * ig2[i * F + j];
   }
-  Tensor tim2 = w.im2.narrow(0, 0, n);
+  Tensor tim2 = rows(w.im2, n);
   float* first2 = fp(w.bufA);
   Tensor tfirst2 = view(first2, n, H0, H0);
-  at::mm_out(tfirst2, tim2, view(W2[0] + E, H0, E, m.ld0).t());
+  at::mm_out(tfirst2, tim2, tview(W2[0] + E, H0, E, m.ld0));
   matvec(W2[0], m.ld0, umc, B2[0], H0, E, uh);
   tower(m, w, n, first2, uh, W2, B2);
   logits_grad(m, w, n, gmf, wp2, bp2, y, lw, g.aw[c], dl, nullptr);
@@ -364,7 +378,7 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
     for (int64_t j = 0; j < E; ++j) aW0[h * m.ld0 + j] += s[h] * umc[j];
   colsum(dpre, n, H0, fp(w.acc_b[0]), true);
   tdpre = view(dpre, n, H0, H0);
-  w.acc_W[0].narrow(1, E, m.ld0 - E).addmm_(tdpre.t(), tim2);
+  cols(w.acc_W[0], E, m.ld0 - E).addmm_(tview(dpre, n, H0, H0), tim2);
   Tensor trm = view(g.row_mlp + a * E, n, E, E);
   at::mm_out(trm, tdpre, view(W2[0] + E, H0, E, m.ld0));
 
