@@ -13,8 +13,10 @@ time it is needed, about 15 s, into a folder named after a hash of the source, t
 Python versions and this CPU (``FEDREC_NATIVE_DIR``, default ``~/.cache/fedrecgel/native``);
 later processes load it in under a millisecond. ``python -m fedrecgel.native`` builds it
 ahead of time (``scripts/bootstrap.sh`` does). ``FEDREC_NATIVE``: ``auto`` (default: build
-or load it if a compiler is there, else use the torch code), ``0`` (never use it) or ``1``
-(a build or load that fails is an error).
+or load it if a compiler is there, else use the torch code; a build that failed leaves a
+``build-failed`` note in its folder, and later processes use the torch code without trying
+again until ``python -m fedrecgel.native`` succeeds), ``0`` (never use it) or ``1`` (a build
+or load that fails is an error).
 """
 
 from __future__ import annotations

@@ -58,6 +58,11 @@ def _library(d: Path) -> Path:
     return d / f"{NAME}.so"
 
 
+def _failed(d: Path) -> Path:
+    """Left in the build folder by a build that failed: ``auto`` does not try again there."""
+    return d / "build-failed"
+
+
 def build() -> Path:
     """Compile the kernels into :func:`build_dir` (if not there yet) and return the library."""
     d = build_dir()
@@ -68,15 +73,20 @@ def build() -> Path:
 
     d.mkdir(parents=True, exist_ok=True)
     log.info("building the native client-step kernels into %s (once)", d)
-    load(
-        NAME,
-        sources=[str(SOURCE)],
-        build_directory=str(d),
-        extra_cflags=CFLAGS,
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=False,
-    )
+    try:
+        load(
+            NAME,
+            sources=[str(SOURCE)],
+            build_directory=str(d),
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as e:
+        _failed(d).write_text(f"{e}\n")
+        raise
+    _failed(d).unlink(missing_ok=True)
     return lib
 
 
@@ -110,10 +120,14 @@ def _load() -> Any | None:
     if hasattr(torch.ops.fedrecgel, "ncf_group_step"):
         return torch.ops.fedrecgel
     try:
-        lib = _library(build_dir())
+        d = build_dir()
+        lib = _library(d)
         if not lib.exists():
             if m == "auto" and not (shutil.which("c++") and shutil.which("ninja")):
                 log.info("no C++ compiler or ninja here: the client step runs on torch ops")
+                return None
+            if m == "auto" and _failed(d).exists():
+                log.info("the native kernels failed to build before (%s): torch ops", _failed(d))
                 return None
             lib = build()
         torch.ops.load_library(str(lib))

@@ -283,3 +283,30 @@ def test_a_layout_with_an_index_out_of_range_is_refused_before_any_write(ops):
     assert not row_gmf.any() and not any(t.any() for t in acc_w)
     call(lay.items, lay.sample_pair)
     assert row_gmf.any() and all(t.any() for t in acc_w)
+
+
+def test_a_failed_build_is_not_tried_again_by_auto(tmp_path):
+    """In a fresh build folder, a build that fails leaves its note; ``auto`` then uses the
+    torch code at once in later processes instead of compiling again in each."""
+    code = (
+        "import sys, torch.utils.cpp_extension as x\n"
+        "def load(*a, **k):\n"
+        "    print('compiling')\n"
+        "    raise RuntimeError('compiler exploded')\n"
+        "x.load = load\n"
+        "from fedrecgel.native import ops\n"
+        "print(ops.kernels() is None)\n"
+    )
+    env = {**os.environ, "FEDREC_NATIVE": "auto", "FEDREC_NATIVE_DIR": str(tmp_path)}
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert runs[0].stdout.split() == ["compiling", "True"]
+    assert "compiler exploded" in runs[0].stderr  # the warning says why
+    assert runs[1].stdout.split() == ["True"]  # no second attempt
+    (note,) = tmp_path.glob("*/build-failed")
+    assert "compiler exploded" in note.read_text()
