@@ -40,7 +40,8 @@ def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) 
     the same bytes in every process (safetensors writes the metadata in a per-process random
     order, which would change a model's sha256 and ETag on every restart). The tensors go
     through ``safetensors.numpy`` (the same file, without the per-tensor overhead of its torch
-    front end; views and tensors sharing a buffer need no copies of their own)."""
+    front end; views and tensors sharing a buffer need no copies of their own). The data
+    section is copied once, into the result (a model version's is megabytes)."""
     arrays = {k: np.ascontiguousarray(v.detach().numpy()) for k, v in tensors.items()}
     data = _st_save(arrays, metadata=metadata)
     n = int.from_bytes(data[:8], "little")
@@ -49,7 +50,9 @@ def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) 
         header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data section stays 8-byte aligned
-    return len(text).to_bytes(8, "little") + text + data[8 + n :]
+    if len(text) == n and data[8 : 8 + n] == text:
+        return data  # already canonical
+    return b"".join((len(text).to_bytes(8, "little"), text, memoryview(data)[8 + n :]))
 
 
 MODEL_FORMAT = "fedrecgel-model"
@@ -458,8 +461,9 @@ def decode_partial(data: bytes, cfg: ModelConfig) -> DecodedPartial:
 
 
 def encode_state(state: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:
-    """Serialize a plain tensor dict (server optimizer state, private state in a store)."""
-    return st_save({k: v.clone() for k, v in state.items()}, metadata=metadata)
+    """Serialize a plain tensor dict (server optimizer state, private state in a store);
+    tensors that share a buffer (views of one) need no copies: :func:`st_save`."""
+    return st_save(state, metadata=metadata)
 
 
 def decode_state(data: bytes) -> tuple[dict[str, Tensor], dict[str, str]]:
