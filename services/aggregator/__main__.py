@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from fedrecgel.allocator import keep_freed_memory
 from services.aggregator.app import create_app
 from services.aggregator.db import Database, ForeignDatabase
 from services.aggregator.settings import Settings, resolve_population
@@ -19,9 +20,13 @@ from services.url_settings import describe_settings
 
 
 def configure_process(settings: Settings) -> None:
-    """Process-wide settings of a server process (torch threads)."""
+    """Process-wide settings of a server process: torch threads, and glibc's malloc keeping
+    freed memory (:func:`fedrecgel.allocator.keep_freed_memory`): each close allocates and
+    frees the same megabytes (the new version's and optimizer state's tensors, their encoded
+    bytes), which otherwise come back as fresh pages, each first write a page fault."""
     if settings.torch_threads is not None:
         torch.set_num_threads(settings.torch_threads)
+    keep_freed_memory()
 
 
 def _sqlite_hint(url: str) -> str:
