@@ -20,6 +20,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,43 @@ def process_cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
+
+
+class CpuWatch:
+    """The CPU seconds of some processes, read every ``interval_s`` in a thread, so that a
+    process that exits (a worker ends once it has evaluated the run's last version, and its
+    parent reaps it, which removes its ``/proc`` entry) keeps its last reading instead of
+    counting 0 (what :func:`process_cpu_seconds` gives once it is gone)."""
+
+    def __init__(self, pids: dict[str, int], interval_s: float = 0.05) -> None:
+        self.pids = dict(pids)
+        self.last = {name: process_cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), daemon=True)
+        self._thread.start()
+
+    def _read(self) -> dict[str, float]:
+        with self._lock:
+            for name, pid in self.pids.items():
+                now = process_cpu_seconds(pid)
+                if now > 0.0:  # 0.0: gone (a live process never reads less than before)
+                    self.last[name] = max(self.last[name], now)
+            return dict(self.last)
+
+    def _loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self._read()
+
+    def seconds(self) -> dict[str, float]:
+        """Each process's CPU seconds so far (for one that exited, its last reading)."""
+        return self._read()
+
+    def stop(self) -> dict[str, float]:
+        """Stop reading; the final :meth:`seconds`."""
+        self._stop.set()
+        self._thread.join()
+        return self._read()
 
 
 def machine_busy_seconds() -> float:

@@ -50,7 +50,7 @@ import torch
 from bench_cli import positive, writable_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from cpu_accounting import machine_busy_seconds, process_cpu_seconds
+from cpu_accounting import CpuWatch, machine_busy_seconds
 
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
@@ -105,14 +105,15 @@ def http_run(
     t0 = time.perf_counter()
     with aggregator_started(opts) as c:
         start_workers(c, split.n_users)
-        pids = {p.name: p.popen.pid for p in c.procs}
-        cpu0 = {n: process_cpu_seconds(pid) for n, pid in pids.items()}
+        # read all along: a worker may exit (and be reaped) before the run is seen complete
+        watch = CpuWatch({p.name: p.popen.pid for p in c.procs})
+        cpu0 = watch.seconds()
         busy0 = machine_busy_seconds()
         t_ready, started = time.perf_counter(), time.time()
         c.start_run(split.n_items)
         history = c.wait_complete(timeout_s=3600.0, poll_s=watch_s)
         t_done = time.perf_counter()
-        cpu = {n: process_cpu_seconds(pid) - cpu0[n] for n, pid in pids.items()}
+        cpu = {n: s - cpu0[n] for n, s in watch.stop().items()}
         busy = machine_busy_seconds() - busy0
         resp = httpx.get(f"{c.agg_url}/v1/models/latest", headers=c.operator_headers(), timeout=30)
         resp.raise_for_status()
