@@ -346,11 +346,30 @@ class WorkerStore:
 
     def reset_states(self, user_ids: Sequence[int], state: PrivateState) -> None:
         """Replace the state of ``user_ids`` (a new run) and forget their progress. The mirror
-        is dropped first, to be rebuilt from the file when next read: a new run's model may
-        have other private widths (another factor or kind), which the old one cannot hold."""
+        is dropped first: a new run's model may have other private widths (another factor or
+        kind), which the old one cannot hold. When the reset covers every owned user in id
+        order (a worker's new run), the mirror is then a copy of the committed ``state``;
+        otherwise it is rebuilt from the file when next read (a blob decoded per user)."""
         with self._mirror_lock:
             self._mirror = None
         self.save_states(user_ids, state, None, None)
+        if self._mirroring:
+            self._mirror_reset(user_ids, state)
+
+    def _mirror_reset(self, user_ids: Sequence[int], state: PrivateState) -> None:
+        """After a committed reset of every owned user (rows of ``state`` in id order): the
+        mirror is a copy of it, unless one was built from the file meanwhile (the device API's
+        thread), which then holds the same states."""
+        ids = np.asarray(user_ids, dtype=np.int64).reshape(-1)
+        if len(ids) != len(state.step):
+            return
+        owned = self.user_ids()
+        if not np.array_equal(ids, owned):
+            return
+        copy = state.select(slice(0, len(ids)))
+        with self._mirror_lock:
+            if self._mirror is None:
+                self._mirror, self._mirror_ids = copy, owned
 
     def load_states(self, user_ids: Sequence[int]) -> PrivateState:
         """The private state of ``user_ids`` (in that order; copies, from the mirror when the

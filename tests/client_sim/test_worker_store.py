@@ -326,3 +326,30 @@ def test_a_mirroring_store_reads_its_meta_from_memory_and_writes_it_through(tmp_
     again = WorkerStore(tmp_path / "w.db")  # not mirroring: straight from the file
     assert again.get_meta("evaluated_version") == "5" and again.get_meta("run_id") == "r1"
     assert again.meta_like("report/") == {"report/5": "{}"}
+
+
+def test_a_reset_of_every_owned_user_is_the_mirror_without_a_read(tmp_path, split, monkeypatch):
+    """A new run's reset of all owned users (in id order) fills the mirror from the committed
+    states themselves: no blob is decoded to serve them, and they are what the file holds. A
+    reset of some users only leaves the mirror to be rebuilt from the file."""
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.add_users(split, [1, 4, 7])
+    cfg = ModelConfig(n_items=40, factor=4, layers=2)
+    fresh = PrivateState.fresh(cfg, 3, np.array([1, 4, 7]))
+    store.reset_states([1, 4, 7], fresh)
+    real_read = store._load_from_db
+
+    def no_read(user_ids):
+        raise AssertionError("read from the file")
+
+    monkeypatch.setattr(store, "_load_from_db", no_read)
+    loaded = store.load_states([7, 1])
+    _assert_state_equal(loaded, fresh.select([2, 0]))
+    fresh.params["user_gmf"].add_(1.0)  # the caller's tensors are not the mirror's
+    plain = WorkerStore(tmp_path / "w.db")
+    _assert_state_equal(store.load_states([1, 4, 7]), plain.load_states([1, 4, 7]))
+    monkeypatch.setattr(store, "_load_from_db", real_read)
+    store.reset_states([4], PrivateState.fresh(cfg, 5, np.array([4])))
+    _assert_state_equal(store.load_states([1, 4, 7]), plain.load_states([1, 4, 7]))
+    plain.close()
+    store.close()
