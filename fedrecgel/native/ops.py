@@ -50,7 +50,8 @@ def build_dir() -> Path:
         h.update(part)
     h.update(" ".join(CFLAGS).encode())
     h.update(_cpu_key().encode())
-    root = Path(os.environ.get("FEDREC_NATIVE_DIR") or Path.home() / ".cache/fedrecgel/native")
+    env = os.environ.get("FEDREC_NATIVE_DIR", "").strip()
+    root = Path(env).expanduser() if env else Path.home() / ".cache/fedrecgel/native"
     return root / h.hexdigest()[:16]
 
 
