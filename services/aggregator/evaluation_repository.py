@@ -17,6 +17,17 @@ from services.aggregator.repository import chunks
 #: the evaluations table, for Core statements (one row per client a report covers): the ORM's
 #: per-row work cost more than the rows themselves
 _EVALUATIONS: Table = Evaluation.__table__  # type: ignore[assignment]
+_COVERAGE_COLUMNS = "run_id, version, client_id, report_id"
+
+
+def _coverage_insert(paramstyle: str) -> str | None:
+    """The insert of coverage rows as the driver takes it, rows as plain tuples: a Core
+    executemany builds each row's parameters in Python, which for the hundreds of clients of a
+    report cost more than the driver's insert (None for a style not written here)."""
+    mark = {"qmark": "?", "format": "%s", "pyformat": "%s"}.get(paramstyle)
+    if mark is None:
+        return None
+    return f"INSERT INTO {_EVALUATIONS.name} ({_COVERAGE_COLUMNS}) VALUES ({', '.join([mark] * 4)})"
 
 
 class EvaluationRepository:
@@ -53,11 +64,15 @@ class EvaluationRepository:
                 )
                 self.session.add(report)
                 self.session.flush()
-                rows = [
-                    {"run_id": run_id, "version": version, "client_id": c, "report_id": report.id}
-                    for c in client_ids
-                ]
-                self.session.connection().execute(insert(_EVALUATIONS), rows)  # executemany
+                conn, rid = self.session.connection(), report.id
+                sql = _coverage_insert(conn.dialect.paramstyle)
+                if sql is not None:
+                    conn.exec_driver_sql(sql, [(run_id, version, c, rid) for c in client_ids])
+                else:  # (a driver of another parameter style: the Core executemany)
+                    keys = {"run_id": run_id, "version": version, "report_id": rid}
+                    conn.execute(
+                        insert(_EVALUATIONS), [{**keys, "client_id": c} for c in client_ids]
+                    )
         except IntegrityError:
             return False
         return True
