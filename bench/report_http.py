@@ -24,6 +24,7 @@ from report_http_churn import (
     meta_reading,
 )
 from report_http_cpu import CPU_AFTER, CPU_BEFORE, TAG_AFTER, TAG_BEFORE, capacity, cpu_reading
+from report_http_native import NATIVE, NATIVE_OFF, TAG_NATIVE, TAG_NATIVE_OFF, native_reading
 
 AFTER = "http_vs_simulator.json"
 BEFORE = "http_vs_simulator_before.json"
@@ -43,6 +44,8 @@ SESSIONS = {
     CHURN_AFTER: TAG_CHURN_AFTER,
     META_BEFORE: TAG_META_BEFORE,
     META_AFTER: TAG_META_AFTER,
+    NATIVE_OFF: TAG_NATIVE_OFF,
+    NATIVE: TAG_NATIVE,
 }
 #: the session before the newest (its reading says how far quiet runs move)
 NEWEST = "states in memory, evaluation during the upload"
@@ -178,7 +181,15 @@ def section() -> list[str]:
         + " | ".join(_cell(b["event_latency_seconds_median"]) for b in bds)
         + " |"
     )
-    return lines + _reading(later) + cpu_reading() + churn_reading() + meta_reading() + capacity()
+    return (
+        lines
+        + _reading(later)
+        + cpu_reading()
+        + churn_reading()
+        + meta_reading()
+        + native_reading()
+        + capacity()
+    )
 
 
 def _ingest(s: dict[str, Any]) -> float:
