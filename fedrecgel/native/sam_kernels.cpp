@@ -79,6 +79,16 @@ inline void tmatvec(const float* w, int64_t ld, const float* s, int64_t h, int64
   }
 }
 
+// the user half of the first layer's weight gradient: out[r, :E] (+)= s[r] u (rows of
+// stride ld, h of them)
+inline void user_half(const float* s, const float* u, int64_t h, int64_t e, int64_t ld,
+                      float* out, bool acc) {
+  for (int64_t r = 0; r < h; ++r) {
+    float* o = out + r * ld;
+    for (int64_t j = 0; j < e; ++j) o[j] = (acc ? o[j] : 0.f) + s[r] * u[j];
+  }
+}
+
 // out (h) = b + w (h x m, rows of stride ld) times x (m)
 inline void matvec(const float* w, int64_t ld, const float* x, const float* b, int64_t h,
                    int64_t m, float* out) {
@@ -239,6 +249,19 @@ float* tower_back(const Model& m, Work& w, int64_t n, const float* d, const floa
   return dpre;
 }
 
+// The private gradients of a pass at the model's shared weights: user_gmf's from d logit
+// (n) and the samples' GMF item rows ig (n x F), user_mlp's from the summed d pre-activation
+// of the first layer s (H0) through its user half.
+void private_grads(const Model& m, int64_t n, const float* dl, const float* ig, const float* s,
+                   const float* W0, float* gug, float* gum) {
+  tmatvec(W0, m.ld0, s, m.H0, m.E, gum);
+  std::fill(gug, gug + m.F, 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float dli = dl[i];
+    for (int64_t j = 0; j < m.F; ++j) gug[j] += dli * m.wp[j] * ig[i * m.F + j];
+  }
+}
+
 struct Group {
   const int64_t *off, *poff, *sp, *pit, *itm;
   const float *y, *lw, *aw, *ug, *um, *item_gmf, *item_mlp;
@@ -290,9 +313,7 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
   float* dpre = tower_back(m, w, n, dl, m.wp, Wm, &w.dW, &w.db, false);
   float* s = fp(w.vec2);
   colsum(dpre, n, H0, s, false);
-  float* dW0 = fp(w.dW[0]);
-  for (int64_t h = 0; h < H0; ++h)
-    for (int64_t j = 0; j < E; ++j) dW0[h * m.ld0 + j] = s[h] * umc[j];
+  user_half(s, umc, H0, E, m.ld0, fp(w.dW[0]), false);
   Tensor tdpre = view(dpre, n, H0, H0);
   Tensor dW0i = cols(w.dW[0], E, m.ld0 - E);
   at::mm_out(dW0i, tview(dpre, n, H0, H0), tim);
@@ -315,17 +336,13 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
   }
   float* gum = g.g_um + c * E;
   float* gug = g.g_ug + c * F;
-  tmatvec(W0, m.ld0, s, H0, E, gum);
-  std::fill(gug, gug + F, 0.f);
-  for (int64_t i = 0; i < n; ++i) {
-    const float dli = dl[i];
-    for (int64_t j = 0; j < F; ++j) gug[j] += dli * m.wp[j] * ig[i * F + j];
-  }
+  private_grads(m, n, dl, ig, s, W0, gug, gum);
 
   // ---- the shared perturbation e_sh = rho_sh g_sh / (||g_sh|| + 1e-12), written over g_sh
   double sq = sumsq(rg, p * F) + sumsq(rm, p * E) + sumsq(dwp, F + HL) +
               static_cast<double>(dbp) * dbp;
-  for (int64_t k = 0; k < L; ++k) sq += sumsq(fp(w.dW[k]), w.dW[k].numel()) + sumsq(fp(w.db[k]), m.width[k]);
+  for (int64_t k = 0; k < L; ++k)
+    sq += sumsq(fp(w.dW[k]), w.dW[k].numel()) + sumsq(fp(w.db[k]), m.width[k]);
   const float f = static_cast<float>(g.rho_sh / (std::sqrt(sq) + 1e-12));
   std::vector<const float*> W2(L), B2(L);
   for (int64_t k = 0; k < L; ++k) {
@@ -373,9 +390,7 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
   }
   dpre = tower_back(m, w, n, dl, wp2, W2, &w.acc_W, &w.acc_b, true);
   colsum(dpre, n, H0, s, false);
-  float* aW0 = fp(w.acc_W[0]);
-  for (int64_t h = 0; h < H0; ++h)
-    for (int64_t j = 0; j < E; ++j) aW0[h * m.ld0 + j] += s[h] * umc[j];
+  user_half(s, umc, H0, E, m.ld0, fp(w.acc_W[0]), true);
   colsum(dpre, n, H0, fp(w.acc_b[0]), true);
   tdpre = view(dpre, n, H0, H0);
   cols(w.acc_W[0], E, m.ld0 - E).addmm_(tview(dpre, n, H0, H0), tim2);
@@ -397,12 +412,7 @@ void client(const Model& m, const Group& g, Work& w, int64_t c) {
   logits_grad(m, w, n, gmf, m.wp, m.bp, y, lw, 1.f, dl, nullptr);
   dpre = tower_back(m, w, n, dl, m.wp, Wm, nullptr, nullptr, false);
   colsum(dpre, n, H0, s, false);
-  tmatvec(W0, m.ld0, s, H0, E, gum);
-  std::fill(gug, gug + F, 0.f);
-  for (int64_t i = 0; i < n; ++i) {
-    const float dli = dl[i];
-    for (int64_t j = 0; j < F; ++j) gug[j] += dli * m.wp[j] * ig[i * F + j];
-  }
+  private_grads(m, n, dl, ig, s, W0, gug, gum);
 }
 
 void check_float(const Tensor& t, const char* name, int64_t dim) {
