@@ -24,7 +24,14 @@ from report_http_churn import (
     meta_reading,
 )
 from report_http_cpu import CPU_AFTER, CPU_BEFORE, TAG_AFTER, TAG_BEFORE, capacity, cpu_reading
-from report_http_native import NATIVE, NATIVE_OFF, TAG_NATIVE, TAG_NATIVE_OFF, native_reading
+from report_http_native import (
+    NATIVE,
+    NATIVE_OFF,
+    TAG_NATIVE,
+    TAG_NATIVE_OFF,
+    native_reading,
+    stage,
+)
 
 AFTER = "http_vs_simulator.json"
 BEFORE = "http_vs_simulator_before.json"
@@ -246,9 +253,6 @@ def _snapshot(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
     met = "meets" if a["ratio_median"] <= target else "does not meet"
     loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
 
-    def _stage(s: dict[str, Any], key: str, part: str = "worker_phase") -> float:
-        return float(s["breakdown_of_median_run"][f"{part}_seconds_per_round"].get(key, 0.0))
-
     agg = "aggregator_stage"
     hb, ha = b["http_wall_seconds"], a["http_wall_seconds"]
     sb, sa = b["simulator_wall_seconds"], a["simulator_wall_seconds"]
@@ -272,14 +276,14 @@ def _snapshot(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
         f"means {statistics.mean(ha):.2f} and {statistics.mean(hb):.2f} s), the simulator "
         f"{min(sa + sb):.1f}-{max(sa + sb):.1f} s in both (it alone moves by about 25% "
         "between back-to-back runs on this machine, which is most of the spread of the "
-        f"ratios). A worker's poll {_stage(a, 'poll'):.3f} s a round against "
-        f"{_stage(b, 'poll'):.3f} s, its download {_stage(a, 'download'):.3f} against "
-        f"{_stage(b, 'download'):.3f} s, the event latency "
+        f"ratios). A worker's poll {stage(a, 'poll'):.3f} s a round against "
+        f"{stage(b, 'poll'):.3f} s, its download {stage(a, 'download'):.3f} against "
+        f"{stage(b, 'download'):.3f} s, the event latency "
         f"{a['breakdown_of_median_run']['event_latency_seconds_median']:.3f} against "
         f"{b['breakdown_of_median_run']['event_latency_seconds_median']:.3f} s; the "
-        f"aggregator's close {_stage(a, 'close', agg):.3f} against "
-        f"{_stage(b, 'close', agg):.3f} s and its group commit {_stage(a, 'commit', agg):.3f} "
-        f"against {_stage(b, 'commit', agg):.3f} s "
+        f"aggregator's close {stage(a, 'close', agg):.3f} against "
+        f"{stage(b, 'close', agg):.3f} s and its group commit {stage(a, 'commit', agg):.3f} "
+        f"against {stage(b, 'commit', agg):.3f} s "
         "(both mostly waiting for a core: alone, writing a version's 1.6 MB and committing "
         f"takes about 5 ms). The median ratio {met} the {target}x target: the run over HTTP "
         "is about 1.5 times the simulator on this machine, before and after this session's "

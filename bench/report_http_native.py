@@ -17,7 +17,9 @@ TAG_NATIVE = "native client step (simulator and workers)"
 TAG_NATIVE_OFF = "the same code on torch ops (FEDREC_NATIVE=0)"
 
 
-def _stage(s: dict[str, Any], key: str, part: str = "worker_phase") -> float:
+def stage(s: dict[str, Any], key: str, part: str = "worker_phase") -> float:
+    """Seconds a round of one worker phase (or, with part="aggregator_stage", one aggregator
+    stage) in a run summary's median repetition."""
     return float(s["breakdown_of_median_run"][f"{part}_seconds_per_round"].get(key, 0.0))
 
 
@@ -51,12 +53,12 @@ def native_reading() -> list[str]:
         f"({', '.join(f'{r:.2f}' for r in a['ratios'])}) against {b['ratio_median']:.2f} "
         f"({', '.join(f'{r:.2f}' for r in b['ratios'])}): it {met} the {target}x target. "
         "The workers' partial sums go through the same kernels (a worker's compute of its "
-        f"half of the cohort {_stage(a, 'compute'):.3f} s a round against "
-        f"{_stage(b, 'compute'):.3f} s), but what a round over HTTP adds to it does not "
+        f"half of the cohort {stage(a, 'compute'):.3f} s a round against "
+        f"{stage(b, 'compute'):.3f} s), but what a round over HTTP adds to it does not "
         "shrink with it: the aggregator's request handling, checks, commits and close "
         f"({_cpu(on, 'aggregator'):.2f} s of aggregator CPU a run against "
-        f"{_cpu(off, 'aggregator'):.2f} s; its close {_stage(a, 'close', agg):.3f} s a "
-        f"round), a worker's scoring of its users ({_stage(a, 'evaluate'):.3f} s), its "
+        f"{_cpu(off, 'aggregator'):.2f} s; its close {stage(a, 'close', agg):.3f} s a "
+        f"round), a worker's scoring of its users ({stage(a, 'evaluate'):.3f} s), its "
         f"report, poll, download and state commit, with three processes on 2 cores. A "
         "faster simulator therefore raises the ratio: the same code meets the target on "
         "torch ops and misses it with the native step, while the run over HTTP takes about "
