@@ -15,7 +15,8 @@ later processes load it in under a millisecond. ``python -m fedrecgel.native`` b
 ahead of time (``scripts/bootstrap.sh`` does). ``FEDREC_NATIVE``: ``auto`` (default: build
 or load it if a compiler is there, else use the torch code; a build that failed leaves a
 ``build-failed`` note in its folder, and later processes use the torch code without trying
-again until ``python -m fedrecgel.native`` succeeds), ``0`` (never use it) or ``1`` (a build
+again until ``python -m fedrecgel.native`` succeeds; a library is only loaded once its
+build finished, so a build killed midway is done again), ``0`` (never use it) or ``1`` (a build
 or load that fails is an error).
 """
 

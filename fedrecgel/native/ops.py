@@ -59,6 +59,12 @@ def _library(d: Path) -> Path:
     return d / f"{NAME}.so"
 
 
+def _built(d: Path) -> Path:
+    """Written once a build has finished and loaded: a library without it (a build killed while
+    linking) is built again rather than loaded."""
+    return d / "built"
+
+
 def _failed(d: Path) -> Path:
     """Left in the build folder by a build that failed: ``auto`` does not try again there."""
     return d / "build-failed"
@@ -68,7 +74,7 @@ def build() -> Path:
     """Compile the kernels into :func:`build_dir` (if not there yet) and return the library."""
     d = build_dir()
     lib = _library(d)
-    if lib.exists():
+    if _built(d).exists():
         return lib
     from torch.utils.cpp_extension import load  # slow to import: only when building
 
@@ -88,6 +94,7 @@ def build() -> Path:
         _failed(d).write_text(f"{e}\n")
         raise
     _failed(d).unlink(missing_ok=True)
+    _built(d).write_text(f"{lib}\n")
     return lib
 
 
@@ -123,7 +130,7 @@ def _load() -> Any | None:
     try:
         d = build_dir()
         lib = _library(d)
-        if not lib.exists():
+        if not _built(d).exists():
             if m == "auto" and not (shutil.which("c++") and shutil.which("ninja")):
                 log.info("no C++ compiler or ninja here: the client step runs on torch ops")
                 return None

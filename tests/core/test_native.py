@@ -310,3 +310,26 @@ def test_a_failed_build_is_not_tried_again_by_auto(tmp_path):
     assert runs[1].stdout.split() == ["True"]  # no second attempt
     (note,) = tmp_path.glob("*/build-failed")
     assert "compiler exploded" in note.read_text()
+
+
+def test_a_library_left_by_a_killed_build_is_built_again_not_loaded(tmp_path):
+    """A build killed while linking leaves a library file but no note that it finished: the
+    next process builds again instead of loading the broken file."""
+    code = (
+        "import torch.utils.cpp_extension as x\n"
+        "def load(*a, **k):\n"
+        "    print('compiling')\n"
+        "    raise RuntimeError('stopped here')\n"
+        "x.load = load\n"
+        "from fedrecgel.native import ops\n"
+        "d = ops.build_dir(); d.mkdir(parents=True)\n"
+        "(d / 'fedrecgel_native.so').write_bytes(b'half a library')\n"
+        "print(ops.kernels() is None)\n"
+    )
+    env = {**os.environ, "FEDREC_NATIVE": "auto", "FEDREC_NATIVE_DIR": str(tmp_path)}
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["compiling", "True"]
+    assert "half a library" not in r.stderr
