@@ -1,5 +1,7 @@
-"""The aggregator's CPU for one FilmTrust-sized round, by request kind, with SQLite's
-``secure_delete`` as the aggregator sets it (FAST) and as Python's SQLite is built (ON).
+"""The aggregator's CPU for one FilmTrust-sized round, by request kind, in two SQLite
+settings: ``--compare secure-delete`` (the default), ``secure_delete`` as the aggregator
+sets it (FAST) and as Python's SQLite is built (ON); ``--compare page-size``, the page size
+the aggregator gives a new file (64 KB) and SQLite's default (4 KB).
 
 An in-process aggregator (SQLite file, 1,300 registered clients under two credentials, a
 run of ``fraction`` 0.1 with ``upload_grouping=worker``) is driven through the requests of a
@@ -13,7 +15,7 @@ gives the per-kind medians per round. HTTP, FastAPI's validation and the workers
 out: this is the service's own work.
 
     python bench/aggregator_round_cpu.py [--rounds 20] [--repeats 3]
-        [--out bench/results/aggregator_round_cpu.json]
+        [--compare secure-delete|page-size] [--out bench/results/aggregator_round_cpu.json]
 """
 
 from __future__ import annotations
@@ -42,11 +44,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PartialSum
 from fedrecgel.wire import encode_partial
+from services.aggregator import db
 from services.contract import EvaluationRequest
 from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import operator_headers, register, service_of
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_round_cpu.json"
+#: the two settings each comparison measures: label -> (secure_delete, page size of the file)
+COMPARISONS = {
+    "secure-delete": {"FAST": ("FAST", 4096), "ON": ("ON", 4096)},
+    "page-size": {"64K": ("FAST", 65536), "4K": ("FAST", 4096)},
+}
 POPULATION = 1300
 N_ITEMS = 2071  # FilmTrust's catalogue
 ROWS = 1500  # item rows a worker's partial sum touches in a FilmTrust round
@@ -54,10 +62,12 @@ KINDS = ("download", "poll", "upload", "close", "storage", "report", "history")
 
 
 class Driver:
-    """An aggregator and two credentials, in one setting of ``secure_delete``."""
+    """An aggregator and two credentials, in one setting of ``secure_delete`` and of the
+    page size its new SQLite file gets."""
 
-    def __init__(self, directory: Path, secure_delete: str, rounds: int) -> None:
+    def __init__(self, directory: Path, secure_delete: str, page_size: int, rounds: int) -> None:
         self.factory = AggregatorFactory(directory)
+        db.SQLITE_PAGE_SIZE = page_size
         self.client = self.factory(population=POPULATION, max_register_per_request=POPULATION)
         self.svc = service_of(self.client)
         self.svc.storage.stop()  # its passes run in :meth:`round`, counted on their own
@@ -135,10 +145,10 @@ class Driver:
         self.factory.stop_all()
 
 
-def measure(secure_delete: str, rounds: int, warmup: int) -> dict[str, float]:
+def measure(setting: tuple[str, int], rounds: int, warmup: int) -> dict[str, float]:
     """CPU seconds per round by kind, ``rounds`` rounds after ``warmup``."""
     with tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp:
-        driver = Driver(Path(tmp), secure_delete, rounds + warmup)
+        driver = Driver(Path(tmp), *setting, rounds + warmup)
         try:
             cpu: dict[str, float] = defaultdict(float)
             for _ in range(warmup):
@@ -159,17 +169,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=positive, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=positive, default=3)
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="secure-delete")
     parser.add_argument("--out", type=writable_file, default=RESULTS)
     args = parser.parse_args(argv)
     if min(args.rounds, args.repeats) < 1 or args.warmup < 0:
         parser.error("--rounds and --repeats must be at least 1, --warmup at least 0")
     torch.set_num_threads(1)
-    settings = ("FAST", "ON")
+    compared = COMPARISONS[args.compare]
+    settings = tuple(compared)
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in settings}
     for rep in range(args.repeats):
         for s in settings if rep % 2 == 0 else settings[::-1]:
-            runs[s].append(measure(s, args.rounds, args.warmup))
-            print(f"[{rep}] secure_delete={s}: {runs[s][-1]['total'] * 1e3:.1f} ms a round")
+            runs[s].append(measure(compared[s], args.rounds, args.warmup))
+            print(f"[{rep}] {args.compare} {s}: {runs[s][-1]['total'] * 1e3:.1f} ms a round")
     medians = {
         s: {k: statistics.median(r[k] for r in runs[s]) for k in (*KINDS, "total")}
         for s in settings
@@ -190,6 +202,10 @@ def main(argv: list[str] | None = None) -> None:
             "rounds": args.rounds,
             "warmup": args.warmup,
             "repeats": args.repeats,
+            "compare": args.compare,
+            "settings": {
+                k: {"secure_delete": v[0], "page_size": v[1]} for k, v in compared.items()
+            },
         },
         "cpu_seconds_per_round_median": medians,
         "runs": runs,
@@ -198,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for s in settings:
         line = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in medians[s].items())
-        print(f"secure_delete={s} (ms a round): {line}")
+        print(f"{args.compare} {s} (ms a round): {line}")
 
 
 if __name__ == "__main__":

@@ -27,11 +27,19 @@ _READ_ONLY = "fedrec_read_only"
 # Bytes of WAL file SQLite keeps after a checkpoint reset it (larger transactions grow it).
 _SQLITE_WAL_KEEP_BYTES = 16 * 1024 * 1024
 
+#: Page size of a new SQLite file (SQLite's largest). A round writes megabytes of blobs (a
+#: model version, its optimizer state, the partial sums), which SQLite keeps in chains of
+#: overflow pages, each one its own WAL frame: 64 KB pages write them with a sixteenth of
+#: the frames and page handling of 4 KB ones. A file made with another size keeps it.
+SQLITE_PAGE_SIZE = 65536
+# WAL bytes after which a commit checkpoints.
+_SQLITE_CHECKPOINT_BYTES = 16 * 1024 * 1024
+
 
 def make_engine(url: str) -> Engine:
     """An engine for ``url``; SQLite gets WAL, full sync, a busy timeout, BEGIN IMMEDIATE,
-    incremental auto-vacuum (a new file; :func:`ensure_incremental_vacuum` converts old ones)
-    and ``secure_delete=FAST``."""
+    incremental auto-vacuum (a new file; :func:`ensure_incremental_vacuum` converts old ones),
+    ``secure_delete=FAST`` and, in a new file, 64 KB pages."""
     u = make_url(url)
     if u.get_backend_name() != "sqlite":
         return create_engine(u, pool_pre_ping=True)
@@ -42,6 +50,9 @@ def make_engine(url: str) -> Engine:
         # Let SQLAlchemy's "begin" event below open transactions, not the driver.
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
+        if int(cur.execute("PRAGMA page_count").fetchone()[0]) == 0:  # a new, empty file
+            cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
+        page_size = int(cur.execute("PRAGMA page_size").fetchone()[0])
         # Only takes effect on a file without tables (or at the next VACUUM): first. Setting it
         # takes the write lock even when it is already set, so a connection opened while a
         # round commits would wait for that commit: only a file not yet incremental sets it.
@@ -58,6 +69,9 @@ def make_engine(url: str) -> Engine:
             "PRAGMA foreign_keys=ON",
             "PRAGMA busy_timeout=30000",
             f"PRAGMA journal_size_limit={_SQLITE_WAL_KEEP_BYTES}",
+            # a checkpoint after 16 MB of WAL whatever the page size (SQLite's default,
+            # 1,000 pages, is 64 MB with 64 KB pages)
+            f"PRAGMA wal_autocheckpoint={_SQLITE_CHECKPOINT_BYTES // page_size}",
         ):
             cur.execute(pragma)
         cur.close()

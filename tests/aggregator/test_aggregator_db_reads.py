@@ -4,6 +4,7 @@ either."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -128,3 +129,26 @@ def test_polls_and_downloads_answer_while_a_round_commits(aggregator: Aggregator
     with writer_holding_the_lock(db) as release:
         seen = read_in_thread(poll_and_download, release)
     assert seen == [(20, 200)], "a poll or a download waited for a commit"
+
+
+def test_a_new_file_gets_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    def pages(db: Database) -> tuple[int, int]:
+        with db.read() as s:
+            size = int(s.execute(text("PRAGMA page_size")).scalar_one())
+            checkpoint = int(s.execute(text("PRAGMA wal_autocheckpoint")).scalar_one())
+        return size, checkpoint
+
+    new = Database(sqlite_url(tmp_path))
+    with new.transaction() as s:
+        s.execute(text("CREATE TABLE t (x BLOB)"))
+        s.execute(text("INSERT INTO t VALUES (zeroblob(300000))"))
+    # the WAL is checkpointed after about 16 MB whatever the page size
+    assert pages(new) == (65536, 256)
+    with sqlite3.connect(tmp_path / "old.db") as raw:  # made with SQLite's defaults
+        raw.execute("CREATE TABLE t (x INTEGER)")
+    old = Database(sqlite_url(tmp_path, "old.db"))
+    assert pages(old) == (4096, 4096)
+    with old.transaction() as s:
+        s.execute(text("INSERT INTO t VALUES (1)"))
+    with old.read() as s:
+        assert count_rows(s) == 1
