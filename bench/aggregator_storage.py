@@ -88,7 +88,9 @@ def default(name: str) -> Any:
     return Settings.model_fields[name].default
 
 
-def run(backend: str, rounds: int, workdir: Path, database_url: str | None) -> dict[str, Any]:
+def federated_run(
+    backend: str, rounds: int, workdir: Path, database_url: str | None
+) -> dict[str, Any]:
     """One run of ``rounds`` FilmTrust rounds; the sizes seen."""
     split = load_split("filmtrust")
     opts = UpOptions(
@@ -178,10 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     for backend in backends:
         with tempfile.TemporaryDirectory(prefix=f"fedrec-storage-{backend}-") as tmp:
             if backend == "sqlite":
-                res = run(backend, args.rounds, Path(tmp), None)
+                res = federated_run(backend, args.rounds, Path(tmp), None)
             else:
                 with postgres_cluster() as pg:
-                    res = run(backend, args.rounds, Path(tmp), pg.url())
+                    res = federated_run(backend, args.rounds, Path(tmp), pg.url())
         print(json.dumps({k: v for k, v in res.items() if k != "per_round_mb"}, indent=1))
         results.append(res)
     settings = {

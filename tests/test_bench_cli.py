@@ -67,3 +67,6 @@ def test_every_benchmark_program_runs_its_main_through_the_bad_input_guard() -> 
         text = path.read_text()
         if '__name__ == "__main__"' in text:
             assert "run(main)" in text, path.name
+            # the guard's import rebinds a module-level ``run``: aggregator_storage.py's own
+            # run() became the guard, and every run of it failed with a TypeError
+            assert "\ndef run(" not in text, f"{path.name} defines run(), which the guard shadows"
