@@ -176,11 +176,12 @@ class SecAggTotal(Base):
 
 
 class ModelVersion(Base):
-    """An immutable model version: shared params, server-optimizer state, round result.
+    """An immutable model version: its round result; its shared params and server-optimizer
+    state are :class:`VersionBlob` rows.
 
-    The retention policy (``storage.RetentionPolicy``) prunes old versions: their ``params``
-    become NULL and ``pruned_at`` is set, the rest of the row (digest, loss, metrics) stays.
-    ``optimizer_state`` is kept on the newest version only (what the next round steps from).
+    The retention policy (``storage.RetentionPolicy``) prunes old versions: their params blob
+    is deleted and ``pruned_at`` set, the row (digest, loss, metrics) stays. The optimizer
+    state is kept for the newest version only (what the next round steps from).
     """
 
     __tablename__ = "model_versions"
@@ -190,8 +191,6 @@ class ModelVersion(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     version: Mapped[int] = mapped_column(Integer)
     round_id: Mapped[int] = mapped_column(Integer)
-    params: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True, nullable=True)
-    optimizer_state: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True, nullable=True)
     digest: Mapped[str] = mapped_column(String(64))
     n_updates: Mapped[int] = mapped_column(Integer)
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -199,6 +198,23 @@ class ModelVersion(Base):
     metrics: Mapped[dict[str, float] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     pruned_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+#: the kinds of :class:`VersionBlob`
+PARAMS, OPTIMIZER_STATE = "params", "optimizer_state"
+
+
+class VersionBlob(Base):
+    """A model version's encoded params (``kind`` "params") or server-optimizer state
+    ("optimizer_state"). Apart from the version's row: SQLite rewrites a whole row on every
+    update, so writing a version's metrics or freeing its optimizer state rewrote the
+    megabytes of both blobs; here a freed blob is one deleted row."""
+
+    __tablename__ = "version_blobs"
+
+    version_pk: Mapped[int] = mapped_column(ForeignKey("model_versions.id"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class EvaluationReport(Base):

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from fedrecgel.strategy import Strategy, make_strategy
 from fedrecgel.wire import decode_model, decode_state
+from services.aggregator.models import OPTIMIZER_STATE, PARAMS
 from services.aggregator.privacy import private_strategy, run_plan
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig
@@ -89,13 +90,14 @@ class ModelStore:
             cached = self._state
         if cached is not None and (cached.run_id, cached.version) == (run_id, version):
             return cached
-        row = repo.version_with_blobs(run_id, version)
-        if row is None or row.params is None or row.optimizer_state is None:
+        found = repo.version_with_blobs(run_id, version)
+        blobs = {} if found is None else found[1]
+        if PARAMS not in blobs or OPTIMIZER_STATE not in blobs:
             raise RuntimeError(f"model version {version} of run {run_id} is missing")
-        stored_cfg, params, stored_version = decode_model(row.params)
+        stored_cfg, params, stored_version = decode_model(blobs[PARAMS])
         if stored_cfg != cfg.model() or stored_version != version:
             raise RuntimeError(f"model version {version} does not match its run's config")
-        state, _ = decode_state(row.optimizer_state)
+        state, _ = decode_state(blobs[OPTIMIZER_STATE])
         strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
         strategy = private_strategy(strategy, run_plan(repo, cfg), cfg.model())
         strategy.load_state_dict(state)

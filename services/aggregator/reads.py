@@ -7,6 +7,7 @@ from __future__ import annotations
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Gone, NotFound
+from services.aggregator.models import PARAMS
 from services.aggregator.modelstore import ModelStore
 from services.aggregator.privacy import run_plan
 from services.aggregator.repository import Repository
@@ -167,13 +168,14 @@ class RunReads:
             hit = self.models.cached_blob(run.id, v)
             if hit is not None:
                 return hit
-            row = repo.version_with_blobs(run.id, v)
-            if row is None:
+            found = repo.version_with_blobs(run.id, v, kinds=(PARAMS,))
+            if found is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
-            if row.params is None:
+            row, blobs = found
+            if PARAMS not in blobs:
                 raise Gone(
                     f"model version {v} was pruned by the retention policy", "version_pruned"
                 )
-            blob = ModelBlob(run.id, v, row.params, row.digest)
+            blob = ModelBlob(run.id, v, blobs[PARAMS], row.digest)
         self.models.remember(blob)
         return blob

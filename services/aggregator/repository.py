@@ -8,15 +8,18 @@ from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import CursorResult
-from sqlalchemy.orm import Session, undefer
+from sqlalchemy.orm import Session
 
 from services.aggregator.models import (
+    OPTIMIZER_STATE,
+    PARAMS,
     Client,
     ModelVersion,
     Round,
     Run,
     StoredUpdate,
     UpdateBlob,
+    VersionBlob,
 )
 
 LIVE_ROUND_STATES = ("open", "paused")
@@ -332,21 +335,25 @@ class Repository:
         loss: float | None,
         now: datetime,
     ) -> None:
-        """Insert an immutable model version."""
-        self.session.add(
-            ModelVersion(
-                run_id=run_id,
-                version=version,
-                round_id=round_id,
-                params=params,
-                optimizer_state=optimizer_state,
-                digest=digest,
-                n_updates=n_updates,
-                loss=loss,
-                created_at=now,
-            )
+        """Insert an immutable model version, its params and its optimizer state."""
+        row = ModelVersion(
+            run_id=run_id,
+            version=version,
+            round_id=round_id,
+            digest=digest,
+            n_updates=n_updates,
+            loss=loss,
+            created_at=now,
         )
+        self.session.add(row)
         self.session.flush()
+        self.session.execute(
+            insert(VersionBlob),
+            [
+                {"version_pk": row.id, "kind": PARAMS, "blob": params},
+                {"version_pk": row.id, "kind": OPTIMIZER_STATE, "blob": optimizer_state},
+            ],
+        )
 
     def latest_version_number(self, run_id: int) -> int | None:
         """The newest version of a run."""
@@ -373,25 +380,27 @@ class Repository:
             stmt = stmt.with_for_update()
         return self.session.scalars(stmt).first()
 
-    def version_with_blobs(self, run_id: int, version: int) -> ModelVersion | None:
-        """A version row with its params and optimizer-state blobs loaded."""
-        stmt = (
-            select(ModelVersion)
-            .where(ModelVersion.run_id == run_id, ModelVersion.version == version)
-            .options(undefer(ModelVersion.params), undefer(ModelVersion.optimizer_state))
+    def version_with_blobs(
+        self, run_id: int, version: int, kinds: Sequence[str] = (PARAMS, OPTIMIZER_STATE)
+    ) -> tuple[ModelVersion, dict[str, bytes]] | None:
+        """A version row and those of its blobs of ``kinds`` that are still kept (kind ->
+        bytes; a pruned version has no params, an older one no optimizer state)."""
+        row = self.version_meta(run_id, version)
+        if row is None:
+            return None
+        stmt = select(VersionBlob.kind, VersionBlob.blob).where(
+            VersionBlob.version_pk == row.id, VersionBlob.kind.in_(list(kinds))
         )
-        return self.session.scalars(stmt).first()
+        return row, {str(k): bytes(b) for k, b in self.session.execute(stmt)}
 
     def drop_old_optimizer_states(self, run_id: int, latest: int) -> None:
         """Free the optimizer state of every version of a run older than ``latest``."""
+        older = select(ModelVersion.id).where(
+            ModelVersion.run_id == run_id, ModelVersion.version < latest
+        )
         self.session.execute(
-            update(ModelVersion)
-            .where(
-                ModelVersion.run_id == run_id,
-                ModelVersion.version < latest,
-                ModelVersion.optimizer_state.is_not(None),
-            )
-            .values(optimizer_state=None)
+            delete(VersionBlob)
+            .where(VersionBlob.kind == OPTIMIZER_STATE, VersionBlob.version_pk.in_(older))
             .execution_options(synchronize_session=False)
         )
 
@@ -405,10 +414,18 @@ class Repository:
     def prune_versions(self, run_id: int, versions: Sequence[int], now: datetime) -> None:
         """Free the params of some versions of a run (their rows stay, ``pruned_at`` set)."""
         for part in chunks(versions):
+            doomed = select(ModelVersion.id).where(
+                ModelVersion.run_id == run_id, ModelVersion.version.in_(part)
+            )
+            self.session.execute(
+                delete(VersionBlob)
+                .where(VersionBlob.kind == PARAMS, VersionBlob.version_pk.in_(doomed))
+                .execution_options(synchronize_session=False)
+            )
             self.session.execute(
                 update(ModelVersion)
                 .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(part))
-                .values(params=None, pruned_at=now)
+                .values(pruned_at=now)
                 .execution_options(synchronize_session=False)
             )
 

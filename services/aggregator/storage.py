@@ -67,10 +67,17 @@ class Compactor:
     only one compaction runs at a time.
     """
 
-    #: every table a pass deletes rows from or empties blobs of: update bodies (their own
-    #: table since bounded storage), secure-aggregation messages and totals, pruned versions'
-    #: params and states, evaluated versions' coverage
-    TABLES = ("update_blobs", "secagg_messages", "secagg_totals", "model_versions", "evaluations")
+    #: every table a pass deletes rows from or updates: update bodies (their own table since
+    #: bounded storage), secure-aggregation messages and totals, versions' params and states
+    #: (pruned, or older than the newest) and rows (marked pruned), evaluated versions' coverage
+    TABLES = (
+        "update_blobs",
+        "secagg_messages",
+        "secagg_totals",
+        "version_blobs",
+        "model_versions",
+        "evaluations",
+    )
 
     def __init__(self, db: Database, interval_s: float) -> None:
         self.db = db

@@ -108,8 +108,11 @@ def test_closed_rounds_keep_metadata_and_versions_follow_the_policy(
     assert stored(client, "SELECT COUNT(*) FROM update_blobs") == [(0,)]
     versions = stored(
         client,
-        "SELECT version, params IS NOT NULL, optimizer_state IS NOT NULL, pruned_at IS NOT NULL"
-        " FROM model_versions ORDER BY version",
+        "SELECT v.version, "
+        "EXISTS (SELECT 1 FROM version_blobs b WHERE b.version_pk = v.id AND b.kind = 'params'),"
+        " EXISTS (SELECT 1 FROM version_blobs b WHERE b.version_pk = v.id"
+        " AND b.kind = 'optimizer_state'), v.pruned_at IS NOT NULL"
+        " FROM model_versions v ORDER BY v.version",
     )
     kept = [0, 3, 6, 7]  # multiples of 3, and the newest 2
     assert [v for v, *_ in versions] == list(range(8))
@@ -239,9 +242,14 @@ def test_an_old_sqlite_file_is_converted_and_pruned_by_the_migration(tmp_path: P
         assert kept == [(2, 100_000)]  # the open round's body only
         assert raw.execute("SELECT COUNT(*) FROM updates").fetchone() == (2,)
         states = raw.execute(
-            "SELECT version, optimizer_state IS NULL, params IS NULL FROM model_versions"
+            "SELECT v.version, b.kind, length(b.blob) FROM version_blobs b "
+            "JOIN model_versions v ON v.id = b.version_pk ORDER BY 1, 2"
         )
-        assert states.fetchall() == [(0, 1, 0), (1, 0, 0)]
+        assert states.fetchall() == [
+            (0, "params", 100_000),  # the older version's optimizer state was freed
+            (1, "optimizer_state", 100_000),
+            (1, "params", 100_000),
+        ]
     assert path.stat().st_size < size_before - 150_000
     with alembic_connection(f"sqlite:///{path}") as (conn, cfg):
         command.downgrade(cfg, "0002")
