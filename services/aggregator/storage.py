@@ -134,13 +134,20 @@ class Compactor:
 PrunedHook = Callable[[int, list[int]], None]
 
 
+#: least seconds between two background passes. Each pass costs the aggregator a few
+#: milliseconds of queries whatever it frees; rounds that close several times a second
+#: share one, at the price of at most this long of their garbage kept.
+PASS_GAP_S = 1.0
+
+
 class StorageKeeper:
     """Frees the blobs of finished rounds and prunes model versions, off the request path.
 
-    ``notify`` (after a round closed) wakes the background thread started by ``start``; the
-    thread also wakes every ``poll_s``. Each pass is one transaction (:meth:`free`), then a
-    compaction when one is due. ``on_pruned(run_id, versions)`` is told what was pruned, after
-    the commit (the model cache drops them). Passes never overlap (one lock).
+    ``notify`` (after a round closed) wakes the background thread started by ``start`` (at
+    most one pass every ``min_gap_s``); the thread also wakes every ``poll_s``. Each pass is
+    one transaction (:meth:`free`), then a compaction when one is due. ``on_pruned(run_id,
+    versions)`` is told what was pruned, after the commit (the model cache drops them).
+    Passes never overlap (one lock).
     """
 
     def __init__(
@@ -201,8 +208,9 @@ class StorageKeeper:
         self.free()
         return self.compactor.run_if_due()
 
-    def start(self, poll_s: float) -> None:
-        """Run passes in a daemon thread until :meth:`stop` (one pass at once)."""
+    def start(self, poll_s: float, min_gap_s: float = PASS_GAP_S) -> None:
+        """Run passes in a daemon thread until :meth:`stop` (one pass at once, at least
+        ``min_gap_s`` apart: the closes in between are freed by one pass)."""
         if self._thread is not None:
             return
         self._stop.clear()
@@ -219,6 +227,7 @@ class StorageKeeper:
                     self.maintain()
                 except Exception:
                     log.exception("storage pass failed")
+                self._stop.wait(min_gap_s)
 
         self._thread = threading.Thread(target=loop, name="aggregator-storage", daemon=True)
         self._thread.start()

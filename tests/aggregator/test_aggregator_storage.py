@@ -4,6 +4,8 @@ the retention policy (410 when read), and the SQLite file really shrinks after c
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -315,3 +317,27 @@ def test_postgres_vacuums_the_tables_the_pass_frees(
     # (manual VACUUMs only: autovacuum counts apart; the background thread's passes count too)
     assert set(vacuumed) == {"update_blobs", "evaluations", "model_versions"}, vacuumed
     assert min(vacuumed.values()) >= 1, vacuumed
+
+
+def test_closes_in_quick_succession_share_one_background_pass(tmp_path: Path) -> None:
+    """Each pass costs queries whatever it frees: the thread runs at most one per gap, and
+    stopping it does not wait the gap out."""
+    db = Database(sqlite_url(tmp_path))
+    db.migrate()
+    keeper = StorageKeeper(db, RetentionPolicy(), compact_interval_s=3600)
+    passes = threading.Semaphore(0)
+    keeper.maintain = lambda: bool(passes.release())  # type: ignore[method-assign]
+    keeper.start(poll_s=3600, min_gap_s=3600)
+    assert passes.acquire(timeout=10)  # the first pass, at start
+    for _ in range(20):  # rounds closing during the gap
+        keeper.notify()
+    time.sleep(0.3)
+    assert not passes.acquire(blocking=False), "a pass ran inside the gap"
+    t0 = time.monotonic()
+    keeper.stop(timeout_s=30)
+    assert time.monotonic() - t0 < 10, "stop waited the gap out"
+    keeper.start(poll_s=3600, min_gap_s=0)  # without a gap every close gets its pass
+    assert passes.acquire(timeout=10)
+    keeper.notify()
+    assert passes.acquire(timeout=10)
+    keeper.stop()
