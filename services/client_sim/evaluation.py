@@ -90,13 +90,20 @@ class Evaluation:
 
     def keep(self, scores: list[Scores]) -> None:
         """Write scored versions to the store (one transaction), to be delivered."""
+        if scores:
+            self.store.set_meta(**self.meta(scores))
+
+    @staticmethod
+    def meta(scores: list[Scores]) -> dict[str, str | int | None]:
+        """The store meta values that keep ``scores`` (none for none): what :meth:`keep`
+        writes, for a caller that writes them in a transaction of its own."""
         if not scores:
-            return
-        reports = {
+            return {}
+        reports: dict[str, str | int | None] = {
             f"{_REPORT}{sc.version}": json.dumps({"sums": sc.sums, "count": sc.count})
             for sc in scores
         }
-        self.store.set_meta(evaluated_version=scores[-1].version, **reports)
+        return {"evaluated_version": scores[-1].version, **reports}
 
     def deliver(self) -> int:
         """Deliver the kept reports in version order; how many. A refusal that waiting cannot

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ import torch
 from sqlalchemy import Integer, LargeBinary, String, create_engine, event, inspect, select, update
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from fedrecgel.data import Split
 from fedrecgel.model import ModelConfig
@@ -166,6 +166,19 @@ def _wal_mode(dbapi_connection: Any, connection_record: Any) -> None:
     cursor.close()
 
 
+def _write_meta(s: Session, values: Mapping[str, str | int | None]) -> None:
+    """Set (or, with None, delete) meta values in the session's transaction."""
+    for key, value in values.items():
+        row = s.get(MetaRow, key)
+        if value is None:
+            if row is not None:
+                s.delete(row)
+        elif row is None:
+            s.add(MetaRow(key=key, value=str(value)))
+        else:
+            row.value = str(value)
+
+
 def _chunks(ids: Sequence[int]) -> Iterable[list[int]]:
     for start in range(0, len(ids), _CHUNK):
         yield [int(u) for u in ids[start : start + _CHUNK]]
@@ -234,21 +247,17 @@ class WorkerStore:
         """Set (or, with None, delete) several meta values in one transaction."""
         with self._meta_lock:  # the copy changes only with the commit, in commit order
             with self._session.begin() as s:
-                for key, value in values.items():
-                    row = s.get(MetaRow, key)
-                    if value is None:
-                        if row is not None:
-                            s.delete(row)
-                    elif row is None:
-                        s.add(MetaRow(key=key, value=str(value)))
-                    else:
-                        row.value = str(value)
-            if self._meta is not None:
-                for key, value in values.items():
-                    if value is None:
-                        self._meta.pop(key, None)
-                    else:
-                        self._meta[key] = str(value)
+                _write_meta(s, values)
+            self._mirror_meta(values)
+
+    def _mirror_meta(self, values: Mapping[str, str | int | None]) -> None:
+        """Committed meta values into the in-memory copy (held: ``_meta_lock``)."""
+        if self._meta is not None:
+            for key, value in values.items():
+                if value is None:
+                    self._meta.pop(key, None)
+                else:
+                    self._meta[key] = str(value)
 
     def meta_like(self, prefix: str) -> dict[str, str]:
         """Every meta value whose key starts with ``prefix``."""
@@ -429,9 +438,11 @@ class WorkerStore:
         state: PrivateState,
         round_id: int | None,
         attempt: int | None,
+        meta: Mapping[str, str | int | None] | None = None,
     ) -> None:
         """Commit the new state of ``user_ids`` (rows of ``state`` in that order) and mark them
-        trained in (round, attempt), all in one transaction."""
+        trained in (round, attempt), all in one transaction; with ``meta``, those meta values
+        are set (None: deleted) in the same transaction (:meth:`set_meta`)."""
         blobs = encode_private_rows(state, len(user_ids))
         rows = [
             {
@@ -443,9 +454,17 @@ class WorkerStore:
             }
             for i, u in enumerate(user_ids)
         ]
-        if rows:
+        if not rows and not meta:
+            return
+        with self._meta_lock:
             with self._session.begin() as s:
-                s.execute(update(UserRow), rows)  # ORM bulk UPDATE by primary key
+                if rows:
+                    s.execute(update(UserRow), rows)  # ORM bulk UPDATE by primary key
+                if meta:
+                    _write_meta(s, meta)
+            if meta:
+                self._mirror_meta(meta)
+        if rows:
             self._mirror_saved(user_ids, state)
 
     def _mirror_saved(self, user_ids: Sequence[int], state: PrivateState) -> None:

@@ -16,7 +16,7 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
    private state as the store holds it, and report metric sums (federated evaluation,
    :mod:`services.client_sim.evaluation`). A version v is scored before the new states of
    round v + 1 are committed, so with the states after round v: in step 2 while the upload is
-   in flight (in the worker's upload thread), the sums kept in the store before the commit and
+   in flight (in the worker's upload thread), the sums kept in the store with the commit and
    delivered from the upload thread after it, so neither the round nor the worker waits.
 
 A crash between the upload and the commit leaves the old state in the store, so the restarted
@@ -301,10 +301,10 @@ class Worker:
         if self._announced is None:  # not the round's last upload: the round now waits for
             scoring.yield_cpu()  # another's and the close, not this (services/priority.py)
         scores = scoring.result()
-        self.evaluation.keep(scores)
         try:
             statuses = sending.result()
         except AggregatorCallError as err:
+            self.evaluation.keep(scores)
             if err.retryable:
                 raise
             # round closed meanwhile, not in the cohort after all, ...: keep the old state,
@@ -324,9 +324,10 @@ class Worker:
                 err,
             )
             raise
-        with self.timer.phase("commit"):
-            self.store.save_states(todo, result.state, r, a)
-            self.store.set_meta(pending_upload=None)
+        with self.timer.phase("commit"):  # the states, the scores kept, the note cleared:
+            # one transaction (each is a commit, and a commit an fsync of the store)
+            meta = {"pending_upload": None, **self.evaluation.meta(scores)}
+            self.store.save_states(todo, result.state, r, a, meta=meta)
         if scores:  # delivered by the upload thread while this worker goes on, before its next
             # upload (a delivery queued behind another finds what that one left kept)
             self._delivering = self._uploads.submit(self.evaluation.deliver)

@@ -130,9 +130,9 @@ def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, s
 
     real_save = crashing.store.save_states
 
-    def crash(user_ids, state, round_id, attempt):
+    def crash(user_ids, state, round_id, attempt, meta=None):
         if round_id is None:  # the fresh states of a new run
-            return real_save(user_ids, state, round_id, attempt)
+            return real_save(user_ids, state, round_id, attempt, meta)
         raise RuntimeError("killed before commit")
 
     crashing.store.save_states = crash  # type: ignore[method-assign]
@@ -289,9 +289,9 @@ def test_crash_after_the_upload_that_closed_the_round_is_recovered(tmp_path, spl
     fake, (w,) = _running(tmp_path, split)
     real_save = w.store.save_states
 
-    def crash(user_ids, state, round_id, attempt):
+    def crash(user_ids, state, round_id, attempt, meta=None):
         if round_id is None:
-            return real_save(user_ids, state, round_id, attempt)
+            return real_save(user_ids, state, round_id, attempt, meta)
         raise RuntimeError("killed before commit")
 
     w.store.save_states = crash  # type: ignore[method-assign]
@@ -330,8 +330,8 @@ def test_the_upload_that_closes_a_round_answers_the_next_one_without_a_poll(tmp_
 
 
 def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(tmp_path, split, sim3):
-    """Version 1 is scored while round 2's upload is in flight and kept in the store before
-    round 2's states are committed; a worker that dies before delivering the report delivers
+    """Version 1 is scored while round 2's upload is in flight and kept in the store with
+    round 2's states (one transaction); a worker that dies before delivering the report delivers
     it once restarted (the same sums, scored with the states after round 1)."""
     fake, (w,) = _running(tmp_path, split)
     fake.fail_when = lambda req: req.url.path == "/v1/evaluations"
@@ -351,3 +351,21 @@ def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(tmp_pat
     got = means({**fake.evaluations[0]["sums"], "count": fake.evaluations[0]["count"]})
     for k, v in rec.test.items():
         assert got[k] == pytest.approx(v, abs=1e-9)
+
+
+def test_a_round_commits_states_scores_and_note_in_one_transaction(tmp_path, split):
+    """Each store commit is an fsync: a trained round writes its upload note, then the new
+    states with the scores kept and the note cleared in one transaction (and the delivered
+    report's removal), not a transaction for each."""
+    from sqlalchemy import event
+
+    fake, (w,) = _running(tmp_path, split)
+    w.step()  # round 1 (version 0 scored beside its upload)
+    w.settle()
+    commits: list[int] = []
+    event.listen(w.store.engine, "commit", lambda _conn: commits.append(1))
+    w.step()  # round 2: version 1 scored beside the upload, kept with the states
+    w.settle()
+    assert fake.uploads[-1][0] == 2 and w.evaluated_version() == 1
+    assert w.store.get_meta("pending_upload") is None
+    assert len(commits) == 3, len(commits)  # note, states + scores + note cleared, delivery
