@@ -17,9 +17,9 @@ from pydantic import ValidationError
 from fedrecgel import native
 from fedrecgel.data import DataError
 from services.client_sim.aggregator_client import AggregatorCallError
+from services.client_sim.loop import run_worker
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import StoreError
-from services.client_sim.worker import run_worker
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 import httpx
 import numpy as np
@@ -51,7 +50,6 @@ from services.client_sim.aggregator_client import (
 from services.client_sim.evaluation import Evaluation
 from services.client_sim.registration import register
 from services.client_sim.secure import SecureParticipant
-from services.client_sim.server import DeviceApiServer, serve_in_thread
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore, model_key
 from services.client_sim.timings import PhaseTimer
@@ -106,6 +104,13 @@ class Worker:
         self._announced: CurrentRound | None = None
         #: the kept evaluation reports being delivered by the upload thread
         self._delivering: Future[int] | None = None
+        #: (round, attempt) of an upload that left its round open: the reports it kept are
+        #: delivered once that round is over (:meth:`_deliver_if_over`), not while the
+        #: aggregator takes the other uploads and closes it (a report then slows the close)
+        self._deliver_when_over: tuple[int, int] | None = None
+        #: whether the last step's upload left its round open for other workers' uploads
+        #: (then polling again at once would only find it open: the loop waits first)
+        self.left_open = False
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
 
     # ------------------------------------------------------------------ set-up
@@ -179,12 +184,14 @@ class Worker:
     def step(self) -> bool:
         """Poll once and do what the current round asks; True when something was done."""
         self._base = None
+        self.left_open = False
         info, self._announced = self._announced, None
         if info is None:  # unless the upload that closed the last round answered the next one
             with self.timer.phase("poll"):
                 info = self.client.current_round()
         self.timer.seen = time.time()
         self.last_info = info
+        self._deliver_if_over(info)
         if info.state == "idle" or info.config is None:
             return False
         if info.state == "finished" and str(info.run_id) != self.store.get_meta("run_id"):
@@ -216,12 +223,22 @@ class Worker:
     def evaluate_up_to(self, version: int) -> bool:
         """Evaluate and report every version after the last evaluated one, up to ``version``,
         and deliver the reports kept but not delivered yet; while reports are being delivered
-        in the background, only if there is a version to score (then waiting for them)."""
+        in the background or wait for their round's end, only if there is a version to score
+        (then waiting for them)."""
         busy = self._delivering is not None and not self._delivering.done()
-        if busy and self.evaluation.done() >= version:
+        if (busy or self._deliver_when_over is not None) and self.evaluation.done() >= version:
             return False
         self.settle()
+        self._deliver_when_over = None  # delivered below, with the rest
         return self.evaluation.up_to(version, self._base)
+
+    def _deliver_if_over(self, info: CurrentRound) -> None:
+        """Deliver (in the upload thread) the reports an upload kept, once its round is over."""
+        due = self._deliver_when_over
+        if due is None or (info.state == "open" and (info.round_id, info.attempt or 0) == due):
+            return
+        self._deliver_when_over = None
+        self._delivering = self._uploads.submit(self.evaluation.deliver)
 
     def settle(self) -> None:
         """Wait for the reports being delivered in the background (what they failed to deliver
@@ -328,8 +345,10 @@ class Worker:
             # one transaction (each is a commit, and a commit an fsync of the store)
             meta = {"pending_upload": None, **self.evaluation.meta(scores)}
             self.store.save_states(todo, result.state, r, a, meta=meta)
-        if scores:  # delivered by the upload thread while this worker goes on, before its next
-            # upload (a delivery queued behind another finds what that one left kept)
+        if scores and self._announced is None:  # the round waits for others' uploads
+            self._deliver_when_over = (r, a)
+        elif scores:  # delivered by the upload thread while this worker goes on, before its
+            # next upload (a delivery queued behind another finds what that one left kept)
             self._delivering = self._uploads.submit(self.evaluation.deliver)
         return statuses
 
@@ -392,6 +411,7 @@ class Worker:
                 raise
             self._refused.add((r, a))
             return True
+        self.left_open = self._announced is None
         n_dup = sum(1 for s in statuses.values() if s == "duplicate")
         log.info(
             "round %d attempt %d: trained %d users (%d accepted, %d duplicate), loss %.4f, %.2fs",
@@ -426,6 +446,7 @@ class Worker:
         else:
             return False
         self.settle()
+        self._deliver_when_over = None  # delivered here
         try:
             self.evaluation.deliver()
         except AggregatorCallError as err:
@@ -435,45 +456,11 @@ class Worker:
         return self.evaluated_version() >= target
 
     def run(self) -> None:
-        """Register, then follow rounds until :meth:`finished`."""
-        self._register_patiently()
-        delay = self.settings.poll_min_s
-        while True:
-            try:
-                did = self.step()
-            except AggregatorCallError as err:
-                if not err.retryable:
-                    raise
-                log.warning("aggregator unavailable: %s", err)
-                did = False
-            if self.finished():
-                log.info(
-                    "stopping: evaluated version %d, state %s",
-                    self.evaluated_version(),
-                    self.last_info.state if self.last_info else "?",
-                )
-                return
-            if did:
-                delay = self.settings.poll_min_s
-                continue
-            with self.timer.phase("wait"):
-                self.waiter.wait(delay)
-            delay = min(self.settings.poll_max_s, delay * 1.5)
+        """Register, then follow rounds until :meth:`finished`
+        (:func:`services.client_sim.loop.follow_rounds`)."""
+        from services.client_sim.loop import follow_rounds  # (it drives a Worker)
 
-    def _register_patiently(self) -> None:
-        """Register, waiting out an aggregator that is not up yet (a deployment starts its
-        pods in any order); a refusal (e.g. 409) still ends the worker."""
-        delay = self.settings.poll_min_s
-        while True:
-            try:
-                self.register()
-                return
-            except AggregatorCallError as err:
-                if not err.retryable:
-                    raise
-                log.warning("cannot register yet: %s", err)
-            self.waiter.wait(delay)
-            delay = min(self.settings.poll_max_s, delay * 1.5)
+        follow_rounds(self)
 
     def close(self) -> None:
         """Close the upload thread, the client, the waiter and the store."""
@@ -481,21 +468,3 @@ class Worker:
         self.client.close()
         self.waiter.close()
         self.store.close()
-
-
-def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:
-    """Run a worker until the run finishes (or ``max_rounds``); kwargs go to :class:`Worker`.
-
-    With ``http_port`` set, the device API (:mod:`services.client_sim.server`) is served from a
-    background thread over the worker's own store for as long as the worker runs.
-    """
-    worker = Worker(settings, **kwargs)
-    server: DeviceApiServer | None = None
-    try:
-        if settings.http_port is not None:
-            server = serve_in_thread(settings, worker.store, split=kwargs.get("split"))
-        worker.run()
-    finally:
-        if server is not None:
-            server.stop()
-        worker.close()

@@ -369,3 +369,29 @@ def test_a_round_commits_states_scores_and_note_in_one_transaction(tmp_path, spl
     assert fake.uploads[-1][0] == 2 and w.evaluated_version() == 1
     assert w.store.get_meta("pending_upload") is None
     assert len(commits) == 3, len(commits)  # note, states + scores + note cleared, delivery
+
+
+def test_a_report_waits_for_the_end_of_the_round_its_upload_left_open(tmp_path, split, sim3):
+    """A report posted while the aggregator takes the other workers' uploads and closes the
+    round slows that close: the worker whose upload left the round open delivers it once
+    the round is over; the one whose upload closed it delivers at once."""
+    fake, (w0, w1) = _running(tmp_path, split, shards=2)
+    w0.step()  # round 1: left open
+    assert w0.left_open
+    w1.step()  # closes round 1
+    assert not w1.left_open
+    w0.step()  # round 2, version 1 scored beside the upload: kept, not delivered
+    w0.settle()
+    assert w0.left_open and w0.evaluation.done() == 1 and fake.evaluations == []
+    w1.step()  # closes round 2, delivers its report of version 1 at once
+    w1.settle()
+    assert [e["count"] for e in fake.evaluations] == [len(w1.evaluation.users)]
+    w0.step()  # sees round 3: round 2 is over, so its report goes out
+    w0.settle()
+    assert sorted(e["count"] for e in fake.evaluations) == sorted(
+        [len(w0.evaluation.users), len(w1.evaluation.users)]
+    )
+    _drive([w0, w1], fake)
+    assert sorted(e["model_version"] for e in fake.evaluations) == [1, 1, 2, 2, 3, 3]
+    for name, t in sim3[0].shared.items():
+        torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,84 @@
+"""A worker's life: register (waiting out an aggregator that is not up yet), then step round
+after round until the run is over, waiting between polls.
+
+After a step whose upload left its round open for other workers' uploads, the worker waits
+before it polls again: the round closes only after them (a version event, or the next poll,
+tells when), and a poll at once would only find it open, on an aggregator that is taking those
+uploads and the close.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from services.client_sim.aggregator_client import AggregatorCallError
+from services.client_sim.server import DeviceApiServer, serve_in_thread
+from services.client_sim.settings import WorkerSettings
+from services.client_sim.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def register_patiently(worker: Worker) -> None:
+    """Register, waiting out an aggregator that is not up yet (a deployment starts its pods
+    in any order); a refusal (e.g. 409) still ends the worker."""
+    s = worker.settings
+    delay = s.poll_min_s
+    while True:
+        try:
+            worker.register()
+            return
+        except AggregatorCallError as err:
+            if not err.retryable:
+                raise
+            log.warning("cannot register yet: %s", err)
+        worker.waiter.wait(delay)
+        delay = min(s.poll_max_s, delay * 1.5)
+
+
+def follow_rounds(worker: Worker) -> None:
+    """Register, then step until :meth:`Worker.finished`."""
+    register_patiently(worker)
+    s = worker.settings
+    delay = s.poll_min_s
+    while True:
+        try:
+            did = worker.step()
+        except AggregatorCallError as err:
+            if not err.retryable:
+                raise
+            log.warning("aggregator unavailable: %s", err)
+            did = False
+        if worker.finished():
+            log.info(
+                "stopping: evaluated version %d, state %s",
+                worker.evaluated_version(),
+                worker.last_info.state if worker.last_info else "?",
+            )
+            return
+        if did:
+            delay = s.poll_min_s
+            if not worker.left_open:
+                continue
+        with worker.timer.phase("wait"):
+            worker.waiter.wait(delay)
+        delay = min(s.poll_max_s, delay * 1.5)
+
+
+def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:
+    """Run a worker until the run finishes (or ``max_rounds``); kwargs go to :class:`Worker`.
+
+    With ``http_port`` set, the device API (:mod:`services.client_sim.server`) is served from a
+    background thread over the worker's own store for as long as the worker runs.
+    """
+    worker = Worker(settings, **kwargs)
+    server: DeviceApiServer | None = None
+    try:
+        if settings.http_port is not None:
+            server = serve_in_thread(settings, worker.store, split=kwargs.get("split"))
+        worker.run()
+    finally:
+        if server is not None:
+            server.stop()
+        worker.close()
