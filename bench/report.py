@@ -127,6 +127,21 @@ def speed() -> list[str]:
     return lines
 
 
+def _storage_before() -> str:
+    """The SQLite run of the code before 64 KB pages, version blobs apart and passes at most
+    once a second (``aggregator_storage_before.json``), if kept."""
+    data = load_result(RES / "aggregator_storage_before.json")
+    rows = [b for b in (data or {}).get("backends", []) if b["backend"] == "sqlite"]
+    if not rows:
+        return ""
+    b = rows[0]
+    return (
+        f" Before this session's storage changes (4 KB pages, a version's blobs in its row, a "
+        f"pass after every close) the SQLite run peaked at {b['peak_mb']:.1f} MB, "
+        f"{b['after_compaction_mb']:.1f} MB after compaction, in {b['wall_s']:.0f} s."
+    )
+
+
 def aggregator_storage() -> list[str]:
     """Database size over a long run: a table per backend, then the size of each table."""
     data = load_result(RES / "aggregator_storage.json")
@@ -140,12 +155,13 @@ def aggregator_storage() -> list[str]:
         "default settings: the newest "
         f"{st['keep_latest_versions']} model versions and every {st['keep_every_versions']}th "
         "keep their params, update bodies are deleted once their round is over (by a background "
-        "thread woken by each close); SQLite is compacted at most every "
-        f"{st['compact_interval_s']:g} s, PostgreSQL vacuumed after each such pass. SQLite: bytes "
-        "of the database, WAL and shared-memory files; PostgreSQL: `pg_database_size` (its WAL "
-        "excluded). *Peak* is the largest size seen as rounds closed, *after compaction* the "
-        "size once the last compaction ran. Before bounded storage the database grew by about "
-        "35 MB a round (704 MB after 20 rounds).",
+        "thread woken by each close, one pass at most every second); SQLite is compacted at most "
+        f"every {st['compact_interval_s']:g} s, PostgreSQL vacuumed after each such pass. SQLite: "
+        "bytes of the database, WAL and shared-memory files (64 KB pages, a checkpoint every "
+        "16 MB of WAL); PostgreSQL: `pg_database_size` (its WAL excluded). *Peak* is the "
+        "largest size seen as rounds closed, *after compaction* the size once the last "
+        "compaction ran. Before bounded storage the database grew by about 35 MB a round "
+        "(704 MB after 20 rounds)." + _storage_before(),
         "",
         "| backend | peak MB | end of run MB | after compaction MB | target | wall s |",
         "|---|---|---|---|---|---|",

@@ -32,6 +32,13 @@ from report_http_native import (
     native_reading,
     stage,
 )
+from report_http_storage import (
+    STORE,
+    STORE_BEFORE,
+    TAG_STORE,
+    TAG_STORE_BEFORE,
+    storage_reading,
+)
 
 AFTER = "http_vs_simulator.json"
 BEFORE = "http_vs_simulator_before.json"
@@ -53,6 +60,8 @@ SESSIONS = {
     META_AFTER: TAG_META_AFTER,
     NATIVE_OFF: TAG_NATIVE_OFF,
     NATIVE: TAG_NATIVE,
+    STORE_BEFORE: TAG_STORE_BEFORE,
+    STORE: TAG_STORE,
 }
 #: the session before the newest (its reading says how far quiet runs move)
 NEWEST = "states in memory, evaluation during the upload"
@@ -195,6 +204,7 @@ def section() -> list[str]:
         + churn_reading()
         + meta_reading()
         + native_reading()
+        + storage_reading()
         + capacity()
     )
 

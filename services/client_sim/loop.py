@@ -77,7 +77,7 @@ def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:
     try:
         if settings.http_port is not None:
             server = serve_in_thread(settings, worker.store, split=kwargs.get("split"))
-        worker.run()
+        follow_rounds(worker)
     finally:
         if server is not None:
             server.stop()

@@ -455,13 +455,6 @@ class Worker:
             log.warning("aggregator unavailable: %s", err)
         return self.evaluated_version() >= target
 
-    def run(self) -> None:
-        """Register, then follow rounds until :meth:`finished`
-        (:func:`services.client_sim.loop.follow_rounds`)."""
-        from services.client_sim.loop import follow_rounds  # (it drives a Worker)
-
-        follow_rounds(self)
-
     def close(self) -> None:
         """Close the upload thread, the client, the waiter and the store."""
         self._uploads.shutdown(wait=True)

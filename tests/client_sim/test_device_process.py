@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from services.client_sim.loop import follow_rounds
 from services.client_sim.server import DeviceApiServer, create_app
 from services.client_sim.worker import Worker
 from tests.client_sim.device_api import (
@@ -79,7 +80,7 @@ def test_worker_waits_for_an_aggregator_that_is_not_up_yet(tmp_path, split):
     fake.failures = [503, 502]  # two failed registrations, then the aggregator answers
     w = Worker(settings, split=split, transport=fake.transport(), waiter=Waiter())
     try:
-        w.run()
+        follow_rounds(w)
     finally:
         w.close()
     assert len(fake.registered) == split.n_users

@@ -16,6 +16,7 @@ from fedrecgel.simulate import RunResult, Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_updates, update_digest
 from services.client_sim.aggregator_client import AggregatorCallError
+from services.client_sim.loop import follow_rounds
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.client_sim.worker import Worker
@@ -189,7 +190,7 @@ def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
 def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
     fake, (w,) = _running(tmp_path, split, retries=1, backoff_s=0.0)
     fake.failures = [503, 503, 503, 500]
-    w.run()
+    follow_rounds(w)
     assert fake.state == "finished"
     assert [e["model_version"] for e in fake.evaluations] == [1, 2, 3]
     w.close()
@@ -197,7 +198,7 @@ def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
 
 def test_max_rounds_stops_early(tmp_path, split):
     fake, (w,) = _running(tmp_path, split, rounds=5, max_rounds=2)
-    w.run()
+    follow_rounds(w)
     assert w.evaluated_version() == 2 and fake.state == "open"
 
 

@@ -12,6 +12,7 @@ import torch
 from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_model
+from services.client_sim.loop import follow_rounds
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
@@ -55,7 +56,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
         )
         assert resp.status_code == 201, resp.text
 
-        threads = [threading.Thread(target=w.run) for w in workers]
+        threads = [threading.Thread(target=follow_rounds, args=(w,)) for w in workers]
         for t in threads:
             t.start()
         for t in threads:
