@@ -8,12 +8,13 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from alembic import command
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
 from services.aggregator.db import Database
 from services.aggregator.repository import Repository
-from tests.aggregator.migrating import alembic_connection, at_revision
+from tests.aggregator.migrating import alembic_connection
 from tests.support.aggregator import sqlite_url
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -59,20 +60,31 @@ def test_metrics_and_freed_states_do_not_rewrite_the_blobs(tmp_path: Path) -> No
         )
 
 
-def test_migration_0006_moves_the_blobs_and_downgrades(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+def _migration_roundtrip(url: str) -> None:
+    """At revision 0005, versions with both blobs, params only and neither; upgraded as the
+    aggregator upgrades (foreign keys enforced), the blobs are rows of ``version_blobs`` and
+    the columns gone; downgraded, they are back where they were."""
     rows = ((0, b"p0", None), (1, b"p1", b"s1"), (2, None, None))  # (version, params, state)
-    with at_revision(url, "0005") as (conn, _):
+    t = datetime(2025, 1, 1, tzinfo=UTC)
+    with alembic_connection(url) as (conn, cfg):
+        command.upgrade(cfg, "0005")
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, config, state, active, created_at) "
+                "VALUES (1, '{}', 'running', :a, :t)"
+            ),
+            {"a": True, "t": t},
+        )
         for v, params, state in rows:
             conn.execute(
                 text(
                     "INSERT INTO model_versions (run_id, version, round_id, params, "
                     "optimizer_state, digest, n_updates, created_at) VALUES (1, :v, :v, :p, :s, "
-                    "'d', 1, '2025-01-01')"
+                    "'d', 1, :t)"
                 ),
-                {"v": v, "p": params, "s": state},
+                {"v": v, "p": params, "s": state, "t": t},
             )
-    db = Database(url)  # as the aggregator upgrades: foreign keys enforced
+    db = Database(url)
     db.migrate()
     db.dispose()
     with alembic_connection(url) as (conn, cfg):
@@ -82,15 +94,27 @@ def test_migration_0006_moves_the_blobs_and_downgrades(tmp_path: Path) -> None:
                 "JOIN model_versions v ON v.id = b.version_pk ORDER BY 1, 2"
             )
         ).fetchall()
-        assert [tuple(r) for r in moved] == [
+        assert [(v, k, bytes(b)) for v, k, b in moved] == [
             (0, "params", b"p0"),
             (1, "optimizer_state", b"s1"),
             (1, "params", b"p1"),
         ]
-        columns = {r[1] for r in conn.execute(text("PRAGMA table_info(model_versions)"))}
+        columns = {c["name"] for c in inspect(conn).get_columns("model_versions")}
         assert not columns & {"params", "optimizer_state"}
         command.downgrade(cfg, "0005")
         back = conn.execute(
             text("SELECT version, params, optimizer_state FROM model_versions ORDER BY 1")
         ).fetchall()
-        assert [tuple(r) for r in back] == list(rows)
+        assert [
+            (v, None if p is None else bytes(p), None if st is None else bytes(st))
+            for v, p, st in back
+        ] == list(rows)
+
+
+def test_migration_0006_moves_the_blobs_and_downgrades(tmp_path: Path) -> None:
+    _migration_roundtrip(f"sqlite:///{tmp_path / 'old.db'}")
+
+
+@pytest.mark.postgres
+def test_migration_0006_on_postgres(postgres_url: str) -> None:
+    _migration_roundtrip(postgres_url)
