@@ -29,8 +29,6 @@ way (each poll reads a few meta values, each a transaction of its own before).
 
 from __future__ import annotations
 
-import os
-import stat
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,8 +54,10 @@ from services.client_sim.store_codec import (
     encode_private_rows,
     encode_user_data,
 )
+from services.client_sim.store_files import make_private_store, sqlite_file
 
 __all__ = [
+    "Progress",
     "StoreError",
     "UserData",
     "UserRow",
@@ -121,44 +121,6 @@ class Progress:
     last_attempt: int | None
 
 
-PRIVATE_MODE = 0o600
-#: SQLite's companion files of a database file (they hold its pages too)
-SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The database file of a SQLite URL (None: another database, or in memory)."""
-    u = make_url(url)
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
-        return None
-    if u.database.startswith("file:"):
-        return None  # a URI filename: SQLite itself opens it
-    return Path(u.database)
-
-
-def make_private(path: Path) -> None:
-    """Create ``path`` readable and writable by its owner only, or narrow an existing file (and
-    its SQLite companions) to that: the store holds private vectors and the client token."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_MODE)
-    try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != PRIVATE_MODE:
-            os.fchmod(fd, PRIVATE_MODE)
-    finally:
-        os.close(fd)
-    for suffix in SQLITE_COMPANIONS:
-        companion = path.with_name(path.name + suffix)
-        if companion.exists() and stat.S_IMODE(companion.stat().st_mode) != PRIVATE_MODE:
-            companion.chmod(PRIVATE_MODE)
-
-
-def _make_private_store(path: Path) -> None:
-    """:func:`make_private`, its failure a :class:`StoreError` that names the path."""
-    try:
-        make_private(path)
-    except OSError as err:  # no such folder, a folder in the way, no permission
-        raise StoreError(f"cannot open the store {path}: {err.strerror}") from None
-
-
 def _wal_mode(dbapi_connection: Any, connection_record: Any) -> None:
     """Each SQLite connection in WAL mode: a reader never waits for the writer."""
     cursor = dbapi_connection.cursor()
@@ -209,13 +171,16 @@ class WorkerStore:
         #: with ``mirror``, the whole meta table (loaded on first use, written through)
         self._meta: dict[str, str] | None = None
         self._meta_lock = threading.Lock()
+        #: with ``mirror``, every owned user's committed (round, attempt), once read
+        self._progress: dict[int, Progress] | None = None
+        self._progress_lock = threading.Lock()
 
     def _open(self, url: str) -> None:
         """Create the engine and the schema (refusing another service's database)."""
         path = sqlite_file(url)
         existed = path is not None and path.exists()
         if path is not None and not existed:  # created private, before SQLite writes to it
-            _make_private_store(path)
+            make_private_store(path)
         self.engine: Engine = create_engine(url)
         if path is not None:
             event.listen(self.engine, "connect", _wal_mode)
@@ -226,7 +191,7 @@ class WorkerStore:
                 f"{path or url} is not a worker store: it holds the tables {sorted(foreign)[:5]}"
             )
         if path is not None and existed:
-            _make_private_store(path)
+            make_private_store(path)
         _Base.metadata.create_all(self.engine)
 
     def close(self) -> None:
@@ -466,6 +431,10 @@ class WorkerStore:
                 self._mirror_meta(meta)
         if rows:
             self._mirror_saved(user_ids, state)
+            with self._progress_lock:
+                if self._progress is not None:
+                    for u in user_ids:
+                        self._progress[int(u)] = Progress(round_id, attempt)
 
     def _mirror_saved(self, user_ids: Sequence[int], state: PrivateState) -> None:
         """Write committed states into the mirror (dropped, to be rebuilt, if it lacks a user)."""
@@ -483,14 +452,27 @@ class WorkerStore:
                 )
 
     def progress(self, user_ids: Sequence[int]) -> dict[int, Progress]:
-        """Committed (round, attempt) of ``user_ids``."""
-        out: dict[int, Progress] = {}
+        """Committed (round, attempt) of ``user_ids``. A mirroring store answers from memory
+        (read from the file once, then updated by each committed save: they all go through
+        :meth:`save_states`), falling back to the file for a user it does not hold."""
+        if self._mirroring:
+            with self._progress_lock:
+                if self._progress is None:
+                    self._progress = self._read_progress(None)
+                known = {int(u): self._progress.get(int(u)) for u in user_ids}
+            if all(p is not None for p in known.values()):
+                return {u: p for u, p in known.items() if p is not None}
+        return self._read_progress(user_ids)
+
+    def _read_progress(self, user_ids: Sequence[int] | None) -> dict[int, Progress]:
+        """(round, attempt) of ``user_ids`` (None: every user) as the file holds them."""
+        cols = select(UserRow.user_id, UserRow.last_round, UserRow.last_attempt)
         with self._session() as s:
+            if user_ids is None:
+                return {uid: Progress(r, a) for uid, r, a in s.execute(cols)}
+            out: dict[int, Progress] = {}
             for chunk in _chunks(user_ids):
-                q = select(UserRow.user_id, UserRow.last_round, UserRow.last_attempt).where(
-                    UserRow.user_id.in_(chunk)
-                )
-                for uid, r, a in s.execute(q):
+                for uid, r, a in s.execute(cols.where(UserRow.user_id.in_(chunk))):
                     out[uid] = Progress(r, a)
         return out
 

@@ -20,6 +20,7 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PrivateState
 from fedrecgel.synthetic import synthetic_split
 from services.client_sim.store import (
+    Progress,
     UserRow,
     WorkerStore,
     decode_private,
@@ -238,6 +239,39 @@ def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
     builder.join(timeout=30)
     assert builder_reads and built
     _assert_state_equal(store.load_states([1, 4]), newer)
+    store.close()
+
+
+def test_a_mirrored_store_answers_progress_from_memory(tmp_path, split):
+    """Each round's cohort check reads the members' committed (round, attempt): a mirroring
+    store reads the file once, then answers without a query, as the file says after saves
+    and resets (a failed save changes nothing)."""
+    store = WorkerStore(tmp_path / "w.db", mirror=True)
+    store.add_users(split, [1, 4, 7])
+    store.save_states([1, 4, 7], _random_state(3, seed=9), None, None)
+    queries: list[str] = []
+    sqlalchemy.event.listen(
+        store.engine, "before_cursor_execute", lambda *a: queries.append(str(a[2]))
+    )
+    assert store.progress([1, 4]) == {1: Progress(None, None), 4: Progress(None, None)}
+    store.save_states([4, 7], _random_state(2, seed=10), 3, 1)
+    with pytest.raises(StaleDataError):
+        store.save_states([1, 99], _random_state(2, seed=11), 5, 0)
+    queries.clear()
+    got = store.progress([7, 4, 1])
+    assert queries == [], queries
+    plain = WorkerStore(tmp_path / "w.db")
+    assert (
+        got
+        == plain.progress([1, 4, 7])
+        == {
+            1: Progress(None, None),
+            4: Progress(3, 1),
+            7: Progress(3, 1),
+        }
+    )
+    assert store.progress([4, 2]) == {4: Progress(3, 1)}  # 2 is not a user: asks the file
+    plain.close()
     store.close()
 
 

@@ -105,7 +105,9 @@ def _model_from_db(path: Path, version: int) -> tuple:
     con = sqlite3.connect(path)
     try:
         row = con.execute(
-            "SELECT params FROM model_versions WHERE version = ?", (version,)
+            "SELECT b.blob FROM version_blobs b JOIN model_versions v ON v.id = b.version_pk "
+            "WHERE v.version = ? AND b.kind = 'params'",
+            (version,),
         ).fetchone()
     finally:
         con.close()
