@@ -35,8 +35,12 @@ from report_http_native import (
 from report_http_storage import (
     STORE,
     STORE_BEFORE,
+    STORE_FINAL,
+    STORE_FINAL_BEFORE,
     TAG_STORE,
     TAG_STORE_BEFORE,
+    TAG_STORE_FINAL,
+    TAG_STORE_FINAL_BEFORE,
     storage_reading,
 )
 
@@ -62,6 +66,8 @@ SESSIONS = {
     NATIVE: TAG_NATIVE,
     STORE_BEFORE: TAG_STORE_BEFORE,
     STORE: TAG_STORE,
+    STORE_FINAL_BEFORE: TAG_STORE_FINAL_BEFORE,
+    STORE_FINAL: TAG_STORE_FINAL,
 }
 #: the session before the newest (its reading says how far quiet runs move)
 NEWEST = "states in memory, evaluation during the upload"

@@ -16,8 +16,14 @@ from report_http_cpu import cpu_table
 STORE = "http_vs_simulator_storage.json"
 STORE_BEFORE = "http_vs_simulator_storage_before.json"
 ROUND_CPU_PAGES = "aggregator_round_cpu_pages.json"
+#: a later confirmation: the final code (cohort progress from memory too) against the same
+#: "before", interleaved again
+STORE_FINAL = "http_vs_simulator_storage_final.json"
+STORE_FINAL_BEFORE = "http_vs_simulator_storage_final_before.json"
 TAG_STORE = "64 KB pages, blobs apart, closes uncontended"
 TAG_STORE_BEFORE = "before: the native step's session, measured again"
+TAG_STORE_FINAL = "the same + cohort progress from memory (final code)"
+TAG_STORE_FINAL_BEFORE = "before, measured a third time"
 
 
 def _pages() -> str:
@@ -81,4 +87,30 @@ def storage_reading() -> list[str]:
         f"{max(a['simulator_wall_seconds'] + b['simulator_wall_seconds']):.1f} s from one "
         "repetition to the next, which is most of the spread of the ratios." + _pages()
     )
-    return ["", text, *cpu_table(before, after, TAG_STORE_BEFORE, TAG_STORE)]
+    return ["", text, *cpu_table(before, after, TAG_STORE_BEFORE, TAG_STORE), *_final()]
+
+
+def _final() -> list[str]:
+    """The final code against the same code before, in a later set of interleaved pairs."""
+    after, before = load_result(STORE_FINAL), load_result(STORE_FINAL_BEFORE)
+    if after is None or before is None:
+        return []
+    a, b = after["modes"]["partial"], before["modes"]["partial"]
+    target = after.get("ratio_target", 1.5)
+    under = sum(r <= target for r in a["ratios"])
+    loads = [r["load_avg_1m"] for d in (after, before) for r in d["repetitions"]]
+    med = statistics.median
+    return [
+        "",
+        f"The final code (*{TAG_STORE_FINAL}*: a worker's store also answers each round's "
+        "cohort check from memory) against the same code before (*"
+        f"{TAG_STORE_FINAL_BEFORE}*), {len(a['ratios'])} more interleaved pairs, 1-minute load "
+        f"{min(loads):.1f}-{max(loads):.1f}: median ratio {a['ratio_median']:.2f} "
+        f"({', '.join(f'{r:.2f}' for r in a['ratios'])}; {under} of {len(a['ratios'])} at "
+        f"or under {target}) against {b['ratio_median']:.2f} "
+        f"({', '.join(f'{r:.2f}' for r in b['ratios'])}); HTTP "
+        f"{med(a['http_wall_seconds']):.2f} s against {med(b['http_wall_seconds']):.2f} s, "
+        f"the simulator {med(a['simulator_wall_seconds']):.2f} s and "
+        f"{med(b['simulator_wall_seconds']):.2f} s (medians).",
+        *cpu_table(before, after, TAG_STORE_FINAL_BEFORE, TAG_STORE_FINAL),
+    ]
