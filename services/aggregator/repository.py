@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import ColumnElement, delete, func, insert, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -393,15 +393,19 @@ class Repository:
         )
         return row, {str(k): bytes(b) for k, b in self.session.execute(stmt)}
 
-    def drop_old_optimizer_states(self, run_id: int, latest: int) -> None:
-        """Free the optimizer state of every version of a run older than ``latest``."""
-        older = select(ModelVersion.id).where(
-            ModelVersion.run_id == run_id, ModelVersion.version < latest
-        )
+    def _delete_version_blobs(self, kind: str, *where: ColumnElement[bool]) -> None:
+        """Delete the ``kind`` blobs of the versions that match ``where``."""
+        versions = select(ModelVersion.id).where(*where)
         self.session.execute(
             delete(VersionBlob)
-            .where(VersionBlob.kind == OPTIMIZER_STATE, VersionBlob.version_pk.in_(older))
+            .where(VersionBlob.kind == kind, VersionBlob.version_pk.in_(versions))
             .execution_options(synchronize_session=False)
+        )
+
+    def drop_old_optimizer_states(self, run_id: int, latest: int) -> None:
+        """Free the optimizer state of every version of a run older than ``latest``."""
+        self._delete_version_blobs(
+            OPTIMIZER_STATE, ModelVersion.run_id == run_id, ModelVersion.version < latest
         )
 
     def unpruned_versions(self, run_id: int) -> list[int]:
@@ -414,17 +418,11 @@ class Repository:
     def prune_versions(self, run_id: int, versions: Sequence[int], now: datetime) -> None:
         """Free the params of some versions of a run (their rows stay, ``pruned_at`` set)."""
         for part in chunks(versions):
-            doomed = select(ModelVersion.id).where(
-                ModelVersion.run_id == run_id, ModelVersion.version.in_(part)
-            )
-            self.session.execute(
-                delete(VersionBlob)
-                .where(VersionBlob.kind == PARAMS, VersionBlob.version_pk.in_(doomed))
-                .execution_options(synchronize_session=False)
-            )
+            doomed = (ModelVersion.run_id == run_id, ModelVersion.version.in_(part))
+            self._delete_version_blobs(PARAMS, *doomed)
             self.session.execute(
                 update(ModelVersion)
-                .where(ModelVersion.run_id == run_id, ModelVersion.version.in_(part))
+                .where(*doomed)
                 .values(pruned_at=now)
                 .execution_options(synchronize_session=False)
             )

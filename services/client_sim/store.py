@@ -459,9 +459,9 @@ class WorkerStore:
             with self._progress_lock:
                 if self._progress is None:
                     self._progress = self._read_progress(None)
-                known = {int(u): self._progress.get(int(u)) for u in user_ids}
-            if all(p is not None for p in known.values()):
-                return {u: p for u, p in known.items() if p is not None}
+                held = self._progress
+                if all(int(u) in held for u in user_ids):
+                    return {int(u): held[int(u)] for u in user_ids}
         return self._read_progress(user_ids)
 
     def _read_progress(self, user_ids: Sequence[int] | None) -> dict[int, Progress]:

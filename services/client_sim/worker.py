@@ -238,6 +238,11 @@ class Worker:
         if due is None or (info.state == "open" and (info.round_id, info.attempt or 0) == due):
             return
         self._deliver_when_over = None
+        self._deliver_in_background()
+
+    def _deliver_in_background(self) -> None:
+        """Deliver the kept reports from the upload thread, while this worker goes on (a
+        delivery queued behind another finds what that one left kept)."""
         self._delivering = self._uploads.submit(self.evaluation.deliver)
 
     def settle(self) -> None:
@@ -347,9 +352,8 @@ class Worker:
             self.store.save_states(todo, result.state, r, a, meta=meta)
         if scores and self._announced is None:  # the round waits for others' uploads
             self._deliver_when_over = (r, a)
-        elif scores:  # delivered by the upload thread while this worker goes on, before its
-            # next upload (a delivery queued behind another finds what that one left kept)
-            self._delivering = self._uploads.submit(self.evaluation.deliver)
+        elif scores:  # before this worker's next upload (the same thread)
+            self._deliver_in_background()
         return statuses
 
     def _send(self, r: int, todo: list[int], result: StepResult) -> dict[int, str]:
