@@ -1,5 +1,5 @@
 """What the RESULTS sections (``bench/report*.py``) share: where the benchmarks' results are,
-and how one is read."""
+how one is read, and how two interleaved sides of an HTTP comparison are read and listed."""
 
 from __future__ import annotations
 
@@ -15,3 +15,23 @@ def load_result(path: Path | str) -> Any:
     benchmark has not been run."""
     p = path if isinstance(path, Path) else RES / path
     return json.loads(p.read_text()) if p.exists() else None
+
+
+def result_pair(name_before: str, name_after: str) -> tuple[Any, Any, int, float] | None:
+    """Two interleaved sides' results, their rounds and the ratio target (None unless both
+    were run)."""
+    before, after = load_result(name_before), load_result(name_after)
+    if before is None or after is None:
+        return None
+    return before, after, after["config"]["rounds"], after.get("ratio_target", 1.5)
+
+
+def ratios_text(summary: dict[str, Any]) -> str:
+    """A run summary's ratios, as listed."""
+    return ", ".join(f"{r:.2f}" for r in summary["ratios"])
+
+
+def load_range(*results: dict[str, Any]) -> str:
+    """The range of the 1-minute load after the repetitions of ``results``."""
+    loads = [r["load_avg_1m"] for d in results for r in d["repetitions"]]
+    return f"{min(loads):.1f}-{max(loads):.1f}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_common import load_result
+from report_common import load_range, load_result, ratios_text, result_pair
 from report_http_cpu import CPU_AFTER, TAG_AFTER, cpu_table, median_of, per_round_cpu
 
 CHURN_BEFORE = "http_vs_simulator_churn_before.json"
@@ -33,15 +33,6 @@ _KINDS = {
 }
 
 
-def _pair(name_before: str, name_after: str) -> tuple[Any, Any, int, float] | None:
-    """Two interleaved sides' results, their rounds and the ratio target (None unless both
-    were run)."""
-    before, after = load_result(name_before), load_result(name_after)
-    if before is None or after is None:
-        return None
-    return before, after, after["config"]["rounds"], after.get("ratio_target", 1.5)
-
-
 def _walls_and_ratios(a: dict[str, Any], b: dict[str, Any]) -> str:
     """The HTTP and simulator wall times and the ratios of two sides' partial-mode summaries,
     after (``a``) against before (``b``)."""
@@ -50,19 +41,18 @@ def _walls_and_ratios(a: dict[str, Any], b: dict[str, Any]) -> str:
         f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
         f"{median_of(a['simulator_wall_seconds']):.2f} s and "
         f"{median_of(b['simulator_wall_seconds']):.2f} s (medians). Median ratio "
-        f"{a['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in a['ratios'])}) against "
-        f"{b['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in b['ratios'])})"
+        f"{a['ratio_median']:.2f} ({ratios_text(a)}) against "
+        f"{b['ratio_median']:.2f} ({ratios_text(b)})"
     )
 
 
 def churn_reading() -> list[str]:
     """The interleaved HTTP runs before and after, with their CPU seconds."""
-    pair = _pair(CHURN_BEFORE, CHURN_AFTER)
+    pair = result_pair(CHURN_BEFORE, CHURN_AFTER)
     if pair is None:
         return []
     before, after, rounds, target = pair
     b, a = before["modes"]["partial"], after["modes"]["partial"]
-    loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
     agg_b, agg_a = (per_round_cpu(d, "aggregator_seconds", rounds) for d in (before, after))
     wk_b, wk_a = (per_round_cpu(d, "workers_seconds", rounds) for d in (before, after))
     under = sum(r <= target for r in a["ratios"])
@@ -82,7 +72,7 @@ def churn_reading() -> list[str]:
         f"**Freed pages and evaluation lookups** (*{TAG_CHURN_BEFORE}* and "
         f"*{TAG_CHURN_AFTER}*: {len(a['ratios'])} interleaved pairs of repetitions of "
         "partial-sum runs, the order within a pair alternating, 1-minute load "
-        f"{min(loads):.1f}-{max(loads):.1f} after the runs). Two changes to the aggregator "
+        f"{load_range(before, after)} after the runs). Two changes to the aggregator "
         "between the two sides. Python's SQLite is built with `secure_delete` on, so the "
         "storage pass after each close zeroed every page of the blobs it freed (the round's "
         "two update bodies, the previous version's optimizer state, pruned versions' "
@@ -144,7 +134,7 @@ def _totals(data: dict[str, Any], setting: str) -> str:
 
 def meta_reading() -> list[str]:
     """The interleaved HTTP runs before and after the workers kept their meta in memory."""
-    pair = _pair(META_BEFORE, META_AFTER)
+    pair = result_pair(META_BEFORE, META_AFTER)
     if pair is None:
         return []
     before, after, rounds, target = pair

@@ -28,7 +28,7 @@ def median_of(xs: list[float]) -> float:
 _med = median_of
 
 
-def _cpu(data: dict[str, Any], key: str) -> float:
+def run_cpu(data: dict[str, Any], key: str) -> float:
     """Median over the partial-mode repetitions of a CPU figure (seconds for the run)."""
     return _med([r["cpu"][key] for r in data["repetitions"] if r["mode"] == "partial"])
 
@@ -106,7 +106,7 @@ def cpu_reading() -> list[str]:
 
 def per_round_cpu(data: dict[str, Any], key: str, rounds: int) -> float:
     """Median over the repetitions of a CPU figure, per round."""
-    return _cpu(data, key) / rounds
+    return run_cpu(data, key) / rounds
 
 
 def cpu_table(
@@ -128,8 +128,8 @@ def cpu_table(
             f"{per_round_cpu(after, key, rounds):.3f} |"
             for label, key in rows
         ),
-        f"| services' CPU over the simulator's | {_cpu(before, 'services_over_simulator'):.2f} | "
-        f"{_cpu(after, 'services_over_simulator'):.2f} |",
+        f"| services' CPU over the simulator's | {run_cpu(before, 'services_over_simulator'):.2f} | "
+        f"{run_cpu(after, 'services_over_simulator'):.2f} |",
         *(
             f"| a worker's {name}: wall / CPU s per round | "
             f"{_phase(before, 'wall', name):.3f} / {_phase(before, 'cpu', name):.3f} | "
@@ -141,10 +141,10 @@ def cpu_table(
 
 def _cpu_reading(before: dict[str, Any], after: dict[str, Any], rounds: int) -> str:
     """What the CPU figures say about the ratio."""
-    agg = _cpu(after, "aggregator_seconds") / rounds
-    wk = _cpu(after, "workers_seconds") / rounds
-    sim = _cpu(after, "simulator_seconds") / rounds
-    busy = _cpu(after, "machine_busy_seconds") / _cpu(after, "window_seconds")
+    agg = run_cpu(after, "aggregator_seconds") / rounds
+    wk = run_cpu(after, "workers_seconds") / rounds
+    sim = run_cpu(after, "simulator_seconds") / rounds
+    busy = run_cpu(after, "machine_busy_seconds") / run_cpu(after, "window_seconds")
     comp_w, comp_c = _phase(after, "wall", "compute"), _phase(after, "cpu", "compute")
     tracked = sum(
         _phase(after, "cpu", p)

@@ -8,10 +8,10 @@ Used by ``bench/report_http.py``; every figure comes from a JSON under bench/res
 
 from __future__ import annotations
 
-import statistics
+from typing import Any
 
-from report_common import load_result
-from report_http_cpu import cpu_table
+from report_common import load_range, load_result, ratios_text, result_pair
+from report_http_cpu import cpu_table, median_of
 
 STORE = "http_vs_simulator_storage.json"
 STORE_BEFORE = "http_vs_simulator_storage_before.json"
@@ -46,21 +46,29 @@ def _pages() -> str:
     )
 
 
+def _medians(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The HTTP and simulator seconds of two run summaries (medians)."""
+    return (
+        f"HTTP {median_of(a['http_wall_seconds']):.2f} s against "
+        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
+        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
+        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians)"
+    )
+
+
 def storage_reading() -> list[str]:
     """This session's changes against the code before them, interleaved."""
-    after, before = load_result(STORE), load_result(STORE_BEFORE)
-    if after is None or before is None:
+    pair = result_pair(STORE_BEFORE, STORE)
+    if pair is None:
         return []
+    before, after, _, target = pair
     a, b = after["modes"]["partial"], before["modes"]["partial"]
-    target = after.get("ratio_target", 1.5)
     under = sum(r <= target for r in a["ratios"])
     met = "meets" if a["ratio_median"] <= target else "does not meet"
-    loads = [r["load_avg_1m"] for d in (after, before) for r in d["repetitions"]]
-    med = statistics.median
     text = (
         f"**Lighter storage and round ends** (*{TAG_STORE}* against *{TAG_STORE_BEFORE}*: "
         f"{len(a['ratios'])} interleaved pairs of repetitions, the order within a pair "
-        f"alternating, 1-minute load {min(loads):.1f}-{max(loads):.1f} after the runs). "
+        f"alternating, 1-minute load {load_range(after, before)} after the runs). "
         "A profile of the aggregator in the run over HTTP showed SQLite's commits and the "
         "writes of blobs (a version's params and optimizer state, about 5 MB, the partial "
         "sums) as the largest items of its CPU, and the worker whose upload left its round "
@@ -76,11 +84,8 @@ def storage_reading() -> list[str]:
         "note in one store transaction (three before); and a worker whose upload left its "
         "round open waits for the version event before it polls again, and delivers its "
         "report once the round is over. "
-        f"Median ratio {a['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in a['ratios'])}) "
-        f"against {b['ratio_median']:.2f} ({', '.join(f'{r:.2f}' for r in b['ratios'])}); "
-        f"HTTP {med(a['http_wall_seconds']):.2f} s against {med(b['http_wall_seconds']):.2f} s, "
-        f"the simulator {med(a['simulator_wall_seconds']):.2f} s and "
-        f"{med(b['simulator_wall_seconds']):.2f} s (medians). The median ratio {met} the "
+        f"Median ratio {a['ratio_median']:.2f} ({ratios_text(a)}) against {b['ratio_median']:.2f} "
+        f"({ratios_text(b)}); {_medians(a, b)}. The median ratio {met} the "
         f"{target}x target ({under} of {len(a['ratios'])} repetitions at or under it); the "
         "simulator alone moved between "
         f"{min(a['simulator_wall_seconds'] + b['simulator_wall_seconds']):.1f} and "
@@ -92,25 +97,19 @@ def storage_reading() -> list[str]:
 
 def _final() -> list[str]:
     """The final code against the same code before, in a later set of interleaved pairs."""
-    after, before = load_result(STORE_FINAL), load_result(STORE_FINAL_BEFORE)
-    if after is None or before is None:
+    pair = result_pair(STORE_FINAL_BEFORE, STORE_FINAL)
+    if pair is None:
         return []
+    before, after, _, target = pair
     a, b = after["modes"]["partial"], before["modes"]["partial"]
-    target = after.get("ratio_target", 1.5)
     under = sum(r <= target for r in a["ratios"])
-    loads = [r["load_avg_1m"] for d in (after, before) for r in d["repetitions"]]
-    med = statistics.median
     return [
         "",
         f"The final code (*{TAG_STORE_FINAL}*: a worker's store also answers each round's "
         "cohort check from memory) against the same code before (*"
         f"{TAG_STORE_FINAL_BEFORE}*), {len(a['ratios'])} more interleaved pairs, 1-minute load "
-        f"{min(loads):.1f}-{max(loads):.1f}: median ratio {a['ratio_median']:.2f} "
-        f"({', '.join(f'{r:.2f}' for r in a['ratios'])}; {under} of {len(a['ratios'])} at "
-        f"or under {target}) against {b['ratio_median']:.2f} "
-        f"({', '.join(f'{r:.2f}' for r in b['ratios'])}); HTTP "
-        f"{med(a['http_wall_seconds']):.2f} s against {med(b['http_wall_seconds']):.2f} s, "
-        f"the simulator {med(a['simulator_wall_seconds']):.2f} s and "
-        f"{med(b['simulator_wall_seconds']):.2f} s (medians).",
+        f"{load_range(after, before)}: median ratio {a['ratio_median']:.2f} ({ratios_text(a)}; "
+        f"{under} of {len(a['ratios'])} at or under {target}) against "
+        f"{b['ratio_median']:.2f} ({ratios_text(b)}); {_medians(a, b)}.",
         *cpu_table(before, after, TAG_STORE_FINAL_BEFORE, TAG_STORE_FINAL),
     ]
