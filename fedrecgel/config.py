@@ -69,6 +69,13 @@ class RunParams(BaseModel):
     chunk_size: int = Field(
         default=128, ge=1, le=1 << 20, description="Samples per client mini-batch."
     )
+    local_steps: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Extra Adam steps a client takes on its private embeddings each round, "
+        "with the round's samples at the round's model, before its SAM step (0: the paper).",
+    )
     deadline_s: float = Field(
         default=60.0, gt=0.0, le=7 * 86400.0, description="Round deadline (seconds)."
     )

@@ -78,6 +78,25 @@ def reference_client_step(
     sh_params = [model.sh(n) for n in shared]
     ns_params = list(model.private.values())
 
+    # Persistent per-client Adam: rebuild the optimizer around the stored moments.
+    opt = torch.optim.Adam(ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps)
+    step = int(state.step[0])
+    if step > 0:
+        for name, p in model.private.items():
+            opt.state[p] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": state.exp_avg[name][0].clone(),
+                "exp_avg_sq": state.exp_avg_sq[name][0].clone(),
+            }
+    # local steps: the private embeddings fitted to this round's shared parameters first
+    for _ in range(hp.local_steps):
+        model.zero_grad()
+        _chunked_loss(model, items, labels, hp.chunk_size).backward()
+        for p, g in zip(ns_params, _grads(ns_params), strict=True):
+            p.grad = g
+        opt.step()
+    step += hp.local_steps
+
     model.zero_grad()
     loss = _chunked_loss(model, items, labels, hp.chunk_size)
     loss.backward()
@@ -103,16 +122,6 @@ def reference_client_step(
     upload = sam_gradient(sh_params, g_sh, hp.rho_sh)
     g_priv = sam_gradient(ns_params, g_ns, hp.rho_ns)
 
-    # Persistent per-client Adam: rebuild the optimizer around the stored moments.
-    opt = torch.optim.Adam(ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps)
-    step = int(state.step[0])
-    if step > 0:
-        for name, p in model.private.items():
-            opt.state[p] = {
-                "step": torch.tensor(float(step)),
-                "exp_avg": state.exp_avg[name][0].clone(),
-                "exp_avg_sq": state.exp_avg_sq[name][0].clone(),
-            }
     for p, g in zip(ns_params, g_priv, strict=True):
         p.grad = g
     opt.step()

@@ -32,4 +32,5 @@ class RunConfig(RunParams):
             client_lr=self.client_lr,
             n_negatives=self.n_negatives,
             chunk_size=self.chunk_size,
+            local_steps=self.local_steps,
         )

@@ -49,6 +49,10 @@ class SAMConfig:
     chunk_size: int = DEFAULTS.chunk_size
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    # Extra Adam steps on the client's private embeddings before the SAM step, with the round's
+    # samples at the round's shared parameters: the user fits its embedding to the current
+    # items, so that the shared gradient it uploads is a personalised one (0: the paper).
+    local_steps: int = 0
     # Cap on the samples of one group of clients computed together (a memory knob).
     max_batch_samples: int = 1 << 13
     # Per-client uploads computed for groups of clients together (as the aggregate path does):
@@ -345,6 +349,57 @@ def _group_step(
     return lay, upload, g_priv, loss
 
 
+def _groups(sizes: np.ndarray, grouped: bool, cap: int) -> list[tuple[int, int]]:
+    """Consecutive client ranges [start, stop) computed together: one client each, or (when
+    ``grouped``) as many as fit in ``cap`` samples (one client may exceed it)."""
+    out = []
+    start, c = 0, len(sizes)
+    while start < c:
+        stop = start + 1
+        n = int(sizes[start])
+        while grouped and stop < c and n + sizes[stop] <= cap:
+            n += int(sizes[stop])
+            stop += 1
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def fit_private_(
+    cfg: ModelConfig,
+    shared: dict[str, Tensor],
+    state: PrivateState,
+    samples: list[tuple[np.ndarray, np.ndarray]],
+    hp: SAMConfig,
+    groups: list[tuple[int, int]],
+) -> None:
+    """``hp.local_steps`` Adam steps on the clients' private parameters, in place: each the
+    gradient of the client's loss on its round's samples with respect to its own embeddings
+    only, the shared parameters fixed (nothing of it is uploaded)."""
+    if hp.local_steps <= 0:
+        return
+    dense = {n: shared[n] for n in cfg.dense_names()}
+    prepared = []
+    for start, stop in groups:
+        lay = make_layout(samples[start:stop], cfg.n_items, hp.chunk_size)
+        ig = shared["item_gmf"].index_select(0, lay.items)
+        im = shared["item_mlp"].index_select(0, lay.items) if cfg.kind == "ncf" else None
+        first = None
+        if im is not None:
+            first = im @ dense["tower.0.weight"][:, cfg.mlp_dim :].T
+        prepared.append((start, stop, lay, ig, im, first))
+    grads = {k: torch.zeros_like(v) for k, v in state.params.items()}
+    for _ in range(hp.local_steps):
+        for start, stop, lay, ig, im, first in prepared:
+            priv = {k: v[start:stop] for k, v in state.params.items()}
+            fw = passes.forward(cfg, lay, priv, ig, im, dense, False, first)
+            _, d = passes.loss_grad(lay, fw.logits)
+            _, g = passes.backward(cfg, lay, fw, priv, dense, False, d, None, True)
+            for k, v in g.items():
+                grads[k][start:stop] = v
+        _adam_(state, grads, hp.client_lr, hp.betas, hp.eps)
+
+
 def native_fits(cfg: ModelConfig, hp: SAMConfig) -> bool:
     """Whether :mod:`fedrecgel.native` computes this model's aggregate path (NCF, rho_sh > 0)."""
     return cfg.kind == "ncf" and hp.rho_sh > 0
@@ -388,18 +443,16 @@ def cohort_step(
         tables = {t: torch.zeros(shapes[t]) for t in cfg.item_tables()}
     w_all = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
     ops = native.kernels() if native_fits(cfg, hp) else None
-    start = 0
+    # per-client uploads: one client at a time, so that a client's float rounding never
+    # depends on which other clients are computed with it (a worker recomputes only the
+    # clients still pending after a crash, and must get the same bytes)
+    groups = _groups(sizes, weights is not None or hp.grouped_uploads, hp.max_batch_samples)
     with torch.no_grad():
-        while start < c:
-            stop = start + 1
-            n = int(sizes[start])
-            # per-client uploads: one client at a time, so that a client's float rounding
-            # never depends on which other clients are computed with it (a worker recomputes
-            # only the clients still pending after a crash, and must get the same bytes)
-            grouped = weights is not None or hp.grouped_uploads
-            while grouped and stop < c and n + sizes[stop] <= hp.max_batch_samples:
-                n += int(sizes[stop])
-                stop += 1
+        if hp.local_steps > 0:
+            # the SAM step below starts from the fitted embeddings and their Adam state
+            fit_private_(cfg, shared_d, new_state, samples, hp, groups)
+            state = new_state.select(slice(None))
+        for start, stop in groups:
             priv = {k: v[start:stop] for k, v in state.params.items()}
             w = None if w_all is None else w_all[start:stop]
             group = samples[start:stop]
@@ -423,7 +476,6 @@ def cohort_step(
             losses[start:stop] = loss.numpy()
             for k, g in g_priv.items():
                 priv_grads[k][start:stop] = g
-            start = stop
         _adam_(new_state, priv_grads, hp.client_lr, hp.betas, hp.eps)
     return StepResult(uploads=uploads, state=new_state, losses=losses, aggregate=total)
 

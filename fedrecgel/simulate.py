@@ -77,6 +77,7 @@ class TrainConfig:
     clip: float | None = DEFAULTS.clip
     n_negatives: int = DEFAULTS.n_negatives
     chunk_size: int = DEFAULTS.chunk_size
+    local_steps: int = DEFAULTS.local_steps
     factor: int = DEFAULTS.factor
     layers: int = DEFAULTS.layers
     seed: int = DEFAULTS.seed
@@ -125,6 +126,7 @@ class TrainConfig:
             clip=params.clip,
             n_negatives=params.n_negatives,
             chunk_size=params.chunk_size,
+            local_steps=params.local_steps,
             factor=params.factor,
             layers=params.layers,
             seed=params.seed,
@@ -163,6 +165,7 @@ class TrainConfig:
             "client_lr": self.client_lr,
             "n_negatives": self.n_negatives,
             "chunk_size": self.chunk_size,
+            "local_steps": self.local_steps,
             "secure_aggregation": self.secure_aggregation,
             "secagg_neighbours": self.secagg_neighbours,
             "secagg_dropout": self.secagg_dropout,
@@ -206,6 +209,7 @@ class TrainConfig:
             client_lr=self.client_lr,
             n_negatives=self.n_negatives,
             chunk_size=self.chunk_size,
+            local_steps=self.local_steps,
             grouped_uploads=self.grouped_uploads,
         )
 

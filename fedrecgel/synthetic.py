@@ -12,6 +12,13 @@ Generation, all vectorised and deterministic for a seed:
   spread over the id range. Items are distinct within a user: duplicates are re-drawn from the
   same distribution (rejection, only the offending entries), which is sampling without
   replacement; the rare users rejection does not settle are drawn exactly.
+* **Tastes** (``groups`` > 0): each user belongs to one of ``groups`` taste groups (drawn
+  uniformly), and each group has its own random permutation of the popularity ranks. Each of
+  a user's interactions takes its item, with probability ``affinity``, from its group's
+  permutation instead of the global one: items popular within a group are then rare in the
+  others, so a model that learns who likes what beats the global popularity ranking, as on
+  real data. ``groups = 0`` (the default) gives every user the same popularity and no
+  structure beyond it (and the same draws as before the option existed).
 * **Timestamps** are random, so the held-out items are random rows; then the same leave-one-out
   and negative sampling as the real datasets (``fedrecgel.data.build_split``).
 
@@ -55,6 +62,8 @@ def synthetic_split(
     n_test_negatives: int = 99,
     validation: bool = False,
     min_interactions: int = 5,
+    groups: int = 0,
+    affinity: float = 0.0,
 ) -> Split:
     """A random leave-one-out split with Zipf-like item popularity (see the module docstring)."""
     need = 3 if validation else 2
@@ -67,6 +76,8 @@ def synthetic_split(
         raise DataError(f"need at least one user and one item, got {n_users} x {n_items}")
     if skew < 0:
         raise DataError(f"skew must be >= 0, got {skew}")
+    if groups < 0 or not 0.0 <= affinity <= 1.0:
+        raise DataError(f"need groups >= 0 and 0 <= affinity <= 1, got {groups}, {affinity}")
     if n_test_negatives < 0:
         raise DataError(f"n_test_negatives must be >= 0, got {n_test_negatives}")
     cap = n_items - n_test_negatives
@@ -90,13 +101,24 @@ def synthetic_split(
     cdf /= cdf[-1]
     perm = rng.permutation(n_items).astype(np.int64)
 
-    def draw(size: int) -> np.ndarray:
-        ranks = np.searchsorted(cdf, rng.random(size), side="right")
+    group_perms = np.zeros((0, n_items), dtype=np.int64)
+    group_of = np.zeros(0, dtype=np.int64)
+    if groups > 0:
+        group_of = rng.integers(0, groups, size=n_users)
+        group_perms = np.stack([rng.permutation(n_items) for _ in range(groups)])
+
+    def draw(who: np.ndarray) -> np.ndarray:
+        """One item for each entry of ``who`` (user ids)."""
+        ranks = np.searchsorted(cdf, rng.random(len(who)), side="right")
         np.minimum(ranks, n_items - 1, out=ranks)
-        return np.asarray(perm[ranks])
+        out = np.asarray(perm[ranks])
+        if groups > 0:
+            mine = np.flatnonzero(rng.random(len(who)) < affinity)
+            out[mine] = group_perms[group_of[who[mine]], ranks[mine]]
+        return out
 
     users = np.repeat(np.arange(n_users, dtype=np.int64), counts)
-    keys = users * n_items + draw(total)
+    keys = users * n_items + draw(users)
     del users
     keys.sort()
     # duplicates: re-draw them, then re-sort only the affected users' segments
@@ -105,17 +127,22 @@ def synthetic_split(
         if len(dup) == 0:
             break
         dup_users = keys[dup] // n_items
-        keys[dup] = dup_users * n_items + draw(len(dup))
+        keys[dup] = dup_users * n_items + draw(dup_users)
         rows = _segment_rows(indptr, np.unique(dup_users))
         seg = np.sort(keys[rows])
         keys[rows] = seg
         dup = rows[_dup_positions(seg)]
     if len(dup):
         # exact draw without replacement for the users rejection did not settle
+        base = weights / weights.sum()
         p = np.empty(n_items, dtype=np.float64)
-        p[perm] = weights / weights.sum()
+        p[perm] = base
         for u in np.unique(keys[dup] // n_items).tolist():
             r0, r1 = int(indptr[u]), int(indptr[u + 1])
+            if groups > 0:  # the mixture the user's items are drawn from
+                p = np.zeros(n_items, dtype=np.float64)
+                p[perm] += (1.0 - affinity) * base
+                p[group_perms[group_of[u]]] += affinity * base
             chosen = rng.choice(n_items, size=r1 - r0, replace=False, p=p)
             keys[r0:r1] = np.sort(chosen) + u * n_items
 
