@@ -15,12 +15,20 @@ ACC = RES / "accuracy"
 DOCS = ROOT / "docs"
 #: HR@10 / NDCG@10 (%) the paper reports for FedRecGEL (ALGORITHM.md), paper protocol
 PAPER = {"filmtrust": (91.77, 81.75), "lastfm-2k": (80.69, 73.56), "amazon-video": (62.71, 41.26)}
-KEYS = ("amazon-video/paper", "lastfm-2k/clean", "filmtrust/paper", "lastfm-2k/paper")
+KEYS = (
+    "amazon-video/paper",
+    "lastfm-2k/clean",
+    "filmtrust/paper",
+    "lastfm-2k/paper",
+    "synthetic-tastes/paper",
+)
 SYNTHETIC = "synthetic/paper"
 ROWS = (
     ("popularity", "popularity"),
     ("random", "random"),
     ("faithful", "faithful (`--preset paper`)"),
+    ("default-fedrecgel", "FedRecGEL at the defaults (no preset)"),
+    ("default-fedncf", "FedNCF at the defaults (SAM off)"),
     ("tuned-fedrecgel", "tuned FedRecGEL"),
     ("tuned-fedncf", "tuned FedNCF (SAM off)"),
     ("tuned-fedmf", "tuned FedMF"),
@@ -70,8 +78,9 @@ def _settings(runs: list[dict[str, Any]]) -> str:
     if not runs or "settings" not in runs[0]:
         return ""
     s = runs[0]["settings"]
+    local = f", {s['local_steps']} local steps" if s.get("local_steps") else ""
     return (
-        f"{s['server_optimizer']} {s['server_lr']:.3g}, client {s['client_lr']:.3g}, "
+        f"{s['server_optimizer']} {s['server_lr']:.3g}, client {s['client_lr']:.3g}{local}, "
         f"rho {s['rho_sh']:.3g}/{s['rho_ns']:.3g}, {s['rounds']} rounds "
         f"({runs[0]['settings_from']})"
     )

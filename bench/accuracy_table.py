@@ -8,6 +8,8 @@ A cell is ``<dataset>/<protocol>:<label>``; labels:
 
 * ``popularity``, ``random``: the reference rankings (:mod:`fedrecgel.baselines`);
 * ``faithful``: FedRecGEL with ``--preset paper`` (the paper's settings, the authors' rho pair);
+* ``default-fedrecgel``, ``default-fedncf``: what ``fedrec train`` runs with no preset (the
+  shipped ``default`` preset, ``bench/default_rule.py``), FedNCF with SAM off;
 * ``tuned-fedrecgel``, ``tuned-fedncf``, ``tuned-fedmf``: ``--preset tuned`` (the dataset's own
   ``tuned-<dataset>``, else the default learned across tuned datasets) with that method; FedNCF
   and FedMF take the same settings with SAM off (and the MF model).
@@ -45,6 +47,8 @@ OUT = ROOT / "bench" / "results" / "accuracy"
 #: federated cells: label -> (method, preset)
 FEDERATED = {
     "faithful": ("fedrecgel", "paper"),
+    "default-fedrecgel": ("fedrecgel", "default"),
+    "default-fedncf": ("fedncf", "default"),
     "tuned-fedrecgel": ("fedrecgel", "tuned"),
     "tuned-fedncf": ("fedncf", "tuned"),
     "tuned-fedmf": ("fedmf", "tuned"),
@@ -52,11 +56,18 @@ FEDERATED = {
 LABELS = ("popularity", "random", *FEDERATED)
 DATASETS = ("amazon-video/paper", "lastfm-2k/clean", "filmtrust/paper", "lastfm-2k/paper")
 SYNTHETIC = "synthetic/paper"
+#: the synthetic set with taste groups (bench/accuracy_diagnosis.py's SYNTHETIC_TASTES)
+TASTES = "synthetic-tastes/paper"
 
 
 def load(key: str, data_dir: Path) -> Split:
     """The split of ``<dataset>/<protocol>``, with a validation item per user."""
     name, protocol = key.split("/")
+    if name == "synthetic-tastes":
+        from accuracy_diagnosis import SYNTHETIC_TASTES
+
+        split = synthetic_split(**SYNTHETIC_TASTES, seed=0, validation=True)  # type: ignore[arg-type]
+        return replace(split, name="synthetic-tastes")
     if name == "synthetic":
         return replace(
             synthetic_split(
@@ -115,11 +126,18 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
             data["method"], data["preset"] = FEDERATED[label]
             own = f"tuned-{split.name}" in stored(PRESETS_FILE)
             data["settings_from"] = (
-                "paper" if label == "faithful" else f"tuned-{split.name}" if own else "learned"
+                "paper"
+                if label == "faithful"
+                else "default"
+                if label.startswith("default-")
+                else f"tuned-{split.name}"
+                if own
+                else "learned"
             )
-            data["settings"] = {
-                k: getattr(cfg, k) for k in ("rounds", "server_lr", "client_lr", "server_optimizer")
-            } | dict(zip(("rho_sh", "rho_ns"), cfg.effective_rho(), strict=True))
+            keys = ("rounds", "server_lr", "client_lr", "server_optimizer", "local_steps")
+            data["settings"] = {k: getattr(cfg, k) for k in keys} | dict(
+                zip(("rho_sh", "rho_ns"), cfg.effective_rho(), strict=True)
+            )
             res = Simulator(split, cfg).run()
         data.update(record(res, seed))
         folder.mkdir(parents=True, exist_ok=True)
@@ -141,7 +159,9 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument(
         "--cells",
-        default=",".join(f"{d}:{label}" for d in (*DATASETS, SYNTHETIC) for label in LABELS),
+        default=",".join(
+            f"{d}:{label}" for d in (*DATASETS, SYNTHETIC, TASTES) for label in LABELS
+        ),
         help="comma-separated <dataset>/<protocol>:<label>, in the order to run",
     )
     args = ap.parse_args()

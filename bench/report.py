@@ -9,6 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
+import diagnosis_report
 import report_dashboard
 import report_http
 import report_serving
@@ -323,7 +324,15 @@ def accuracy() -> list[str]:
     """The accuracy section: tables and curves, tuning studies, targets and their readings."""
     if not ACC.exists():
         return []
-    return [*accuracy_section(), *accuracy_studies(), *accuracy_targets(), *accuracy_readings()]
+    return [
+        *accuracy_section(),
+        "",
+        *diagnosis_report.section(),
+        "",
+        *accuracy_studies(),
+        *accuracy_targets(),
+        *accuracy_readings(),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -134,6 +134,23 @@ PRESET_FIELDS = {
     "server_optimizer": "optimizer",
     "rho_sh": "rho_sh",
     "rho_ns": "rho_ns",
+    **{
+        name: name
+        for name in (
+            "local_steps",
+            "client_weight_decay",
+            "server_beta1",
+            "server_beta2",
+            "server_momentum",
+            "server_warmup",
+            "server_decay",
+            "n_negatives",
+            "factor",
+            "layers",
+            "fraction",
+            "weighting",
+        )
+    },
 }
 
 
@@ -252,8 +269,10 @@ def train(
     preset: Annotated[
         str | None,
         typer.Option(
-            help="Settings by name: paper, tuned (this dataset's, else learned across "
-            "datasets) or tuned-<dataset>; options given on the command line win."
+            help="Settings by name: default (what runs without this option: chosen across "
+            "the shipped datasets on validation only), paper (the authors' settings), tuned "
+            "(this dataset's, else learned across datasets) or tuned-<dataset>; options given "
+            "on the command line win."
         ),
     ] = None,
     presets_file: Annotated[
@@ -313,6 +332,8 @@ def train(
         split = load_data(dataset, data_dir, validation, protocol, split_dir)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
+    if preset is None and federated:
+        preset = "default"  # no preset named: the settings that learn across datasets
     base = _apply_preset(ctx, base, preset, split.name, presets_file)
     n_shared = base.model(split.n_items).n_shared()
     if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:

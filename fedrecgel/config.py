@@ -23,6 +23,7 @@ SecAggMode = Literal["off", "dense"]
 DPMode = Literal["central", "distributed"]
 Sampling = Literal["fixed", "poisson"]
 UploadGrouping = Literal["client", "worker"]
+LrDecay = Literal["constant", "cosine"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
 MAX_SEED = 2**32 - 1
@@ -50,6 +51,33 @@ class RunParams(BaseModel):
     seed: int = Field(default=0, ge=0, le=MAX_SEED, description="Seed of the run.")
     optimizer: OptimizerName = Field(default="adam", description="Server optimizer.")
     server_lr: float = Field(default=0.001, gt=0.0, le=10.0, description="Server step size.")
+    server_beta1: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description="beta1 of server adam, fedadam or fedyogi (none: the optimizer's usual 0.9).",
+    )
+    server_beta2: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description="beta2 of server adam, fedadam or fedyogi (none: the optimizer's usual, "
+        "0.999 for adam, 0.99 for the others).",
+    )
+    server_momentum: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="Momentum of server sgd (0: none)."
+    )
+    server_warmup: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Rounds over which the server step size ramps up linearly to server_lr.",
+    )
+    server_decay: LrDecay = Field(
+        default="constant",
+        description="Server step size after the warm-up: constant, or cosine decay to 0 at the "
+        "last round.",
+    )
     weighting: Weighting = Field(
         default="mean", description="Mean of updates (faithful) or weighted by samples."
     )
@@ -68,6 +96,13 @@ class RunParams(BaseModel):
     )
     chunk_size: int = Field(
         default=128, ge=1, le=1 << 20, description="Samples per client mini-batch."
+    )
+    client_weight_decay: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Decoupled weight decay of the private embeddings at each private step "
+        "(AdamW: the embeddings shrink by client_lr * this before the step; 0: the paper).",
     )
     local_steps: int = Field(
         default=0,

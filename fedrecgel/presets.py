@@ -6,6 +6,9 @@
   (``fedrec tune --save-preset``), with the study's figures: the shipped ones in
   ``presets.json`` beside this module (package data, never written), the user's own in
   :func:`user_presets_file` (or a file they name), which win over shipped ones of the same name;
+* ``default``: what ``fedrec train`` runs when no preset is named: settings chosen across the
+  shipped datasets on validation items only (``presets.json``, its ``rule`` says how; the
+  leave-one-dataset-out check is ``bench/default_rule.py``);
 * ``tuned``: ``tuned-<dataset>`` when the dataset has one, else the settings learned across the
   tuned datasets (geometric mean of step sizes and radii, median rounds, the most common
   optimizer), so a new dataset never gets settings picked on its own test set.
@@ -125,10 +128,12 @@ def resolve(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
         rho = PAPER_RHO.get(dataset)
         return {"rho_sh": rho[0], "rho_ns": rho[1]} if rho else {}
     presets = stored(*paths)
+    if name == "default" and name not in presets:
+        raise PresetError(f"no default preset in {', '.join(map(str, paths))}")
     if name == "tuned":
         own = presets.get(f"tuned-{dataset}")
         return dict(own["settings"]) if own else learned_default(presets)
     if name in presets:
         return dict(presets[name]["settings"])
-    known = ["paper", "tuned", *sorted(presets)]
+    known = ["paper", "tuned", *sorted(n for n in presets if n not in ("paper", "tuned"))]
     raise PresetError(f"unknown preset {name!r}; known: {', '.join(known)}")

@@ -79,7 +79,13 @@ def reference_client_step(
     ns_params = list(model.private.values())
 
     # Persistent per-client Adam: rebuild the optimizer around the stored moments.
-    opt = torch.optim.Adam(ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps)
+    opt: torch.optim.Optimizer
+    if hp.weight_decay:
+        opt = torch.optim.AdamW(
+            ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay
+        )
+    else:
+        opt = torch.optim.Adam(ns_params, lr=hp.client_lr, betas=hp.betas, eps=hp.eps)
     step = int(state.step[0])
     if step > 0:
         for name, p in model.private.items():

@@ -33,4 +33,5 @@ class RunConfig(RunParams):
             n_negatives=self.n_negatives,
             chunk_size=self.chunk_size,
             local_steps=self.local_steps,
+            weight_decay=self.client_weight_decay,
         )

@@ -52,7 +52,9 @@ class SAMConfig:
     # Extra Adam steps on the client's private embeddings before the SAM step, with the round's
     # samples at the round's shared parameters: the user fits its embedding to the current
     # items, so that the shared gradient it uploads is a personalised one (0: the paper).
-    local_steps: int = 0
+    local_steps: int = DEFAULTS.local_steps
+    # Decoupled weight decay of the private embeddings at each private step (AdamW's rule).
+    weight_decay: float = DEFAULTS.client_weight_decay
     # Cap on the samples of one group of clients computed together (a memory knob).
     max_batch_samples: int = 1 << 13
     # Per-client uploads computed for groups of clients together (as the aggregate path does):
@@ -237,9 +239,18 @@ class StepResult:
 
 
 def _adam_(
-    state: PrivateState, grads: dict[str, Tensor], lr: float, betas: tuple[float, float], eps: float
+    state: PrivateState,
+    grads: dict[str, Tensor],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float = 0.0,
 ) -> None:
-    """One Adam step per row (each user its own step count), as torch.optim.Adam computes it."""
+    """One Adam step per row (each user its own step count), as torch.optim.Adam computes it
+    (torch.optim.AdamW's with ``weight_decay``)."""
+    if weight_decay:
+        for p in state.params.values():
+            p.mul_(1 - lr * weight_decay)
     b1, b2 = betas
     state.step += 1
     t = state.step.to(torch.float64)
@@ -397,7 +408,7 @@ def fit_private_(
             _, g = passes.backward(cfg, lay, fw, priv, dense, False, d, None, True)
             for k, v in g.items():
                 grads[k][start:stop] = v
-        _adam_(state, grads, hp.client_lr, hp.betas, hp.eps)
+        _adam_(state, grads, hp.client_lr, hp.betas, hp.eps, hp.weight_decay)
 
 
 def native_fits(cfg: ModelConfig, hp: SAMConfig) -> bool:
@@ -476,7 +487,7 @@ def cohort_step(
             losses[start:stop] = loss.numpy()
             for k, g in g_priv.items():
                 priv_grads[k][start:stop] = g
-        _adam_(new_state, priv_grads, hp.client_lr, hp.betas, hp.eps)
+        _adam_(new_state, priv_grads, hp.client_lr, hp.betas, hp.eps, hp.weight_decay)
     return StepResult(uploads=uploads, state=new_state, losses=losses, aggregate=total)
 
 

@@ -22,6 +22,7 @@ from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.config import (
     DEFAULTS,
     DPMode,
+    LrDecay,
     RunParams,
     Sampling,
     SecAggMode,
@@ -41,8 +42,8 @@ from fedrecgel.strategy import (
     Strategy,
     Weighting,
     combine_partials,
-    make_strategy,
     partial_loss,
+    strategy_of,
 )
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ METHODS: tuple[str, ...] = (
 )
 
 
+#: TrainConfig fields named otherwise in RunParams
+_RUN_NAMES = {"server_optimizer": "optimizer"}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that defines a simulated run. The settings a federated run shares take their
@@ -73,11 +78,17 @@ class TrainConfig:
     client_lr: float = DEFAULTS.client_lr
     server_lr: float = DEFAULTS.server_lr
     server_optimizer: OptimizerName = DEFAULTS.optimizer
+    server_beta1: float | None = DEFAULTS.server_beta1
+    server_beta2: float | None = DEFAULTS.server_beta2
+    server_momentum: float = DEFAULTS.server_momentum
+    server_warmup: int = DEFAULTS.server_warmup
+    server_decay: LrDecay = DEFAULTS.server_decay
     weighting: Weighting = DEFAULTS.weighting
     clip: float | None = DEFAULTS.clip
     n_negatives: int = DEFAULTS.n_negatives
     chunk_size: int = DEFAULTS.chunk_size
     local_steps: int = DEFAULTS.local_steps
+    client_weight_decay: float = DEFAULTS.client_weight_decay
     factor: int = DEFAULTS.factor
     layers: int = DEFAULTS.layers
     seed: int = DEFAULTS.seed
@@ -114,72 +125,24 @@ class TrainConfig:
         """The simulator's config of a federated run's ``params`` (the method follows the
         model kind; ``own``: method, eval_every, shards)."""
         own.setdefault("method", "fedmf" if params.kind == "mf" else "fedrecgel")
-        return cls(
-            rounds=params.rounds,
-            fraction=params.fraction,
-            rho_sh=params.rho_sh,
-            rho_ns=params.rho_ns,
-            client_lr=params.client_lr,
-            server_lr=params.server_lr,
-            server_optimizer=params.optimizer,
-            weighting=params.weighting,
-            clip=params.clip,
-            n_negatives=params.n_negatives,
-            chunk_size=params.chunk_size,
-            local_steps=params.local_steps,
-            factor=params.factor,
-            layers=params.layers,
-            seed=params.seed,
-            secure_aggregation=params.secure_aggregation,
-            secagg_neighbours=params.secagg_neighbours,
-            secagg_dropout=params.secagg_dropout,
-            secagg_range=params.secagg_range,
-            secagg_scale_bits=params.secagg_scale_bits,
-            sampling=params.sampling,
-            dp_clip=params.dp_clip,
-            dp_noise=params.dp_noise,
-            dp_mode=params.dp_mode,
-            dp_delta=params.dp_delta,
-            target_epsilon=params.target_epsilon,
-            upload_grouping=params.upload_grouping,
-            **own,
-        )
+        shared = {
+            name: getattr(params, _RUN_NAMES.get(name, name))
+            for name in cls.__dataclass_fields__
+            if _RUN_NAMES.get(name, name) in RunParams.model_fields
+        }
+        return cls(**{**shared, **own})
 
     def run_params(self, **overrides: Any) -> RunParams:
         """The federated run that computes what this simulation does (``overrides``: other
         :class:`~fedrecgel.config.RunParams` fields, e.g. dataset, deadline_s)."""
         rho_sh, rho_ns = self.effective_rho()
         values: dict[str, Any] = {
-            "kind": self.model_kind(),
-            "factor": self.factor,
-            "layers": self.layers,
-            "rounds": self.rounds,
-            "fraction": self.fraction,
-            "seed": self.seed,
-            "optimizer": self.server_optimizer,
-            "server_lr": self.server_lr,
-            "weighting": self.weighting,
-            "clip": self.clip,
-            "rho_sh": rho_sh,
-            "rho_ns": rho_ns,
-            "client_lr": self.client_lr,
-            "n_negatives": self.n_negatives,
-            "chunk_size": self.chunk_size,
-            "local_steps": self.local_steps,
-            "secure_aggregation": self.secure_aggregation,
-            "secagg_neighbours": self.secagg_neighbours,
-            "secagg_dropout": self.secagg_dropout,
-            "secagg_range": self.secagg_range,
-            "secagg_scale_bits": self.secagg_scale_bits,
-            "sampling": self.sampling,
-            "dp_clip": self.dp_clip,
-            "dp_noise": self.dp_noise,
-            "dp_mode": self.dp_mode,
-            "dp_delta": self.dp_delta,
-            "target_epsilon": self.target_epsilon,
-            "upload_grouping": self.upload_grouping,
-            **overrides,
+            _RUN_NAMES.get(name, name): getattr(self, name)
+            for name in self.__dataclass_fields__
+            if _RUN_NAMES.get(name, name) in RunParams.model_fields
         }
+        values.update(kind=self.model_kind(), rho_sh=rho_sh, rho_ns=rho_ns)
+        values.update(overrides)
         return check(values, RunParams)
 
     def run_config(self, n_items: int, **overrides: Any) -> RunConfig:
@@ -210,6 +173,7 @@ class TrainConfig:
             n_negatives=self.n_negatives,
             chunk_size=self.chunk_size,
             local_steps=self.local_steps,
+            weight_decay=self.client_weight_decay,
             grouped_uploads=self.grouped_uploads,
         )
 
@@ -221,7 +185,7 @@ class TrainConfig:
 
     def strategy(self) -> Strategy:
         """The server strategy."""
-        return make_strategy(self.server_optimizer, self.server_lr, self.weighting, self.clip)
+        return strategy_of(self.run_params())
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option (the shared ones against the bounds of

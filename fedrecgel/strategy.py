@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedrecgel.config import DEFAULTS
+from fedrecgel.config import DEFAULTS, LrDecay, RunParams
 from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
 from fedrecgel.config import Weighting as Weighting  # re-exported
 from fedrecgel.sam import PartialSum, Update
@@ -114,6 +114,11 @@ class ServerOptConfig:
     beta2: float = 0.999
     eps: float = 1e-8
     momentum: float = 0.0
+    #: steps over which the step size ramps up linearly (step t takes lr * t / warmup)
+    warmup: int = 0
+    #: after the warm-up: ``constant``, or ``cosine`` decay to 0 at step ``total``
+    decay: LrDecay = "constant"
+    total: int = 1
 
     @staticmethod
     def preset(name: OptimizerName, lr: float) -> ServerOptConfig:
@@ -121,6 +126,17 @@ class ServerOptConfig:
         if name in ("fedadam", "fedyogi", "fedadagrad"):
             return ServerOptConfig(name=name, lr=lr, beta1=0.9, beta2=0.99, eps=1e-3)
         return ServerOptConfig(name=name, lr=lr)
+
+    def lr_at(self, t: int) -> float:
+        """The step size of step ``t`` (1-based): ``lr`` unless a schedule is set."""
+        lr = self.lr
+        if self.warmup and t <= self.warmup:
+            return lr * t / self.warmup
+        if self.decay == "cosine":
+            span = max(self.total - self.warmup, 1)
+            done = min(max(t - self.warmup, 0), span) / span
+            lr *= 0.5 * (1.0 + math.cos(math.pi * done))
+        return lr
 
 
 class ServerOptimizer:
@@ -132,9 +148,11 @@ class ServerOptimizer:
 
     def step(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
         """Update ``params`` in place with ``grads``."""
-        c = self.cfg
         self.state["step"] += 1
         t = int(self.state["step"])
+        c = self.cfg
+        if c.warmup or c.decay != "constant":
+            c = replace(c, lr=c.lr_at(t))
         with torch.no_grad():
             for name, g in grads.items():
                 p = params[name]
@@ -330,4 +348,23 @@ def make_strategy(
     s: Strategy = FedAvgGradients(ServerOptConfig.preset(optimizer, lr), weighting)
     if clip is not None:
         s = ClipUpdates(s, clip)
+    return s
+
+
+def strategy_of(params: RunParams) -> Strategy:
+    """The server strategy of a run's settings: optimizer with its constants and schedule,
+    weighting, clipping (the simulator and the aggregator both build it here)."""
+    opt = ServerOptConfig.preset(params.optimizer, params.server_lr)
+    opt = replace(
+        opt,
+        beta1=opt.beta1 if params.server_beta1 is None else params.server_beta1,
+        beta2=opt.beta2 if params.server_beta2 is None else params.server_beta2,
+        momentum=params.server_momentum,
+        warmup=params.server_warmup,
+        decay=params.server_decay,
+        total=params.rounds,
+    )
+    s: Strategy = FedAvgGradients(opt, params.weighting)
+    if params.clip is not None:
+        s = ClipUpdates(s, params.clip)
     return s

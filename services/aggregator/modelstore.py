@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedrecgel.strategy import Strategy, make_strategy
+from fedrecgel.strategy import Strategy, strategy_of
 from fedrecgel.wire import decode_model, decode_state
 from services.aggregator.models import OPTIMIZER_STATE, PARAMS
 from services.aggregator.privacy import private_strategy, run_plan
@@ -98,7 +98,7 @@ class ModelStore:
         if stored_cfg != cfg.model() or stored_version != version:
             raise RuntimeError(f"model version {version} does not match its run's config")
         state, _ = decode_state(blobs[OPTIMIZER_STATE])
-        strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
+        strategy = strategy_of(cfg)
         strategy = private_strategy(strategy, run_plan(repo, cfg), cfg.model())
         strategy.load_state_dict(state)
         built = ModelState(run_id, version, params, strategy)

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.secagg.fixedpoint import OverflowRefused
-from fedrecgel.strategy import make_strategy
+from fedrecgel.strategy import strategy_of
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Malformed
@@ -221,7 +221,7 @@ class RunLifecycle:
             if cfg.secure_aggregation != "off":
                 check_secure_cohorts(cfg, Repository(s).count_clients())
         params = init_shared(mcfg, cfg.seed)
-        strategy = make_strategy(cfg.optimizer, cfg.server_lr, cfg.weighting, cfg.clip)
+        strategy = strategy_of(cfg)
         strategy = private_strategy(strategy, plan, mcfg)
         state = strategy.state_dict()
         blob = encode_model(mcfg, params, 0)

@@ -29,7 +29,20 @@ def aggregator(live_aggregator):
         yield url
 
 
-def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggregator):
+#: training settings beyond the paper's, each reaching the workers and the server over HTTP
+WIDER = {
+    "local_steps": 2,
+    "client_weight_decay": 0.1,
+    "client_lr": 0.03,
+    "server_lr": 0.01,
+    "server_warmup": 1,
+    "server_decay": "cosine",
+    "server_beta1": 0.8,
+}
+
+
+@pytest.mark.parametrize("extra", [{}, WIDER], ids=["paper", "wider-settings"])
+def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggregator, extra):
     split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
     workers = [
         Worker(
@@ -49,7 +62,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
     ]
     for w in workers:
         w.register()
-    run = run_body(split.n_items, SEED, ROUNDS, kind="ncf", deadline_s=600.0)
+    run = run_body(split.n_items, SEED, ROUNDS, kind="ncf", deadline_s=600.0, **extra)
     with httpx.Client(base_url=aggregator) as http:
         resp = http.post(
             "/v1/runs", json=run, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
@@ -68,7 +81,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
         blob = http.get("/v1/models/latest", headers={"Authorization": f"Bearer {token}"})
         assert blob.status_code == 200
 
-    sim = Simulator(split, train_config(SEED, ROUNDS))
+    sim = Simulator(split, train_config(SEED, ROUNDS, **extra))
     result = sim.run()
     _, shared, version = decode_model(blob.content)
     assert version == ROUNDS

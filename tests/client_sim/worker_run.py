@@ -25,9 +25,11 @@ def run_body(n_items: int, seed: int, rounds: int = 3, **extra: Any) -> dict[str
     }
 
 
-def train_config(seed: int, rounds: int = 3) -> TrainConfig:
-    """The simulator's config of :func:`run_body` (per-client uploads, as workers compute)."""
+def train_config(seed: int, rounds: int = 3, **extra: Any) -> TrainConfig:
+    """The simulator's config of :func:`run_body` (per-client uploads, as workers compute;
+    ``extra``: the same run settings as given to :func:`run_body`)."""
     return TrainConfig(
+        **extra,
         rounds=rounds,
         fraction=FRACTION,
         factor=FACTOR,

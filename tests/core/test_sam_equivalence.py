@@ -91,9 +91,7 @@ def test_local_steps_match_the_per_client_loop(kind, rho):
 
 def test_local_steps_change_the_step():
     cfg, shared, users, positives = _setup("ncf")
-    samples = [
-        client_samples(positives[u], cfg.n_items, 4, client_rng(0, 0, u)) for u in users
-    ]
+    samples = [client_samples(positives[u], cfg.n_items, 4, client_rng(0, 0, u)) for u in users]
     state = PrivateState.fresh(cfg, 0, users)
     plain = cohort_step(cfg, shared, users, state, samples, SAMConfig())
     fitted = cohort_step(cfg, shared, users, state, samples, SAMConfig(local_steps=2))

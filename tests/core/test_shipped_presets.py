@@ -67,3 +67,35 @@ def test_fedrec_train_preset_resolves_to_the_shipped_settings(
 def test_paper_preset_takes_the_authors_radii() -> None:
     assert presets.resolve("paper", "amazon-video") == {"rho_sh": 0.01, "rho_ns": 0.2}
     assert presets.resolve("paper", "some-csv") == {}
+
+
+def _train_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> TrainConfig:
+    monkeypatch.setattr(cli, "Simulator", _Capture)
+    _Capture.configs.clear()
+    args = ["train", "--dataset", str(_csv(tmp_path)), "--quiet", "--eval-every", "0"]
+    r = runner.invoke(cli.app, [*args, *extra, "--out", str(tmp_path / "o"), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    (cfg,) = _Capture.configs
+    return cfg
+
+
+def test_train_without_a_preset_runs_the_default_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = presets.stored(presets.PRESETS_FILE)["default"]["settings"]
+    assert settings, "the default preset sets something"
+    cfg = _train_config(tmp_path, monkeypatch)
+    for key, value in settings.items():
+        assert getattr(cfg, key) == value, key
+    # an option on the command line still wins over the default preset
+    assert _train_config(tmp_path, monkeypatch, "--local-steps", "0").local_steps == 0
+
+
+def test_paper_preset_is_the_faithful_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--preset paper`` is the reference code's behaviour, field for field (on a CSV the
+    radii are the defaults'): no local steps, server Adam 0.001, client 0.1, 100 rounds."""
+    cfg = _train_config(tmp_path, monkeypatch, "--preset", "paper")
+    assert dataclasses.replace(cfg, eval_every=1) == TrainConfig()
+    assert (cfg.local_steps, cfg.server_lr, cfg.client_lr, cfg.rounds) == (0, 0.001, 0.1, 100)

@@ -82,11 +82,18 @@ def test_cohort_is_seeded_sorted_and_sized():
         {"rho_ns": 0.5},
         {"weighting": "samples"},
         {"fraction": 0.5},
+        {"local_steps": 2},
+        {"client_weight_decay": 0.5},
+        {"server_beta1": 0.5},
+        {"server_beta2": 0.9},
+        {"server_warmup": 2},
+        {"server_decay": "cosine"},
     ],
 )
 def test_every_option_takes_effect(change):
-    base = Simulator(SPLIT, replace(SMALL, rounds=2)).run()
-    other = Simulator(SPLIT, replace(SMALL, rounds=2, **change)).run()
+    # three rounds: Adam's first step does not depend on its betas
+    base = Simulator(SPLIT, replace(SMALL, rounds=3)).run()
+    other = Simulator(SPLIT, replace(SMALL, rounds=3, **change)).run()
     assert [r.loss for r in base.rounds] != [r.loss for r in other.rounds]
 
 
@@ -184,3 +191,34 @@ def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(grouping:
     assert [r.n_clients for r in result.rounds] == [0, 0]
     assert all(np.isnan(r.loss) for r in result.rounds)
     assert all(torch.equal(before[k], v) for k, v in sim.shared.items())
+
+
+def test_server_schedule_warms_up_then_decays_on_a_cosine():
+    from fedrecgel.strategy import ServerOptConfig
+
+    cfg = ServerOptConfig(lr=1.0, warmup=2, decay="cosine", total=6)
+    got = [cfg.lr_at(t) for t in range(1, 8)]
+    want = [0.5, 1.0, 0.5 * (1 + np.cos(np.pi / 4)), 0.5, 0.5 * (1 + np.cos(3 * np.pi / 4)), 0.0]
+    np.testing.assert_allclose(got[:6], want, atol=1e-12)
+    assert got[6] == 0.0  # past the last round the step stays 0
+    assert ServerOptConfig(lr=0.3).lr_at(50) == 0.3
+
+
+def test_server_sgd_momentum_accumulates():
+    from fedrecgel.strategy import ServerOptConfig, ServerOptimizer
+
+    opt = ServerOptimizer(ServerOptConfig(name="sgd", lr=0.1, momentum=0.9))
+    p = {"w": torch.zeros(1)}
+    for _ in range(2):
+        opt.step(p, {"w": torch.ones(1)})
+    torch.testing.assert_close(p["w"], torch.tensor([-0.1 * (1 + 1.9)]))
+
+
+def test_run_settings_reach_the_server_strategy():
+    from fedrecgel.strategy import FedAvgGradients
+
+    cfg = replace(SMALL, server_beta1=0.5, server_beta2=0.9, server_warmup=3, server_decay="cosine")
+    strategy = Simulator(SPLIT, cfg).strategy
+    assert isinstance(strategy, FedAvgGradients)
+    opt = strategy.optimizer.cfg
+    assert (opt.beta1, opt.beta2, opt.warmup, opt.decay, opt.total) == (0.5, 0.9, 3, "cosine", 4)
