@@ -3,7 +3,8 @@
     nice -n 5 .venv/bin/python bench/accuracy_diagnosis.py [--datasets lastfm-2k/clean,...]
         [--rounds 200] [--every 10] [--data-dir ../shared/datasets]
 
-For each dataset and each configuration (the paper's settings, and the project's defaults),
+For each dataset and each configuration (the paper's settings, the same with a 10x server step,
+and the project's defaults),
 every ``--every`` rounds on the tuning seed (100), validation items only:
 
 * ``val_hr``: validation HR@10; ``val_hr_mean_user``: the same with every user's private
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,19 +72,15 @@ def load(key: str, data_dir: Path) -> Split:
     return load_split(name, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
 
 
-def configs(dataset: str, rounds: int) -> dict[str, TrainConfig]:
-    """The configurations compared: the paper's settings and the project's defaults."""
-    name = dataset.split("/")[0]
-    paper = TrainConfig(seed=SEED, rounds=rounds, eval_every=0, **resolve("paper", name))
-    default = TrainConfig(seed=SEED, rounds=rounds, eval_every=0, **resolve("default", name))
-    return {"paper": paper, "default": replace_rounds(default, rounds)}
-
-
-def replace_rounds(cfg: TrainConfig, rounds: int) -> TrainConfig:
-    """``cfg`` with ``rounds`` rounds (the instruments follow the same length of run)."""
-    from dataclasses import replace
-
-    return replace(cfg, rounds=rounds)
+def configs(rounds: int) -> dict[str, TrainConfig]:
+    """The configurations compared, each ``rounds`` rounds on the default radii: the paper's
+    settings, the paper's with a 10x server step, and the shipped defaults."""
+    base = TrainConfig(seed=SEED, rounds=rounds, eval_every=0)
+    return {
+        "paper": base,
+        "paper, server step 0.01": replace(base, server_lr=0.01),
+        "default": replace(base, **{**resolve("default", ""), "rounds": rounds}),
+    }
 
 
 def _neg_share(sim: Simulator, split: Split, r: int) -> float:
@@ -176,9 +174,9 @@ def main(argv: list[str] | None = None) -> None:
     for key in args.datasets.split(","):
         split = load(key, args.data_dir)  # only validation items are ranked
         runs = {}
-        for label, cfg in configs(key, args.rounds).items():
+        for label, cfg in configs(args.rounds).items():
             print(f"{key} {label}", flush=True)
-            runs[label] = {"config": cfg.__dict__, "rounds": instrument(split, cfg, args.every)}
+            runs[label] = {"config": asdict(cfg), "rounds": instrument(split, cfg, args.every)}
         result["datasets"][key] = runs
         args.out.write_text(json.dumps(result, indent=1))
 

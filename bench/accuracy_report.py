@@ -181,172 +181,6 @@ def _mean(key: str, label: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def _status(ok: bool | None) -> str:
-    return "not measured" if ok is None else "met" if ok else "missed"
-
-
-def targets() -> list[str]:
-    """Each target of the issue: met, missed or not measured, with the figures."""
-    lines = ["### Targets (validation-selected test HR@10, mean over seeds, points)", ""]
-    for key in ("amazon-video/paper", "lastfm-2k/clean"):
-        tuned, faithful = _mean(key, "tuned-fedrecgel"), _mean(key, "faithful")
-        pop = _mean(key, "popularity")
-        ok1 = None if tuned is None or faithful is None else tuned >= faithful + 5
-        ok2 = None if tuned is None or pop is None else tuned >= pop + 10
-        lines.append(
-            f"- {key}: tuned FedRecGEL {_f(tuned)} vs faithful {_f(faithful)} (+5 needed): "
-            f"{_status(ok1)}; vs popularity {_f(pop)} (+10 needed): {_status(ok2)}."
-        )
-    learned = [
-        k
-        for k in (*KEYS, SYNTHETIC)
-        if cell(k, "tuned-fedrecgel")
-        and cell(k, "tuned-fedrecgel")[0]["settings_from"] == "learned"
-    ]
-    for key in learned or [SYNTHETIC]:
-        tuned, pop = _mean(key, "tuned-fedrecgel"), _mean(key, "popularity")
-        ok = None if tuned is None or pop is None else tuned >= pop + 10
-        lines.append(
-            f"- {key} without its own preset (the learned default): FedRecGEL {_f(tuned)} vs "
-            f"popularity {_f(pop)} (+10 needed): {_status(ok)}."
-        )
-    for key in (*KEYS, SYNTHETIC):
-        tuned, cen = _mean(key, "tuned-fedrecgel"), central(key)
-        c = 100 * cen["selected"]["hr@10"]["mean"] if cen and "selected" in cen else None
-        gap = 1 if key.startswith("filmtrust") else 2
-        ok = None if tuned is None or c is None else tuned >= c - gap
-        lines.append(
-            f"- {key}: within {gap} of centralized: FedRecGEL {_f(tuned)} vs centralized "
-            f"{_f(c)}: {_status(ok)}."
-        )
-    return lines
-
-
-#: training interactions per user on the validation split: median, share with at most 5
-USERS = {"amazon-video/paper": (4, 0.70), "lastfm-2k/clean": (18, 0.19)}
-
-
-def _curve(key: str, label: str) -> dict[int, float]:
-    """Validation HR@10 (%) per evaluated round, mean over the cell's seeds."""
-    runs = cell(key, label)
-    rounds = [{p["round"]: 100 * p["val_hr@10"] for p in r["curve"]} for r in runs]
-    common = set.intersection(*(set(r) for r in rounds)) if rounds else set()
-    return {k: statistics.fmean(r[k] for r in rounds) for k in sorted(common)}
-
-
-def _png(key: str) -> str:
-    return f"[learning curves](accuracy_curves_{key.replace('/', '_')}.png)"
-
-
-def readings() -> list[str]:
-    """Why a target of Amazon-Video or Lastfm-2K clean is missed, from the stored curves."""
-    lines: list[str] = []
-    for key in ("amazon-video/paper", "lastfm-2k/clean"):
-        tuned, faithful = _mean(key, "tuned-fedrecgel"), _mean(key, "faithful")
-        pop, ncf = _mean(key, "popularity"), _mean(key, "tuned-fedncf")
-        if tuned is None or faithful is None or pop is None:
-            continue
-        st = cell(key, "tuned-fedrecgel")[0]["settings"]
-        sf = cell(key, "faithful")[0]["settings"]
-        tc, fc = _curve(key, "tuned-fedrecgel"), _curve(key, "faithful")
-        name = key.split("/")[0]
-        if tuned < faithful + 5 and {**st, "rounds": 0} == {**sf, "rounds": 0}:
-            lines.append(
-                f"- {key}, tuned vs faithful: `tuned-{name}` is the paper's settings stopped "
-                f"at round {st['rounds']} (the study's best trial), so at a seed the tuned run "
-                f"is the faithful run's first {st['rounds']} rounds: {tuned:.2f} against "
-                f"{faithful:.2f}; it cannot gain on it."
-            )
-        elif tuned < faithful + 5 and tc and fc:
-            last, first_f = max(tc), min(fc)
-            flat = max(fc.values()) - fc[min(k for k in fc if k > first_f)]
-            lines.append(
-                f"- {key}, tuned vs faithful: +{tuned - faithful:.2f}. The paper's server step "
-                f"({sf['server_lr']:g}) levels off early (faithful's mean validation HR@10 "
-                f"gains {flat:.2f} points after round {min(k for k in fc if k > first_f)}); "
-                f"the tuned one ({st['server_lr']:g}) is still rising at its last round "
-                f"({tc[last]:.2f} at round {last}, "
-                f"{tc[last] - tc[max(k for k in tc if k < last)]:+.2f} over the 10 rounds "
-                f"before; {_png(key)}). Longer runs at the tuned step are the untried "
-                "direction."
-            )
-        if tuned < pop + 10:
-            median, share = USERS.get(key, (None, None))
-            users = (
-                f"Users have few interactions (median {median} training items, "
-                f"{100 * share:.0f}% at most 5), and "
-                if median is not None and share is not None and median <= 5
-                else ""
-            )
-            cen = central(key)
-            c = 100 * cen["selected"]["hr@10"]["mean"] if cen and "selected" in cen else None
-            bound = (
-                f" The same NCF trained in one place reaches {c:.2f}, {c - pop:+.2f} over "
-                "popularity: +10 is beyond this model on this split, federated or not."
-                if c is not None and c < pop + 10
-                else ""
-            )
-            plateau = ""
-            if fc and len(fc) > 2:
-                mid = sorted(fc)[len(fc) // 2 - 1]
-                plateau = (
-                    f" Faithful's mean validation HR@10 moves {fc[max(fc)] - fc[mid]:+.2f} "
-                    f"points from round {mid} to {max(fc)}."
-                )
-            lines.append(
-                f"- {key}, vs popularity: {users[:1].lower() + users[1:] if users else ''}"
-                f"ranking by popularity alone reaches {pop:.2f}; tuned FedRecGEL "
-                f"{tuned:.2f}, FedNCF {_f(ncf)}, faithful {faithful:.2f} ({_png(key)}).{plateau}"
-                f"{bound}"
-            )
-    for key in (*KEYS, SYNTHETIC):
-        runs = cell(key, "tuned-fedrecgel")
-        pop, tuned = _mean(key, "popularity"), _mean(key, "tuned-fedrecgel")
-        if runs and runs[0]["settings_from"] == "learned" and pop is not None and pop + 10 > 100:
-            lines.append(
-                f"- {key}, learned default vs popularity: popularity reaches {pop:.2f}, so +10 "
-                f"is above 100% and cannot be met; FedRecGEL {_f(tuned)}."
-            )
-    for key in (*KEYS, SYNTHETIC):
-        tuned, cen = _mean(key, "tuned-fedrecgel"), central(key)
-        if tuned is None or not cen or "selected" not in cen:
-            continue
-        c = 100 * cen["selected"]["hr@10"]["mean"]
-        gap = 1 if key.startswith("filmtrust") else 2
-        if tuned >= c - gap:
-            continue
-        means = {lb: m for lb, _ in ROWS[2:] if (m := _mean(key, lb)) is not None}
-        top = max(means, key=lambda lb: means[lb])
-        tc = _curve(key, "tuned-fedrecgel")
-        half = sorted(tc)[len(tc) // 2 - 1] if len(tc) > 2 else None
-        moves = (
-            f" Tuned FedRecGEL's mean validation HR@10 moves {tc[max(tc)] - tc[half]:+.2f} "
-            f"points from round {half} to {max(tc)}."
-            if half is not None
-            else ""
-        )
-        lines.append(
-            f"- {key}, vs centralized: the same NCF trained in one place reaches {c:.2f}; the "
-            f"best federated row is {dict(ROWS)[top]} at {means[top]:.2f}, popularity "
-            f"{_f(_mean(key, 'popularity'))} ({_png(key)}).{moves}"
-        )
-    pop = _mean(SYNTHETIC, "popularity")
-    fed = {label: _mean(SYNTHETIC, label) for label in ("faithful", "tuned-fedrecgel")}
-    if pop is not None and any(v is not None and v < pop + 10 for v in fed.values()):
-        lines.append(
-            f"- {SYNTHETIC}: every user's items are drawn from one Zipf popularity "
-            "(`fedrecgel/synthetic.py`), with nothing particular to a user, so ranking by "
-            f"popularity is the best ranking there is: popularity {pop:.2f}, faithful "
-            f"{_f(fed['faithful'])}, tuned FedRecGEL {_f(fed['tuned-fedrecgel'])}. The set "
-            "can show whether training finds the popularity ranking, not gains over it."
-        )
-    return ["", "Why the missed targets are missed:", "", *lines] if lines else []
-
-
-def _f(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 def curves(key: str) -> str | None:
     """Plot validation HR@10 per round of every federated cell of ``key`` (PNG in docs/)."""
     import matplotlib
@@ -382,8 +216,8 @@ def curves(key: str) -> str | None:
 
 def section() -> list[str]:
     """The accuracy section of docs/RESULTS.md up to its tables and learning curves (the
-    studies, targets and readings follow: :func:`accuracy_studies.studies`, :func:`targets`,
-    :func:`readings`)."""
+    diagnosis, the defaults' targets and the studies follow: :mod:`diagnosis_report`,
+    :func:`accuracy_studies.studies`)."""
     if not ACC.exists():
         return []
     lines = [
@@ -411,6 +245,12 @@ def section() -> list[str]:
     if presets_file.exists():
         lines += ["Shipped presets (`fedrecgel/presets.json`):", ""]
         for name, p in json.loads(presets_file.read_text()).items():
+            if "rule" in p:  # the default preset: chosen across data sets, not by a study
+                lines.append(
+                    f"- `{name}`: {p['settings']}; {p['rule']['chosen_by']} "
+                    f"(`{p['rule']['bench']}`)."
+                )
+                continue
             st = p["study"]
             lines.append(
                 f"- `{name}`: {p['settings']}; study `{st.get('study')}`, {st.get('trials')} "

@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,7 @@ from bench_cli import positive, writable_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
 from cpu_accounting import CpuWatch, machine_busy_seconds
 
-from fedrecgel.data import load_split
+from fedrecgel.data import load_split, raw_path
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
 from services.client_sim.timings import PHASES
@@ -325,6 +326,9 @@ def main() -> None:
     modes = [m for m in args.modes.split(",") if m]
     if any(m not in MODES for m in modes):
         parser.error(f"--modes takes {', '.join(MODES)}")
+    raw_path(args.dataset)  # an unknown dataset fails here, before any server starts
+    if shutil.which("redis-server") is None:
+        raise SystemExit("error: this benchmark runs a real Redis: apt-get install redis-server")
 
     sim_threads = sorted(
         {int(t) for t in args.sim_threads.split(",") if t} or {torch.get_num_threads(), 1}

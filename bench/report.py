@@ -16,9 +16,7 @@ import report_serving
 import report_simulator
 import report_studies
 from accuracy_report import ACC
-from accuracy_report import readings as accuracy_readings
 from accuracy_report import section as accuracy_section
-from accuracy_report import targets as accuracy_targets
 from accuracy_studies import studies as accuracy_studies
 from privacy_report import section as privacy_section
 from report_common import load_result
@@ -330,8 +328,6 @@ def accuracy() -> list[str]:
         *diagnosis_report.section(),
         "",
         *accuracy_studies(),
-        *accuracy_targets(),
-        *accuracy_readings(),
     ]
 
 

@@ -13,7 +13,8 @@ as usual and the others with ``join`` (they leave running trials alone, so they 
 interrupted trial from another process's).
 
 Searched: server lr and client lr (log scale), the two SAM radii (FedRecGEL only), the number
-of rounds and the server optimizer (ranges in :data:`SPACE`). A trial evaluates every
+of rounds, the server optimizer and its schedule, and the client's private steps before its SAM
+step (ranges in :data:`SPACE` and :data:`CHOICES`). A trial evaluates every
 ``eval_every`` rounds and reports its best validation HR@10 so far; pruning (median of earlier
 trials at the same round) stops trials that fall clearly behind. A new study can start from
 given settings (``first``), e.g. the paper's with a larger server step, so that the sampler
@@ -41,11 +42,21 @@ OBJECTIVE = "hr@10"
 #: rounds a trial may choose (the validation-selected round is within them)
 ROUND_CHOICES: tuple[int, ...] = (100, 200, 300)
 SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "fedadam", "fedyogi")
+#: private Adam steps before the SAM step a trial may choose (0: the paper)
+LOCAL_STEPS: tuple[int, ...] = (0, 1, 3, 5, 10)
+#: server step-size schedules a trial may choose
+SERVER_DECAYS: tuple[str, ...] = ("constant", "cosine")
+#: the categorical settings and their choices
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "server_optimizer": SERVER_OPTIMIZERS,
+    "local_steps": LOCAL_STEPS,
+    "server_decay": SERVER_DECAYS,
+}
 #: (low, high) of the log-scale searched settings. The paper's server step (Adam, 0.001) is the
 #: low end: at it item rows barely move in 100 rounds on the real datasets.
 SPACE: dict[str, tuple[float, float]] = {
     "server_lr": (1e-3, 0.1),
-    "client_lr": (1e-2, 1.0),
+    "client_lr": (1e-3, 1.0),
     "rho_sh": (1e-3, 0.2),
     "rho_ns": (1e-3, 0.5),
 }
@@ -87,7 +98,7 @@ class TuneSpec:
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
         for params in self.first:
-            unknown = set(params) - {*SPACE, "rounds", "server_optimizer"}
+            unknown = set(params) - {*SPACE, "rounds", *CHOICES}
             if unknown:
                 raise ValueError(f"first trial: unknown settings {sorted(unknown)}")
             if "rounds" in params and params["rounds"] not in self.round_choices:
@@ -125,7 +136,8 @@ def suggest(trial: optuna.Trial, base: TrainConfig, round_choices: Sequence[int]
         names += ["rho_sh", "rho_ns"]
     values: dict[str, Any] = {n: trial.suggest_float(n, *SPACE[n], log=True) for n in names}
     values["rounds"] = trial.suggest_categorical("rounds", list(round_choices))
-    values["server_optimizer"] = trial.suggest_categorical("server_optimizer", SERVER_OPTIMIZERS)
+    for name, choices in CHOICES.items():
+        values[name] = trial.suggest_categorical(name, list(choices))
     return replace(base, **values)
 
 
@@ -182,7 +194,9 @@ def open_study(spec: TuneSpec) -> optuna.Study:
     )
     if not study.get_trials(deepcopy=False):
         for params in spec.first:
-            study.enqueue_trial(params)
+            # a choice the first settings leave open is the base config's, not a random draw
+            own = {k: getattr(spec.base, k) for k in CHOICES if k not in params}
+            study.enqueue_trial({**own, **params})
     if spec.join:  # another sampler seed, or both processes would draw the same settings
         seed = spec.sampler_seed + len(study.get_trials(deepcopy=False))
         study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8)
