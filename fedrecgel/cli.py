@@ -126,32 +126,6 @@ TRAIN_OUTPUTS = ["results.json", "hr_ndcg.png"]
 
 #: methods of ``fedrec train`` that are not federated: reference points (fedrecgel.baselines)
 BASELINE_METHODS = ("popularity", "random", "central")
-#: ``TrainConfig`` fields a preset may set, and the option that sets each on the command line
-PRESET_FIELDS = {
-    "server_lr": "server_lr",
-    "client_lr": "client_lr",
-    "rounds": "rounds",
-    "server_optimizer": "optimizer",
-    "rho_sh": "rho_sh",
-    "rho_ns": "rho_ns",
-    **{
-        name: name
-        for name in (
-            "local_steps",
-            "client_weight_decay",
-            "server_beta1",
-            "server_beta2",
-            "server_momentum",
-            "server_warmup",
-            "server_decay",
-            "n_negatives",
-            "factor",
-            "layers",
-            "fraction",
-            "weighting",
-        )
-    },
-}
 
 
 def _source(ctx: typer.Context, name: str) -> str | None:
@@ -172,7 +146,13 @@ def _apply_preset(
     are the shipped ones, the user's and those of ``presets_file``, later ones winning."""
     if preset is None:
         return base
-    from fedrecgel.presets import PRESETS_FILE, PresetError, resolve, user_presets_file
+    from fedrecgel.presets import (
+        PRESET_FIELDS,
+        PRESETS_FILE,
+        PresetError,
+        resolve,
+        user_presets_file,
+    )
 
     files = (PRESETS_FILE, user_presets_file(), *([presets_file] if presets_file else []))
     try:

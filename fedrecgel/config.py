@@ -101,14 +101,14 @@ class RunParams(BaseModel):
         default=0.0,
         ge=0.0,
         le=1.0,
-        description="Decoupled weight decay of the private embeddings at each private step "
-        "(AdamW: the embeddings shrink by client_lr * this before the step; 0: the paper).",
+        description="Decoupled weight decay of a client's private parameters at each private "
+        "step (AdamW: they shrink by client_lr * this before the step; 0: the paper).",
     )
     local_steps: int = Field(
         default=0,
         ge=0,
         le=1000,
-        description="Extra Adam steps a client takes on its private embeddings each round, "
+        description="Extra Adam steps a client takes on its private parameters each round, "
         "with the round's samples at the round's model, before its SAM step (0: the paper).",
     )
     deadline_s: float = Field(

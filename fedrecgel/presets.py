@@ -39,6 +39,34 @@ PAPER_RHO: dict[str, tuple[float, float]] = {
 }
 
 
+#: ``TrainConfig`` fields a preset may set, and the option that sets each on the command line
+PRESET_FIELDS = {
+    "server_lr": "server_lr",
+    "client_lr": "client_lr",
+    "rounds": "rounds",
+    "server_optimizer": "optimizer",
+    "rho_sh": "rho_sh",
+    "rho_ns": "rho_ns",
+    **{
+        name: name
+        for name in (
+            "local_steps",
+            "client_weight_decay",
+            "server_beta1",
+            "server_beta2",
+            "server_momentum",
+            "server_warmup",
+            "server_decay",
+            "n_negatives",
+            "factor",
+            "layers",
+            "fraction",
+            "weighting",
+        )
+    },
+}
+
+
 class PresetError(ValueError):
     """Unknown preset, or no tuned preset to learn from."""
 

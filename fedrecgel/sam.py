@@ -32,9 +32,11 @@ from torch import Tensor
 from fedrecgel import passes
 from fedrecgel.allocator import keep_freed_memory
 from fedrecgel.config import DEFAULTS
-from fedrecgel.model import ModelConfig, init_private
+from fedrecgel.model import ModelConfig
 from fedrecgel.native import ops as native
 from fedrecgel.passes import Layout, SharedGrads, make_layout
+from fedrecgel.private_steps import PrivateState as PrivateState  # re-exported
+from fedrecgel.private_steps import adam_, fit_private_, groups_of
 from fedrecgel.rows import repeated_in_row as repeats_by_sorting
 
 
@@ -112,46 +114,6 @@ class PartialSum:
     def client_id(self) -> int:
         """The first client it covers (the one its stored body is filed under)."""
         return self.client_ids[0]
-
-
-@dataclass
-class PrivateState:
-    """Private parameters and their Adam state for C users: name -> (C, d), step (C,)."""
-
-    params: dict[str, Tensor]
-    exp_avg: dict[str, Tensor]
-    exp_avg_sq: dict[str, Tensor]
-    step: Tensor  # int64 (C,)
-
-    @staticmethod
-    def fresh(cfg: ModelConfig, seed: int, user_ids: np.ndarray) -> PrivateState:
-        """Initial state of ``user_ids`` (embeddings keyed by seed and user id, zero moments)."""
-        params = init_private(cfg, seed, user_ids)
-        return PrivateState(
-            params=params,
-            exp_avg={k: torch.zeros_like(v) for k, v in params.items()},
-            exp_avg_sq={k: torch.zeros_like(v) for k, v in params.items()},
-            step=torch.zeros(len(user_ids), dtype=torch.int64),
-        )
-
-    def select(self, rows: Tensor | np.ndarray | slice) -> PrivateState:
-        """The state of a subset of the C users (copies)."""
-        idx = torch.as_tensor(rows) if not isinstance(rows, slice) else rows
-        return PrivateState(
-            params={k: v[idx].clone() for k, v in self.params.items()},
-            exp_avg={k: v[idx].clone() for k, v in self.exp_avg.items()},
-            exp_avg_sq={k: v[idx].clone() for k, v in self.exp_avg_sq.items()},
-            step=self.step[idx].clone(),
-        )
-
-    def assign(self, rows: Tensor | np.ndarray, other: PrivateState) -> None:
-        """Write ``other`` into the given rows, in place."""
-        idx = torch.as_tensor(rows)
-        for k in self.params:
-            self.params[k][idx] = other.params[k]
-            self.exp_avg[k][idx] = other.exp_avg[k]
-            self.exp_avg_sq[k][idx] = other.exp_avg_sq[k]
-        self.step[idx] = other.step
 
 
 def client_rng(seed: int, round_id: int, user_id: int) -> np.random.Generator:
@@ -236,32 +198,6 @@ class StepResult:
     aggregate: dict[str, Tensor] | None = None
     #: the worker's partial sum (``upload_grouping=worker``), instead of ``uploads``
     partial: PartialSum | None = None
-
-
-def _adam_(
-    state: PrivateState,
-    grads: dict[str, Tensor],
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float = 0.0,
-) -> None:
-    """One Adam step per row (each user its own step count), as torch.optim.Adam computes it
-    (torch.optim.AdamW's with ``weight_decay``)."""
-    if weight_decay:
-        for p in state.params.values():
-            p.mul_(1 - lr * weight_decay)
-    b1, b2 = betas
-    state.step += 1
-    t = state.step.to(torch.float64)
-    bc1 = (1 - b1**t).to(torch.float32)[:, None]
-    bc2_sqrt = torch.sqrt(1 - b2**t).to(torch.float32)[:, None]
-    for k, g in grads.items():
-        m, v = state.exp_avg[k], state.exp_avg_sq[k]
-        m.lerp_(g, 1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        denom = v.sqrt() / bc2_sqrt + eps
-        state.params[k].sub_(lr / bc1 * m / denom)
 
 
 def _norm_factor(rho: float, sq: Tensor) -> Tensor:
@@ -360,57 +296,6 @@ def _group_step(
     return lay, upload, g_priv, loss
 
 
-def _groups(sizes: np.ndarray, grouped: bool, cap: int) -> list[tuple[int, int]]:
-    """Consecutive client ranges [start, stop) computed together: one client each, or (when
-    ``grouped``) as many as fit in ``cap`` samples (one client may exceed it)."""
-    out = []
-    start, c = 0, len(sizes)
-    while start < c:
-        stop = start + 1
-        n = int(sizes[start])
-        while grouped and stop < c and n + sizes[stop] <= cap:
-            n += int(sizes[stop])
-            stop += 1
-        out.append((start, stop))
-        start = stop
-    return out
-
-
-def fit_private_(
-    cfg: ModelConfig,
-    shared: dict[str, Tensor],
-    state: PrivateState,
-    samples: list[tuple[np.ndarray, np.ndarray]],
-    hp: SAMConfig,
-    groups: list[tuple[int, int]],
-) -> None:
-    """``hp.local_steps`` Adam steps on the clients' private parameters, in place: each the
-    gradient of the client's loss on its round's samples with respect to its own embeddings
-    only, the shared parameters fixed (nothing of it is uploaded)."""
-    if hp.local_steps <= 0:
-        return
-    dense = {n: shared[n] for n in cfg.dense_names()}
-    prepared = []
-    for start, stop in groups:
-        lay = make_layout(samples[start:stop], cfg.n_items, hp.chunk_size)
-        ig = shared["item_gmf"].index_select(0, lay.items)
-        im = shared["item_mlp"].index_select(0, lay.items) if cfg.kind == "ncf" else None
-        first = None
-        if im is not None:
-            first = im @ dense["tower.0.weight"][:, cfg.mlp_dim :].T
-        prepared.append((start, stop, lay, ig, im, first))
-    grads = {k: torch.zeros_like(v) for k, v in state.params.items()}
-    for _ in range(hp.local_steps):
-        for start, stop, lay, ig, im, first in prepared:
-            priv = {k: v[start:stop] for k, v in state.params.items()}
-            fw = passes.forward(cfg, lay, priv, ig, im, dense, False, first)
-            _, d = passes.loss_grad(lay, fw.logits)
-            _, g = passes.backward(cfg, lay, fw, priv, dense, False, d, None, True)
-            for k, v in g.items():
-                grads[k][start:stop] = v
-        _adam_(state, grads, hp.client_lr, hp.betas, hp.eps, hp.weight_decay)
-
-
 def native_fits(cfg: ModelConfig, hp: SAMConfig) -> bool:
     """Whether :mod:`fedrecgel.native` computes this model's aggregate path (NCF, rho_sh > 0)."""
     return cfg.kind == "ncf" and hp.rho_sh > 0
@@ -457,11 +342,11 @@ def cohort_step(
     # per-client uploads: one client at a time, so that a client's float rounding never
     # depends on which other clients are computed with it (a worker recomputes only the
     # clients still pending after a crash, and must get the same bytes)
-    groups = _groups(sizes, weights is not None or hp.grouped_uploads, hp.max_batch_samples)
+    groups = groups_of(sizes, weights is not None or hp.grouped_uploads, hp.max_batch_samples)
     with torch.no_grad():
         if hp.local_steps > 0:
             # the SAM step below starts from the fitted embeddings and their Adam state
-            fit_private_(cfg, shared_d, new_state, samples, hp, groups)
+            fit_private_(cfg, shared_d, new_state, samples, groups, hp)
             state = new_state.select(slice(None))
         for start, stop in groups:
             priv = {k: v[start:stop] for k, v in state.params.items()}
@@ -487,7 +372,7 @@ def cohort_step(
             losses[start:stop] = loss.numpy()
             for k, g in g_priv.items():
                 priv_grads[k][start:stop] = g
-        _adam_(new_state, priv_grads, hp.client_lr, hp.betas, hp.eps, hp.weight_decay)
+        adam_(new_state, priv_grads, hp.client_lr, hp.betas, hp.eps, hp.weight_decay)
     return StepResult(uploads=uploads, state=new_state, losses=losses, aggregate=total)
 
 
