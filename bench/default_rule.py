@@ -193,7 +193,7 @@ def _shipped_cell(dataset: str, pick: str, seed: int) -> dict[str, Any] | None:
     """The accuracy table's ``default-fedrecgel`` run of ``dataset`` and ``seed`` when the
     pick is the shipped default preset's settings (the same configuration): its figures."""
     shipped = stored(PRESETS_FILE).get("default", {}).get("settings")
-    if shipped != CANDIDATES[pick]:
+    if shipped is None or config(shipped, seed) != config(CANDIDATES[pick], seed):
         return None
     key = dataset if "/" in dataset else f"{dataset}/paper"
     path = ACC / key.replace("/", "-") / "default-fedrecgel" / f"seed-{seed}.json"

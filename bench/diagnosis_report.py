@@ -136,7 +136,7 @@ def _reading(key: str, runs: dict[str, Any]) -> list[str]:
 
     def when(label: str) -> str:
         r = _personal_from(runs[label]) if label in runs else None
-        return "never" if r is None else f"at round {r}"
+        return "no round" if r is None else f"round {r}"
 
     text = (
         f"Reading ({key}): at the paper's settings, up to round 100 (the paper's budget) the "
@@ -144,8 +144,8 @@ def _reading(key: str, runs: dict[str, Any]) -> list[str]:
         f"(round 100: the mean user explains {p100['item_share']:.1%} of the logit variance, "
         f"cosine to the mean {p100['user_cos_mean']:.2f}): what has been learned is one "
         f"ranking for everyone, close to popularity (rank correlation "
-        f"{p100['spearman_pop']:.2f} with the training counts). The users first add a point "
-        f"{when('paper')} at the paper's settings"
+        f"{p100['spearman_pop']:.2f} with the training counts). The first round where the "
+        f"real users beat the mean user by a point: {when('paper')} at the paper's settings"
     )
     s100 = None
     if "paper, server step 0.01" in runs:
@@ -158,7 +158,7 @@ def _reading(key: str, runs: dict[str, Any]) -> list[str]:
         )
     dpeak, dat = _peak(runs["default"])
     text += (
-        f" and {when('default')} at the defaults (peak {dpeak:.2f} at round {dat}). By round "
+        f", {when('default')} at the defaults (peak {dpeak:.2f} at round {dat}). By round "
         f"100 the item GMF table has moved {p100['move']['item_gmf']:.2f} of its initial norm "
         f"at the paper's step"
         + (f", {s100['move']['item_gmf']:.2f} at the 10x step" if s100 else "")
