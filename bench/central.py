@@ -38,7 +38,7 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.tune import validation_only
 
-from accuracy_diagnosis import SYNTHETIC_TASTES  # isort: skip (a sibling program)
+from accuracy_diagnosis import SYNTHETIC_HOLDOUT, SYNTHETIC_TASTES  # isort: skip (a sibling program)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "central.json"
@@ -62,6 +62,10 @@ def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
         "amazon-video/paper": (real("amazon-video", "paper"), 8),
         "lastfm-2k/clean": (real("lastfm-2k", "clean"), 8),
         "lastfm-2k/paper": (real("lastfm-2k", "paper"), 8),
+        "synthetic-holdout/paper": (
+            lambda: synthetic_split(**SYNTHETIC_HOLDOUT, seed=7, validation=True),  # type: ignore[arg-type]
+            8,
+        ),
         "synthetic-tastes/paper": (
             lambda: synthetic_split(**SYNTHETIC_TASTES, seed=0, validation=True),  # type: ignore[arg-type]
             20,
