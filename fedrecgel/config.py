@@ -244,6 +244,10 @@ class RunParams(BaseModel):
 #: the default of every field of :class:`RunParams`
 DEFAULTS = RunParams()
 
+#: the simulator's (:class:`~fedrecgel.simulate.TrainConfig`) names of RunParams fields it
+#: calls otherwise; every other shared field has the same name in both
+TRAIN_NAMES = {"optimizer": "server_optimizer"}
+
 
 class ConfigError(ValueError):
     """A setting out of its bounds (or unknown): ``field`` and the reason."""

@@ -27,6 +27,8 @@ from typing import Any
 
 import typer
 
+from fedrecgel.config import TRAIN_NAMES
+
 #: the presets shipped with the package (read only)
 PRESETS_FILE = Path(__file__).with_name("presets.json")
 #: settings averaged on a log scale when learned across datasets
@@ -40,30 +42,29 @@ PAPER_RHO: dict[str, tuple[float, float]] = {
 
 
 #: ``TrainConfig`` fields a preset may set, and the option that sets each on the command line
+#: (the RunParams field's)
 PRESET_FIELDS = {
-    "server_lr": "server_lr",
-    "client_lr": "client_lr",
-    "rounds": "rounds",
-    "server_optimizer": "optimizer",
-    "rho_sh": "rho_sh",
-    "rho_ns": "rho_ns",
-    **{
-        name: name
-        for name in (
-            "local_steps",
-            "client_weight_decay",
-            "server_beta1",
-            "server_beta2",
-            "server_momentum",
-            "server_warmup",
-            "server_decay",
-            "n_negatives",
-            "factor",
-            "layers",
-            "fraction",
-            "weighting",
-        )
-    },
+    TRAIN_NAMES.get(option, option): option
+    for option in (
+        "server_lr",
+        "client_lr",
+        "rounds",
+        "optimizer",
+        "rho_sh",
+        "rho_ns",
+        "local_steps",
+        "client_weight_decay",
+        "server_beta1",
+        "server_beta2",
+        "server_momentum",
+        "server_warmup",
+        "server_decay",
+        "n_negatives",
+        "factor",
+        "layers",
+        "fraction",
+        "weighting",
+    )
 }
 
 

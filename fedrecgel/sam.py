@@ -344,10 +344,10 @@ def cohort_step(
     # clients still pending after a crash, and must get the same bytes)
     groups = groups_of(sizes, weights is not None or hp.grouped_uploads, hp.max_batch_samples)
     with torch.no_grad():
-        if hp.local_steps > 0:
-            # the SAM step below starts from the fitted embeddings and their Adam state
-            fit_private_(cfg, shared_d, new_state, samples, groups, hp)
-            state = new_state.select(slice(None))
+        # the SAM step starts from the fitted embeddings and their Adam state (no local
+        # steps: the state as given); new_state is written again only after the last group
+        fit_private_(cfg, shared_d, new_state, samples, groups, hp)
+        state = new_state
         for start, stop in groups:
             priv = {k: v[start:stop] for k, v in state.params.items()}
             w = None if w_all is None else w_all[start:stop]

@@ -21,6 +21,7 @@ from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.config import (
     DEFAULTS,
+    TRAIN_NAMES,
     DPMode,
     LrDecay,
     RunParams,
@@ -61,7 +62,7 @@ METHODS: tuple[str, ...] = (
 
 
 #: TrainConfig fields named otherwise in RunParams
-_RUN_NAMES = {"server_optimizer": "optimizer"}
+_RUN_NAMES = {train: run for run, train in TRAIN_NAMES.items()}
 
 
 @dataclass(frozen=True)

@@ -344,8 +344,13 @@ def make_strategy(
     weighting: Weighting = DEFAULTS.weighting,
     clip: float | None = DEFAULTS.clip,
 ) -> Strategy:
-    """Build the server strategy from plain options (CLI and services use this)."""
-    s: Strategy = FedAvgGradients(ServerOptConfig.preset(optimizer, lr), weighting)
+    """Build the server strategy from plain options (the optimizer's usual constants)."""
+    return _fedavg(ServerOptConfig.preset(optimizer, lr), weighting, clip)
+
+
+def _fedavg(opt: ServerOptConfig, weighting: Weighting, clip: float | None) -> Strategy:
+    """FedAvg over the gradients with ``opt``, wrapped in clipping when ``clip`` is set."""
+    s: Strategy = FedAvgGradients(opt, weighting)
     if clip is not None:
         s = ClipUpdates(s, clip)
     return s
@@ -364,7 +369,4 @@ def strategy_of(params: RunParams) -> Strategy:
         decay=params.server_decay,
         total=params.rounds,
     )
-    s: Strategy = FedAvgGradients(opt, params.weighting)
-    if params.clip is not None:
-        s = ClipUpdates(s, params.clip)
-    return s
+    return _fedavg(opt, params.weighting, params.clip)
