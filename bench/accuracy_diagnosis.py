@@ -72,17 +72,25 @@ SYNTHETIC_HOLDOUT = {
 }
 
 
+#: the synthetic sets by name: the generator's settings and seed
+SYNTHETIC_SETS: dict[str, tuple[dict[str, Any], int]] = {
+    # the accuracy table's synthetic set: popularity and no more
+    "synthetic": (
+        {"n_users": 2000, "n_items": 1000, "interactions_per_user": 20.0, "skew": 1.0},
+        0,
+    ),
+    "synthetic-tastes": (SYNTHETIC_TASTES, 0),
+    "synthetic-holdout": (SYNTHETIC_HOLDOUT, 7),
+}
+
+
 def load(key: str, data_dir: Path) -> Split:
-    """A dataset key ``name/protocol`` (or ``synthetic-tastes``) as a validation split."""
-    if key == "synthetic-tastes":
-        return synthetic_split(**SYNTHETIC_TASTES, seed=0, validation=True)  # type: ignore[arg-type]
-    if key in ("synthetic-holdout", "synthetic-holdout/paper"):
-        return synthetic_split(**SYNTHETIC_HOLDOUT, seed=7, validation=True)  # type: ignore[arg-type]
-    if key == "synthetic/paper":  # the accuracy table's synthetic set: popularity and no more
-        return synthetic_split(
-            2000, 1000, interactions_per_user=20.0, skew=1.0, seed=0, validation=True
-        )
-    name, protocol = key.split("/")
+    """A dataset key ``name/protocol`` (a synthetic set's protocol is optional) as a
+    validation split named after the data set."""
+    name, _, protocol = key.partition("/")
+    if name in SYNTHETIC_SETS:
+        settings, seed = SYNTHETIC_SETS[name]
+        return replace(synthetic_split(**settings, seed=seed, validation=True), name=name)
     return load_split(name, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
 
 

@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accuracy_diagnosis import load
 
 from fedrecgel.baselines import popularity, random_ranking
-from fedrecgel.data import Split, load_split
+from fedrecgel.data import Split
 from fedrecgel.presets import PRESETS_FILE, resolve, stored
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
-from fedrecgel.synthetic import synthetic_split
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "accuracy"
@@ -58,24 +58,6 @@ DATASETS = ("amazon-video/paper", "lastfm-2k/clean", "filmtrust/paper", "lastfm-
 SYNTHETIC = "synthetic/paper"
 #: the synthetic set with taste groups (bench/accuracy_diagnosis.py's SYNTHETIC_TASTES)
 TASTES = "synthetic-tastes/paper"
-
-
-def load(key: str, data_dir: Path) -> Split:
-    """The split of ``<dataset>/<protocol>``, with a validation item per user."""
-    name, protocol = key.split("/")
-    if name == "synthetic-tastes":
-        from accuracy_diagnosis import SYNTHETIC_TASTES
-
-        split = synthetic_split(**SYNTHETIC_TASTES, seed=0, validation=True)  # type: ignore[arg-type]
-        return replace(split, name="synthetic-tastes")
-    if name == "synthetic":
-        return replace(
-            synthetic_split(
-                2000, 1000, interactions_per_user=20, skew=1.0, seed=0, validation=True
-            ),
-            name="synthetic",
-        )
-    return load_split(name, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
 
 
 def config_of(label: str, split: Split, eval_every: int) -> TrainConfig:

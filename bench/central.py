@@ -35,10 +35,9 @@ import torch
 from fedrecgel.baselines import CentralConfig, central
 from fedrecgel.data import Split, load_split
 from fedrecgel.model import ModelConfig
-from fedrecgel.synthetic import synthetic_split
 from fedrecgel.tune import validation_only
 
-from accuracy_diagnosis import SYNTHETIC_HOLDOUT, SYNTHETIC_TASTES  # isort: skip (a sibling program)
+from accuracy_diagnosis import load  # isort: skip (a sibling program)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "central.json"
@@ -46,8 +45,6 @@ TUNE_SEED = 100
 SEEDS = (0, 1, 2)
 LR_GRID = (0.001, 0.003)
 BATCH = 1024
-#: the synthetic set of the results tables
-SYNTHETIC = {"n_users": 2000, "n_items": 1000, "interactions_per_user": 20.0, "skew": 1.0}
 
 
 def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
@@ -58,18 +55,12 @@ def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
 
     return {
         "filmtrust/paper": (real("filmtrust", "paper"), 20),
-        "synthetic/paper": (lambda: synthetic_split(**SYNTHETIC, seed=0, validation=True), 20),
+        "synthetic/paper": (lambda: load("synthetic", data_dir), 20),
         "amazon-video/paper": (real("amazon-video", "paper"), 8),
         "lastfm-2k/clean": (real("lastfm-2k", "clean"), 8),
         "lastfm-2k/paper": (real("lastfm-2k", "paper"), 8),
-        "synthetic-holdout/paper": (
-            lambda: synthetic_split(**SYNTHETIC_HOLDOUT, seed=7, validation=True),  # type: ignore[arg-type]
-            8,
-        ),
-        "synthetic-tastes/paper": (
-            lambda: synthetic_split(**SYNTHETIC_TASTES, seed=0, validation=True),  # type: ignore[arg-type]
-            20,
-        ),
+        "synthetic-holdout/paper": (lambda: load("synthetic-holdout", data_dir), 8),
+        "synthetic-tastes/paper": (lambda: load("synthetic-tastes", data_dir), 20),
     }
 
 

@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from accuracy_report import cell, central
+from accuracy_report import _pm, _vals, cell, central
 
 from fedrecgel.config import DEFAULTS
 
@@ -189,13 +189,6 @@ def _acc_key(ds: str) -> str:
     return ds if "/" in ds else f"{ds}/paper"
 
 
-def _pm(vals: list[float]) -> str:
-    if not vals:
-        return "-"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return f"{statistics.fmean(vals):.2f} ± {sd:.2f}"
-
-
 def _central_hr(key: str) -> float | None:
     cen = central(key)
     if not cen or "selected" not in cen:
@@ -273,8 +266,7 @@ def default_rule() -> list[str]:
 
 
 def _mean(key: str, label: str) -> tuple[float | None, int]:
-    runs = cell(key, label)
-    vals = [100 * r["selected"]["hr@10"] for r in runs if r.get("selected")]
+    vals = _vals(cell(key, label), "selected", "hr@10")
     return (statistics.fmean(vals) if vals else None), len(vals)
 
 
