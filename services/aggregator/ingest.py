@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from fedrecgel.robust import check_values
 from fedrecgel.sam import PartialSum, Update
 from fedrecgel.wire import (
     PARTIAL_FORMAT,
@@ -90,6 +91,14 @@ def check_metadata(u: Update) -> None:
             f"client {u.client_id}: loss {u.loss!r} is not a finite value in [0, {MAX_LOSS:g}]",
             "invalid_update_metadata",
         )
+
+
+def _check_values(u: Update | PartialSum, who: str) -> None:
+    """422 for a value whose square would overflow float32 (it would poison Adam's moments)."""
+    try:
+        check_values(u)
+    except ValueError as err:
+        raise Malformed(f"{who}: {err}", "update_values_too_large") from None
 
 
 class Ingest:
@@ -215,6 +224,7 @@ class Ingest:
             if u.client_id not in caller.client_ids:
                 raise Forbidden(f"client {u.client_id} is not held by this token", "not_owned")
             check_metadata(u)
+            _check_values(u, f"client {u.client_id}")
             if run.config is not None:  # a DP run: every upload within the clipping norm
                 check_upload(u, run.config, 1, run.model)
         # A validated one-update body is stored as sent: it decodes to exactly that update.
@@ -240,6 +250,7 @@ class Ingest:
                 f"body is for round {decoded.round_id}, path says {round_id}", "round_mismatch"
             )
         p = decoded.partial
+        _check_values(p, f"partial sum of clients from {p.client_id}")
         for c, n in zip(p.client_ids, p.n_samples, strict=True):
             if c not in caller.client_ids:
                 raise Forbidden(f"client {c} is not held by this token", "not_owned")

@@ -111,6 +111,9 @@ class Round(Base):
     # secure-aggregation runs: the protocol step the attempt is in (keys, shares, masked,
     # unmask); NULL on plain rounds
     secagg_phase: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # closed plain rounds: the clients whose upload the robust screen bounded (their norm,
+    # sample count or loss was above its cap; fedrecgel/robust.py); NULL when none was
+    bounded: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
 
 
 class StoredUpdate(Base):

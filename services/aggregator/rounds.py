@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fedrecgel.model import ModelConfig
+from fedrecgel.robust import DEFAULT_FACTOR, all_finite, screen
 from fedrecgel.sam import PartialSum, Update
 from fedrecgel.secagg.protocol import RoundFailed
 from fedrecgel.strategy import combine_partials, partial_loss
@@ -67,6 +68,10 @@ class _NotReady(Exception):
     """Raised inside a closing transaction to roll it back: nothing to do yet."""
 
 
+class _NonFinite(Exception):
+    """The server step would have kept non-finite values: the attempt is retried instead."""
+
+
 class RoundCloser:
     """Closes round attempts and resumes the live one after a restart.
 
@@ -85,8 +90,10 @@ class RoundCloser:
         pending: PendingUpdates,
         storage: StorageKeeper,
         bus: RedisBus | None = None,
+        screen_factor: float = DEFAULT_FACTOR,
     ) -> None:
         self.db = db
+        self.screen_factor = screen_factor
         self.metrics = metrics
         self.clock = clock
         self.models = models
@@ -198,7 +205,11 @@ class RoundCloser:
                     if n == 0 or n < cfg.quorum_count(m):
                         new_attempt = self._retry(repo, run, cfg, rnd, now)
                     else:
-                        aggregated = self._aggregate(repo, run, cfg, rnd, meta, now)
+                        try:
+                            aggregated = self._aggregate(repo, run, cfg, rnd, meta, now)
+                        except _NonFinite as err:  # nothing kept: the state was taken out
+                            log.error("round %d attempt %d: %s", rnd.round_id, rnd.attempt, err)
+                            new_attempt = self._retry(repo, run, cfg, rnd, now)
         except _NotReady:
             return CloseOutcome.NOT_READY
         self.pending.drop(pk)
@@ -286,9 +297,16 @@ class RoundCloser:
                 shapes = {k: tuple(v.shape) for k, v in params.items()}
                 strategy.apply(params, combine_partials(partials, shapes, cfg.weighting))
             else:
+                screened = screen(updates, self.screen_factor or None)
+                updates, rnd.bounded = screened.updates, screened.bounded or None
                 strategy.round(params, updates, public)
         version = rnd.base_version + 1
         state = strategy.state_dict()
+        if not all_finite(params, state):
+            raise _NonFinite(
+                "the server step gave non-finite params or optimizer state; the attempt's "
+                "uploads are dropped and the model is kept"
+            )
         with stage.labels(stage="encode_model").time():
             blob = encode_model(mcfg, params, version)
         digest = hashlib.sha256(blob).hexdigest()

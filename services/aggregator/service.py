@@ -74,7 +74,16 @@ class AggregatorService:
             db, clock, self.models, self.pending, self.newest, settings.max_model_params, population
         )
         self.reads = RunReads(db, self.models)
-        self.rounds = RoundCloser(db, metrics, clock, self.models, self.pending, self.storage, bus)
+        self.rounds = RoundCloser(
+            db,
+            metrics,
+            clock,
+            self.models,
+            self.pending,
+            self.storage,
+            bus,
+            settings.upload_screen_factor,
+        )
         self.secure = SecureRounds(db, clock, self.rounds.advance)
         self.ingest = Ingest(db, metrics, clock, self.newest, self.pending, self.rounds.close_round)
         self.evaluations = Evaluations(db, clock, settings.max_register_per_request)

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
 from fedrecgel.config import MAX_MODEL_PARAMS
+from fedrecgel.robust import DEFAULT_FACTOR
 from services.secret_files import secret_from_file, weak_secret
 from services.url_settings import DatabaseUrl, LogLevel, RedisUrl, Threads
 
@@ -86,6 +87,12 @@ class Settings(BaseSettings):
     # Aggregation is small, memory-bound work: one thread is fastest and never fights the
     # request threads for cores.
     torch_threads: Threads | None = 1
+    # Robust aggregation (fedrecgel/robust.py): when a round closes, each client's upload is
+    # scaled down to this many times the round's median upload norm, and its sample count and
+    # loss capped at this many times theirs (0: off). Honest cohorts stay well inside the
+    # default; a small factor (e.g. 3) bounds the attackers' direction too but also scales down
+    # honest outliers, and the model then differs from the simulator's (docs/API.md).
+    upload_screen_factor: float = Field(default=DEFAULT_FACTOR, ge=0.0, le=1e6, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Settings:
