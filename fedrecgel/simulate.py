@@ -274,6 +274,12 @@ class Simulator:
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.params = config.run_params()
+        if config.fraction * split.n_users < 0.5:  # int() would round it up to one client
+            raise ValueError(
+                f"--fraction {config.fraction:g} of {split.n_users} users is "
+                f"{config.fraction * split.n_users:.2g} clients a round; at least "
+                f"{1 / split.n_users:.2g} gives one"
+            )
         if config.secure_aggregation != "off":
             m = cohort_size(split.n_users, config.fraction)
             if m < 2:

@@ -89,6 +89,12 @@ def read_fields(
         if empty.any():
             row = int(np.flatnonzero(empty.any(axis=1))[0])
             got = int((~empty[row]).sum())
+            field = int(np.flatnonzero(empty[row])[0]) + 1
+            if got in allowed:  # e.g. "a,b," where two or three fields are allowed
+                raise DataError(
+                    f"{path}, line {lines[row]}: field {field} of {n_cols} is empty (each row "
+                    f"has {_fmt_counts(allowed)} non-empty fields, all rows the same number)"
+                )
             raise DataError(
                 f"{path}, line {lines[row]}: expected {_fmt_counts(allowed)} fields, saw {got}"
             )

@@ -294,6 +294,12 @@ def test_first_row_too_wide(tmp_path: Path) -> None:
         load_csv(p)
 
 
+def test_empty_field_in_a_row_of_allowed_width(tmp_path: Path) -> None:
+    p = write(tmp_path / "e.csv", "user,item,timestamp\n1,2,3\nfoo,bar,\n4,5,6\n")
+    with pytest.raises(DataError, match=r"e\.csv, line 3: field 3 of 3 is empty"):
+        load_csv(p, header=True)
+
+
 def test_non_numeric_csv_timestamp(tmp_path: Path) -> None:
     p = write(tmp_path / "h.csv", "user,item,time\nu,i,1\nu,j,1.5\n")
     with pytest.raises(DataError, match=r"h\.csv, line 3: timestamp must be an integer"):

@@ -222,3 +222,8 @@ def test_run_settings_reach_the_server_strategy():
     assert isinstance(strategy, FedAvgGradients)
     opt = strategy.optimizer.cfg
     assert (opt.beta1, opt.beta2, opt.warmup, opt.decay, opt.total) == (0.5, 0.9, 3, "cosine", 4)
+
+
+def test_a_fraction_that_selects_no_client_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"--fraction 1e-09 of \d+ users is .* clients a round"):
+        Simulator(SPLIT, replace(SMALL, fraction=1e-9))
