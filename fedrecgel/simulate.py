@@ -274,12 +274,6 @@ class Simulator:
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.params = config.run_params()
-        if config.fraction * split.n_users < 0.5:  # int() would round it up to one client
-            raise ValueError(
-                f"--fraction {config.fraction:g} of {split.n_users} users is "
-                f"{config.fraction * split.n_users:.2g} clients a round; at least "
-                f"{1 / split.n_users:.2g} gives one"
-            )
         if config.secure_aggregation != "off":
             m = cohort_size(split.n_users, config.fraction)
             if m < 2:
@@ -288,6 +282,13 @@ class Simulator:
                     f"{config.fraction:g} of {split.n_users} users gives {m}"
                 )
             self.params.secagg_fixed_point().check_cohort(m)
+        if config.sampling == "fixed" and config.fraction * split.n_users < 0.5:
+            # int() would round it up to one client a round (Poisson cohorts may be empty)
+            raise ValueError(
+                f"--fraction {config.fraction:g} of {split.n_users} users is "
+                f"{config.fraction * split.n_users:.2g} clients a round; at least "
+                f"{1 / split.n_users:.2g} gives one"
+            )
         self.privacy: PrivacyPlan | None = plan_privacy(config.run_params(), split.n_users)
         #: rounds this run takes (fewer than configured when a target epsilon stops it)
         self.total_rounds = config.rounds

@@ -134,7 +134,7 @@ class RunReads:
                     closed_at=r.closed_at,
                     seconds=(r.closed_at - r.opened_at).total_seconds(),
                     epsilon=None if plan is None else plan.epsilon(r.round_id),
-                    bounded=r.bounded or [],
+                    n_bounded=len(r.bounded or []),
                 )
             )
         if plan is None:

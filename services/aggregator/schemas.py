@@ -59,9 +59,9 @@ class HistoryRound(BaseModel):
     closed_at: datetime
     seconds: float
     epsilon: float | None = None  # DP runs: privacy spent once this round was released
-    #: clients whose upload the robust screen scaled down or capped (norm, sample count or
-    #: loss above its multiple of the round's median; docs/API.md, threat model)
-    bounded: list[int] = []
+    #: uploads the robust screen scaled down or capped (norm, sample count or loss above its
+    #: multiple of the round's median; docs/API.md); the clients are in the round's row
+    n_bounded: int = 0
 
 
 #: closed rounds in one history answer unless the reader asks for fewer (or more, up to

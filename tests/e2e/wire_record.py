@@ -127,7 +127,7 @@ API_KEYS: list[tuple[str, str, str, str]] = [
         r"/v1/runs/current/history",
         r"",
         rf"run_id|planned_rounds|delta|noise_multiplier|next_after|evaluated_through|rounds|rounds\[\]\.(round_id|model_version|n_updates|loss|metrics"
-        rf"|closed_at|seconds|epsilon)|rounds\[\]\.metrics\.{METRIC}",
+        rf"|closed_at|seconds|epsilon|n_bounded)|rounds\[\]\.metrics\.{METRIC}",
     ),
 ]
 
