@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,12 @@ def make_engine(url: str) -> Engine:
     u = make_url(url)
     if u.get_backend_name() != "sqlite":
         return create_engine(u, pool_pre_ping=True)
+    if u.database and u.database != ":memory:" and not u.database.startswith("file:"):
+        # Owner-only: the upload rows reveal users' items. SQLite creates the -wal and -shm
+        # files with the database file's mode.
+        path = Path(u.database)
+        if not path.exists() and path.parent.is_dir():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     engine = create_engine(u, connect_args={"timeout": 30.0, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")

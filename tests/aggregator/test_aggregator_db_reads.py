@@ -152,3 +152,17 @@ def test_a_new_file_gets_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path
         s.execute(text("INSERT INTO t VALUES (1)"))
     with old.read() as s:
         assert count_rows(s) == 1
+
+
+def test_a_new_sqlite_file_and_its_wal_are_owner_only(tmp_path: Path) -> None:
+    """The upload rows reveal users' items: the aggregator's files are not world-readable."""
+    import stat
+
+    path = tmp_path / "agg.db"
+    db = Database(f"sqlite:///{path}")
+    db.migrate()
+    with db.transaction() as s:
+        s.execute(text("SELECT 1"))
+    for f in [path, *tmp_path.glob("agg.db-*")]:
+        assert stat.S_IMODE(f.stat().st_mode) & 0o077 == 0, (f, oct(f.stat().st_mode))
+    db.dispose()
