@@ -9,6 +9,11 @@ from torch import Tensor
 from fedrecgel.model import Scorer
 
 KS = (5, 10, 15, 20)
+#: the metrics a federated evaluation reports, every one of them in every report
+METRIC_NAMES = tuple(f"{m}@{k}" for k in KS for m in ("hr", "ndcg"))
+#: the same on the validation items, reported (all of them, or none) by a worker whose split
+#: holds a validation item per user
+VAL_METRIC_NAMES = tuple(f"val/{name}" for name in METRIC_NAMES)
 
 
 def rank_of_positive(pos: Tensor, neg: Tensor) -> Tensor:

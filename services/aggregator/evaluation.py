@@ -2,8 +2,10 @@
 cover every registered client, the version's metrics (the means) are written, once.
 
 A report is checked before anything is stored: only ids the caller holds, each at most once
-per version, ``count`` equal to the number of ids, at least one metric and the same metrics as
-the version's earlier reports, and every metric a finite sum of per-client values in [0, 1]
+per version, ``count`` equal to the number of ids, exactly the metrics every worker computes
+(:data:`fedrecgel.metrics.METRIC_NAMES`, with or without all of their ``val/`` twins: the
+protocol fixes them, not the first report, so a report with other names cannot lock honest ones
+out; a version publishes the metrics every report carried), and every metric a finite sum of per-client values in [0, 1]
 (``0 <= sum <= count``). The means are exact sums (``math.fsum``) of values so
 bounded, divided by the number of clients: nothing can overflow, one client cannot move a
 mean by more than 1/population, and the honest reports always complete.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 
+from fedrecgel.metrics import METRIC_NAMES, VAL_METRIC_NAMES
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound
@@ -24,9 +27,8 @@ from services.aggregator.schemas import EvaluationAck, EvaluationRequest
 
 log = logging.getLogger(__name__)
 
-#: the most metrics one report may carry, and the longest metric name
-MAX_METRICS = 32
-MAX_METRIC_NAME = 64
+_NAMES = frozenset(METRIC_NAMES)
+_WITH_VAL = _NAMES | frozenset(VAL_METRIC_NAMES)
 #: the largest model version (a 32-bit column)
 MAX_VERSION = 2**31 - 1
 
@@ -58,18 +60,18 @@ class Evaluations:
                 f"count {req.count} != {len(req.client_ids)} client ids", "count_mismatch"
             )
         sums = {k: v for k, v in req.sums.items() if k != "count"}
-        if not sums:
-            # its clients would count as evaluated with no value: 0 in every mean
+        names = set(sums)
+        if names not in (_NAMES, _WITH_VAL):
+            unknown = [n[:64] for n in sorted(names - _WITH_VAL)[:5]]
+            missing = sorted((_WITH_VAL if names & set(VAL_METRIC_NAMES) else _NAMES) - names)
             raise Malformed(
-                "sums names no metric; a report carries at least one", "invalid_metrics"
+                f"a report carries exactly the metrics {list(METRIC_NAMES)}, and the same "
+                "prefixed 'val/' (all or none)"
+                + (f"; unknown: {unknown}" if unknown else "")
+                + (f"; missing: {missing}" if missing else ""),
+                "invalid_metrics",
             )
-        if len(sums) > MAX_METRICS:
-            raise Malformed(f"{len(sums)} metrics; at most {MAX_METRICS}", "invalid_metrics")
         for name, value in sums.items():
-            if not 1 <= len(name) <= MAX_METRIC_NAME:
-                raise Malformed(
-                    f"metric names have 1 to {MAX_METRIC_NAME} characters", "invalid_metrics"
-                )
             if not (math.isfinite(value) and 0.0 <= value <= req.count):
                 raise Malformed(
                     f"metric {name!r}: sum {value!r} is outside 0..{req.count} (a sum over "
@@ -108,20 +110,13 @@ class Evaluations:
                         "evaluation_overlap",
                     )
                 return EvaluationAck(model_version=v, accepted=0, ignored=len(seen), complete=False)
-            earlier = evals.evaluation_reports(run.id, v, limit=1)
-            if set(earlier[0].sums) != set(sums):  # (the first may be this one: then equal)
-                # a metric missing from some reports would be averaged as 0 for their clients
-                raise Malformed(
-                    f"metrics {sorted(sums)} differ from those of the earlier reports of "
-                    f"version {v}, {sorted(earlier[0].sums)}; every report of a version "
-                    "carries the same metrics",
-                    "invalid_metrics",
-                )
             complete = False  # (a version with metrics was answered above)
             if evals.count_evaluated(run.id, v) >= repo.count_clients():
                 reports = evals.evaluation_reports(run.id, v)
                 total = sum(r.count for r in reports)
-                names = sorted({k for r in reports for k in r.sums})
+                # a name some report lacks (validation metrics from a worker without a
+                # validation split) would be averaged as 0 for its clients: not published
+                names = sorted(set.intersection(*(set(r.sums) for r in reports)))
                 means = {
                     k: math.fsum(float(r.sums.get(k, 0.0)) for r in reports) / total for k in names
                 }

@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 
+from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
 from tests.support.aggregator import random_update
@@ -48,26 +49,32 @@ def junk_reports(version: int, own: list[int], foreign: list[int]) -> dict[str, 
     def report(sums: dict[str, object], ids: list[int] = own, count: object = n) -> object:
         return {"model_version": version, "sums": sums, "count": count, "client_ids": ids}
 
+    # every metric a report carries (at 0), so each case fails on what it names
+    full: dict[str, object] = {name: 0.0 for name in METRIC_NAMES}
+    rest = "".join(f'"{name}": 0.0, ' for name in METRIC_NAMES if name != "hr@10")
     return {
-        "overflow": report({"hr@10": 1e308, "ndcg@10": 1e308}),
-        "sum_above_count": report({"hr@10": n + 0.5}),
-        "negative": report({"hr@10": -1.0}),
+        "overflow": report({**full, "hr@10": 1e308, "ndcg@10": 1e308}),
+        "sum_above_count": report({**full, "hr@10": n + 0.5}),
+        "negative": report({**full, "hr@10": -1.0}),
         "nan_literal": (
-            f'{{"model_version": {version}, "sums": {{"hr@10": NaN}}, "count": {n}, '
+            f'{{"model_version": {version}, "sums": {{{rest}"hr@10": NaN}}, "count": {n}, '
             f'"client_ids": {own}}}'
         ),
         "infinity_literal": (
-            f'{{"model_version": {version}, "sums": {{"hr@10": Infinity}}, "count": {n}, '
+            f'{{"model_version": {version}, "sums": {{{rest}"hr@10": Infinity}}, "count": {n}, '
             f'"client_ids": {own}}}'
         ),
-        "count_mismatch": report({"hr@10": 0.0}, count=n + 1),
-        "huge_version": {**report({"hr@10": 0.0}), "model_version": 2**70},  # type: ignore[dict-item]
-        "count_as_string": report({"hr@10": 0.0}, count=str(n)),
-        "ids_as_bools": report({"hr@10": 0.0}, ids=[False] * 1, count=1),
-        "foreign_ids": report({"hr@10": 0.0}, ids=foreign, count=len(foreign)),
-        "repeated_id": report({"hr@10": 0.0}, ids=[own[0], own[0]], count=2),
+        "count_mismatch": report(full, count=n + 1),
+        "huge_version": {**report(full), "model_version": 2**70},  # type: ignore[dict-item]
+        "count_as_string": report(full, count=str(n)),
+        "ids_as_bools": report(full, ids=[False] * 1, count=1),
+        "foreign_ids": report(full, ids=foreign, count=len(foreign)),
+        "repeated_id": report(full, ids=[own[0], own[0]], count=2),
         "too_many_metrics": report({f"m{i}": 0.0 for i in range(100)}),
         "empty_metric_name": report({"": 0.0}),
         "no_metrics": report({}),
         "only_the_count": report({"count": float(n)}),
+        "unknown_metric": report({"bogus": 0.0}),
+        "a_subset_of_the_metrics": report({"hr@10": 0.0}),
+        "an_extra_metric": report({**full, "bogus": 0.0}),
     }

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from fedrecgel import wire
+from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from services.aggregator import runs as runs_module
 from services.aggregator.settings import Population, Settings, resolve_population
@@ -30,6 +31,7 @@ from tests.support.aggregator import (
     post_updates,
     random_update,
     register,
+    report_sums,
     upload_headers,
 )
 
@@ -95,34 +97,63 @@ def test_out_of_range_evaluation_reports_are_422_and_honest_ones_complete(
     assert r.status_code in (403, 422), r.text
     assert set(r.json()) == {"error", "detail"}
     for token, ids, hr in ((s.a, [0, 2, 4, 6], 0.5), (s.b, [1, 3, 5, 7], 0.25)):
-        report = {"model_version": 1, "sums": {"hr@10": hr * 4}, "count": 4, "client_ids": ids}
+        report = {"model_version": 1, "sums": report_sums(hr * 4), "count": 4, "client_ids": ids}
         r = s.client.post("/v1/evaluations", json=report, headers=bearer(token))
         assert r.status_code == 202, r.text
     assert r.json()["complete"] is True
-    assert s.client.get("/v1/rounds/1").json()["metrics"] == {"hr@10": 0.375}
+    assert s.client.get("/v1/rounds/1").json()["metrics"]["hr@10"] == 0.375
 
 
-def test_a_report_with_other_metrics_than_the_versions_earlier_ones_is_422(
-    started: Started,
+@pytest.mark.parametrize(
+    "sums",
+    [
+        {"bogus": 0.0},
+        {"hr@10": 2.0},
+        {**report_sums(2.0), "bogus": 0.0},
+        {**report_sums(2.0), "val/hr@10": 2.0},
+    ],
+    ids=["unknown-name", "a-subset", "an-extra-name", "some-validation-metrics"],
+)
+def test_a_report_without_exactly_the_runs_metrics_is_422_and_locks_nothing_out(
+    started: Started, sums: dict[str, float]
 ) -> None:
-    """A metric missing from one report would count as 0 for its clients in the mean."""
+    """Regression (issue 30, 3): the first report fixed a version's metric names, so
+    ``{"bogus": 0.0}`` for one client got 202 and every honest report after it 422: the version
+    could never complete. The names are the run's (every metric a worker computes)."""
     s = started
     _close_round_1(s)
-    first = {"model_version": 1, "sums": {"hr@10": 2.0}, "count": 4, "client_ids": [0, 2, 4, 6]}
-    assert s.client.post("/v1/evaluations", json=first, headers=bearer(s.a)).status_code == 202
-    other = {**first, "sums": {"hr@10": 1.0, "ndcg@10": 1.0}, "client_ids": [1, 3, 5, 7]}
-    r = s.client.post("/v1/evaluations", json=other, headers=bearer(s.b))
+    first = {"model_version": 1, "sums": sums, "count": 4, "client_ids": [0, 2, 4, 6]}
+    r = s.client.post("/v1/evaluations", json=first, headers=bearer(s.a))
     assert r.status_code == 422 and r.json()["error"] == "invalid_metrics", r.text
-    assert "['hr@10', 'ndcg@10'] differ from those of the earlier reports" in r.json()["detail"]
-    honest = {**other, "sums": {"hr@10": 1.0}}
-    r = s.client.post("/v1/evaluations", json=honest, headers=bearer(s.b))
-    assert r.status_code == 202 and r.json()["complete"] is True
-    assert s.client.get("/v1/rounds/1").json()["metrics"] == {"hr@10": 0.375}
+    assert "a report carries exactly the metrics ['hr@5', 'ndcg@5'" in r.json()["detail"]
+    for token, ids, hr in ((s.a, [0, 2, 4, 6], 2.0), (s.b, [1, 3, 5, 7], 1.0)):
+        honest = {"model_version": 1, "sums": report_sums(hr), "count": 4, "client_ids": ids}
+        r = s.client.post("/v1/evaluations", json=honest, headers=bearer(token))
+        assert r.status_code == 202, r.text
+    assert r.json()["complete"] is True
+    metrics = s.client.get("/v1/rounds/1").json()["metrics"]
+    assert metrics["hr@10"] == 0.375 and "bogus" not in metrics
+
+
+def test_validation_metrics_are_published_only_when_every_report_carried_them(
+    started: Started,
+) -> None:
+    """A worker with a validation split reports the ``val/`` twins as well; a version whose
+    clients are partly in a worker without one publishes the test metrics alone (the others'
+    validation sums would count as 0)."""
+    s = started
+    _close_round_1(s)
+    with_val = {**report_sums(2.0), **{f"val/{k}": 1.0 for k in METRIC_NAMES}}
+    for token, ids, sums in ((s.a, [0, 2, 4, 6], with_val), (s.b, [1, 3, 5, 7], report_sums(1.0))):
+        report = {"model_version": 1, "sums": sums, "count": 4, "client_ids": ids}
+        r = s.client.post("/v1/evaluations", json=report, headers=bearer(token))
+        assert r.status_code == 202, r.text
+    assert set(s.client.get("/v1/rounds/1").json()["metrics"]) == set(METRIC_NAMES)
 
 
 def test_the_operator_cannot_report_evaluations_for_clients(started: Started) -> None:
     _close_round_1(started)
-    report = {"model_version": 1, "sums": {"hr@10": 1.0}, "count": 1, "client_ids": [0]}
+    report = {"model_version": 1, "sums": report_sums(1.0), "count": 1, "client_ids": [0]}
     r = started.client.post("/v1/evaluations", json=report, headers=operator_headers())
     assert r.status_code == 403 and r.json()["error"] == "not_owned"
 
@@ -130,7 +161,7 @@ def test_the_operator_cannot_report_evaluations_for_clients(started: Started) ->
 def test_an_evaluation_over_too_many_ids_is_422(aggregator: AggregatorFactory) -> None:
     client = aggregator(population=8, max_register_per_request=3)
     token = register(client, [0, 1, 2])
-    report = {"model_version": 0, "sums": {"hr@10": 0.0}, "count": 4, "client_ids": [0, 1, 2, 3]}
+    report = {"model_version": 0, "sums": report_sums(0.0), "count": 4, "client_ids": [0, 1, 2, 3]}
     r = client.post("/v1/evaluations", json=report, headers=bearer(token))
     assert r.status_code == 422 and r.json()["error"] == "too_many_clients"
 

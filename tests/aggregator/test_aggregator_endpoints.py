@@ -12,11 +12,18 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import init_shared
 from fedrecgel.sam import Update
 from fedrecgel.wire import decode_model
 from tests.aggregator.started_run import MODEL, RUN, Ctx, make_updates
-from tests.support.aggregator import bearer, enrol_headers, operator_headers, register
+from tests.support.aggregator import (
+    bearer,
+    enrol_headers,
+    operator_headers,
+    register,
+    report_sums,
+)
 
 # ----------------------------------------------------------------------------- endpoints
 
@@ -143,7 +150,10 @@ def test_a_refused_body_stores_none_of_itsmake_updates(ctx: Ctx) -> None:
 def _report(version: int, ids: list[int], hr: float) -> dict[str, object]:
     return {
         "model_version": version,
-        "sums": {"hr@10": hr * len(ids), "ndcg@10": 0.5 * len(ids), "count": float(len(ids))},
+        "sums": {
+            **report_sums(0.5 * len(ids)),
+            "hr@10": hr * len(ids),
+        },
         "count": len(ids),
         "client_ids": ids,
     }
@@ -166,9 +176,10 @@ def test_evaluations_become_version_metrics_once_every_client_reported(ctx: Ctx)
     )
     assert last.status_code == 202 and last.json()["complete"] is True
     metrics = ctx.client.get("/v1/rounds/1").json()["metrics"]
-    assert metrics == pytest.approx({"hr@10": 0.3, "ndcg@10": 0.5})
+    expected = {**{name: 0.5 for name in METRIC_NAMES}, "hr@10": 0.3}
+    assert metrics == pytest.approx(expected)
     history = ctx.client.get("/v1/runs/current/history").json()
-    assert history["rounds"][0]["metrics"] == pytest.approx({"hr@10": 0.3, "ndcg@10": 0.5})
+    assert history["rounds"][0]["metrics"] == pytest.approx(expected)
 
 
 def test_evaluation_refusals(ctx: Ctx) -> None:

@@ -20,6 +20,7 @@ from tests.support.aggregator import (
     enrol_headers,
     operator_headers,
     register,
+    report_sums,
     run_config_for,
     upload_headers,
 )
@@ -30,8 +31,8 @@ SHARDS = 2
 def _metric(ids: list[int], version: int) -> dict[str, float]:
     """Deterministic per-client metric values in [0, 1], summed over ``ids``."""
     return {
+        **report_sums(float(sum((c + version) % 3 for c in ids)) / 2.0),
         "hr@10": float(sum((c * 7 + version) % 5 for c in ids)) / 4.0,
-        "ndcg@10": float(sum((c + version) % 3 for c in ids)) / 2.0,
     }
 
 

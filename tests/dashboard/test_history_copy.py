@@ -191,6 +191,7 @@ def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any
         post_updates,
         random_update,
         register,
+        report_sums,
         sqlite_url,
     )
 
@@ -201,7 +202,7 @@ def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any
         model, rng = ModelConfig(n_items=30, factor=4, layers=1), np.random.default_rng(0)
         updates = [random_update(model, c, rng) for c in (0, 1)]
         assert post_updates(agg, token, 1, updates).status_code == 200
-        report = {"model_version": 1, "sums": {"hr@10": 1.0}, "count": 2, "client_ids": [0, 1]}
+        report = {"model_version": 1, "sums": report_sums(1.0), "count": 2, "client_ids": [0, 1]}
         assert agg.post("/v1/evaluations", json=report, headers=bearer(token)).status_code == 202
         asked: list[str | None] = []
 
@@ -223,7 +224,7 @@ def test_the_dashboard_reads_the_aggregators_history_incrementally(tmp_path: Any
         == [1]
         == [r["round_id"] for r in second["history"]]
     )
-    assert second["history"][0]["metrics"] == {"hr@10": 0.5}
+    assert second["history"][0]["metrics"]["hr@10"] == 0.5
     assert first["history_full"] is True and asked == ["0", "1", "1"]
     # a page that holds the rounds of the token is sent none of them again
     assert since["history"] == [] and since["history_full"] is False

@@ -15,6 +15,7 @@ import torch
 
 from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split
+from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.sam import Update
@@ -58,6 +59,11 @@ def service_of(client: Any) -> AggregatorService:
     """The service behind an in-process app (a started TestClient)."""
     service: AggregatorService = client.app.state.service
     return service
+
+
+def report_sums(total: float) -> dict[str, float]:
+    """An evaluation report's sums: every metric a report carries, each summing to ``total``."""
+    return {name: total for name in METRIC_NAMES}
 
 
 def operator_headers() -> dict[str, str]:
