@@ -108,12 +108,22 @@ class AnnouncedRunConfig(RunConfig):
 # ----------------------------------------------------------------------------- clients
 
 
+#: a client token a registrant chooses itself (``RegisterRequest.token``): URL-safe base64
+#: characters, at least 32 of them (``secrets.token_urlsafe(32)`` gives 43)
+CLIENT_TOKEN_PATTERN = r"^[A-Za-z0-9_-]{32,128}$"
+
+
 class RegisterRequest(BaseModel):
-    """``POST /v1/clients``: clients (user indices) to register under one new credential."""
+    """``POST /v1/clients``: clients (user indices) to register under one credential.
+
+    ``token``, optional: the client token the registrant chose (and kept) before asking, so
+    that asking again after a lost answer or a crash is the same registration: ids that
+    credential holds already are accepted again, never moved (docs/API.md, "Enrolment")."""
 
     model_config = ConfigDict(extra="forbid")
 
     client_ids: list[int] = Field(min_length=1)
+    token: str | None = Field(default=None, pattern=CLIENT_TOKEN_PATTERN)
 
     @field_validator("client_ids")
     @classmethod

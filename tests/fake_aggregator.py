@@ -192,19 +192,23 @@ class FakeAggregator:
     def _route(self, request: httpx.Request, body: bytes) -> httpx.Response:
         path, method = request.url.path, request.method
         if method == "POST" and path == "/v1/clients":
-            # as specified: a shard enrolment token; ids of its shard within the population;
-            # ids the same shard registered before move to the fresh token
+            # as specified: a shard enrolment token; ids of its shard within the population,
+            # held by no token or by the one the body chose (then it is that token's again)
             auth = request.headers.get("Authorization", "").removeprefix("Bearer ")
             shard = verify_enrolment_token(ENROLMENT_SECRET, auth)
             if shard is None:
                 return _error(401, "unauthorized", "registration needs a shard enrolment token")
             if self.population is None:
                 return _error(409, "no_population", "the aggregator declares no population")
-            ids = [int(c) for c in json.loads(body)["client_ids"]]
+            payload = json.loads(body)
+            ids = [int(c) for c in payload["client_ids"]]
             bad = [c for c in ids if not (0 <= c < self.population and shard.owns(c))]
             if bad:
                 return _error(403, "not_your_ids", f"client id {bad[0]} is not yours")
-            token = secrets.token_hex(8)
+            token = payload.get("token") or secrets.token_hex(8)
+            held = [c for c in ids if self.registered.get(c, token) != token]
+            if held:
+                return _error(409, "clients_held", f"held by another credential: {held}")
             self.registered.update(dict.fromkeys(ids, token))
             answer = RegisterResponse(token=token, client_ids=ids)
             return httpx.Response(201, json=answer.model_dump())

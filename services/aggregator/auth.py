@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 
 from services.aggregator.db import Database
-from services.aggregator.errors import Conflict, Forbidden, Malformed, Unauthorized
-from services.aggregator.repository import Repository
+from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound, Unauthorized
+from services.aggregator.repository import RELEASED, Repository
 from services.aggregator.settings import Settings
 from services.enrolment import Shard, verify_enrolment_token
 
@@ -47,8 +47,8 @@ class Credentials:
 
     Locking: ``_lock`` guards ``_tokens`` (token hash -> client ids, expiry) only and is never
     held while the database is queried; two threads missing the same token both query it,
-    which is harmless (a token only ever loses clients, to a re-registration, which empties
-    the cache).
+    which is harmless (a token loses clients only to the operator's release, which empties
+    the cache, and gains some only by registering with it, which drops it from the cache).
     """
 
     def __init__(self, db: Database, settings: Settings, population: int | None = None) -> None:
@@ -121,12 +121,16 @@ class Credentials:
             raise Unauthorized("invalid enrolment token")
         return shard
 
-    def register_clients(self, shard: Shard, client_ids: list[int]) -> tuple[str, list[int]]:
-        """Register clients of ``shard`` under a new credential; returns (token, ids).
+    def register_clients(
+        self, shard: Shard, client_ids: list[int], token: str | None = None
+    ) -> tuple[str, list[int]]:
+        """Register clients of ``shard`` under one credential; returns (token, ids).
 
-        Every id must be in the population and in the shard; ids this shard registered before
-        move to the new credential (a worker that lost its token registers again), ids any
-        other credential holds are refused (409).
+        Every id must be in the population and in the shard, and held by no credential but
+        the one of ``token`` (409 ``clients_held`` naming the others, nothing stored): a shard
+        token registers new ids and ids the operator released, never ids another credential
+        holds. ``token``: the client token the registrant chose (else a new one is made); ids
+        it holds already are accepted again (a worker that lost the answer asks again).
         """
         limit = self.settings.max_register_per_request
         if len(client_ids) > limit:
@@ -147,24 +151,98 @@ class Credentials:
                     "not_your_ids",
                 )
         label = f"{shard.shard}/{shard.shards}"
-        token = secrets.token_urlsafe(32)
+        chosen = token is not None
+        if token is None:
+            token = secrets.token_urlsafe(32)
+        elif self._is_service_token(token):
+            raise Conflict("the chosen token is another credential's", "token_in_use")
         h = hash_token(token)
         try:
             with self.db.transaction() as s:
                 repo = Repository(s)
                 existing = repo.existing_clients(client_ids)
-                taken = sorted(c for c, by in existing.items() if by != label)
-                if taken:
-                    raise Conflict(
-                        f"clients already registered by another credential: {taken[:10]}",
-                        "already_registered",
-                    )
-                repo.rekey_clients(sorted(existing), h)
+                held = sorted(c for c, (by, _) in existing.items() if by not in (h, RELEASED))
+                if held:
+                    raise Conflict(_held_detail(held), "clients_held")
+                if chosen:  # a credential holds clients of one shard only
+                    other = repo.existing_clients(repo.clients_of_token(h))
+                    if any(label != enrolled for _, enrolled in other.values()):
+                        raise Conflict(
+                            "the chosen token holds clients of another shard", "token_in_use"
+                        )
+                released = sorted(c for c, (by, _) in existing.items() if by == RELEASED)
+                if repo.move_clients(released, h, RELEASED, label) != len(released):
+                    raise Conflict(_MEANWHILE, "clients_held")
                 repo.add_clients([c for c in client_ids if c not in existing], h, label)
         except IntegrityError:
-            raise Conflict("clients already registered", "already_registered") from None
-        if existing:
-            with self._lock:
-                self._tokens.clear()  # the old tokens of these clients no longer hold them
-        log.info("shard %s registered %d clients (%d again)", label, len(client_ids), len(existing))
+            raise Conflict(_MEANWHILE, "clients_held") from None
+        with self._lock:
+            self._tokens.pop(h, None)  # a chosen token may hold more clients now
+        log.info(
+            "shard %s registered %d clients (%d again, %d released before)",
+            label,
+            len(client_ids),
+            sum(by == h for by, _ in existing.values()),
+            len(released),
+        )
         return token, client_ids
+
+    def release_clients(self, client_ids: list[int]) -> list[int]:
+        """The operator's release: ``client_ids`` stay registered (and in cohorts) but no
+        credential holds them any more, until an enrolment token of their shard registers
+        them again (a worker that lost its store). 404 ``not_registered`` naming ids that
+        are not registered (nothing released)."""
+        limit = self.settings.max_register_per_request
+        if len(client_ids) > limit:
+            raise Malformed(
+                f"{len(client_ids)} client ids in one request; at most {limit}",
+                "too_many_clients",
+            )
+        population = self.population or 0
+        outside = [c for c in client_ids if not 0 <= c < population]  # never registered
+        inside = [c for c in client_ids if 0 <= c < population]
+        with self.db.transaction() as s:
+            repo = Repository(s)
+            unknown = sorted({*outside, *(set(inside) - set(repo.existing_clients(inside)))})
+            if unknown:
+                raise NotFound(
+                    f"{len(unknown)} client ids are not registered: {_named(unknown)}",
+                    "not_registered",
+                )
+            repo.move_clients(client_ids, RELEASED)
+        with self._lock:
+            self._tokens.clear()  # the tokens that held them no longer do
+        log.warning("the operator released %d clients", len(client_ids))
+        return client_ids
+
+    def _is_service_token(self, token: str) -> bool:
+        """Whether ``token`` is the operator's or the reader's."""
+        for known in (self.settings.operator_token, self.settings.reader_token):
+            if known and secrets.compare_digest(token.encode(), known.encode()):
+                return True
+        return False
+
+
+#: client ids named in a refusal's detail (the count names the rest)
+_NAMED_IDS = 100
+
+
+def _named(ids: list[int]) -> str:
+    """``ids`` as a refusal names them: all of them, or the first hundred and a count."""
+    shown = ", ".join(map(str, ids[:_NAMED_IDS]))
+    return shown + (f" and {len(ids) - _NAMED_IDS} more" if len(ids) > _NAMED_IDS else "")
+
+
+_MEANWHILE = (
+    "another registration took some of these client ids while this one was checked: ask "
+    "again to see which"
+)
+
+
+def _held_detail(ids: list[int]) -> str:
+    """The detail of a ``clients_held`` refusal."""
+    return (
+        f"{len(ids)} client ids are held by another credential: {_named(ids)}. Only "
+        "the token holding them registers them again; the operator may release them "
+        "(POST /v1/clients/release) for a worker that lost its client token"
+    )

@@ -80,7 +80,8 @@ class Client(Base):
     client_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     token_hash: Mapped[str] = mapped_column(String(64), index=True)
     # The shard credential that registered it, ``"<shard>/<shards>"`` (NULL: registered before
-    # enrolment tokens existed); only that credential may register it again.
+    # enrolment tokens existed). ``token_hash`` is repository.RELEASED once the operator
+    # released it: then an enrolment token of its shard may register it again.
     enrolled_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

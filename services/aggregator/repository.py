@@ -26,6 +26,9 @@ LIVE_ROUND_STATES = ("open", "paused")
 #: the most values bound in one ``IN (...)`` list: far below every backend's limit on bound
 #: variables (SQLite's 32766, PostgreSQL's 65535), whatever the request carried
 IN_CHUNK = 1000
+#: the credential hash of a client the operator released (``POST /v1/clients/release``):
+#: never the sha256 hex of a token, so no credential holds it until it is registered again
+RELEASED = "released"
 
 
 def chunks(values: Iterable[int], size: int = IN_CHUNK) -> Iterator[list[int]]:
@@ -60,12 +63,15 @@ class Repository:
 
     # ------------------------------------------------------------------ clients
 
-    def existing_clients(self, client_ids: Iterable[int]) -> dict[int, str | None]:
-        """Which of ``client_ids`` are already registered: id -> the shard that enrolled it."""
-        out: dict[int, str | None] = {}
+    def existing_clients(self, client_ids: Iterable[int]) -> dict[int, tuple[str, str | None]]:
+        """Which of ``client_ids`` are registered: id -> (the hash of the credential holding
+        it, or :data:`RELEASED`; the shard that enrolled it)."""
+        out: dict[int, tuple[str, str | None]] = {}
         for part in chunks(client_ids):
-            stmt = select(Client.client_id, Client.enrolled_by).where(Client.client_id.in_(part))
-            out.update((int(c), e) for c, e in self.session.execute(stmt))
+            stmt = select(Client.client_id, Client.token_hash, Client.enrolled_by).where(
+                Client.client_id.in_(part)
+            )
+            out.update((int(c), (h, e)) for c, h, e in self.session.execute(stmt))
         return out
 
     def add_clients(
@@ -82,15 +88,33 @@ class Repository:
             ],
         )
 
-    def rekey_clients(self, client_ids: Sequence[int], token_hash: str) -> None:
-        """Move registered clients to a new credential hash (their old one stops holding them)."""
+    def move_clients(
+        self,
+        client_ids: Sequence[int],
+        token_hash: str,
+        held_by: str | None = None,
+        enrolled_by: str | None = None,
+    ) -> int:
+        """Move registered clients to credential ``token_hash`` (the one holding them stops
+        holding them); with ``held_by``, only those that credential (or :data:`RELEASED`)
+        still holds; with ``enrolled_by``, it becomes their enrolling shard. How many moved."""
+        values: dict[str, str] = {"token_hash": token_hash}
+        if enrolled_by is not None:
+            values["enrolled_by"] = enrolled_by
+        moved = 0
         for part in chunks(client_ids):
-            self.session.execute(
+            where: list[ColumnElement[bool]] = [Client.client_id.in_(part)]
+            if held_by is not None:
+                where.append(Client.token_hash == held_by)
+            result = self.session.execute(
                 update(Client)
-                .where(Client.client_id.in_(part))
-                .values(token_hash=token_hash)
+                .where(*where)
+                .values(**values)
                 .execution_options(synchronize_session=False)
             )
+            assert isinstance(result, CursorResult)
+            moved += int(result.rowcount)
+        return moved
 
     def clients_of_token(self, token_hash: str) -> list[int]:
         """The clients a credential holds (empty when the credential is unknown)."""

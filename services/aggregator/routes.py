@@ -22,6 +22,8 @@ from services.aggregator.schemas import (
     History,
     RegisterRequest,
     RegisterResponse,
+    ReleaseRequest,
+    ReleaseResponse,
     RoundInfo,
     RunConfig,
     RunStarted,
@@ -106,6 +108,11 @@ async def _strict(request: Request, model: type[M]) -> M:
 async def strict_register(request: Request, body: RegisterRequest) -> RegisterRequest:
     """``POST /v1/clients`` body, strictly typed."""
     return await _strict(request, RegisterRequest)
+
+
+async def strict_release(request: Request, body: ReleaseRequest) -> ReleaseRequest:
+    """``POST /v1/clients/release`` body, strictly typed."""
+    return await _strict(request, ReleaseRequest)
 
 
 async def strict_evaluation(request: Request, body: EvaluationRequest) -> EvaluationRequest:
@@ -194,9 +201,22 @@ def register_clients(
     body: Annotated[RegisterRequest, Depends(strict_register)],
     service: ServiceDep,
 ) -> RegisterResponse:
-    """Register clients of the enrolment token's shard under one new credential."""
-    token, ids = service.credentials.register_clients(shard, body.client_ids)
+    """Register clients of the enrolment token's shard under one credential: new ids, ids
+    the operator released, or ids the body's own ``token`` holds already (409
+    ``clients_held`` naming ids another credential holds)."""
+    token, ids = service.credentials.register_clients(shard, body.client_ids, body.token)
     return RegisterResponse(token=token, client_ids=ids)
+
+
+@router.post("/v1/clients/release", responses=_errors(401, 404))
+def release_clients(
+    _: OperatorDep,
+    body: Annotated[ReleaseRequest, Depends(strict_release)],
+    service: ServiceDep,
+) -> ReleaseResponse:
+    """Release registered clients (operator): no credential holds them any more until an
+    enrolment token of their shard registers them again (a worker that lost its store)."""
+    return ReleaseResponse(released=service.credentials.release_clients(body.client_ids))
 
 
 @router.get("/v1/clients/count", responses=_errors())

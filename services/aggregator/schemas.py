@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from services.contract import (
     CurrentRound,
@@ -34,6 +34,8 @@ __all__ = [
     "HistoryRound",
     "RegisterRequest",
     "RegisterResponse",
+    "ReleaseRequest",
+    "ReleaseResponse",
     "RoundInfo",
     "RoundState",
     "RunConfig",
@@ -118,3 +120,26 @@ class Health(BaseModel):
     status: HealthStatus
     database: str
     redis: str
+
+
+class ReleaseRequest(BaseModel):
+    """``POST /v1/clients/release`` (operator): clients no credential is to hold any more."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_ids: list[int] = Field(min_length=1)
+
+    @field_validator("client_ids")
+    @classmethod
+    def _distinct(cls, ids: list[int]) -> list[int]:
+        if any(i < 0 for i in ids):
+            raise ValueError("client ids must be >= 0")
+        if len(set(ids)) != len(ids):
+            raise ValueError("client ids must be distinct")
+        return sorted(ids)
+
+
+class ReleaseResponse(BaseModel):
+    """The released clients: registered still, held by no credential until registered again."""
+
+    released: list[int]

@@ -164,15 +164,30 @@ class AggregatorClient:
 
     # ------------------------------------------------------------------ endpoints
 
-    def register(self, client_ids: Sequence[int], enrolment_token: str) -> str:
+    def register(
+        self, client_ids: Sequence[int], enrolment_token: str, token: str | None = None
+    ) -> str:
         """Register ``client_ids`` with a shard enrolment token (services/enrolment.py) under
-        one credential; remember and return the client token."""
+        one credential: ``token``, chosen by the caller (asking again is then the same
+        registration), else one the aggregator makes; remember and return the client token."""
         # built unchecked: the aggregator is the one that refuses a bad list (422)
         body = RegisterRequest.model_construct(client_ids=[int(c) for c in client_ids])
+        payload = body.model_dump(exclude={"token"})
+        if token is not None:
+            payload["token"] = token
         auth = {"Authorization": f"Bearer {enrolment_token}"}
-        resp = self._request("POST", "/v1/clients", json=body.model_dump(), headers=auth)
-        self.token = RegisterResponse.model_validate(resp.json()).token
-        return self.token
+        resp = self._request("POST", "/v1/clients", json=payload, headers=auth)
+        answered = RegisterResponse.model_validate(resp.json()).token
+        if token is not None and answered != token:
+            raise AggregatorCallError(
+                resp.status_code,
+                "token_mismatch",
+                "the aggregator answered with another client token than the one chosen",
+                "POST",
+                "/v1/clients",
+            )
+        self.token = answered
+        return answered
 
     def current_round(self) -> CurrentRound:
         """The current round (state ``idle`` when no run exists)."""

@@ -4,6 +4,7 @@ the aggregator's answer and what to change in the deployment."""
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Sequence
 
 from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
@@ -11,6 +12,9 @@ from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 
 log = logging.getLogger(__name__)
+
+#: the store's meta key of the client token chosen for a registration not yet answered
+PENDING_TOKEN = "registration_token"
 
 #: what to change when the aggregator refuses a registration, by its error code
 REGISTRATION_HINTS = {
@@ -21,6 +25,10 @@ REGISTRATION_HINTS = {
     "no_population": "the aggregator must declare its population: set FEDREC_AGG_POPULATION "
     "or FEDREC_AGG_POPULATION_DATASET",
     "too_many_clients": "use more shards, or raise FEDREC_AGG_MAX_REGISTER_PER_REQUEST",
+    "clients_held": "another client token holds these users: either another worker of this "
+    "shard is running (stop one of them), or this worker lost the store that kept its token; "
+    "then the operator releases the users (POST /v1/clients/release with the operator "
+    "token, docs/API.md) and this worker registers them again",
 }
 
 
@@ -40,9 +48,11 @@ def register(
     client: AggregatorClient, store: WorkerStore, settings: WorkerSettings, users: Sequence[int]
 ) -> None:
     """Register the owned ``users`` once, with the shard's enrolment token; the client token
-    is kept in the store (and given to ``client``). A worker that died before keeping it
-    registers again (the aggregator gives the same shard a fresh token). WorkerError when the
-    aggregator refuses (the message says why and what to change)."""
+    is kept in the store (and given to ``client``). The worker chooses its client token and
+    keeps it in the store before it asks, so a worker that died before the answer reached
+    the store asks again with the same token and the aggregator accepts the same
+    registration again (the users are held by that token; no other token may take them).
+    WorkerError when the aggregator refuses (the message says why and what to change)."""
     token = store.get_meta("token")
     if token is not None:
         client.token = token
@@ -55,11 +65,15 @@ def register(
             "FEDREC_WORKER_ENROLMENT_TOKEN_FILE (`fedrec enrolment-token --shard "
             f"{s.shard} --shards {s.shards}` issues it from the aggregator's secret)"
         )
+    chosen = store.get_meta(PENDING_TOKEN)
+    if chosen is None:
+        chosen = secrets.token_urlsafe(32)
+        store.set_meta(**{PENDING_TOKEN: chosen})
     try:
-        token = client.register(list(users), s.enrolment_token.get_secret_value())
+        token = client.register(list(users), s.enrolment_token.get_secret_value(), chosen)
     except AggregatorCallError as err:
         if err.retryable:
             raise
         raise WorkerError(registration_refused(err, s, len(users))) from None
-    store.set_meta(token=token)
+    store.set_meta(**{"token": token, PENDING_TOKEN: None})
     log.info("registered %d clients", len(users))

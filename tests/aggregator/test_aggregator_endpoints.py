@@ -34,7 +34,7 @@ def test_register_clients_returns_token_and_refuses_taken_ids(app_client: TestCl
     assert r.json()["client_ids"] == [1, 2, 3] and len(r.json()["token"]) >= 32
     # id 2 is also shard 0 of 2's: that other credential cannot take it
     again = app_client.post("/v1/clients", json={"client_ids": [2, 8]}, headers=enrol_headers(0, 2))
-    assert again.status_code == 409 and again.json()["error"] == "already_registered"
+    assert again.status_code == 409 and again.json()["error"] == "clients_held"
     bad = app_client.post("/v1/clients", json={"client_ids": []}, headers=enrol_headers())
     assert bad.status_code == 422 and set(bad.json()) == {"error", "detail"}
 

@@ -211,6 +211,20 @@ def test_register_keeps_the_token_for_later_calls():
     assert rec.requests[1].headers["Authorization"] == "Bearer secret"
 
 
+def test_register_sends_the_chosen_token_and_checks_the_answer():
+    chosen = "c" * 43
+    rec = Recorder(
+        httpx.Response(201, json={"token": chosen, "client_ids": [1]}),
+        httpx.Response(201, json={"token": "another", "client_ids": [1]}),
+    )
+    client = AggregatorClient("http://agg", transport=httpx.MockTransport(rec))
+    assert client.register([1], "enrol-token", chosen) == chosen
+    assert json.loads(rec.bodies[0]) == {"client_ids": [1], "token": chosen}
+    with pytest.raises(AggregatorCallError) as err:
+        client.register([1], "enrol-token", chosen)
+    assert err.value.code == "token_mismatch" and not err.value.retryable
+
+
 def test_report_evaluation_sends_only_sums_count_and_ids():
     rec = Recorder(httpx.Response(202, json={}))
     client, _ = _client(rec)

@@ -234,7 +234,7 @@ def test_nothing_private_leaves_the_worker(tmp_path, split):
             assert all(isinstance(v, float) for v in payload["sums"].values())
         elif req.method == "POST":
             assert req.path == "/v1/clients"
-            assert set(json.loads(req.body)) == {"client_ids"}
+            assert set(json.loads(req.body)) == {"client_ids", "token"}  # the worker's own
         else:
             assert req.body == b""
 

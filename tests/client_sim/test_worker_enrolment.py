@@ -1,6 +1,6 @@
 """A worker registers its shard's users with the shard's enrolment token: the token must name
-its own shard, a refusal is a message (never a traceback), and a worker that died before
-keeping its client token registers again."""
+its own shard, a refusal is a message (never a traceback), a worker that died before keeping
+its client token registers again under the token it chose, and no other worker takes them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
 from tests.fake_aggregator import FakeAggregator, enrolment_for, worker_settings
-from tests.support.aggregator import ENROLMENT_SECRET
+from tests.support.aggregator import ENROLMENT_SECRET, OPERATOR_TOKEN
 
 N_USERS = 12
 
@@ -127,20 +127,70 @@ def test_a_refused_registration_is_a_message_and_exit_status_1(
 def test_a_worker_that_died_before_keeping_its_token_registers_again(
     tmp_path, live_aggregator, split
 ):
+    """The aggregator registered the users, the worker died before the answer reached its
+    store: restarted, it asks again with the token it chose and kept, and gets it back."""
     with live_aggregator(population=N_USERS) as url:
         enrol = enrolment_token(ENROLMENT_SECRET, 1, 2)
         settings = _settings(tmp_path, aggregator=url, enrolment_token=enrol)
         crashed = Worker(settings, split=split)
-        # registered, then died before the token reached the store
-        lost = crashed.client.register(crashed.users.tolist(), enrol)
-        assert crashed.store.get_meta("token") is None
+        real_set_meta = crashed.store.set_meta
+
+        def die_on_token(**values):
+            if "token" in values:
+                raise RuntimeError("killed before the token reached the store")
+            real_set_meta(**values)
+
+        crashed.store.set_meta = die_on_token  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError, match="killed"):
+            crashed.register()
+        chosen = crashed.store.get_meta("registration_token")
+        assert chosen is not None and crashed.store.get_meta("token") is None
+        assert httpx.get(f"{url}/v1/clients/count").json() == {"registered": N_USERS // 2}
         crashed.close()
         restarted = Worker(settings, split=split)
         restarted.register()
-        token = restarted.store.get_meta("token")
-        assert token is not None and token != lost
-        info = restarted.client.current_round()  # the new token works ...
-        assert info.state == "idle"
-        old = httpx.get(f"{url}/v1/rounds/current", headers={"Authorization": f"Bearer {lost}"})
-        assert old.status_code == 401  # ... and the lost one holds no client any more
+        assert restarted.store.get_meta("token") == chosen
+        assert restarted.store.get_meta("registration_token") is None
+        assert restarted.client.current_round().state == "idle"  # the token works
+        assert httpx.get(f"{url}/v1/clients/count").json() == {"registered": N_USERS // 2}
         restarted.close()
+        # restarted again, on its kept token: no registration at all, still working
+        again = Worker(settings, split=split)
+        again.register()
+        assert again.client.token == chosen and again.client.current_round().state == "idle"
+        again.close()
+
+
+def test_a_second_worker_of_the_shard_cannot_take_the_users(tmp_path, live_aggregator, split):
+    """A worker of the same shard on another store (or anyone holding the shard's enrolment
+    token) is refused with a message; the running worker keeps its users. Once the operator
+    releases them (the first worker's store is lost), a worker registers them again."""
+    with live_aggregator(population=N_USERS) as url:
+        enrol = enrolment_token(ENROLMENT_SECRET, 1, 2)
+        first = Worker(_settings(tmp_path, aggregator=url, enrolment_token=enrol), split=split)
+        first.register()
+        held = first.store.get_meta("token")
+        (tmp_path / "other").mkdir()
+        other_settings = _settings(tmp_path / "other", aggregator=url, enrolment_token=enrol)
+        other = Worker(other_settings, split=split)
+        with pytest.raises(WorkerError) as refused:
+            other.register()
+        message = str(refused.value)
+        assert "409 clients_held" in message and "POST /v1/clients/release" in message
+        assert other.store.get_meta("token") is None
+        assert first.client.current_round().state == "idle"  # still holds them
+        other.close()
+        # the first worker's store is lost: the operator releases its users
+        released = httpx.post(
+            f"{url}/v1/clients/release",
+            json={"client_ids": first.users.tolist()},
+            headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+        )
+        assert released.status_code == 200, released.text
+        first.close()
+        other = Worker(other_settings, split=split)
+        other.register()
+        assert other.client.current_round().state == "idle"
+        old = httpx.get(f"{url}/v1/rounds/current", headers={"Authorization": f"Bearer {held}"})
+        assert old.status_code == 401  # the lost token holds no client any more
+        other.close()

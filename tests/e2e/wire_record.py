@@ -100,7 +100,7 @@ CURRENT_ROUND = (
 # (method, path regex) -> (request key paths, response key paths), regexes over dotted paths
 # (list elements as ``[]``); from docs/API.md
 API_KEYS: list[tuple[str, str, str, str]] = [
-    ("POST", r"/v1/clients", r"client_ids", r"token|client_ids"),
+    ("POST", r"/v1/clients", r"client_ids|token", r"token|client_ids"),
     ("GET", r"/v1/clients/count", r"", r"registered"),
     ("GET", r"/v1/rounds/current", r"", CURRENT_ROUND),
     # the upload that closes a round is answered with the round after it

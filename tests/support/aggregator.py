@@ -92,12 +92,20 @@ class _Poster(Protocol):
     def post(self, url: str, *, json: Any = None, headers: Any = None) -> Any: ...
 
 
-def register(client: _Poster, client_ids: list[int], shard: int = 0, shards: int = 1) -> str:
-    """Register ``client_ids`` (of one shard) with its enrolment token; the client token.
-    ``client`` is a TestClient or an httpx.Client with the aggregator's base URL."""
-    r = client.post(
-        "/v1/clients", json={"client_ids": client_ids}, headers=enrol_headers(shard, shards)
-    )
+def register(
+    client: _Poster,
+    client_ids: list[int],
+    shard: int = 0,
+    shards: int = 1,
+    token: str | None = None,
+) -> str:
+    """Register ``client_ids`` (of one shard) with its enrolment token, under ``token`` when
+    given (a client token the registrant chose); the client token. ``client`` is a
+    TestClient or an httpx.Client with the aggregator's base URL."""
+    body: dict[str, Any] = {"client_ids": client_ids}
+    if token is not None:
+        body["token"] = token
+    r = client.post("/v1/clients", json=body, headers=enrol_headers(shard, shards))
     assert r.status_code == 201, r.text
     token: str = r.json()["token"]
     return token
