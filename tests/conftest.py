@@ -1,12 +1,16 @@
 """Shared fixtures: real redis-server and PostgreSQL processes started in temp dirs.
 
 Both skip cleanly (with the reason) when the binaries are not installed:
-``apt-get install -y redis-server postgresql``.
+``apt-get install -y redis-server postgresql``. A test that needs one is marked ``redis`` or
+``postgres`` (a test that uses their fixtures is marked here), one that drives the system
+Chromium ``browser`` (a module that uses :func:`tests.dashboard.browser.chromium` is marked
+here); each is skipped before its fixtures are set up when what it needs is missing, so
+``pytest -m "redis or postgres or browser"`` on a bare machine skips them all, at once
+(``scripts/test-without-services.sh``, run by ``.ci/run``, checks that it does).
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import shutil
@@ -18,8 +22,56 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.loopback import RedisServer, RedisUnavailable, free_port
+from tests.dashboard import browser
+from tests.support.loopback import REDIS_MISSING, RedisServer, RedisUnavailable, free_port
 from tests.support.loopback import redis_server as start_redis
+from tests.support.postgres import POSTGRES_MISSING, pg_bindir
+
+#: the fixtures that start a real server, by the marker of the tests that use them
+SERVER_FIXTURES = {
+    "redis": ("redis_server", "redis_url"),
+    "postgres": ("postgres_server", "postgres_url"),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "browser: drives the system Chromium with Playwright (tests/dashboard)"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test that uses a real server's fixture, or the browser, as needing it
+    (``-m redis`` selects it whether or not its author marked it)."""
+    for item in items:
+        used = getattr(item, "fixturenames", ())
+        for marker, fixtures in SERVER_FIXTURES.items():
+            if any(f in used for f in fixtures):
+                item.add_marker(marker)
+        module = getattr(item, "module", None)
+        if getattr(module, "chromium", None) is browser.chromium:
+            item.add_marker("browser")
+
+
+def missing_binaries(item: pytest.Item) -> str | None:
+    """Why ``item`` cannot run on this machine (a binary its markers need is missing)."""
+    if item.get_closest_marker("redis") and shutil.which("redis-server") is None:
+        return REDIS_MISSING
+    if item.get_closest_marker("postgres") and pg_bindir() is None:
+        return POSTGRES_MISSING
+    if item.get_closest_marker("browser"):
+        return browser.browser_missing()
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip a test whose binaries are missing before any of its fixtures is set up (a fixture
+    that computes a reference run first would otherwise cost minutes before the skip)."""
+    reason = missing_binaries(item)
+    if reason is not None:
+        pytest.skip(reason)
+
 
 # ----------------------------------------------------------------------------- user files
 
@@ -40,7 +92,7 @@ def _own_config_home(
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server (no persistence) on a free port, stopped after the test."""
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (apt-get install -y redis-server)")
+        pytest.skip(REDIS_MISSING)
     try:
         with start_redis(tmp_path_factory.mktemp("redis")) as server:
             yield server
@@ -79,14 +131,6 @@ class PostgresServer:
         return self.url(name)
 
 
-def _pg_bindir() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-    if found:
-        return Path(found[-1]).parent
-    pg_ctl = shutil.which("pg_ctl")
-    return Path(pg_ctl).parent if pg_ctl else None
-
-
 def _as_postgres_user(cmd: list[str]) -> list[str]:
     """Run ``cmd`` as the ``postgres`` OS user when we are root (PostgreSQL refuses root)."""
     if os.geteuid() != 0:
@@ -100,9 +144,9 @@ def _as_postgres_user(cmd: list[str]) -> list[str]:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     """One PostgreSQL cluster for the session, in a temp dir, stopped and removed after."""
-    bindir = _pg_bindir()
-    if bindir is None or not (bindir / "initdb").exists():
-        pytest.skip("PostgreSQL binaries not found (apt-get install -y postgresql)")
+    bindir = pg_bindir()
+    if bindir is None:
+        pytest.skip(POSTGRES_MISSING)
     if os.geteuid() == 0:
         import pwd
 

@@ -5,6 +5,7 @@ missing; ``.ci/run`` installs Debian's ``chromium``."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 from collections.abc import Iterator
@@ -24,16 +25,28 @@ def chromium_path() -> str | None:
     return next((p for c in CANDIDATES if (p := shutil.which(c))), None)
 
 
+#: why a browser test is skipped on a machine without Playwright or without Chromium
+PLAYWRIGHT_MISSING = "Playwright for Python is not installed (pip install playwright)"
+CHROMIUM_MISSING = "no Chromium on this machine (Debian: apt-get install chromium)"
+
+
+def browser_missing() -> str | None:
+    """Why no browser test can run here (Playwright or Chromium missing), or None."""
+    if importlib.util.find_spec("playwright") is None:
+        return PLAYWRIGHT_MISSING
+    return CHROMIUM_MISSING if chromium_path() is None else None
+
+
 @contextlib.contextmanager
 def chromium() -> Iterator[Any]:
     """A headless system Chromium (a Playwright ``Browser``); skips without one."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("Playwright for Python is not installed (pip install playwright)")
+    missing = browser_missing()
+    if missing is not None:
+        pytest.skip(missing)
+    from playwright.sync_api import sync_playwright
+
     path = chromium_path()
-    if path is None:
-        pytest.skip("no Chromium on this machine (Debian: apt-get install chromium)")
+    assert path is not None
     args = ["--disable-dev-shm-usage"]
     if os.geteuid() == 0:
         args.append("--no-sandbox")  # Chromium's sandbox refuses to run as root

@@ -28,7 +28,7 @@ from tests.dashboard.browser import chromium
 from tests.support.loopback import free_port
 from tests.support.procs import fedrec_up, spawned, wait_for_text
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROUNDS = 8
 #: the DP run started from the form: noise multiplier and target epsilon (about 19 rounds)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 
 from services.dashboard.app import create_app
 from services.dashboard.settings import DashboardSettings
@@ -22,6 +23,8 @@ from tests.dashboard.browser import chromium
 from tests.dashboard.test_dashboard_browser import LAPTOP
 from tests.dashboard.test_dashboard_browser_history import FakeAggregator
 from tests.support.loopback import serve_app
+
+pytestmark = pytest.mark.browser
 
 TOKEN = "the-operator-token-3b8e1f"
 #: the aggregator's answer to a configuration with two fields out of bounds

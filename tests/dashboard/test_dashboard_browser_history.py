@@ -23,6 +23,8 @@ from tests.dashboard.browser import chromium
 from tests.dashboard.test_dashboard_browser import AXE, LAPTOP, WCAG
 from tests.support.loopback import serve_app
 
+pytestmark = pytest.mark.browser
+
 ROUNDS = 100_000
 #: what the page draws at most (dashboard.js: VERSIONS_PAGE, MAX_POINTS, TAIL_POINTS)
 PAGE_ROWS, MAX_POINTS, TAIL_POINTS = 50, 2000, 500

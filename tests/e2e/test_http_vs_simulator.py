@@ -47,8 +47,12 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize(
     ("server", "option", "healthy"),
     [
-        pytest.param("redis_url", "redis_url", "redis", id="redis-and-sqlite"),
-        pytest.param("postgres_url", "database_url", "database", id="postgres"),
+        pytest.param(
+            "redis_url", "redis_url", "redis", id="redis-and-sqlite", marks=pytest.mark.redis
+        ),
+        pytest.param(
+            "postgres_url", "database_url", "database", id="postgres", marks=pytest.mark.postgres
+        ),
     ],
 )
 def test_http_run_matches_simulator(

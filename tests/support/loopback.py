@@ -68,6 +68,10 @@ def serve_app(
         thread.join(30)
 
 
+#: why a test that needs Redis is skipped on a machine without it
+REDIS_MISSING = "redis-server is not installed (apt-get install -y redis-server)"
+
+
 class RedisUnavailable(RuntimeError):
     """redis-server is not installed, or did not start."""
 
@@ -86,7 +90,7 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
     """A fresh redis-server (no persistence) on a free loopback port, stopped at the end."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise RedisUnavailable("redis-server is not installed (apt-get install -y redis-server)")
+        raise RedisUnavailable(REDIS_MISSING)
     port = free_port()
     proc = subprocess.Popen(
         [
