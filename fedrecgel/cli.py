@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedrecgel import native
@@ -38,9 +37,17 @@ from fedrecgel.clitools import (
     run_option_help,
 )
 from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError, RunParams, check
-from fedrecgel.data import DATASETS, DataError, Split, stats
+from fedrecgel.data import DATASETS, DataError, stats
 from fedrecgel.runreport import plot_run, summarize
-from fedrecgel.simulate import METHODS, RoundRecord, RunResult, Simulator, TrainConfig, with_seed
+from fedrecgel.simulate import METHODS, RunResult, TrainConfig
+from fedrecgel.train_runs import (
+    BACKENDS,
+    Backend,
+    ray_problem,
+    run_baseline,
+    train_seeds,
+    with_backend,
+)
 from fedrecgel.tune_cli import tune_command
 
 app = typer.Typer(
@@ -177,40 +184,6 @@ def _apply_preset(
     return cfg
 
 
-def _run_baseline(
-    method: str, split: Split, base: TrainConfig, seeds: list[int], central_lr: float | None
-) -> list[RunResult]:
-    from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
-
-    if method == "popularity":
-        return [popularity(split)]
-    if method == "random":
-        return [random_ranking(split, seed=s) for s in seeds]
-    out = []
-    for seed in seeds:
-        cfg = CentralConfig(
-            base.model(split.n_items),
-            epochs=base.rounds,
-            n_negatives=base.n_negatives,
-            seed=seed,
-            eval_every=max(base.eval_every, 1),
-        )
-        if central_lr is not None:
-            cfg = replace(cfg, lr=central_lr)
-        try:
-            cfg.validate()
-        except ValueError as err:
-            raise fail(str(err)) from None
-        out.append(central(split, cfg, on_epoch=lambda r: console.print(_round_line(r))))
-    return out
-
-
-def _round_line(rec: RoundRecord) -> str:
-    hr = f" HR@10 {rec.test['hr@10']:.4f}" if rec.test else ""
-    eps = f" epsilon {rec.epsilon:.3f}" if rec.epsilon is not None else ""
-    return f"round {rec.round} loss {rec.loss:.4f}{hr}{eps}"
-
-
 @app.command()
 @run_options(
     exclude=("kind", "seed", "dataset", "deadline_s", "quorum"),
@@ -288,9 +261,46 @@ def train(
         bool, typer.Option(help="Replace the results.json and plot an earlier run left in --out.")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="inprocess: every client in this process; ray: one Ray actor per shard of "
+            "users (Ray: the distributed extra), on a local Ray or the cluster at --address."
+        ),
+    ] = "inprocess",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="--backend ray: the cluster to join (auto: the one `ray start --head` started "
+            "on this machine, or host:port); without it a local Ray starts for the run."
+        ),
+    ] = None,
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Users split by id % shards: with --backend ray one actor each (default 2); "
+            "in process the groups the client step is computed in (default 1; with "
+            "--upload-grouping worker the ray run's numbers, bit for bit).",
+        ),
+    ] = None,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="--backend ray: where the shard actors checkpoint their users' private state "
+            "after each round (default <out>/ray-checkpoints; on a cluster of several "
+            "machines, a folder they all see)."
+        ),
+    ] = None,
 ) -> None:
-    """Train with the in-process simulator (or a reference point); write results.json and
-    hr_ndcg.png to --out."""
+    """Train with the in-process simulator, Ray actors (or a reference point); write
+    results.json and hr_ndcg.png to --out."""
+    if backend not in BACKENDS:
+        raise fail(f"--backend must be one of {', '.join(BACKENDS)}")
+    for name, value in (("--address", address), ("--checkpoint-dir", checkpoint_dir)):
+        if value is not None and backend != "ray":
+            raise fail(f"{name} is a setting of --backend ray; it would change nothing")
+    backend_of = Backend(backend, address, checkpoint_dir)
     if method not in METHODS + BASELINE_METHODS:
         raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
     if central_lr is not None and method != "central":
@@ -304,6 +314,12 @@ def train(
     for seed in seed_list[1:]:
         checked({**run, "seed": seed})
     federated = method not in BASELINE_METHODS
+    if shards is not None and not federated:
+        raise fail(f"--shards splits the clients of a federated run; --method {method} has none")
+    if backend == "ray":
+        given = _source(ctx, "upload_grouping") == "COMMANDLINE"
+        if (problem := ray_problem(method, federated, run, given)) is not None:
+            raise fail(problem)
     base = TrainConfig.from_params(
         params, method=method if federated else "fedrecgel", eval_every=eval_every
     )
@@ -314,7 +330,9 @@ def train(
         raise fail(str(err)) from None
     if preset is None and federated:
         preset = "default"  # no preset named: the settings that learn across datasets
-    base = _apply_preset(ctx, base, preset, split.name, presets_file)
+    base = with_backend(
+        _apply_preset(ctx, base, preset, split.name, presets_file), backend_of, shards
+    )
     n_shared = base.model(split.n_items).n_shared()
     if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
         raise fail(
@@ -336,45 +354,9 @@ def train(
     )
     results: list[RunResult] = []
     if not federated:
-        results = _run_baseline(method, split, base, seed_list, central_lr)
-    for seed in seed_list if federated else []:
-        cfg = with_seed(base, seed)
-        try:
-            sim = Simulator(split, cfg)
-        except ConfigError as err:
-            raise fail(f"{option_flag(err.field)}: {err.reason}") from None
-        except ValueError as err:
-            raise fail(str(err)) from None
-        if sim.privacy is not None:
-            p = sim.privacy
-            console.print(
-                f"differential privacy ({p.mode}): clip {p.clip:g}, noise multiplier "
-                f"{p.noise:.4g}, {p.sampling} sampling (q {p.q:.4g}), {sim.total_rounds} "
-                f"rounds -> epsilon {p.epsilon(sim.total_rounds):.3f} at delta {p.delta:.3g}"
-            )
-            if cfg.server_optimizer != "sgd":
-                console.print(
-                    f"note: server {cfg.server_optimizer} scales each coordinate's step by its "
-                    "own size, so DP noise moves every coordinate about as far as the signal; "
-                    "server sgd keeps noise and signal in proportion (--server-optimizer sgd "
-                    "--server-lr 3 on FilmTrust, see docs/RESULTS.md)"
-                )
-        with Progress(
-            TextColumn(f"seed {seed}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=quiet,
-        ) as progress:
-            task = progress.add_task("train", total=sim.total_rounds, info="")
-
-            def on_round(rec: RoundRecord, task: Any = task, progress: Progress = progress) -> None:
-                progress.update(task, advance=1, info=_round_line(rec))
-
-            res = sim.run(on_round)
-        results.append(res)
+        results = run_baseline(method, split, base, seed_list, central_lr)
+    if federated:
+        results = train_seeds(split, base, seed_list, backend_of, out, quiet)
     for res in results:
         best, sel = res.best_test(), res.selected()
         line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
@@ -393,6 +375,7 @@ def train(
     payload: dict[str, Any] = {
         "dataset": split.name,
         "method": method,
+        "backend": backend if federated else None,
         "protocol": "split-dir" if split_dir is not None else protocol,
         "preset": preset,
         "data": stats(split),

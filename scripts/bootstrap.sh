@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install the project with its dev tools.
+# Create .venv (if needed) and install the project with its dev tools and Ray (the distributed
+# extra: fedrec train --backend ray, whose tests run in CI).
 # torch is pinned to 2.13.0 in pyproject.toml so pip takes the CPU build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +11,7 @@ fi
 stamp=.venv/.fedrecgel-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,distributed]'
   touch "$stamp"
 fi
 # The simulator's compiled client step (fedrecgel/native): built once per source and CPU into

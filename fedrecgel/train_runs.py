@@ -1,0 +1,216 @@
+"""The runs of ``fedrec train``: the seeds of a federated method on a backend, in this process
+(:class:`Simulator`) or one Ray actor per shard of users
+(:class:`fedrecgel.ray_backend.RaySimulator`), with the progress bar; or a reference point
+(:mod:`fedrecgel.baselines`).
+
+What the ray backend refuses is refused here, before any data is loaded or Ray started, with a
+message naming the option (:func:`ray_problem`).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedrecgel.clitools import console, fail, option_flag
+from fedrecgel.config import ConfigError
+from fedrecgel.data import Split
+from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig, with_seed
+
+BACKENDS = ("inprocess", "ray")
+#: shards of the ray backend when --shards is not given (one actor each)
+RAY_SHARDS = 2
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where the clients of ``fedrec train`` run: ``name`` (inprocess or ray); for ray the
+    cluster to join (None: a local one) and the folder of the shard actors' checkpoints."""
+
+    name: str = "inprocess"
+    address: str | None = None
+    checkpoint_dir: Path | None = None
+
+
+def ray_problem(
+    method: str, federated: bool, run: dict[str, Any], grouping_given: bool
+) -> str | None:
+    """Why ``fedrec train --backend ray`` cannot run these settings (None when it can)."""
+    if not federated:
+        return f"--backend ray trains the federated methods; --method {method} is not one"
+    from fedrecgel.ray_backend import ray_missing
+
+    dp = run.get("dp_noise") is not None or run.get("target_epsilon") is not None
+    for on, what in (
+        (dp, "differential privacy (--dp-noise, --target-epsilon): each client's update is "
+         "clipped before it is summed"),
+        (run.get("secure_aggregation", "off") != "off", "--secure-aggregation: it masks each "
+         "client's update"),
+        (run.get("clip") is not None, "--clip: the server clips each client's update"),
+    ):  # fmt: skip
+        if on:
+            return f"--backend ray uploads one sum per shard of users and cannot run {what}"
+    if grouping_given and run.get("upload_grouping") != "worker":
+        return (
+            "--backend ray sums each shard's clients in its actor (--upload-grouping worker); "
+            "per-client uploads are not sent through the actors"
+        )
+    missing = ray_missing()
+    return None if missing is None else escape(missing)  # [distributed] is no markup
+
+
+def _reachable(address: str) -> str | None:
+    """Why nothing answers at a ``host:port`` address (None: it answers, or it is another
+    form, such as ``auto``, that Ray resolves itself). Ray waits minutes for a silent one."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as err:
+        return f"nothing answers at {address}: {err.strerror or err}"
+    return None
+
+
+@contextmanager
+def _cluster(backend: Backend, shards: int) -> Iterator[None]:
+    """Ray for the seeds of a run: the cluster at ``backend.address``, or a local one."""
+    from fedrecgel.ray_backend import ray_cluster
+
+    where = f"the Ray cluster at {backend.address}" if backend.address else "a local Ray"
+    verb = "join" if backend.address else "start"
+    if backend.address is not None and (why := _reachable(backend.address)) is not None:
+        raise fail(f"--address: {why} (start one with `ray start --head`)")
+    with ExitStack() as stack:
+        try:
+            resources = stack.enter_context(ray_cluster(backend.address, shards))
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise fail(f"cannot {verb} {where}: {err}") from None
+        console.print(
+            f"ray backend: {shards} shard actors on {where} ({resources.get('CPU', 0):g} CPUs)"
+        )
+        yield
+
+
+def _simulator(split: Split, cfg: TrainConfig, backend: Backend, out: Path) -> Simulator:
+    if backend.name == "inprocess":
+        return Simulator(split, cfg)
+    from fedrecgel.ray_backend import RaySimulator
+
+    folder = backend.checkpoint_dir or out / "ray-checkpoints"
+    return RaySimulator(split, cfg, folder / f"seed-{cfg.seed}")
+
+
+def train_seeds(
+    split: Split, base: TrainConfig, seeds: list[int], backend: Backend, out: Path, quiet: bool
+) -> list[RunResult]:
+    """Train ``base`` once per seed on ``backend`` (its shards: ``base.shards``)."""
+    results = []
+    lost: tuple[type[Exception], ...] = ()
+    cluster: Any = nullcontext()
+    if backend.name == "ray":
+        from fedrecgel.ray_backend import ShardLost
+
+        lost, cluster = (ShardLost,), _cluster(backend, base.shards)
+    with cluster:
+        for seed in seeds:
+            cfg = with_seed(base, seed)
+            try:
+                sim = _simulator(split, cfg, backend, out)
+            except ConfigError as err:
+                raise fail(f"{option_flag(err.field)}: {err.reason}") from None
+            except ValueError as err:
+                raise fail(str(err)) from None
+            except lost as err:  # the ray backend: actors that did not start
+                raise fail(str(err), code=1) from None
+            try:
+                results.append(_run(sim, cfg, seed, quiet))
+            except lost as err:  # the ray backend: a shard lost for good
+                raise fail(str(err), code=1) from None
+            finally:
+                close = getattr(sim, "close", None)
+                if close is not None:
+                    close()
+    return results
+
+
+def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
+    if sim.privacy is not None:
+        p = sim.privacy
+        console.print(
+            f"differential privacy ({p.mode}): clip {p.clip:g}, noise multiplier "
+            f"{p.noise:.4g}, {p.sampling} sampling (q {p.q:.4g}), {sim.total_rounds} "
+            f"rounds -> epsilon {p.epsilon(sim.total_rounds):.3f} at delta {p.delta:.3g}"
+        )
+        if cfg.server_optimizer != "sgd":
+            console.print(
+                f"note: server {cfg.server_optimizer} scales each coordinate's step by its "
+                "own size, so DP noise moves every coordinate about as far as the signal; "
+                "server sgd keeps noise and signal in proportion (--server-optimizer sgd "
+                "--server-lr 3 on FilmTrust, see docs/RESULTS.md)"
+            )
+    with Progress(
+        TextColumn(f"seed {seed}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+    ) as progress:
+        task = progress.add_task("train", total=sim.total_rounds, info="")
+
+        def on_round(rec: RoundRecord) -> None:
+            progress.update(task, advance=1, info=round_line(rec))
+
+        return sim.run(on_round)
+
+
+def round_line(rec: RoundRecord) -> str:
+    """One round's line: loss, HR@10 when evaluated, epsilon when private."""
+    hr = f" HR@10 {rec.test['hr@10']:.4f}" if rec.test else ""
+    eps = f" epsilon {rec.epsilon:.3f}" if rec.epsilon is not None else ""
+    return f"round {rec.round} loss {rec.loss:.4f}{hr}{eps}"
+
+
+def with_backend(base: TrainConfig, backend: Backend, shards: int | None) -> TrainConfig:
+    """``base`` with the backend's shards (and, for ray, its upload grouping)."""
+    if backend.name == "ray":
+        return replace(base, shards=shards or RAY_SHARDS, upload_grouping="worker")
+    return replace(base, shards=shards or 1)
+
+
+def run_baseline(
+    method: str, split: Split, base: TrainConfig, seeds: list[int], central_lr: float | None
+) -> list[RunResult]:
+    """The reference point ``method`` (popularity, random, central) on ``split``."""
+    from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
+
+    if method == "popularity":
+        return [popularity(split)]
+    if method == "random":
+        return [random_ranking(split, seed=s) for s in seeds]
+    out = []
+    for seed in seeds:
+        cfg = CentralConfig(
+            base.model(split.n_items),
+            epochs=base.rounds,
+            n_negatives=base.n_negatives,
+            seed=seed,
+            eval_every=max(base.eval_every, 1),
+        )
+        if central_lr is not None:
+            cfg = replace(cfg, lr=central_lr)
+        try:
+            cfg.validate()
+        except ValueError as err:
+            raise fail(str(err)) from None
+        out.append(central(split, cfg, on_epoch=lambda r: console.print(round_line(r))))
+    return out
