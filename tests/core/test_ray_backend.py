@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import replace
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from fedrecgel.ray_backend import ray_missing
 from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
 
+RAY_MISSING = ray_missing()
 pytestmark = pytest.mark.skipif(
-    find_spec("ray") is None,
-    reason="ray is not installed (pip install 'fedrecgel[distributed]'; bootstrap.sh does)",
+    RAY_MISSING is not None, reason=f"{RAY_MISSING} (scripts/bootstrap.sh installs it)"
 )
 
 SPLIT = synthetic_split(

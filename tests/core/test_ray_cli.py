@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from fedrecgel.cli import app
+from fedrecgel.ray_backend import ray_missing
 from fedrecgel.ray_shard import (
     CheckpointError,
     ShardActor,
@@ -29,9 +29,9 @@ from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
 
 runner = CliRunner()
+RAY_MISSING = ray_missing()
 needs_ray = pytest.mark.skipif(
-    find_spec("ray") is None,
-    reason="ray is not installed (pip install 'fedrecgel[distributed]'; bootstrap.sh does)",
+    RAY_MISSING is not None, reason=f"{RAY_MISSING} (scripts/bootstrap.sh installs it)"
 )
 SMALL = ["--rounds", "2", "--fraction", "0.05", "--factor", "8", "--layers", "2", "--quiet"]
 
