@@ -78,6 +78,14 @@ class RunParams(BaseModel):
         description="Server step size after the warm-up: constant, or cosine decay to 0 at the "
         "last round.",
     )
+    server_weight_decay: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1000.0,
+        description="Decoupled weight decay of the score network at each server step (its "
+        "weight matrices, not its biases nor the item tables, shrink by the step size times "
+        "this before the step; 0: the paper).",
+    )
     weighting: Weighting = Field(
         default="mean", description="Mean of updates (faithful) or weighted by samples."
     )

@@ -59,6 +59,7 @@ PRESET_FIELDS = {
         "server_momentum",
         "server_warmup",
         "server_decay",
+        "server_weight_decay",
         "n_negatives",
         "factor",
         "layers",

@@ -84,6 +84,7 @@ class TrainConfig:
     server_momentum: float = DEFAULTS.server_momentum
     server_warmup: int = DEFAULTS.server_warmup
     server_decay: LrDecay = DEFAULTS.server_decay
+    server_weight_decay: float = DEFAULTS.server_weight_decay
     weighting: Weighting = DEFAULTS.weighting
     clip: float | None = DEFAULTS.clip
     n_negatives: int = DEFAULTS.n_negatives

@@ -20,6 +20,7 @@ from torch import Tensor
 from fedrecgel.config import DEFAULTS, LrDecay, RunParams
 from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
 from fedrecgel.config import Weighting as Weighting  # re-exported
+from fedrecgel.model import ITEM_TABLES
 from fedrecgel.sam import PartialSum, Update
 
 
@@ -119,6 +120,11 @@ class ServerOptConfig:
     #: after the warm-up: ``constant``, or ``cosine`` decay to 0 at step ``total``
     decay: LrDecay = "constant"
     total: int = 1
+    #: decoupled weight decay (AdamW's rule, for every optimizer): before each step the
+    #: score network's weight matrices (not its biases, not the item tables: a row moves only
+    #: when a client touched it, and a rare item's row would fade between its touches) shrink
+    #: by ``lr * weight_decay``
+    weight_decay: float = 0.0
 
     @staticmethod
     def preset(name: OptimizerName, lr: float) -> ServerOptConfig:
@@ -156,6 +162,8 @@ class ServerOptimizer:
         with torch.no_grad():
             for name, g in grads.items():
                 p = params[name]
+                if c.weight_decay and p.dim() >= 2 and name not in ITEM_TABLES:
+                    p.mul_(1 - c.lr * c.weight_decay)
                 if c.name == "sgd":
                     if c.momentum:
                         buf = self._slot(name, "momentum", p)
@@ -368,5 +376,6 @@ def strategy_of(params: RunParams) -> Strategy:
         warmup=params.server_warmup,
         decay=params.server_decay,
         total=params.rounds,
+        weight_decay=params.server_weight_decay,
     )
     return _fedavg(opt, params.weighting, params.clip)

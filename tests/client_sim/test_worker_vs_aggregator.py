@@ -38,6 +38,7 @@ WIDER = {
     "server_warmup": 1,
     "server_decay": "cosine",
     "server_beta1": 0.8,
+    "server_weight_decay": 3.0,
 }
 
 

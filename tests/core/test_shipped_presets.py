@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from fedrecgel import cli, presets
+from fedrecgel import cli, presets, train_runs
 from fedrecgel.simulate import RunResult, TrainConfig
 
 runner = CliRunner()
@@ -45,7 +45,7 @@ def test_fedrec_train_preset_resolves_to_the_shipped_settings(
     assert name in shipped, f"{name} is not shipped in {presets.PRESETS_FILE}"
     settings = shipped[name]["settings"]
     assert set(settings) >= {"server_lr", "client_lr", "rounds", "server_optimizer"}
-    monkeypatch.setattr(cli, "Simulator", _Capture)
+    monkeypatch.setattr(train_runs, "Simulator", _Capture)
     _Capture.configs.clear()
     args = ["train", "--dataset", str(_csv(tmp_path)), "--preset", name, "--quiet"]
     r = runner.invoke(cli.app, [*args, "--eval-every", "0", "--out", str(tmp_path / "o")])
@@ -70,7 +70,7 @@ def test_paper_preset_takes_the_authors_radii() -> None:
 
 
 def _train_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> TrainConfig:
-    monkeypatch.setattr(cli, "Simulator", _Capture)
+    monkeypatch.setattr(train_runs, "Simulator", _Capture)
     _Capture.configs.clear()
     args = ["train", "--dataset", str(_csv(tmp_path)), "--quiet", "--eval-every", "0"]
     r = runner.invoke(cli.app, [*args, *extra, "--out", str(tmp_path / "o"), "--overwrite"])

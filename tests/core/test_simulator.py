@@ -88,6 +88,7 @@ def test_cohort_is_seeded_sorted_and_sized():
         {"server_beta2": 0.9},
         {"server_warmup": 2},
         {"server_decay": "cosine"},
+        {"server_weight_decay": 3.0},
     ],
 )
 def test_every_option_takes_effect(change):

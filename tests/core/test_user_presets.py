@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fedrecgel import cli, presets, tune_cli
+from fedrecgel import cli, presets, train_runs, tune_cli
 from fedrecgel.simulate import TrainConfig
 from tests.core.test_shipped_presets import _Capture, _csv
 
@@ -38,7 +38,7 @@ def _tune(tmp_path: Path, *args: str) -> str:
 
 
 def _trained_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> TrainConfig:
-    monkeypatch.setattr(cli, "Simulator", _Capture)
+    monkeypatch.setattr(train_runs, "Simulator", _Capture)
     _Capture.configs.clear()
     train = ["train", "--dataset", str(_csv(tmp_path)), "--preset", "tuned-d", "--quiet"]
     r = runner.invoke(cli.app, [*train, *args, "--eval-every", "0", "--out", str(tmp_path / "o")])
@@ -123,7 +123,7 @@ def test_a_presets_file_that_would_be_ignored_is_refused(
 ) -> None:
     """A named presets file that is missing, given without --preset, or holding a setting
     no preset sets, stops the run instead of training silently with other settings."""
-    monkeypatch.setattr(cli, "Simulator", _Capture)
+    monkeypatch.setattr(train_runs, "Simulator", _Capture)
     _Capture.configs.clear()
     mine = tmp_path / "mine.json"
     if content is not None:

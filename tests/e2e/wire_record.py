@@ -89,7 +89,8 @@ RUN_CONFIG = (
     "rho_sh|rho_ns|client_lr|n_negatives|chunk_size|deadline_s|quorum|dataset|sampling|"
     "dp_clip|dp_noise|dp_mode|dp_delta|target_epsilon|secure_aggregation|secagg_neighbours|"
     "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping|server_beta1|server_beta2|"
-    "server_momentum|server_warmup|server_decay|client_weight_decay|local_steps"
+    "server_momentum|server_warmup|server_decay|client_weight_decay|local_steps|"
+    "server_weight_decay"
 )
 ERROR_KEYS = {"error", "detail"}
 #: the keys of a current-round answer (``GET /v1/rounds/current``, a closing upload's ``current``)
