@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's promise that `bash scripts/test.sh` passes on a bare machine, checked on any
-# machine: the tests that need redis-server, PostgreSQL or Chromium (pytest markers redis,
-# postgres, browser; tests/conftest.py marks every test that uses their fixtures) run with
-# those binaries hidden, and each must be skipped saying which one is missing (none may pass,
+# machine: the tests that need redis-server, PostgreSQL, Chromium or haproxy (pytest markers
+# redis, postgres, browser, haproxy; tests/conftest.py marks every test that uses the first
+# two's fixtures) run with those binaries hidden, and each must be skipped saying which one is missing (none may pass,
 # fail or error; at least one must be collected); then the benchmark command-line tests, whose
 # programs need Redis (the last bare-machine failure), must pass. Needs .venv
 # (scripts/bootstrap.sh); .ci/run runs it before the whole suite. Takes well under a minute.
@@ -22,7 +22,8 @@ for dir in "${dirs[@]}"; do
     name=${exe##*/}
     case "$name" in
       redis-server | redis-cli | redis-sentinel | initdb | pg_ctl | pg_ctlcluster | postgres | \
-        postmaster | chromium | chromium-browser | google-chrome | google-chrome-stable | chrome)
+        postmaster | chromium | chromium-browser | google-chrome | google-chrome-stable | chrome | \
+        haproxy)
         continue ;;
     esac
     if [ -f "$exe" ] && [ -x "$exe" ] && [ ! -e "$bare/bin/$name" ]; then
@@ -33,7 +34,7 @@ done
 run_bare() {
   env -u FEDREC_CHROMIUM PATH="$bare/bin" FEDREC_PG_BINDIR= "$@"
 }
-for binary in redis-server initdb pg_ctl chromium; do
+for binary in redis-server initdb pg_ctl chromium haproxy; do
   if run_bare bash -c "command -v $binary" >/dev/null; then
     echo "test-without-services: $binary is still on the bare PATH" >&2
     exit 1
@@ -41,7 +42,7 @@ for binary in redis-server initdb pg_ctl chromium; do
 done
 
 status=0
-run_bare .venv/bin/pytest -q -rs -p no:cacheprovider -m "redis or postgres or browser" \
+run_bare .venv/bin/pytest -q -rs -p no:cacheprovider -m "redis or postgres or browser or haproxy" \
   --junitxml "$bare/skips.xml" tests || status=$?
 if [ "$status" -ne 0 ]; then
   echo "test-without-services: pytest exit $status (5: no test collected)" >&2
@@ -53,10 +54,11 @@ import sys
 import xml.etree.ElementTree as ET
 
 from tests.dashboard.browser import CHROMIUM_MISSING, PLAYWRIGHT_MISSING
+from tests.support.haproxy import HAPROXY_MISSING
 from tests.support.loopback import REDIS_MISSING
 from tests.support.postgres import POSTGRES_MISSING
 
-REASONS = (REDIS_MISSING, POSTGRES_MISSING, CHROMIUM_MISSING, PLAYWRIGHT_MISSING)
+REASONS = (REDIS_MISSING, POSTGRES_MISSING, CHROMIUM_MISSING, PLAYWRIGHT_MISSING, HAPROXY_MISSING)
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")
 wrong = []
 n = 0

@@ -4,8 +4,9 @@ Both skip cleanly (with the reason) when the binaries are not installed:
 ``apt-get install -y redis-server postgresql``. A test that needs one is marked ``redis`` or
 ``postgres`` (a test that uses their fixtures is marked here), one that drives the system
 Chromium ``browser`` (a module that uses :func:`tests.dashboard.browser.chromium` is marked
-here); each is skipped before its fixtures are set up when what it needs is missing, so
-``pytest -m "redis or postgres or browser"`` on a bare machine skips them all, at once
+here), one that puts Debian's haproxy in front of aggregator replicas ``haproxy``; each is
+skipped before its fixtures are set up when what it needs is missing, so
+``pytest -m "redis or postgres or browser or haproxy"`` on a bare machine skips them all, at once
 (``scripts/test-without-services.sh``, run by ``.ci/run``, checks that it does).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.dashboard import browser
+from tests.support.haproxy import HAPROXY_MISSING
 from tests.support.loopback import REDIS_MISSING, RedisServer, RedisUnavailable, free_port
 from tests.support.loopback import redis_server as start_redis
 from tests.support.postgres import POSTGRES_MISSING, pg_bindir
@@ -59,6 +61,8 @@ def missing_binaries(item: pytest.Item) -> str | None:
         return REDIS_MISSING
     if item.get_closest_marker("postgres") and pg_bindir() is None:
         return POSTGRES_MISSING
+    if item.get_closest_marker("haproxy") and shutil.which("haproxy") is None:
+        return HAPROXY_MISSING
     if item.get_closest_marker("browser"):
         return browser.browser_missing()
     return None

@@ -78,9 +78,12 @@ def main(argv: list[str] | None = None) -> None:
         settings = Settings(**overrides)
     except ValidationError as err:
         raise SystemExit(f"invalid aggregator settings:\n{err}") from None
+    # force: under ``fedrec aggregator`` the command line configured the root logger at
+    # WARNING already, and the aggregator's own INFO lines (rounds closed) were lost
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
     )
     configure_process(settings)
     try:

@@ -3,6 +3,8 @@ cannot be used stop it with one line and a non-zero exit, never a traceback."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from fastapi.testclient import TestClient
 import services.aggregator.__main__ as command
 from services.aggregator.db import Database
 from tests.support.loopback import free_port
+from tests.support.procs import FEDREC_MODULE, spawned, wait_for_text
 
 
 @pytest.fixture
@@ -70,3 +73,20 @@ def test_a_usable_database_is_migrated_and_served(
     with TestClient(started[0]) as client:  # the served app's start: no second migration
         assert client.get("/healthz").status_code == 200
     assert len(migrations) == 1
+
+
+def test_fedrec_aggregator_logs_its_own_lines_at_its_log_level(tmp_path: Path) -> None:
+    """``fedrec aggregator`` (not ``python -m services.aggregator``) logged none of the
+    aggregator's own INFO lines (ready, rounds closed) whatever ``FEDREC_AGG_LOG_LEVEL``
+    said: the command line had configured the root logger at WARNING before it started."""
+    env = {
+        **os.environ,
+        "FEDREC_AGG_ENVIRONMENT": "development",
+        "FEDREC_AGG_DATABASE_URL": f"sqlite:///{tmp_path}/a.db",
+        "FEDREC_AGG_LOG_LEVEL": "info",
+    }
+    log_path = tmp_path / "aggregator.log"
+    args = [sys.executable, "-m", FEDREC_MODULE, "aggregator", "--port", str(free_port())]
+    with log_path.open("ab") as log, spawned(args, log, grace_s=10, env=env) as proc:
+        text = wait_for_text(log_path, "Application startup complete", proc, timeout_s=120)
+    assert "INFO services.aggregator.app: aggregator ready" in text, text
