@@ -5,6 +5,10 @@ Redis is optional for progress: when it does not answer, a round is closed witho
 spares replicas aggregating the same round in parallel) and no version event is published
 (followers poll). After a failure Redis is left alone for :data:`RETRY_AFTER_S` seconds, so
 closes do not wait on its timeouts.
+
+The closing lock expires ``lock_timeout_s`` after it was last renewed, and a close renews it
+every third of that while it runs: a replica that dies inside a close (SIGKILL, a lost
+machine) holds the round up for at most that long, however long a live close takes.
 """
 
 from __future__ import annotations
@@ -13,11 +17,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
 from redis.exceptions import LockError, RedisError
+from redis.lock import Lock
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +39,7 @@ def close_lock_name(run_id: int, round_id: int) -> str:
 class RedisBus:
     """A synchronous Redis client used from worker threads."""
 
-    def __init__(self, url: str, lock_timeout_s: float = 60.0, lock_wait_s: float = 10.0) -> None:
+    def __init__(self, url: str, lock_timeout_s: float = 10.0, lock_wait_s: float = 10.0) -> None:
         self.client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
         self.lock_timeout_s = lock_timeout_s
         self.lock_wait_s = lock_wait_s
@@ -68,6 +73,7 @@ class RedisBus:
             close_lock_name(run_id, round_id),
             timeout=self.lock_timeout_s,
             blocking_timeout=self.lock_wait_s,
+            thread_local=False,  # renewed from another thread (its token must be seen there)
         )
         try:
             acquired = bool(lock.acquire())
@@ -76,9 +82,12 @@ class RedisBus:
             acquired, held = True, False
         else:
             held = acquired
+        renewal = _Renewal(lock, self.lock_timeout_s / 3, self._failed) if held else None
         try:
             yield acquired
         finally:
+            if renewal is not None:
+                renewal.stop()
             if held:
                 try:
                     lock.release()
@@ -105,3 +114,38 @@ class RedisBus:
     def close(self) -> None:
         """Close the connection pool."""
         self.client.close()
+
+
+class _Renewal:
+    """Renews a held lock every ``every_s`` seconds in a daemon thread until :meth:`stop`
+    (a lock lost meanwhile, or Redis failing, ends the renewals: the database's guard still
+    makes the close happen once)."""
+
+    def __init__(
+        self, lock: Lock, every_s: float, failed: Callable[[str, Exception], None]
+    ) -> None:
+        self._lock = lock
+        self._every_s = every_s
+        self._failed = failed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="close-lock-renewal", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self._lock.reacquire()
+            except LockError:
+                log.warning("the closing lock %s expired before it was renewed", self._lock.name)
+                return
+            except RedisError as err:
+                self._failed("renewing the closing lock", err)
+                return
+            except Exception:
+                log.exception("renewing the closing lock %s failed", self._lock.name)
+                return
+
+    def stop(self) -> None:
+        """No more renewals (waits for one in progress)."""
+        self._stop.set()
+        self._thread.join()

@@ -80,7 +80,9 @@ class Settings(BaseSettings):
     # file system: SQLite incremental vacuum + WAL truncation, PostgreSQL VACUUM), run by the
     # background task after a round closed, never on a request.
     compact_interval_s: float = Field(default=30.0, ge=0, le=86400, allow_inf_nan=False)
-    redis_lock_timeout_s: float = Field(default=60.0, gt=0, le=86400, allow_inf_nan=False)
+    # the closing lock's lifetime: renewed every third of it while a close runs, so a replica
+    # that dies inside a close holds the round up for at most this long
+    redis_lock_timeout_s: float = Field(default=10.0, gt=0, le=86400, allow_inf_nan=False)
     redis_lock_wait_s: float = Field(default=10.0, ge=0, le=3600, allow_inf_nan=False)
     log_level: LogLevel = "info"
     # Intra-op threads of torch in the server process (set by ``python -m services.aggregator``).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -10,7 +12,8 @@ import numpy as np
 import pytest
 import redis
 
-from services.aggregator.events import VERSIONS_CHANNEL, close_lock_name
+from services.aggregator.events import VERSIONS_CHANNEL, RedisBus, close_lock_name
+from services.aggregator.settings import Settings
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.races import start_race_run, two_instances_close_once, upload_whole_cohort
 from tests.support.aggregator import FakeClock, bearer, service_of
@@ -77,6 +80,60 @@ def test_a_held_closing_lock_defers_the_close(
     lock.release()
     assert service_of(client).tick() == "closed"
     assert client.get("/v1/rounds/1").json()["state"] == "closed"
+
+
+#: a replica that takes a round's closing lock and then waits inside its close
+_HOLDER = """
+import sys, time
+from services.aggregator.events import RedisBus
+bus = RedisBus(sys.argv[1], float(sys.argv[2]))
+with bus.close_lock(int(sys.argv[3]), 1) as held:
+    print("held" if held else "not held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_replica_killed_while_closing_holds_the_round_up_for_the_lock_timeout_only(
+    aggregator: AggregatorFactory, redis_url: str
+) -> None:
+    """A replica SIGKILLed inside a close leaves its closing lock in Redis; the other replicas
+    close the round once it expires. Its default lifetime was 60 s, so a dead replica stalled
+    the run for a minute: now it is 10 s, renewed while a live close runs."""
+    default = Settings.model_fields["redis_lock_timeout_s"].default
+    client = aggregator(clock=FakeClock(), redis_url=redis_url, redis_lock_wait_s=0.2)
+    token, run = start_race_run(client)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, redis_url, str(default), str(run["run_id"])],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+    finally:
+        holder.kill()
+        holder.wait()
+    killed = time.monotonic()
+    upload_whole_cohort(client, token, 1, np.random.default_rng(0))
+    assert client.get("/v1/rounds/1").json()["state"] == "open"  # the dead replica's lock
+    outcome = None
+    while outcome != "closed" and time.monotonic() - killed < 30:
+        outcome = service_of(client).tick()
+        time.sleep(0.2)
+    waited = time.monotonic() - killed
+    assert outcome == "closed" and waited < default + 3, (outcome, waited)
+    assert client.get("/v1/rounds/1").json()["state"] == "closed"
+
+
+def test_a_close_that_outlasts_the_lock_timeout_keeps_its_lock(redis_url: str) -> None:
+    """The lock of a live close is renewed: a close longer than ``redis_lock_timeout_s`` (a
+    large model on a busy machine) is not joined by a second replica halfway."""
+    bus, other = RedisBus(redis_url, 0.6, 0.0), RedisBus(redis_url, 0.6, 0.0)
+    with bus.close_lock(7, 1) as held:
+        assert held
+        time.sleep(2.0)
+        with other.close_lock(7, 1) as also:
+            assert not also
+    with other.close_lock(7, 1) as after:  # released at the end of the close
+        assert after
 
 
 def test_without_redis_rounds_close_and_health_is_degraded(
