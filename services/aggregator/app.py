@@ -192,6 +192,8 @@ def create_app(
                 db, settings, metrics, bus, clock or utcnow, population=resolved
             )
             await anyio.to_thread.run_sync(service.warm)
+            if bus is not None:  # a release on another replica empties this one's cache
+                bus.follow_credentials(service.credentials.forget_all)
             app.state.service = service
             task = asyncio.create_task(_deadline_loop(service, settings.deadline_poll_s))
             # woken by every close; the period only catches rounds closed by a replica

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound, Unauthorized
+from services.aggregator.events import RedisBus
 from services.aggregator.repository import RELEASED, Repository
 from services.aggregator.settings import Settings
 from services.enrolment import Shard, verify_enrolment_token
@@ -23,9 +24,9 @@ log = logging.getLogger(__name__)
 
 # Known token hashes kept in memory before the cache is emptied (it is refilled on demand).
 _TOKEN_CACHE_SIZE = 4096
-# Seconds a cached token is trusted: a re-registration on a replica replaces a token's hash,
-# and this replica's cache forgets the old one within this time (its own re-registrations
-# empty the cache at once).
+# Seconds a cached token is trusted. A release or registration on this replica empties its
+# cache at once, and with Redis every other replica's too (services/aggregator/events.py);
+# without Redis (or while it does not answer) the others forget within this time.
 _TOKEN_CACHE_TTL_S = 30.0
 
 
@@ -45,19 +46,29 @@ class Caller:
 class Credentials:
     """Authenticates bearer tokens and registers clients under new ones.
 
-    Locking: ``_lock`` guards ``_tokens`` (token hash -> client ids, expiry) only and is never
-    held while the database is queried; two threads missing the same token both query it,
-    which is harmless (a token loses clients only to the operator's release, which empties
-    the cache, and gains some only by registering with it, which drops it from the cache).
+    Locking: ``_lock`` guards ``_tokens`` (token hash -> client ids, expiry) and
+    ``_generation`` only and is never held while the database is queried; two threads missing
+    the same token both query it, which is harmless (a token loses clients only to the
+    operator's release, and gains some only by registering with it: either empties the cache
+    of every replica, :meth:`forget_all`). A lookup that started before the cache was emptied
+    is not cached: it may have read the credentials from before the change.
     """
 
-    def __init__(self, db: Database, settings: Settings, population: int | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        population: int | None = None,
+        bus: RedisBus | None = None,
+    ) -> None:
         self.db = db
         self.settings = settings
+        self.bus = bus  # with Redis, changes are announced to the other replicas
         # client ids are 0 .. population - 1; None: registration is refused (no_population)
         self.population = population if population is not None else settings.population
         self._lock = threading.Lock()
         self._tokens: dict[str, tuple[frozenset[int], float]] = {}
+        self._generation = 0  # how often the cache was emptied
 
     def authenticate(self, token: str | None) -> Caller:
         """The caller behind a bearer token (401 when missing or unknown)."""
@@ -66,6 +77,8 @@ class Credentials:
             return known
         assert token is not None
         h = hash_token(token)
+        with self._lock:
+            generation = self._generation
         with self.db.read() as s:
             ids = Repository(s).clients_of_token(h)
         if not ids:
@@ -74,8 +87,21 @@ class Credentials:
         with self._lock:
             if len(self._tokens) > _TOKEN_CACHE_SIZE:
                 self._tokens.clear()
-            self._tokens[h] = (cached, time.monotonic() + _TOKEN_CACHE_TTL_S)
+            if generation == self._generation:  # else it may be from before a change
+                self._tokens[h] = (cached, time.monotonic() + _TOKEN_CACHE_TTL_S)
         return Caller(cached)
+
+    def forget_all(self) -> None:
+        """Empty the cache of credentials (they changed, here or on another replica)."""
+        with self._lock:
+            self._tokens.clear()
+            self._generation += 1
+
+    def _changed(self) -> None:
+        """Credentials changed here: forget the cached ones, and tell the other replicas."""
+        self.forget_all()
+        if self.bus is not None:
+            self.bus.publish_credentials_changed()
 
     def known(self, token: str | None) -> Caller | None:
         """:meth:`authenticate` without the database: the caller when the token is the
@@ -157,6 +183,7 @@ class Credentials:
         elif self._is_service_token(token):
             raise Conflict("the chosen token is another credential's", "token_in_use")
         h = hash_token(token)
+        held_before: dict[int, tuple[str, str | None]] = {}
         try:
             with self.db.transaction() as s:
                 repo = Repository(s)
@@ -165,7 +192,7 @@ class Credentials:
                 if held:
                     raise Conflict(_held_detail(held), "clients_held")
                 if chosen:  # a credential holds clients of one shard only
-                    other = repo.existing_clients(repo.clients_of_token(h))
+                    held_before = other = repo.existing_clients(repo.clients_of_token(h))
                     if any(label != enrolled for _, enrolled in other.values()):
                         raise Conflict(
                             "the chosen token holds clients of another shard", "token_in_use"
@@ -176,8 +203,8 @@ class Credentials:
                 repo.add_clients([c for c in client_ids if c not in existing], h, label)
         except IntegrityError:
             raise Conflict(_MEANWHILE, "clients_held") from None
-        with self._lock:
-            self._tokens.pop(h, None)  # a chosen token may hold more clients now
+        if held_before:  # a token that replicas may have cached holds more clients now
+            self._changed()
         log.info(
             "shard %s registered %d clients (%d again, %d released before)",
             label,
@@ -210,8 +237,7 @@ class Credentials:
                     "not_registered",
                 )
             repo.move_clients(client_ids, RELEASED)
-        with self._lock:
-            self._tokens.clear()  # the tokens that held them no longer do
+        self._changed()  # the tokens that held them no longer do, on any replica
         log.warning("the operator released %d clients", len(client_ids))
         return client_ids
 

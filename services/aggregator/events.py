@@ -1,10 +1,17 @@
-"""Redis, when configured: version events (pub/sub) and the round-closing lock.
+"""Redis, when configured: version events (pub/sub), the round-closing lock, and the
+announcement that client credentials changed (so that every replica forgets the credentials
+it keeps in memory).
 
 Redis is optional for progress: when it does not answer, a round is closed without the lock
 (the database's conditional update still makes each close happen exactly once; the lock only
 spares replicas aggregating the same round in parallel) and no version event is published
 (followers poll). After a failure Redis is left alone for :data:`RETRY_AFTER_S` seconds, so
 closes do not wait on its timeouts.
+
+Credential changes (the operator's release, a registration) are announced on
+``fedrec:credentials``; every replica follows that channel in a thread and empties its cache
+of credentials on each message, and whenever it (re)subscribes (it may have missed some while
+Redis was away). Without Redis the caches expire on their own (``auth._TOKEN_CACHE_TTL_S``).
 
 The closing lock expires ``lock_timeout_s`` after it was last renewed, and a close renews it
 every third of that while it runs: a replica that dies inside a close (SIGKILL, a lost
@@ -27,6 +34,8 @@ from redis.lock import Lock
 log = logging.getLogger(__name__)
 
 VERSIONS_CHANNEL = "fedrec:versions"
+#: announces that client credentials changed (the message itself says nothing more)
+CREDENTIALS_CHANNEL = "fedrec:credentials"
 #: seconds Redis is not tried again after it failed
 RETRY_AFTER_S = 5.0
 
@@ -47,6 +56,7 @@ class RedisBus:
         # tried again) only.
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._followers: list[_Follower] = []
 
     def ping(self) -> None:
         """Round-trip to Redis (raises when it is unreachable)."""
@@ -111,9 +121,63 @@ class RedisBus:
             return False
         return True
 
+    def publish_credentials_changed(self) -> bool:
+        """Tell every replica that client credentials changed (they forget their cached
+        ones); False when Redis does not answer (they forget them within the cache's
+        lifetime)."""
+        if not self.available():
+            return False
+        try:
+            self.client.publish(CREDENTIALS_CHANNEL, b"changed")
+        except RedisError as err:
+            self._failed("announcing a credentials change", err)
+            return False
+        return True
+
+    def follow_credentials(self, changed: Callable[[], None]) -> None:
+        """Call ``changed`` (from a daemon thread) on every credentials announcement, and
+        whenever the subscription is made or made again, until :meth:`close`."""
+        self._followers.append(_Follower(self.client, CREDENTIALS_CHANNEL, changed))
+
     def close(self) -> None:
-        """Close the connection pool."""
+        """Stop following channels; close the connection pool."""
+        for follower in self._followers:
+            follower.stop()
+        self._followers.clear()
         self.client.close()
+
+
+class _Follower:
+    """Follows one pub/sub channel in a daemon thread: ``changed()`` on each message and on
+    each (re)subscription; after a Redis failure it subscribes again :data:`RETRY_AFTER_S`
+    later."""
+
+    def __init__(self, client: redis.Redis, channel: str, changed: Callable[[], None]) -> None:
+        self._client = client
+        self._channel = channel
+        self._changed = changed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"follow-{channel}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._client.pubsub() as pubsub:
+                    pubsub.subscribe(self._channel)
+                    while not self._stop.is_set():
+                        if pubsub.get_message(timeout=0.5) is not None:
+                            self._changed()  # a message, or the subscription's confirmation
+            except RedisError as err:
+                log.warning("following %s: redis unavailable (%s)", self._channel, err)
+            except Exception:
+                log.exception("following %s failed", self._channel)
+            self._stop.wait(RETRY_AFTER_S)
+
+    def stop(self) -> None:
+        """End the thread (within the half second of a pending read)."""
+        self._stop.set()
+        self._thread.join(5.0)
 
 
 class _Renewal:

@@ -69,7 +69,9 @@ class AggregatorService:
             settings.compact_interval_s,
             on_pruned=self.models.forget,
         )
-        self.credentials = Credentials(db, settings, population.n_users if population else None)
+        self.credentials = Credentials(
+            db, settings, population.n_users if population else None, bus
+        )
         self.runs = RunLifecycle(
             db, clock, self.models, self.pending, self.newest, settings.max_model_params, population
         )

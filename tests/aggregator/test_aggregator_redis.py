@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -16,7 +17,14 @@ from services.aggregator.events import VERSIONS_CHANNEL, RedisBus, close_lock_na
 from services.aggregator.settings import Settings
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.races import start_race_run, two_instances_close_once, upload_whole_cohort
-from tests.support.aggregator import FakeClock, bearer, service_of
+from tests.support.aggregator import (
+    FakeClock,
+    bearer,
+    operator_headers,
+    register,
+    report_sums,
+    service_of,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -134,6 +142,65 @@ def test_a_close_that_outlasts_the_lock_timeout_keeps_its_lock(redis_url: str) -
             assert not also
     with other.close_lock(7, 1) as after:  # released at the end of the close
         assert after
+
+
+def _refused_within(client: Any, headers: dict[str, str], wait_s: float) -> float | None:
+    """Seconds until ``client`` refuses ``headers`` (401) on a client read, None if it
+    still accepts them after ``wait_s``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < wait_s:
+        if client.get("/v1/rounds/current", headers=headers).status_code == 401:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    return None
+
+
+def test_a_release_on_one_replica_takes_effect_on_the_others_at_once(
+    aggregator: AggregatorFactory, redis_url: str
+) -> None:
+    """Each replica keeps the credentials it answered for in memory; the operator's release
+    on one replica used to leave the released token working on the others for up to 30 s
+    (their cache's lifetime), long enough for it to upload for users a new worker
+    registered meanwhile. Now the release is announced on Redis and every replica forgets
+    its cache."""
+    url = aggregator.url()
+    a, b = (aggregator(database_url=url, redis_url=redis_url) for _ in "ab")
+    token = register(a, [0, 1, 2])
+    assert b.get("/v1/rounds/current", headers=bearer(token)).status_code == 200  # b caches it
+    released = a.post(
+        "/v1/clients/release", json={"client_ids": [0, 1, 2]}, headers=operator_headers()
+    )
+    assert released.status_code == 200, released.text
+    assert a.get("/v1/rounds/current", headers=bearer(token)).status_code == 401
+    waited = _refused_within(b, bearer(token), wait_s=5.0)
+    assert waited is not None and waited < 2.0, waited
+    # registered again under a new token through b, the ids work through a at once
+    new = register(b, [0, 1, 2])
+    assert a.get("/v1/rounds/current", headers=bearer(new)).status_code == 200
+    assert _refused_within(a, bearer(token), wait_s=0.5) is not None
+
+
+def test_clients_added_to_a_token_on_one_replica_are_its_own_on_the_others_at_once(
+    aggregator: AggregatorFactory, redis_url: str
+) -> None:
+    """A worker that registers more users under the token it chose (through any replica)
+    holds them on every replica at once, not once the others' cached copy of its token
+    expired (403 not_owned until then)."""
+    url = aggregator.url()
+    a, b = (aggregator(database_url=url, redis_url=redis_url) for _ in "ab")
+    chosen = secrets.token_urlsafe(32)
+    register(a, [0, 1], token=chosen)
+    report = {"model_version": 0, "sums": report_sums(1.0), "count": 1, "client_ids": [2]}
+    refused = b.post("/v1/evaluations", json=report, headers=bearer(chosen))
+    assert refused.status_code == 403, refused.text  # b caches the token: clients 0 and 1
+    register(a, [2], token=chosen)
+    deadline = time.monotonic() + 2.0
+    while (
+        answer := b.post("/v1/evaluations", json=report, headers=bearer(chosen))
+    ).status_code == 403:
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.05)
+    assert answer.json()["error"] == "no_run", answer.text  # past the ownership check
 
 
 def test_without_redis_rounds_close_and_health_is_degraded(
