@@ -15,6 +15,10 @@ Epsilon is reported at delta (default 1/n, n the number of clients). A run given
 epsilon either stops before the first round that would exceed it (``dp_noise`` set) or, with
 no ``dp_noise``, gets the smallest z that keeps its ``rounds`` within the target
 (calibrated with the library's ``calibrate_dp_mechanism``).
+
+The DP popularity baseline (:mod:`fedrecgel.dp_popularity`) releases its noisy item counts once:
+one ``GaussianDpEvent(z)`` under add-or-remove-one-user neighbouring (:func:`release_epsilon`,
+:func:`calibrate_release`).
 """
 
 from __future__ import annotations
@@ -224,3 +228,36 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
             )
         plan = PrivacyPlan(**{**plan.__dict__, "rounds": allowed})
     return plan
+
+
+def _one_release() -> RdpAccountant:
+    return RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+
+
+@functools.lru_cache(maxsize=256)
+def release_epsilon(z: float, delta: float) -> float:
+    """Epsilon at ``delta`` of ONE Gaussian release of noise multiplier ``z`` (noise std z times
+    the L2 sensitivity), add-or-remove-one neighbouring, by the library's RDP accountant (inf if
+    z == 0)."""
+    if z <= 0:
+        return math.inf
+    acc = _one_release()
+    acc.compose(dp_accounting.GaussianDpEvent(z))
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate_release(target: float, delta: float) -> float:
+    """The smallest noise multiplier of one Gaussian release that stays within ``target``."""
+    z = float(
+        dp_accounting.calibrate_dp_mechanism(
+            _one_release,
+            dp_accounting.GaussianDpEvent,
+            target,
+            delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+            tol=1e-5,
+        )
+    )
+    while release_epsilon(z, delta) > target:  # Brent's method lands within tol of the boundary
+        z *= 1.0 + 1e-5
+    return z

@@ -38,11 +38,13 @@ from fedrecgel.clitools import (
 )
 from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError, RunParams, check
 from fedrecgel.data import DATASETS, DataError, stats
+from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS
 from fedrecgel.runreport import plot_run, summarize
 from fedrecgel.simulate import METHODS, RunResult, TrainConfig
 from fedrecgel.train_runs import (
     BACKENDS,
     Backend,
+    baseline_problem,
     ray_problem,
     run_baseline,
     train_seeds,
@@ -292,6 +294,15 @@ def train(
             "machines, a folder they all see)."
         ),
     ] = None,
+    dp_max_items: Annotated[
+        int | None,
+        typer.Option(
+            help=f"--method popularity with --target-epsilon or --dp-noise: each user counts at "
+            f"most this many of its training items, drawn with a seeded stream (default "
+            f"{DEFAULT_MAX_ITEMS}; the noise std is z*sqrt of it).",
+            rich_help_panel="Run settings",
+        ),
+    ] = None,
 ) -> None:
     """Train with the in-process simulator, Ray actors (or a reference point); write
     results.json and hr_ndcg.png to --out."""
@@ -314,6 +325,9 @@ def train(
     for seed in seed_list[1:]:
         checked({**run, "seed": seed})
     federated = method not in BASELINE_METHODS
+    named = [n for n in run if _source(ctx, n) == "COMMANDLINE"]
+    if (problem := baseline_problem(method, run, dp_max_items, named)) is not None:
+        raise fail(problem)
     if shards is not None and not federated:
         raise fail(f"--shards splits the clients of a federated run; --method {method} has none")
     if backend == "ray":
@@ -354,7 +368,7 @@ def train(
     )
     results: list[RunResult] = []
     if not federated:
-        results = run_baseline(method, split, base, seed_list, central_lr)
+        results = run_baseline(method, split, base, seed_list, central_lr, dp_max_items)
     if federated:
         results = train_seeds(split, base, seed_list, backend_of, out, quiet)
     for res in results:

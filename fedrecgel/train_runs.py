@@ -187,13 +187,78 @@ def with_backend(base: TrainConfig, backend: Backend, shards: int | None) -> Tra
     return replace(base, shards=shards or 1)
 
 
-def run_baseline(
-    method: str, split: Split, base: TrainConfig, seeds: list[int], central_lr: float | None
+#: settings of the federated DP runs that DP popularity has no use for (it bounds each user's
+#: contribution with --dp-max-items and releases its counts once)
+FEDERATED_DP_SETTINGS = ("dp_clip", "dp_mode")
+
+
+def baseline_problem(
+    method: str, run: dict[str, Any], dp_max_items: int | None, given: list[str]
+) -> str | None:
+    """Why the privacy settings do not fit ``method`` (None when they do); ``given``: the run
+    settings named on the command line."""
+    dp = run.get("dp_noise") is not None or run.get("target_epsilon") is not None
+    if dp_max_items is not None and dp_max_items < 1:
+        return f"--dp-max-items must be at least 1, got {dp_max_items}"
+    if dp_max_items is not None and not (method == "popularity" and dp):
+        return (
+            "--dp-max-items is a setting of --method popularity with --target-epsilon or "
+            "--dp-noise (differentially private counts); it would change nothing"
+        )
+    if dp and method in ("random", "central"):
+        return (
+            f"--method {method} is not differentially private; --target-epsilon and "
+            "--dp-noise would change nothing (--method popularity has a private variant)"
+        )
+    if dp and method == "popularity":
+        for name in FEDERATED_DP_SETTINGS:
+            if name in given:
+                return (
+                    f"{option_flag(name)} is a setting of the federated DP runs; private "
+                    "popularity bounds what each user adds with --dp-max-items"
+                )
+    return None
+
+
+def _dp_popularity(
+    split: Split, base: TrainConfig, seeds: list[int], max_items: int | None
 ) -> list[RunResult]:
-    """The reference point ``method`` (popularity, random, central) on ``split``."""
+    from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS, dp_popularity, plan_release
+
+    try:
+        release = plan_release(
+            split.n_users,
+            DEFAULT_MAX_ITEMS if max_items is None else max_items,
+            base.target_epsilon,
+            base.dp_noise,
+            base.dp_delta,
+        )
+    except ConfigError as err:
+        raise fail(f"{option_flag(err.field)}: {err.reason}") from None
+    console.print(
+        f"differential privacy (popularity counts): at most {release.max_items} items per "
+        f"user, noise multiplier {release.noise:.4g} (std {release.noise_std:.4g} on every "
+        f"item's count) -> epsilon {release.epsilon:.3f} at delta {release.delta:.3g}"
+    )
+    return [dp_popularity(split, release, seed) for seed in seeds]
+
+
+def run_baseline(
+    method: str,
+    split: Split,
+    base: TrainConfig,
+    seeds: list[int],
+    central_lr: float | None,
+    dp_max_items: int | None = None,
+) -> list[RunResult]:
+    """The reference point ``method`` (popularity, random, central) on ``split``; popularity
+    with a DP setting (``base.target_epsilon`` or ``base.dp_noise``): its private variant,
+    one run per seed."""
     from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
 
     if method == "popularity":
+        if base.target_epsilon is not None or base.dp_noise is not None:
+            return _dp_popularity(split, base, seeds, dp_max_items)
         return [popularity(split)]
     if method == "random":
         return [random_ranking(split, seed=s) for s in seeds]
