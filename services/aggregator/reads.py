@@ -167,13 +167,16 @@ class RunReads:
             if v is None:
                 raise NotFound("no model version exists", "version_not_found")
             hit = self.models.cached_blob(run.id, v)
-            if hit is not None:
+            # the newest version is never pruned; an older one may have been, by a replica
+            # (this one's cache forgets only what it pruned itself)
+            if hit is not None and (version is None or not repo.version_pruned(run.id, v)):
                 return hit
             found = repo.version_with_blobs(run.id, v, kinds=(PARAMS,))
             if found is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
             row, blobs = found
             if PARAMS not in blobs:
+                self.models.forget(run.id, [v])
                 raise Gone(
                     f"model version {v} was pruned by the retention policy", "version_pruned"
                 )

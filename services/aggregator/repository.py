@@ -404,6 +404,14 @@ class Repository:
             stmt = stmt.with_for_update()
         return self.session.scalars(stmt).first()
 
+    def version_pruned(self, run_id: int, version: int) -> bool:
+        """Whether a version of a run had its params pruned (False for one that never
+        existed)."""
+        stmt = select(ModelVersion.pruned_at).where(
+            ModelVersion.run_id == run_id, ModelVersion.version == version
+        )
+        return self.session.scalar(stmt) is not None
+
     def version_with_blobs(
         self, run_id: int, version: int, kinds: Sequence[str] = (PARAMS, OPTIMIZER_STATE)
     ) -> tuple[ModelVersion, dict[str, bytes]] | None:

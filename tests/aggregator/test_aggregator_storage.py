@@ -133,6 +133,27 @@ def test_closed_rounds_keep_metadata_and_versions_follow_the_policy(
     assert [h["model_version"] for h in history] == list(range(1, 8))
 
 
+def test_a_version_another_replica_pruned_is_gone_here_too(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
+    """Replicas on one database: a version pruned by one is answered 410 by the others,
+    also by one that kept its bytes in memory (it served them with 200 until they left its
+    cache of encoded versions)."""
+    a, b = (aggregator(database_url=database_url, **KEEP) for _ in "ab")
+    token = start_run(a)
+    rng = np.random.default_rng(0)
+    play_round(a, token, rng)
+    r = b.get("/v1/models/1", headers=bearer(token))  # b keeps version 1's bytes
+    assert r.status_code == 200 and decode_model(r.content)[2] == 1
+    for _ in range(2):
+        play_round(a, token, rng)
+    assert service_of(a).storage.free() == {1: [1]}  # a's storage pass prunes version 1
+    r = b.get("/v1/models/1", headers=bearer(token))
+    assert r.status_code == 410, r.status_code
+    assert r.json()["error"] == "version_pruned"
+    assert b.get("/v1/models/3", headers=bearer(token)).status_code == 200
+
+
 def test_retry_after_close_is_still_a_duplicate(started: tuple[TestClient, str]) -> None:
     client, token = started
     rng = np.random.default_rng(1)
