@@ -80,6 +80,36 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "client_lr": 0.01,
         "rounds": 200,
     },
+    # with decoupled weight decay of the score network (server_weight_decay): the diagnosis
+    # found the validation figure falling after its peak while the score network's weights grew
+    "server-0.003-local-5-client-0.01-swd-10": {
+        "server_lr": 0.003,
+        "local_steps": 5,
+        "client_lr": 0.01,
+        "server_weight_decay": 10.0,
+        "rounds": 300,
+    },
+    "server-0.005-local-5-client-0.01-swd-10": {
+        "server_lr": 0.005,
+        "local_steps": 5,
+        "client_lr": 0.01,
+        "server_weight_decay": 10.0,
+        "rounds": 300,
+    },
+    "server-0.01-local-5-client-0.01-swd-3": {
+        "server_lr": 0.01,
+        "local_steps": 5,
+        "client_lr": 0.01,
+        "server_weight_decay": 3.0,
+        "rounds": 300,
+    },
+    "server-0.01-local-5-client-0.01-swd-10": {
+        "server_lr": 0.01,
+        "local_steps": 5,
+        "client_lr": 0.01,
+        "server_weight_decay": 10.0,
+        "rounds": 300,
+    },
 }
 
 

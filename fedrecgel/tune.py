@@ -46,11 +46,14 @@ SERVER_OPTIMIZERS: tuple[str, ...] = ("adam", "fedadam", "fedyogi")
 LOCAL_STEPS: tuple[int, ...] = (0, 1, 3, 5, 10)
 #: server step-size schedules a trial may choose
 SERVER_DECAYS: tuple[str, ...] = ("constant", "cosine")
+#: decoupled weight decay of the score network a trial may choose (0: the paper)
+SERVER_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 1.0, 3.0, 10.0)
 #: the categorical settings and their choices
 CHOICES: dict[str, tuple[Any, ...]] = {
     "server_optimizer": SERVER_OPTIMIZERS,
     "local_steps": LOCAL_STEPS,
     "server_decay": SERVER_DECAYS,
+    "server_weight_decay": SERVER_WEIGHT_DECAYS,
 }
 #: (low, high) of the log-scale searched settings. The paper's server step (Adam, 0.001) is the
 #: low end: at it item rows barely move in 100 rounds on the real datasets.

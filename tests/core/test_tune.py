@@ -120,6 +120,11 @@ def test_a_new_study_starts_from_the_given_settings(tmp_path: Path) -> None:
     first |= {"rho_ns": 0.2, "rounds": 2, "server_optimizer": "adam"}
     study = tune(_split(), replace(_spec(tmp_path, 2), first=(first,)))
     # the choices the first settings leave open are the base config's (the paper's)
-    assert study.trials[0].params == {**first, "local_steps": 0, "server_decay": "constant"}
+    assert study.trials[0].params == {
+        **first,
+        "local_steps": 0,
+        "server_decay": "constant",
+        "server_weight_decay": 0.0,
+    }
     with pytest.raises(ValueError, match="unknown settings"):
         tune(_split(), replace(_spec(tmp_path, 2), first=({"lr": 1.0},)))
