@@ -6,15 +6,18 @@
 # 1. a Docker engine: Debian's docker.io is installed when there is none, and `dockerd` is
 #    started when none runs (and stopped again at the end when this script started it);
 # 2. a Compose v2 CLI (see install_compose below for where it comes from);
-# 3. the base images the compose file and the Dockerfile name: pulled, or, when no registry
+# 3. the base images the compose file and the Dockerfiles name: pulled, or, when no registry
 #    answers, built locally by $FEDREC_BASE_IMAGES_BUILDER (default
 #    ../shared/tools/container-standins/build.sh next to the clone) if that exists;
 # 4. the project image (classic builder; the CPU torch wheel from pip's find-links folder when
-#    it has one, served to a `--network host` build on a loopback port);
+#    it has one, served to a `--network host` build on a loopback port) and the balancer's
+#    (Debian's haproxy, deploy/balancer);
 # 5. `docker compose up` of the demo with $SMOKE_ROUNDS (3) rounds under its own project name
-#    and free host ports: every service healthy, the aggregator's process killed with SIGKILL
-#    once the first round closed, restarted by Docker, the run finished all the same, the demo's
-#    top-10 printed, a recommendation answered through a worker and through recommend-api;
+#    and free host ports: every service healthy (the aggregator's $FEDREC_AGGREGATOR_REPLICAS
+#    (3) replicas each), one replica's process killed with SIGKILL once the first round closed,
+#    restarted by Docker, the run finished all the same through the balancer, every replica
+#    having answered requests, the demo's top-10 printed, a recommendation answered through a
+#    worker and through recommend-api;
 #    the dashboard's page and its local assets served, its state showing the run, its user
 #    panel answered through a worker, an operator action without the token refused;
 # 6. `docker compose down -v` (also on failure): no container, volume or network is left.
@@ -26,7 +29,9 @@ ROOT=$PWD
 ROUNDS=${SMOKE_ROUNDS:-3}
 PROJECT=${SMOKE_PROJECT:-fedrecgel-smoke}
 IMAGE=fedrecgel:0.1.0
-BASE_IMAGES=(python:3.11-slim postgres:16 redis:7)
+BALANCER_IMAGE=fedrecgel-balancer:0.1.0
+BASE_IMAGES=(python:3.11-slim postgres:16 redis:7 debian:bookworm)
+export FEDREC_AGGREGATOR_REPLICAS=${FEDREC_AGGREGATOR_REPLICAS:-3}
 BUILDER=${FEDREC_BASE_IMAGES_BUILDER:-$ROOT/../shared/tools/container-standins/build.sh}
 WORK=$(mktemp -d)
 T0=$SECONDS
@@ -176,6 +181,8 @@ fi
 DOCKER_BUILDKIT=0 docker build -q "${build_args[@]}" -f deploy/Dockerfile -t "$IMAGE" . >/dev/null
 [ -z "$WHEEL_SERVER" ] || { kill "$WHEEL_SERVER" 2>/dev/null; WHEEL_SERVER=; }
 docker image ls "$IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
+DOCKER_BUILDKIT=0 docker build -q -f deploy/balancer/Dockerfile -t "$BALANCER_IMAGE" deploy >/dev/null
+docker image ls "$BALANCER_IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
 
 # ---------------------------------------------------------------- 5. the demo
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -202,14 +209,21 @@ UP=1
 UP_T=$SECONDS
 compose up -d --no-build --quiet-pull
 step "every service healthy"
-health_of() { docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$1")"; }
-for svc in postgres redis aggregator worker-0 worker-1 recommend-api dashboard; do
+# the health of every container of a service, one word each (the replicas: several)
+health_of() {
+  local id
+  for id in $(compose ps -q "$1"); do docker inspect -f '{{.State.Health.Status}}' "$id"; done | sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? " " : ""), $2, $1}'
+}
+want_of() { [ "$1" = aggregator-replica ] && echo "healthy x$FEDREC_AGGREGATOR_REPLICAS" || echo "healthy x1"; }
+SERVICES=(postgres redis aggregator-replica aggregator worker-0 worker-1 recommend-api dashboard)
+for svc in "${SERVICES[@]}"; do
   # `up` waited for the ones the demo depends on; recommend-api may still be starting
-  for _ in $(seq 120); do [ "$(health_of "$svc")" = healthy ] && break; sleep 1; done
-  [ "$(health_of "$svc")" = healthy ] || fail "$svc is $(health_of "$svc")"
+  for _ in $(seq 120); do [ "$(health_of "$svc")" = "$(want_of "$svc")" ] && break; sleep 1; done
+  [ "$(health_of "$svc")" = "$(want_of "$svc")" ] || fail "$svc is $(health_of "$svc")"
 done
-echo "postgres redis aggregator worker-0 worker-1 recommend-api dashboard: healthy"
-echo "the aggregator's CPU cgroup: $(cpu_cgroup "$(docker inspect -f '{{.State.Pid}}' "$(compose ps -q aggregator)")")"
+echo "${SERVICES[*]}: healthy ($FEDREC_AGGREGATOR_REPLICAS replicas)"
+replicas=($(compose ps -q aggregator-replica))
+echo "an aggregator replica's CPU cgroup: $(cpu_cgroup "$(docker inspect -f '{{.State.Pid}}' "${replicas[0]}")")"
 [ "$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq secrets)")" = 0 ] || fail "secrets failed"
 
 step "first round"
@@ -221,8 +235,8 @@ echo "first round closed $((SECONDS - UP_T)) s after docker compose up"
 # that as an operator's stop and applies no restart policy after it (Debian's engine 20.10,
 # checked with always, on-failure and unless-stopped: the container stays exited). A process
 # that dies by itself (killed by the kernel's OOM killer, a crash) is what the policy restarts.
-step "SIGKILL the aggregator's process"
-agg_id=$(compose ps -q aggregator)
+step "SIGKILL an aggregator replica's process"
+agg_id=${replicas[0]}
 restarts=$(docker inspect -f '{{.RestartCount}}' "$agg_id")
 as_root kill -KILL "$(docker inspect -f '{{.State.Pid}}' "$agg_id")"
 for _ in $(seq 120); do
@@ -230,8 +244,8 @@ for _ in $(seq 120); do
   sleep 1
 done
 state=$(docker inspect -f '{{.RestartCount}} {{.State.Health.Status}}' "$agg_id")
-[ "$state" = "$((restarts + 1)) healthy" ] || fail "aggregator after the kill: restarts/health $state"
-echo "aggregator restarted by Docker and healthy again ($state)"
+[ "$state" = "$((restarts + 1)) healthy" ] || fail "the replica after the kill: restarts/health $state"
+echo "the replica restarted by Docker and healthy again ($state)"
 
 step "the run goes on to the end"
 compose wait demo >/dev/null 2>&1 || true
@@ -242,6 +256,21 @@ grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fa
 grep -qF "dashboard: http://127.0.0.1:$FEDREC_DASHBOARD_PORT/ui/" "$WORK/demo.log" || fail "the demo did not print the dashboard's address"
 [ "$(grep -cE '^ +[0-9]+  ' "$WORK/demo.log")" -ge 10 ] || fail "no top-10 in the demo's log"
 [ "$(closed_rounds)" = "$ROUNDS" ] || fail "$(closed_rounds) rounds closed, not $ROUNDS"
+# the balancer spread the run over every replica (their access logs), each round closed once
+closes=0
+for id in "${replicas[@]}"; do
+  name=$(docker inspect -f '{{.Name}}' "$id")
+  served=$(docker logs "$id" 2>&1 | grep -cE '"(GET|POST) /v1/' || true)
+  closed=$(docker logs "$id" 2>&1 | grep -oE 'round [0-9]+ closed' | tr '\n' ' ' || true)
+  echo "$name: $served requests; ${closed:-no round closed}"
+  [ "$served" -gt 0 ] || fail "$name answered no request through the balancer"
+  closes=$((closes + $(docker logs "$id" 2>&1 | grep -cE 'round [0-9]+ closed' || true)))
+done
+[ "$closes" = "$ROUNDS" ] || fail "$closes round closes logged by the replicas, not $ROUNDS"
+# what the balancer saw of the kill, and what the workers had to retry
+docker logs -t "$(compose ps -q aggregator)" 2>&1 | grep -E 'Server [^ ]+ is (UP|DOWN)' |
+  sed -E 's/^([^ ]+) .*Server ([^ ]+) is (UP|DOWN).*/balancer: \1 \2 \3/' || true
+echo "worker requests retried: $(compose logs --no-color worker-0 worker-1 2>&1 | grep -c 'retry [0-9]' || true)"
 
 step "recommendations through a worker and through recommend-api"
 # the device API's bearer token, as the secrets service generated it
@@ -287,8 +316,8 @@ code=$(python3 -c 'import sys, urllib.request as u, urllib.error as e
 try: u.urlopen(u.Request(sys.argv[1], b"", method="POST"), timeout=30); print(200)
 except e.HTTPError as err: print(err.code)' "$dash/ui/api/runs/current/stop")
 [ "$code" = 401 ] || fail "an operator action without the token answered $code, not 401"
-for svc in aggregator worker-0 worker-1 recommend-api dashboard; do
-  [ "$(health_of "$svc")" = healthy ] || fail "$svc not healthy after the run"
+for svc in aggregator-replica aggregator worker-0 worker-1 recommend-api dashboard; do
+  [ "$(health_of "$svc")" = "$(want_of "$svc")" ] || fail "$svc not healthy after the run: $(health_of "$svc")"
 done
 
 step "docker compose down -v"

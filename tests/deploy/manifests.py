@@ -152,8 +152,41 @@ def fake_compose_env(value: str) -> str:
     return COMPOSE_VAR.sub(sub, value)
 
 
+BALANCER_DIR = DEPLOY / "balancer"
+BALANCER_IMAGE = "fedrecgel-balancer:0.1.0"
+
+
+def balancer_config() -> dict[str, list[str]]:
+    """deploy/balancer/haproxy.cfg as sections: ``"<keyword> <name>"`` -> its lines."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] = []
+    for raw in (BALANCER_DIR / "haproxy.cfg").read_text().splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        if not line[0].isspace():
+            current = sections.setdefault(line.strip(), [])
+        else:
+            current.append(line.strip())
+    return sections
+
+
+def balancer_port() -> int:
+    """The port the balancer listens on (its frontend's ``bind :PORT``)."""
+    (bind,) = [
+        line
+        for name, lines in balancer_config().items()
+        if name.startswith("frontend")
+        for line in lines
+        if line.startswith("bind ")
+    ]
+    return int(bind.rsplit(":", 1)[1])
+
+
 def compose_service_port(name: str, svc: dict[str, Any]) -> int | None:
-    """The port the service's app listens on inside its container."""
+    """The port the service's app listens on inside its container (the balancer's too)."""
+    if svc.get("image") == BALANCER_IMAGE:
+        return balancer_port()
     module = command_module(svc.get("command", []))
     if module is None:
         return None

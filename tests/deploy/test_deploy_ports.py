@@ -8,9 +8,14 @@ import re
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.settings import Settings as RecommendSettings
 from tests.deploy.manifests import (
+    BALANCER_DIR,
+    BALANCER_IMAGE,
     IMAGE,
     MODULE_PREFIX,
+    ROOT,
     SECRETS_MOUNT,
+    balancer_config,
+    balancer_port,
     command_module,
     compose,
     compose_service_port,
@@ -53,6 +58,34 @@ def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path):
         assert path == want and path in routes[module], f"{name}: {path}"
         checked += 1
     assert checked == 5  # aggregator, two workers, recommend-api, dashboard
+
+
+def test_the_balancer_sends_to_the_aggregator_replicas_and_checks_their_health(tmp_path):
+    """``aggregator`` is haproxy (deploy/balancer) in front of ``aggregator-replica``: its
+    servers are that service's replicas on the port they listen on, health-checked on a real
+    route of the aggregator; the host and the other services reach it on its bind port, and
+    the aggregator's port is published by it alone."""
+    services = compose()["services"]
+    balancer, replica = services["aggregator"], services["aggregator-replica"]
+    assert balancer["image"] == BALANCER_IMAGE
+    build = balancer["build"]
+    assert (ROOT / build["context"] / build["dockerfile"]).parent == BALANCER_DIR
+    assert command_module(replica["command"]) == "services.aggregator"
+    assert "ports" not in replica and replica["deploy"]["replicas"].endswith(":-3}")
+    port = balancer_port()
+    assert [int(m.rsplit(":", 1)[1]) for m in balancer["ports"]] == [port]
+    assert url_path_port(_healthcheck_url(balancer["healthcheck"]["test"]) or "")[1] == port
+    (backend,) = [lines for name, lines in balancer_config().items() if name.startswith("backend")]
+    (template,) = [line for line in backend if line.startswith("server-template")]
+    target = template.split()[-1]
+    assert target == f"aggregator-replica:{compose_service_port('aggregator-replica', replica)}"
+    assert "option httpchk GET /healthz" in backend and "/healthz" in get_routes(
+        "services.aggregator", tmp_path
+    )
+    assert any("check" in line.split() for line in backend if line.startswith("default-server"))
+    dockerfile = (BALANCER_DIR / "Dockerfile").read_text()
+    assert "COPY healthcheck.sh /healthcheck.sh" in dockerfile
+    assert balancer["healthcheck"]["test"][:3] == ["CMD", "bash", "/healthcheck.sh"]
 
 
 def test_compose_healthchecks_use_the_image_probe():
@@ -136,8 +169,9 @@ def test_k8s_ports_probes_and_service_urls_agree(tmp_path):
 # (a worker retries its registration until the aggregator answers; the demo waits until
 # recommend-api serves the final model), so they start side by side.
 PATIENT = {("worker-0", "aggregator"), ("worker-1", "aggregator"), ("demo", "recommend-api")}
-# the dashboard shows which service does not answer yet
-PATIENT |= {("dashboard", "aggregator")}
+# the dashboard shows which service does not answer yet; the balancer health-checks the
+# replicas itself and balances over those that answer
+PATIENT |= {("dashboard", "aggregator"), ("aggregator", "aggregator-replica")}
 
 
 def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
@@ -150,9 +184,11 @@ def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
                 assert cond["condition"] == "service_healthy", f"{name} -> {dep}"
             edges += 1
     assert edges >= 8
-    for name in ("aggregator", "worker-0", "worker-1", "recommend-api", "postgres", "redis"):
+    for name in ("aggregator", "aggregator-replica", "worker-0", "worker-1", "recommend-api"):
         assert "healthcheck" in services[name], name
-    assert set(services["aggregator"]["depends_on"]) == {"secrets", "postgres", "redis"}
+    assert "healthcheck" in services["postgres"] and "healthcheck" in services["redis"]
+    assert set(services["aggregator-replica"]["depends_on"]) == {"secrets", "postgres", "redis"}
+    assert set(services["aggregator"]["depends_on"]) == {"aggregator-replica"}
     assert {"aggregator", "redis"} <= set(services["recommend-api"]["depends_on"])
     # every service that reads a generated secret starts after the secrets exist
     for name, svc in services.items():
