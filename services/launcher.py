@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +34,12 @@ from fedrecgel.config import RunParams
 from fedrecgel.run_config import RunConfig
 from services.enrolment import enrolment_token as derive_enrolment_token
 from services.history import HistoryCopy
+from services.restarts import Proc, Restarts
 from services.supervise import TOKEN_FILE, LaunchError, die_with_parent, uninterrupted
 from services.url_settings import MAX_THREADS
 
 log = logging.getLogger(__name__)
 console = Console(stderr=True)
-#: log lines that say nothing of why a service stopped (uvicorn's closing lines)
-QUIET_LOG_LINES = ("ERROR:    Application startup failed", "ERROR:    Traceback", "Traceback")
 
 
 def wanted_ports(opts: UpOptions) -> dict[int, str]:
@@ -123,52 +122,6 @@ class UpOptions:
         return self.run.rounds
 
 
-@dataclass
-class Proc:
-    """A started child process and its log file."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    def send(self, sig: int) -> None:
-        """Send ``sig`` to the process (nothing when it has exited already)."""
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(sig)
-
-    def kill(self) -> int:
-        """SIGKILL the process and reap it; returns its exit status."""
-        self.send(signal.SIGKILL)
-        return self.popen.wait()
-
-    def last_error(self) -> str:
-        """The last line of the log that says something (an exception's own line, not its
-        traceback's indented frames nor the server's closing line); '' when none."""
-        for line in reversed(self.log_tail().splitlines()):
-            line = line.strip()
-            if line and not line.startswith(QUIET_LOG_LINES) and line == line.lstrip():
-                return line
-        return ""
-
-    def exited(self, code: int) -> LaunchError:
-        """The error of this process's exit with ``code``: what went wrong, and its log."""
-        why = self.last_error()
-        return LaunchError(
-            f"{self.name} exited with code {code}"
-            + (f": {why}" if why else "")
-            + f"; see {self.log_path}"
-        )
-
-    def log_tail(self, n_bytes: int = 4000) -> str:
-        """The end of the process's log (for error messages)."""
-        try:
-            data = self.log_path.read_bytes()
-        except OSError:
-            return ""
-        return data[-n_bytes:].decode(errors="replace")
-
-
 class Cluster:
     """The child processes of one ``fedrec up``; stops them all on exit."""
 
@@ -184,6 +137,8 @@ class Cluster:
         # with ``population``: the catalogue's size, so that a run over another is refused
         self.population_items: int | None = None
         self._history = HistoryCopy()
+        # restarts dead services when set (:meth:`restart_dead_services`); else a death raises
+        self.restarts: Restarts | None = None
         self.agg_url = f"http://{opts.host}:{opts.aggregator_port}"
         self.rec_url = f"http://{opts.host}:{opts.recommend_port}"
         self.dashboard_base = f"http://{opts.host}:{opts.dashboard_port}"
@@ -207,9 +162,35 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
+    def restart_dead_services(self, say: Callable[[str], None]) -> Restarts:
+        """From now on a service that dies is started again (:mod:`services.restarts`) by
+        :meth:`check_alive` and :meth:`check_workers`, each death and restart told by ``say``;
+        a worker that exits 0 has finished and stays down."""
+        starters: dict[str, Callable[[], Proc]] = {
+            "aggregator": lambda: self.start_aggregator(wait=False),
+            "recommend_api": self.start_recommend,
+            "dashboard": self.start_dashboard,
+        }
+
+        def start(name: str) -> Proc:
+            if name.startswith("worker-"):
+                return self.start_worker(int(name.removeprefix("worker-")))
+            return starters[name]()
+
+        self.restarts = Restarts(
+            start=start, say=say, finished=lambda name, code: name.startswith("worker") and not code
+        )
+        return self.restarts
+
     def check_alive(self) -> None:
         """Raise if a child exited early (naming its log); a restarted child counts by its
-        newest process."""
+        newest process. With :meth:`restart_dead_services`, restart it instead (raises when
+        it failed fast too often)."""
+        if self.restarts is not None:
+            self.restarts.poll(
+                self.latest(name) for name in dict.fromkeys(p.name for p in self.procs)
+            )
+            return
         for name in dict.fromkeys(p.name for p in self.procs):
             p = self.latest(name)
             code = p.popen.poll()
@@ -396,17 +377,30 @@ class Cluster:
         )
 
     def start_run(self, n_items: int) -> dict[str, Any]:
-        """Start the training run (operator API); returns the answer of ``POST /v1/runs``."""
-        resp = httpx.post(
-            f"{self.agg_url}/v1/runs",
-            json=run_config(self.opts, n_items),
-            headers=self.operator_headers(),
-            timeout=30,
-        )
-        if resp.status_code != 201:
-            raise LaunchError(f"starting the run failed: {resp.status_code} {resp.text}")
-        body: dict[str, Any] = resp.json()
-        return body
+        """Start the training run (operator API); returns the answer of ``POST /v1/runs``.
+        With :meth:`restart_dead_services`, an aggregator that dies meanwhile is waited for
+        and asked again (a run it stored before dying answers 409 ``run_active``: ``{}``)."""
+        asked_before = False
+        while True:
+            try:
+                resp = httpx.post(
+                    f"{self.agg_url}/v1/runs",
+                    json=run_config(self.opts, n_items),
+                    headers=self.operator_headers(),
+                    timeout=30,
+                )
+            except httpx.TransportError:
+                if self.restarts is None:
+                    raise
+                self.wait_healthy(f"{self.agg_url}/healthz", "aggregator")
+                asked_before = True
+                continue
+            if asked_before and resp.status_code == 409 and "run_active" in resp.text:
+                return {}
+            if resp.status_code != 201:
+                raise LaunchError(f"starting the run failed: {resp.status_code} {resp.text}")
+            body: dict[str, Any] = resp.json()
+            return body
 
     def latest(self, name: str) -> Proc:
         """The most recently started process called ``name``."""
@@ -416,7 +410,11 @@ class Cluster:
         raise KeyError(name)
 
     def check_workers(self) -> None:
-        """Raise if the current process of a worker exited with an error (naming its log)."""
+        """Raise if the current process of a worker exited with an error (naming its log); with
+        :meth:`restart_dead_services`, restart it instead (:meth:`check_alive`)."""
+        if self.restarts is not None:
+            self.check_alive()
+            return
         for name in {p.name for p in self.procs if p.name.startswith("worker")}:
             p = self.latest(name)
             code = p.popen.poll()

@@ -80,6 +80,8 @@ def up(opts: UpOptions) -> dict[str, Any]:
         check_run(opts, split.n_users, split.n_items)
         clear_workdir(opts.workdir)
         with cluster(opts) as c:
+            # a service that dies is started again, with backoff (services.restarts)
+            c.restart_dead_services(lambda line: console.print(line, markup=False, highlight=False))
             c.population, c.population_items = split.n_users, split.n_items
             token_file = c.write_operator_token()
             c.start_aggregator()
