@@ -25,7 +25,7 @@ from fedrecgel.sam import PartialSum, Update
 from fedrecgel.secagg.protocol import RoundFailed
 from fedrecgel.strategy import combine_partials, partial_loss
 from fedrecgel.wire import decode_partial, decode_updates, encode_model, encode_state
-from services.aggregator import secagg
+from services.aggregator import deadlines, secagg
 from services.aggregator.db import Database
 from services.aggregator.events import RedisBus
 from services.aggregator.metrics import AggregatorMetrics
@@ -91,9 +91,11 @@ class RoundCloser:
         storage: StorageKeeper,
         bus: RedisBus | None = None,
         screen_factor: float = DEFAULT_FACTOR,
+        deadline_poll_s: float = 1.0,
     ) -> None:
         self.db = db
         self.screen_factor = screen_factor
+        self.deadline_poll_s = deadline_poll_s  # the deadline task's period (deadlines.py)
         self.metrics = metrics
         self.clock = clock
         self.models = models
@@ -116,7 +118,14 @@ class RoundCloser:
                 return None
             secure = live.secagg_phase is not None  # then advance() decides
             complete = live.updates_received >= len(live.cohort)
-            pk, expired = live.id, self.clock() >= live.deadline
+            now = self.clock()
+            pk, expired = live.id, now >= live.deadline
+            alive_due = now - deadlines.last_alive(live) >= timedelta(seconds=deadlines.HEARTBEAT_S)
+        if alive_due and not (complete or expired):
+            with self.db.transaction() as s:
+                rnd = Repository(s).get_round(pk)
+                if rnd is not None:
+                    deadlines.heartbeat(s, rnd, now)
         if secure:
             return self.advance(pk)
         if complete or expired:
@@ -407,6 +416,8 @@ class RoundCloser:
             live = repo.live_round(run.id)
             if live is None:
                 return
+            if run.state == "running":  # no aggregator ran: the deadline did not run either
+                deadlines.resume_after_downtime(s, live, self.clock(), self.deadline_poll_s)
             meta = repo.update_meta(live.id)
             kept: dict[int, tuple[str, Update | PartialSum]]
             if cfg.upload_grouping == "worker":

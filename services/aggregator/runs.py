@@ -289,7 +289,10 @@ class RunLifecycle:
             elif action is RunAction.RESUME and run.state == "paused":
                 if live is not None:
                     deadline = now + timedelta(seconds=cfg.deadline_s)
-                    repo.transition_round(live.id, ["paused"], "open", deadline=deadline)
+                    # touched_at: marked alive now (services.aggregator.deadlines)
+                    repo.transition_round(
+                        live.id, ["paused"], "open", deadline=deadline, touched_at=now
+                    )
                 run.state = "running"
             elif action is RunAction.STOP:
                 if live is not None and not repo.transition_round(

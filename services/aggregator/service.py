@@ -85,6 +85,7 @@ class AggregatorService:
             self.storage,
             bus,
             settings.upload_screen_factor,
+            settings.deadline_poll_s,
         )
         self.secure = SecureRounds(db, clock, self.rounds.advance)
         self.ingest = Ingest(db, metrics, clock, self.newest, self.pending, self.rounds.close_round)
