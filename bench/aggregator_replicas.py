@@ -55,7 +55,7 @@ from tests.support.procs import FEDREC_MODULE, descendants, spawned  # noqa: E40
 #: uploads of the unrecorded first pass through each balancer (connections, caches)
 WARMUP_UPLOADS = 40
 #: seconds between two samples of pg_stat_activity
-SAMPLE_S = 0.02
+SAMPLE_S = 1 / 50
 
 
 def missing() -> str | None:

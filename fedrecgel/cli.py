@@ -300,7 +300,6 @@ def train(
             help=f"--method popularity with --target-epsilon or --dp-noise: each user counts at "
             f"most this many of its training items, drawn with a seeded stream (default "
             f"{DEFAULT_MAX_ITEMS}; the noise std is z*sqrt of it).",
-            rich_help_panel="Run settings",
         ),
     ] = None,
 ) -> None:
