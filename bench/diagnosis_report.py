@@ -189,8 +189,9 @@ def score_network() -> list[str]:
             lines.append(
                 f"- {label}: peak {hr:.2f} at round {at}, {100 * last['val_hr']:.2f} at "
                 f"round {last['round']} ({100 * last['val_hr'] - hr:+.2f}); the score "
-                f"network's weights grew from norm {first['tower_norm']:.1f} to "
-                f"{last['tower_norm']:.1f}."
+                f"network's weights went from norm {first['tower_norm']:.1f} at round "
+                f"{first['round']} to {last['tower_norm']:.1f}, the training loss from "
+                f"{first['loss']:.3f} to {last['loss']:.3f}."
             )
         lines.append("")
     return lines
