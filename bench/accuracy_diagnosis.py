@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args(argv)
+    measure(args, configs(args.rounds), instrument)
+
+
+def measure(
+    args: argparse.Namespace,
+    cfgs: dict[str, TrainConfig],
+    instrument: Callable[[Split, TrainConfig, int], list[dict[str, Any]]],
+) -> None:
+    """Run every configuration on every dataset of ``args.datasets`` (validation items only),
+    ``instrument`` measuring along each run; written to ``args.out`` after each dataset (the
+    datasets of an earlier file are kept)."""
     torch.set_num_threads(1)
     result: dict[str, Any] = {"seed": SEED, "rounds": args.rounds, "datasets": {}}
     if args.out.exists():
@@ -196,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     for key in args.datasets.split(","):
         split = load(key, args.data_dir)  # only validation items are ranked
         runs = {}
-        for label, cfg in configs(args.rounds).items():
+        for label, cfg in cfgs.items():
             print(f"{key} {label}", flush=True)
             runs[label] = {"config": asdict(cfg), "rounds": instrument(split, cfg, args.every)}
         result["datasets"][key] = runs

@@ -28,13 +28,15 @@ SHOWN = (10, 50, 100, 200)
 TARGET_KEYS = ("filmtrust/paper", "amazon-video/paper", "lastfm-2k/clean", "synthetic-tastes/paper")
 
 
-def _plot(key: str, runs: dict[str, Any]) -> str:
+def _plot(key: str, runs: dict[str, Any], panels: tuple[tuple[str, str], ...], prefix: str) -> str:
+    """One figure per data set: the validation HR@10 of the real users and of the mean user,
+    then one panel per ``(instrument, title)``; saved as ``<prefix>_<key>.png`` in docs/."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
+    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(4 * (1 + len(panels)), 3.4))
     for label, run in runs.items():
         rows = run["rounds"]
         r = [x["round"] for x in rows]
@@ -46,25 +48,32 @@ def _plot(key: str, runs: dict[str, Any]) -> str:
             color=line.get_color(),
             label=f"{label}: every user = the mean user",
         )
-        axes[1].plot(r, [x["item_share"] for x in rows], color=line.get_color(), label=label)
-        axes[2].plot(r, [x["user_cos_mean"] for x in rows], color=line.get_color(), label=label)
-        axes[3].plot(r, [x["neg_share"] for x in rows], color=line.get_color(), label=label)
-    titles = (
-        "validation HR@10 (%)",
-        "logit variance explained by the mean user",
-        "cosine of user embeddings to their mean",
-        "share of upload on sampled negatives",
-    )
+        for ax, (field, _) in zip(axes[1:], panels, strict=True):
+            ax.plot(r, [x[field] for x in rows], color=line.get_color(), label=label)
+    titles = ("validation HR@10 (%)", *(title for _, title in panels))
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("round")
         ax.legend(fontsize=7)
     fig.suptitle(key, fontsize=10)
     fig.tight_layout()
-    name = f"diagnosis_{key.replace('/', '_')}.png"
+    name = f"{prefix}_{key.replace('/', '_')}.png"
     fig.savefig(DOCS / name, dpi=80)
     plt.close(fig)
     return name
+
+
+#: the diagnosis plot's panels after the first
+DIAGNOSIS_PANELS = (
+    ("item_share", "logit variance explained by the mean user"),
+    ("user_cos_mean", "cosine of user embeddings to their mean"),
+    ("neg_share", "share of upload on sampled negatives"),
+)
+#: the score-network plot's panels after the first
+SCORE_NETWORK_PANELS = (
+    ("tower_norm", "norm of the score network's weights"),
+    ("logit_spread", "spread of a user's candidate logits"),
+)
 
 
 def diagnosis() -> list[str]:
@@ -107,45 +116,14 @@ def diagnosis() -> list[str]:
                     f"{x['user_cos_mean']:.3f} | {x['user_steps']:.1f} | {x['neg_share']:.3f} | "
                     f"{x['move']['item_gmf']:.2f} | {x['max_step']:.4f} | {x['spearman_pop']:.3f} |"
                 )
-        lines += ["", f"![diagnosis {key}]({_plot(key, runs)})", "", *_reading(key, runs), ""]
+        lines += [
+            "",
+            f"![diagnosis {key}]({_plot(key, runs, DIAGNOSIS_PANELS, 'diagnosis')})",
+            "",
+            *_reading(key, runs),
+            "",
+        ]
     return lines
-
-
-def _plot_score_network(key: str, runs: dict[str, Any]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    for label, run in runs.items():
-        rows = run["rounds"]
-        r = [x["round"] for x in rows]
-        (line,) = axes[0].plot(r, [100 * x["val_hr"] for x in rows], label=f"{label}: real users")
-        axes[0].plot(
-            r,
-            [100 * x["val_hr_mean_user"] for x in rows],
-            "--",
-            color=line.get_color(),
-            label=f"{label}: the mean user",
-        )
-        axes[1].plot(r, [x["tower_norm"] for x in rows], color=line.get_color(), label=label)
-        axes[2].plot(r, [x["logit_spread"] for x in rows], color=line.get_color(), label=label)
-    titles = (
-        "validation HR@10 (%)",
-        "norm of the score network's weights",
-        "spread of a user's candidate logits",
-    )
-    for ax, title in zip(axes, titles, strict=True):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("round")
-        ax.legend(fontsize=7)
-    fig.suptitle(key, fontsize=10)
-    fig.tight_layout()
-    name = f"score_network_{key.replace('/', '_')}.png"
-    fig.savefig(DOCS / name, dpi=80)
-    plt.close(fig)
-    return name
 
 
 def score_network() -> list[str]:
@@ -181,7 +159,11 @@ def score_network() -> list[str]:
                         f"{100 * x['val_hr_mean_user']:.2f} | {x['tower_norm']:.1f} | "
                         f"{x['item_norm']:.1f} | {x['logit_spread']:.2f} | {x['loss']:.3f} |"
                     )
-        lines += ["", f"![score network {key}]({_plot_score_network(key, runs)})", ""]
+        lines += [
+            "",
+            f"![score network {key}]({_plot(key, runs, SCORE_NETWORK_PANELS, 'score_network')})",
+            "",
+        ]
         for label, run in runs.items():
             hr, at = _peak(run)
             last = run["rounds"][-1]

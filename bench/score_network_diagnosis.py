@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from accuracy_diagnosis import SEED, load
+from accuracy_diagnosis import SEED, measure
 
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, candidate_logits, means, metric_sums
@@ -116,18 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
     ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    result: dict[str, Any] = {"seed": SEED, "rounds": args.rounds, "datasets": {}}
-    if args.out.exists():
-        result = json.loads(args.out.read_text())
-    for key in args.datasets.split(","):
-        split = load(key, args.data_dir)  # only validation items are ranked
-        runs = {}
-        for label, cfg in configs(args.rounds, args.weight_decay).items():
-            print(f"{key} {label}", flush=True)
-            runs[label] = {"config": asdict(cfg), "rounds": instrument(split, cfg, args.every)}
-        result["datasets"][key] = runs
-        args.out.write_text(json.dumps(result, indent=1))
+    measure(args, configs(args.rounds, args.weight_decay), instrument)
 
 
 if __name__ == "__main__":
