@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.loopback import free_port, wait_for_port
+from tests.support.loopback import free_port, stop_process, wait_for_port
 
 #: why a test that needs haproxy is skipped on a machine without it
 HAPROXY_MISSING = "haproxy is not installed (apt-get install -y haproxy)"
@@ -133,9 +133,4 @@ def balancer(
             raise HaproxyUnavailable(f"haproxy did not listen on {port} (see {workdir})")
         yield Balancer(port, stats_port, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

@@ -21,6 +21,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a server started by a fixture, SIGKILL it when it has not ended in 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for_port(port: int, timeout: float = 15.0) -> bool:
     """Whether 127.0.0.1:``port`` accepts connections within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -116,9 +126,4 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
             raise RedisUnavailable(f"redis-server did not start on port {port}")
         yield RedisServer(port=port, url=f"redis://127.0.0.1:{port}/0", process=proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
