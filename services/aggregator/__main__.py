@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 import torch
-import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -16,6 +15,7 @@ from fedrecgel.allocator import keep_freed_memory
 from services.aggregator.app import create_app
 from services.aggregator.db import Database, ForeignDatabase
 from services.aggregator.settings import Settings, resolve_population
+from services.http_server import header_timeout_s, serve
 from services.url_settings import describe_settings
 
 
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
             f"FEDREC_AGG_POPULATION_DATASET={settings.population_dataset}: {err}"
         ) from None
     check_database(settings)
-    uvicorn.run(
+    header_timeout_s()  # a bound that is not a number stops here, in one line
+    serve(
         create_app(settings, population=population, migrated=True),
         host=settings.host,
         port=settings.port,

@@ -29,6 +29,7 @@ from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.error_handlers import error_response, install_error_handlers, limit_request_bodies
 from services.host_check import HostCheckMiddleware
+from services.http_server import server_config
 from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class DeviceApiServer:
     """Serves an app with uvicorn in a daemon thread, next to the worker loop."""
 
     def __init__(self, app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower())
+        config = server_config(app, host=host, port=port, log_level=log_level.lower())
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="worker-http", daemon=True)
         self.host = host

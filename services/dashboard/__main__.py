@@ -6,11 +6,11 @@ import argparse
 import logging
 from typing import Any
 
-import uvicorn
 from pydantic import ValidationError
 
 from services.dashboard.app import create_app
 from services.dashboard.settings import DashboardSettings
+from services.http_server import serve
 from services.url_settings import describe_settings
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=level)
+    serve(create_app(settings), host=settings.host, port=settings.port, log_level=level)
 
 
 if __name__ == "__main__":

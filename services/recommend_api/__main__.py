@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import uvicorn
 from pydantic import ValidationError
 
 from fedrecgel.data import DataError
+from services.http_server import header_timeout_s, serve
 from services.recommend_api.app import create_app, holder_from_settings
 from services.recommend_api.settings import Settings
 from services.url_settings import check_log_level, describe_settings
@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, DataError) as err:
         what = "FEDREC_REC_ITEM_LABELS" if settings.item_labels else "FEDREC_REC_DATASET"
         raise SystemExit(f"{what}: {err}") from None
+    header_timeout_s()  # a bound that is not a number stops here, in one line
     app = create_app(settings, holder=holder)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=level)
+    serve(app, host=settings.host, port=settings.port, log_level=level)
 
 
 if __name__ == "__main__":
