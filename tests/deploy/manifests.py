@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,3 +242,32 @@ def compose_services_running(module: str) -> list[tuple[str, dict[str, Any]]]:
         for n, s in compose()["services"].items()
         if command_module(s.get("command", [])) == module
     ]
+
+
+# Applied on their own, not through kustomization.yaml: the run-starting Job, and the RayJob
+# (a KubeRay custom resource: `kubectl apply -k` must work on a cluster without KubeRay).
+APPLIED_APART = {"start-run-job.yaml", "ray-job.yaml"}
+
+
+def kustomize_resources() -> list[dict[str, Any]]:
+    """What ``kubectl kustomize deploy/k8s`` renders, by the semantics this kustomization.yaml
+    uses (a list of resource files, no transformer): the documents of each listed file."""
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert set(kust) == {"apiVersion", "kind", "resources"}, "a transformer: render with kubectl"
+    return [
+        doc
+        for name in kust["resources"]
+        for doc in yaml.safe_load_all((K8S / name).read_text())
+        if doc is not None
+    ]
+
+
+def kubectl_kustomize() -> list[dict[str, Any]] | None:
+    """``kubectl kustomize deploy/k8s``'s documents (None without kubectl on PATH)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return None
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d is not None]

@@ -218,9 +218,11 @@ def _kind(
 
 
 def _workload(extra_required: list[str]) -> dict[str, Any]:
+    """A Deployment (its replicas may be left to a HorizontalPodAutoscaler: the cluster tests
+    require them exactly where none scales it) or a StatefulSet (with ``extra_required``)."""
     spec = {
         "type": "object",
-        "required": ["replicas", "selector", "template", *extra_required],
+        "required": ["selector", "template", *extra_required],
         "properties": {
             "replicas": {"type": "integer", "minimum": 1},
             "selector": {"type": "object", "required": ["matchLabels"]},
@@ -241,6 +243,85 @@ JOB_SPEC = {
     "properties": {"template": _pod_template(BASE_CONTAINER)},
 }
 
+HPA_SPEC = {
+    "type": "object",
+    "required": ["scaleTargetRef", "minReplicas", "maxReplicas", "metrics"],
+    "properties": {
+        "scaleTargetRef": {
+            "type": "object",
+            "required": ["apiVersion", "kind", "name"],
+            "properties": {"apiVersion": {"const": "apps/v1"}, "kind": {"const": "Deployment"}},
+        },
+        "minReplicas": {"type": "integer", "minimum": 2},  # one pod is no availability
+    },
+}
+PDB_SPEC = {
+    "type": "object",
+    "required": ["selector"],
+    "oneOf": [{"required": ["minAvailable"]}, {"required": ["maxUnavailable"]}],
+    "properties": {"selector": {"type": "object", "required": ["matchLabels"]}},
+}
+
+# KubeRay's RayJob (ray.io/v1) is a custom resource: kubernetes-validate has no schema for it
+# (it holds the Kubernetes API's own kinds only). This is the part of its schema the deployment
+# uses, written from KubeRay's Go types (ray-operator/apis/ray/v1: rayjob_types.go,
+# raycluster_types.go): the fields they mark required, the enums, and no other key at the
+# RayJob's levels, so a typo is an error. The embedded pod templates are core kinds: the
+# cluster tests validate each of them strictly with kubernetes-validate as a v1 PodTemplate.
+_RAY_POD = {"type": "object", "required": ["spec"], "properties": {"metadata": {}, "spec": {}}}
+_RAY_START_PARAMS = {"type": "object", "additionalProperties": {"type": "string"}}
+RAYJOB_SPEC: dict[str, Any] = {
+    "type": "object",
+    "required": ["entrypoint", "rayClusterSpec"],
+    "properties": {
+        "entrypoint": {"type": "string", "minLength": 1},
+        "submissionMode": {"enum": ["K8sJobMode", "HTTPMode", "InteractiveMode"]},
+        "backoffLimit": {"type": "integer", "minimum": 0},
+        "activeDeadlineSeconds": {"type": "integer", "minimum": 1},
+        "shutdownAfterJobFinishes": {"type": "boolean"},
+        "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
+        "submitterPodTemplate": _RAY_POD,
+        "rayClusterSpec": {
+            "type": "object",
+            "required": ["headGroupSpec"],
+            "properties": {
+                "rayVersion": {"type": "string", "pattern": r"^\d+\.\d+\.\d+$"},
+                "headGroupSpec": {
+                    "type": "object",
+                    "required": ["rayStartParams", "template"],
+                    "properties": {"rayStartParams": _RAY_START_PARAMS, "template": _RAY_POD},
+                    "additionalProperties": False,
+                },
+                "workerGroupSpecs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": [
+                            "groupName",
+                            "minReplicas",
+                            "maxReplicas",
+                            "rayStartParams",
+                            "template",
+                        ],
+                        "properties": {
+                            "groupName": {"type": "string"},
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "minReplicas": {"type": "integer", "minimum": 0},
+                            "maxReplicas": {"type": "integer", "minimum": 1},
+                            "rayStartParams": _RAY_START_PARAMS,
+                            "template": _RAY_POD,
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
 K8S_SCHEMAS: dict[str, dict[str, Any]] = {
     "Namespace": _kind("v1", metadata=METADATA),
     "ConfigMap": _kind("v1", "data", data=ENV_MAP),
@@ -250,8 +331,12 @@ K8S_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "Service": _kind("v1", "spec", spec=SERVICE_SPEC),
     "Deployment": _workload([]),
-    "StatefulSet": _workload(["serviceName"]),
+    "StatefulSet": _workload(["replicas", "serviceName"]),
     "Job": _kind("batch/v1", "spec", spec=JOB_SPEC),
+    "HorizontalPodAutoscaler": _kind("autoscaling/v2", "spec", spec=HPA_SPEC),
+    "PodDisruptionBudget": _kind("policy/v1", "spec", spec=PDB_SPEC),
+    "PersistentVolumeClaim": _kind("v1", "spec"),
+    "RayJob": _kind("ray.io/v1", "spec", spec=RAYJOB_SPEC),
     "Kustomization": {
         "type": "object",
         "required": ["apiVersion", "kind", "resources"],

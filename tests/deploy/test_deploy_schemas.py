@@ -6,7 +6,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from tests.deploy.manifests import compose, k8s_docs, k8s_files, k8s_objects
+from tests.deploy.manifests import APPLIED_APART, compose, k8s_docs, k8s_files, k8s_objects
 from tests.deploy.schemas import COMPOSE_SCHEMA, K8S_SCHEMAS
 
 
@@ -55,12 +55,17 @@ def test_k8s_has_every_piece_of_the_deployment():
         ("Deployment", "dashboard"),
         ("Service", "dashboard"),
         ("Job", "start-run"),
+        ("HorizontalPodAutoscaler", "recommend-api"),
+        ("PodDisruptionBudget", "recommend-api"),
+        ("PodDisruptionBudget", "aggregator"),
+        ("RayJob", "fedrec-train"),
+        ("PersistentVolumeClaim", "ray-shared"),
     ]:
         assert needed in kinds
 
 
-def test_kustomization_lists_every_manifest_but_the_job():
+def test_kustomization_lists_every_manifest_but_those_applied_apart():
     (kust,) = k8s_objects("Kustomization")
     listed = set(kust["resources"])
     files = {p.name for p in k8s_files()} - {"kustomization.yaml"}
-    assert listed == files - {"start-run-job.yaml"}
+    assert listed == files - APPLIED_APART == files - {"start-run-job.yaml", "ray-job.yaml"}
