@@ -185,6 +185,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 ERRORS = _errors(401, 403, 404, 409, 410)
+#: a route that reads a JSON body: also 415 for a body under another media type
+JSON_ERRORS = _errors(401, 403, 404, 409, 410, 415)
 
 UPLOAD_BODY: dict[str, Any] = {
     "requestBody": {
@@ -195,7 +197,9 @@ UPLOAD_BODY: dict[str, Any] = {
 }
 
 
-@router.post("/v1/clients", status_code=status.HTTP_201_CREATED, responses=_errors(401, 403, 409))
+@router.post(
+    "/v1/clients", status_code=status.HTTP_201_CREATED, responses=_errors(401, 403, 409, 415)
+)
 def register_clients(
     shard: EnrolmentDep,
     body: Annotated[RegisterRequest, Depends(strict_register)],
@@ -208,7 +212,7 @@ def register_clients(
     return RegisterResponse(token=token, client_ids=ids)
 
 
-@router.post("/v1/clients/release", responses=_errors(401, 404))
+@router.post("/v1/clients/release", responses=_errors(401, 404, 415))
 def release_clients(
     _: OperatorDep,
     body: Annotated[ReleaseRequest, Depends(strict_release)],
@@ -310,7 +314,7 @@ def secagg_message(
     return UploadResponse(results=service.secure.submit(caller, round_id, step, body, cfg))
 
 
-@router.post("/v1/evaluations", status_code=status.HTTP_202_ACCEPTED, responses=ERRORS)
+@router.post("/v1/evaluations", status_code=status.HTTP_202_ACCEPTED, responses=JSON_ERRORS)
 def report_evaluation(
     caller: CallerDep,
     body: Annotated[EvaluationRequest, Depends(strict_evaluation)],
@@ -342,7 +346,7 @@ def run_history(
     return service.reads.history(after, limit)
 
 
-@router.post("/v1/runs", status_code=status.HTTP_201_CREATED, responses=ERRORS)
+@router.post("/v1/runs", status_code=status.HTTP_201_CREATED, responses=JSON_ERRORS)
 def start_run(
     _: OperatorDep,
     config: Annotated[RunConfig, Depends(strict_run_config)],

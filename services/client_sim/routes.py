@@ -45,8 +45,9 @@ RECOMMEND_PATH = "/v1/recommendations"
 
 router = APIRouter()
 
+# 401: no device token, when one is set; 403 host_not_allowed: another Host, when none is
 ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorBody} for s in (401, 404, 413, 422, 502, 503)
+    s: {"model": ErrorBody} for s in (401, 403, 404, 413, 422, 502, 503)
 }
 
 

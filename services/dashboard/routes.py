@@ -41,9 +41,13 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
+# the dashboard's own refusals (403 host_not_allowed, 413, 422) and the upstream answers it
+# passes on as they are (the aggregator's and recommend_api's refusals)
 ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorBody} for s in (401, 404, 409, 413, 422, 502, 503)
+    s: {"model": ErrorBody} for s in (401, 403, 404, 409, 410, 413, 415, 422, 502, 503)
 }
+#: the refusals of a read of the dashboard's own (no upstream answer passed on)
+OWN_ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (403, 413, 422)}
 
 router = APIRouter()
 
@@ -95,7 +99,7 @@ async def page(request: Request) -> Response:
     return response
 
 
-@router.get("/ui/api/state")
+@router.get("/ui/api/state", responses=OWN_ERRORS)
 async def state(
     upstream: UpstreamDep,
     if_none_match: Annotated[str | None, Header()] = None,

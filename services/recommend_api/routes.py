@@ -24,10 +24,8 @@ from services.recommend_api.settings import Settings
 
 router = APIRouter()
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    422: {"model": ErrorBody},
-    503: {"model": ErrorBody},
-}
+# 413: a body over FEDREC_REC_MAX_BODY_BYTES; 415: a body not sent as application/json
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (413, 415, 422, 503)}
 
 
 @dataclass
