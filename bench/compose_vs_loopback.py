@@ -189,21 +189,6 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- loopback
 
 
-def _free_port_pair() -> int:
-    """A port P with P and P + 1 free (the workers' HTTP ports)."""
-    import socket
-
-    for _ in range(100):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 def loopback_run(rounds: int) -> dict[str, Any]:
     """``fedrec up`` (SQLite, local processes) with a throw-away redis-server for events."""
     fedrec = Path(sys.executable).with_name("fedrec")
@@ -224,7 +209,7 @@ def loopback_run(rounds: int) -> dict[str, Any]:
             "--recommend-port",
             str(free_port()),
             "--worker-http-port",
-            str(_free_port_pair()),
+            str(free_port(2)),
             "--workdir",
             str(Path(tmp) / "up"),
             "--redis-url",

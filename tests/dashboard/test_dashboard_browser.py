@@ -89,7 +89,7 @@ def _shown_epsilon(page: Any) -> float | None:
 
 
 def test_dashboard_in_a_browser(tmp_path: Path) -> None:
-    agg, rec, http0, dash = free_port(), free_port(), free_port(), free_port()
+    agg, rec, http0, dash = free_port(), free_port(), free_port(2), free_port()
     workdir, log_path = tmp_path / "up", tmp_path / "up.log"
     shots = _screenshot_dir(tmp_path)
     args = fedrec_up(

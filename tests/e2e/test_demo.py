@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
-    agg, rec, http0, dash = free_port(), free_port(), free_port(), free_port()
+    agg, rec, http0, dash = free_port(), free_port(), free_port(2), free_port()
     http1 = http0 + 1
     workdir = tmp_path / "up"
     log_path = tmp_path / "up.log"

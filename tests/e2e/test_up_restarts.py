@@ -156,7 +156,7 @@ def _pid_of(launcher: int, module: str) -> int:
 
 @pytest.mark.slow
 def test_a_sigkilled_aggregator_and_worker_come_back_and_the_run_finishes(tmp_path: Path) -> None:
-    agg, rec, http0 = free_port(), free_port(), free_port()
+    agg, rec, http0 = free_port(), free_port(), free_port(2)
     log_path = tmp_path / "up.log"
     args = fedrec_up_on(tmp_path / "up", (agg, rec, http0), "--rounds", "4", "--no-dashboard")
     with (

@@ -18,7 +18,7 @@ import pytest
 
 from services.launcher import Proc
 from services.supervise import Stopped, locked_workdir, stop_on_signals
-from tests.support.loopback import free_port
+from tests.support.loopback import bindable, free_port
 from tests.support.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 
 
@@ -28,21 +28,7 @@ def _ignore_sigint() -> None:
 
 def _ports() -> tuple[int, int, int]:
     """Free aggregator, recommend_api and first worker ports (the second worker's is +1)."""
-    while True:
-        agg, rec, http0 = free_port(), free_port(), free_port()
-        if len({agg, rec, http0, http0 + 1}) == 4 and _free(http0 + 1):
-            return agg, rec, http0
-
-
-def _free(port: int) -> bool:
-    """Whether a server could listen on ``port`` (a port left in TIME_WAIT is free)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return free_port(), free_port(), free_port(2)
 
 
 WIDE = {**os.environ, "COLUMNS": "500"}  # messages on one line
@@ -195,7 +181,7 @@ def test_running_instance_is_safe_from_a_second_one_and_sigterm_stops_everything
     assert "stopped by SIGTERM" in text and "Traceback" not in text
     assert [pid for pid in children if alive(pid)] == []
     for port in (ports[0], ports[1], ports[2], ports[2] + 1):
-        assert _free(port), port
+        assert bindable(port), port
 
 
 @pytest.mark.slow

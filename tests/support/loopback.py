@@ -4,6 +4,7 @@ connections, an ASGI app served in a thread, and a throw-away redis-server."""
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import socket
 import subprocess
@@ -13,12 +14,44 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+_HANDED_OUT: set[int] = set()
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's range for outgoing connections (32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def bindable(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now (TIME_WAIT does not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(consecutive: int = 1) -> int:
+    """The first of ``consecutive`` TCP ports on 127.0.0.1 that were free a moment ago.
+
+    Drawn below the kernel's range for outgoing connections, so that no client socket of the
+    test (or of the services it starts) can take the port before the server listens on it, and
+    never twice in one process (``fedrec up`` gives its second worker the first worker's port
+    plus one: ``free_port(2)``)."""
+    low, high = 10_000, _ephemeral_low() - consecutive
+    draw = random.SystemRandom()
+    for _ in range(1000):
+        first = draw.randrange(low, high)
+        span = range(first, first + consecutive)
+        if _HANDED_OUT.isdisjoint(span) and all(bindable(p) for p in span):
+            _HANDED_OUT.update(span)
+            return first
+    raise RuntimeError(f"no {consecutive} consecutive free ports below {high}")
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
