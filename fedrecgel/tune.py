@@ -13,8 +13,9 @@ as usual and the others with ``join`` (they leave running trials alone, so they 
 interrupted trial from another process's).
 
 Searched: server lr and client lr (log scale), the two SAM radii (FedRecGEL only), the number
-of rounds, the server optimizer and its schedule, and the client's private steps before its SAM
-step (ranges in :data:`SPACE` and :data:`CHOICES`). A trial evaluates every
+of rounds, the server optimizer, its schedule and the score network's weight decay, the client's
+private steps before its SAM step, the negatives per positive and the embedding size (ranges in
+:data:`SPACE` and :data:`CHOICES`). A trial evaluates every
 ``eval_every`` rounds and reports its best validation HR@10 so far; pruning (median of earlier
 trials at the same round) stops trials that fall clearly behind. A new study can start from
 given settings (``first``), e.g. the paper's with a larger server step, so that the sampler
@@ -48,12 +49,18 @@ LOCAL_STEPS: tuple[int, ...] = (0, 1, 3, 5, 10)
 SERVER_DECAYS: tuple[str, ...] = ("constant", "cosine")
 #: decoupled weight decay of the score network a trial may choose (0: the paper)
 SERVER_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 1.0, 3.0, 10.0)
+#: sampled negatives per positive a trial may choose (4: the paper)
+N_NEGATIVES: tuple[int, ...] = (2, 4, 8)
+#: embedding sizes a trial may choose (32: the paper)
+FACTORS: tuple[int, ...] = (16, 32, 64)
 #: the categorical settings and their choices
 CHOICES: dict[str, tuple[Any, ...]] = {
     "server_optimizer": SERVER_OPTIMIZERS,
     "local_steps": LOCAL_STEPS,
     "server_decay": SERVER_DECAYS,
     "server_weight_decay": SERVER_WEIGHT_DECAYS,
+    "n_negatives": N_NEGATIVES,
+    "factor": FACTORS,
 }
 #: (low, high) of the log-scale searched settings. The paper's server step (Adam, 0.001) is the
 #: low end: at it item rows barely move in 100 rounds on the real datasets.
@@ -139,9 +146,18 @@ def suggest(trial: optuna.Trial, base: TrainConfig, round_choices: Sequence[int]
         names += ["rho_sh", "rho_ns"]
     values: dict[str, Any] = {n: trial.suggest_float(n, *SPACE[n], log=True) for n in names}
     values["rounds"] = trial.suggest_categorical("rounds", list(round_choices))
-    for name, choices in CHOICES.items():
+    for name, choices in study_choices(base).items():
         values[name] = trial.suggest_categorical(name, list(choices))
     return replace(base, **values)
+
+
+def study_choices(base: TrainConfig) -> dict[str, tuple[Any, ...]]:
+    """:data:`CHOICES`, each with ``base``'s own value among them (a study of a smaller model
+    than the paper's can start from it)."""
+    return {
+        name: choices if getattr(base, name) in choices else (*choices, getattr(base, name))
+        for name, choices in CHOICES.items()
+    }
 
 
 def _objective(

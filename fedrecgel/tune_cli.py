@@ -82,8 +82,9 @@ def tune_command(
         ),
     ] = None,
 ) -> None:
-    """Search server/client step sizes, SAM radii, rounds and the server optimizer on the
-    validation item only; run it again to resume an interrupted study."""
+    """Search step sizes, SAM radii, rounds, the server optimizer and its weight decay, local
+    steps, negatives and embedding size on the validation item only; run it again to resume
+    an interrupted study."""
     if method not in TUNABLE:
         raise fail(f"--method must be one of {', '.join(TUNABLE)}")
     seed_list = parse_seeds(seeds)

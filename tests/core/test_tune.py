@@ -16,11 +16,13 @@ from fedrecgel import presets
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.tune import (
+    FACTORS,
     SPACE,
     TuneSpec,
     best_settings,
     finished,
     open_study,
+    study_choices,
     tune,
     validation_only,
 )
@@ -125,6 +127,9 @@ def test_a_new_study_starts_from_the_given_settings(tmp_path: Path) -> None:
         "local_steps": 0,
         "server_decay": "constant",
         "server_weight_decay": 0.0,
+        "n_negatives": 4,
+        "factor": 4,  # the base's own embedding size, though not one of FACTORS
     }
+    assert 4 not in FACTORS and study_choices(_spec(tmp_path, 1).base)["factor"][-1] == 4
     with pytest.raises(ValueError, match="unknown settings"):
         tune(_split(), replace(_spec(tmp_path, 2), first=({"lr": 1.0},)))
