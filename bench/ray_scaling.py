@@ -62,7 +62,12 @@ WORKLOADS: dict[str, tuple[str, int | None, int]] = {
 #: workloads whose in-process side runs at one node count only (its round is the shards' work
 #: one after the other on one core whatever their number; a point there takes minutes)
 INPROCESS_ONCE = {"synthetic-100k"}
-SYNTHETIC: dict[str, Any] = {"n_users": 1_000_000, "n_items": 100_000, "interactions_per_user": 14.0, "skew": 1.0}
+SYNTHETIC: dict[str, Any] = {
+    "n_users": 1_000_000,
+    "n_items": 100_000,
+    "interactions_per_user": 14.0,
+    "skew": 1.0,
+}
 POINT_TIMEOUT_S = 1200
 GIB = 1024**3
 
@@ -254,7 +259,7 @@ def child_ray(workload: str, nodes: int) -> dict[str, Any]:
                 back.extend(_nbytes(v) for v in got.values())
             return got
 
-    rb.ShardActor = _timed_actor_class()
+    rb.ShardActor = _timed_actor_class()  # type: ignore[misc]
     try:
         with rb.ray_cluster(cluster.address, nodes), tempfile.TemporaryDirectory() as d:
             cluster_s = time.perf_counter() - t0
