@@ -339,18 +339,21 @@ def main() -> None:
         fn = child_ray if backend == "ray" else child_inprocess
         print(json.dumps(fn(workload, nodes)))
         return
-    from fedrecgel.ray_backend import ray_missing
-
-    if (missing := ray_missing()) is not None:
-        ap.error(missing)
-    nodes = [int(n) for n in args.nodes.split(",")]
+    try:
+        nodes = [int(n) for n in args.nodes.split(",")]
+    except ValueError:
+        nodes = []
     if not nodes or min(nodes) < 1:
-        ap.error("--nodes: positive integers, comma-separated")
+        ap.error(f"--nodes: positive integers, comma-separated, got {args.nodes!r}")
     workloads = args.workloads.split(",")
     if unknown := set(workloads) - set(WORKLOADS):
         ap.error(
             f"--workloads: unknown {', '.join(sorted(unknown))}; one of {', '.join(WORKLOADS)}"
         )
+    from fedrecgel.ray_backend import ray_missing
+
+    if (missing := ray_missing()) is not None:
+        ap.error(missing)
     out: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "command": "python bench/ray_scaling.py " + " ".join(sys.argv[1:]),
