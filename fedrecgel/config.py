@@ -23,6 +23,7 @@ SecAggMode = Literal["off", "dense"]
 DPMode = Literal["central", "distributed"]
 Sampling = Literal["fixed", "poisson"]
 UploadGrouping = Literal["client", "worker"]
+ServerMean = Literal["mean", "trimmed", "median"]
 LrDecay = Literal["constant", "cosine"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
@@ -219,10 +220,46 @@ class RunParams(BaseModel):
         "server sees only each worker's partial sum; not with clip, DP or secure aggregation).",
     )
 
+    server_mean: ServerMean = Field(
+        default="mean",
+        description="The server's aggregate of the clients' uploads: their mean, or a "
+        "coordinate-wise robust one, trimmed (the trim_fraction largest and smallest values of "
+        "each coordinate dropped) or median; robust ones need upload_grouping=client, "
+        "weighting=mean, no DP and no secure aggregation.",
+    )
+    trim_fraction: float = Field(
+        default=0.1,
+        ge=0.0,
+        lt=0.5,
+        description="server_mean=trimmed: the share of a round's uploads dropped at each end "
+        "of every coordinate (rounded down to whole uploads).",
+    )
+
+    @model_validator(mode="after")
+    def _robust_mean_fits(self) -> RunParams:
+        if self.server_mean == "mean":
+            return self
+        for on, what in (
+            (self.weighting != "mean", "weighting=samples (it is unweighted)"),
+            (
+                self.dp_noise is not None or self.target_epsilon is not None,
+                "differential privacy (its noise is calibrated to the mean)",
+            ),
+            (self.secure_aggregation != "off", "secure aggregation (the server sees only a sum)"),
+        ):
+            if on:
+                raise ValueError(f"server_mean={self.server_mean} cannot be combined with {what}")
+        return self
+
     @model_validator(mode="after")
     def _grouping_fits(self) -> RunParams:
         if self.upload_grouping == "worker":
             for on, what in (
+                (
+                    self.server_mean != "mean",
+                    f"server_mean={self.server_mean} (a partial sum cannot be trimmed: the "
+                    "server needs each client's upload)",
+                ),
                 (self.clip is not None, "clip (the server clips each client's update)"),
                 (
                     self.dp_noise is not None or self.target_epsilon is not None,

@@ -27,6 +27,7 @@ from fedrecgel.config import (
     RunParams,
     Sampling,
     SecAggMode,
+    ServerMean,
     UploadGrouping,
     check,
 )
@@ -108,6 +109,9 @@ class TrainConfig:
     # ``worker``: each shard's clients are summed into one partial sum (as a client worker
     # does), and the shards' partial sums are combined as the aggregator combines them
     upload_grouping: UploadGrouping = DEFAULTS.upload_grouping
+    # the server's aggregate: the mean, or a coordinate-wise robust one (fedrecgel/robust.py)
+    server_mean: ServerMean = DEFAULTS.server_mean
+    trim_fraction: float = DEFAULTS.trim_fraction
     eval_every: int = 1
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a

@@ -378,4 +378,9 @@ def strategy_of(params: RunParams) -> Strategy:
         total=params.rounds,
         weight_decay=params.server_weight_decay,
     )
-    return _fedavg(opt, params.weighting, params.clip)
+    s = _fedavg(opt, params.weighting, None)
+    if params.server_mean != "mean":  # a coordinate-wise robust mean (fedrecgel/robust.py)
+        from fedrecgel.robust import RobustMean
+
+        s = RobustMean(s, params.server_mean, params.trim_fraction)
+    return s if params.clip is None else ClipUpdates(s, params.clip)
