@@ -15,6 +15,7 @@ import report_http
 import report_serving
 import report_simulator
 import report_studies
+import soak_report
 from accuracy_report import ACC
 from accuracy_report import section as accuracy_section
 from accuracy_studies import studies as accuracy_studies
@@ -365,6 +366,8 @@ def main(argv: list[str] | None = None) -> None:
         *other("aggregator_ingest.json", "Aggregator ingest"),
         "",
         *aggregator_storage(),
+        "",
+        *soak_report.section(),
         "",
         *report_serving.serving(),
         "",
