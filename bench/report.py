@@ -12,6 +12,7 @@ from pathlib import Path
 import diagnosis_report
 import report_dashboard
 import report_http
+import report_ray
 import report_serving
 import report_simulator
 import report_studies
@@ -362,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
         *report_simulator.memory(),
         "",
         *report_simulator.scaling(),
+        "",
+        *report_ray.section(),
         "",
         *other("aggregator_ingest.json", "Aggregator ingest"),
         "",
