@@ -7,6 +7,9 @@
 * ``RUN_CONFIG``: a JSON object of RunConfig fields (default ``{"rounds": 100}``);
   ``RUN_ROUNDS`` and ``RUN_DATASET``, when set, override its ``rounds`` and ``dataset``;
   ``n_items`` is taken from the dataset (default filmtrust) when it is not given;
+* ``RUN_PRESET`` (default ``default``): the settings ``RUN_CONFIG`` leaves out are this
+  preset's, as ``fedrec train --preset`` and ``fedrec up --preset`` take them (all but the
+  rounds); ``paper`` gives the paper's settings;
 * ``WAIT_FOR``: comma-separated worker ``/healthz`` URLs that must report ``registered`` first
   (the first round's cohort is drawn from the clients registered when the run starts);
 * ``WAIT_TIMEOUT_S`` (default 600);
@@ -118,6 +121,16 @@ def run_config() -> dict[str, Any]:
     if dataset:
         cfg["dataset"] = dataset
     cfg.setdefault("rounds", 100)
+    preset = os.environ.get("RUN_PRESET", "").strip() or "default"
+    from fedrecgel.presets import PresetError, run_settings
+
+    try:
+        settings = run_settings(preset, str(cfg.get("dataset", "filmtrust")))
+    except PresetError as err:
+        raise DemoError(f"RUN_PRESET: {err}") from None
+    for key, value in settings.items():
+        if key != "rounds":
+            cfg.setdefault(key, value)
     if "n_items" not in cfg:
         from fedrecgel.data import load_split
 

@@ -36,7 +36,14 @@ from fedrecgel.clitools import (
     parse_seeds,
     run_option_help,
 )
-from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError, RunParams, check
+from fedrecgel.config import (
+    DEFAULTS,
+    MAX_MODEL_PARAMS,
+    TRAIN_NAMES,
+    ConfigError,
+    RunParams,
+    check,
+)
 from fedrecgel.data import DATASETS, DataError, stats
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS
 from fedrecgel.runreport import plot_run, summarize
@@ -144,6 +151,25 @@ def _source(ctx: typer.Context, name: str) -> str | None:
     return None if source is None else source.name
 
 
+def preset_choices(
+    ctx: typer.Context,
+    preset: str,
+    dataset: str,
+    presets_file: Path | None = None,
+    keep: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The run settings (RunParams names) preset ``preset`` gives for ``dataset``, but those
+    given on the command line and those in ``keep``; presets are the shipped ones, the user's
+    and those of ``presets_file``, later ones winning."""
+    from fedrecgel.presets import PresetError, run_settings
+
+    try:
+        settings = run_settings(preset, dataset, *([presets_file] if presets_file else []))
+    except PresetError as err:
+        raise fail(str(err)) from None
+    return {k: v for k, v in settings.items() if k not in keep and _source(ctx, k) != "COMMANDLINE"}
+
+
 def _apply_preset(
     ctx: typer.Context,
     base: TrainConfig,
@@ -151,34 +177,11 @@ def _apply_preset(
     dataset: str,
     presets_file: Path | None = None,
 ) -> TrainConfig:
-    """``base`` with the preset's settings, except those given on the command line; presets
-    are the shipped ones, the user's and those of ``presets_file``, later ones winning."""
+    """``base`` with the preset's settings, except those given on the command line."""
     if preset is None:
         return base
-    from fedrecgel.presets import (
-        PRESET_FIELDS,
-        PRESETS_FILE,
-        PresetError,
-        resolve,
-        user_presets_file,
-    )
-
-    files = (PRESETS_FILE, user_presets_file(), *([presets_file] if presets_file else []))
-    try:
-        settings = resolve(preset, dataset, *files)
-    except PresetError as err:
-        raise fail(str(err)) from None
-    if unknown := sorted(set(settings) - set(PRESET_FIELDS)):
-        raise fail(
-            f"preset {preset}: unknown setting(s) {', '.join(unknown)}; a preset sets "
-            f"{', '.join(PRESET_FIELDS)}"
-        )
-    chosen = {
-        k: v
-        for k, v in settings.items()
-        if k in PRESET_FIELDS and _source(ctx, PRESET_FIELDS[k]) != "COMMANDLINE"
-    }
-    cfg = replace(base, **chosen)
+    chosen = preset_choices(ctx, preset, dataset, presets_file)
+    cfg = replace(base, **{TRAIN_NAMES.get(k, k): v for k, v in chosen.items()})
     try:
         cfg.validate()
     except ValueError as err:

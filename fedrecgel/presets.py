@@ -167,3 +167,17 @@ def resolve(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
         return dict(presets[name]["settings"])
     known = ["paper", "tuned", *sorted(n for n in presets if n not in ("paper", "tuned"))]
     raise PresetError(f"unknown preset {name!r}; known: {', '.join(known)}")
+
+
+def run_settings(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
+    """Preset ``name``'s settings for ``dataset`` by their run-setting names (RunParams
+    fields, what a run config over HTTP carries), from the shipped presets, the user's and
+    ``paths``; PresetError for an unknown preset or a setting a preset may not set."""
+    files = (PRESETS_FILE, user_presets_file(), *paths)
+    settings = resolve(name, dataset, *files)
+    if unknown := sorted(set(settings) - set(PRESET_FIELDS)):
+        raise PresetError(
+            f"preset {name}: unknown setting(s) {', '.join(unknown)}; a preset sets "
+            f"{', '.join(PRESET_FIELDS)}"
+        )
+    return {PRESET_FIELDS[k]: v for k, v in settings.items()}

@@ -13,8 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from fedrecgel.cli import app, checked, console, fail, run_options
+from fedrecgel.cli import app, checked, console, fail, preset_choices, run_options
 from fedrecgel.cli import main as _run_app
+from fedrecgel.clitools import option_flag
 from fedrecgel.data import DATASETS, DataError
 
 __all__ = ["app", "main"]
@@ -68,7 +69,20 @@ MAX_UP_WORKERS = 32
     helps={"dataset": f"One of {', '.join(DATASETS)}."},
 )
 def up(
+    ctx: typer.Context,
     run: dict[str, Any],
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="Run settings of this preset (as fedrec train --preset), except the rounds and "
+            "the settings given as options: default (settings that learn across datasets), "
+            "paper (the paper's), tuned, or a tuned-<dataset> one."
+        ),
+    ] = "default",
+    presets_file: Annotated[
+        Path | None,
+        typer.Option(help="A presets file of your own, read after the shipped and the user's."),
+    ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
     workers: Annotated[
         int,
@@ -78,8 +92,12 @@ def up(
             help="Client worker processes (each holds its own torch, about 0.45 GB).",
         ),
     ] = 2,
-    aggregator_port: Annotated[int, typer.Option(min=1, max=65535)] = 8700,
-    recommend_port: Annotated[int, typer.Option(min=1, max=65535)] = 8702,
+    aggregator_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="The aggregator's port.")
+    ] = 8700,
+    recommend_port: Annotated[
+        int, typer.Option(min=1, max=65535, help="The recommendation API's port.")
+    ] = 8702,
     worker_http_port: Annotated[
         int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
     ] = 8710,
@@ -105,6 +123,14 @@ def up(
     from services.supervise import LaunchError, Stopped
     from services.up import up as launch
 
+    if presets_file is not None and not presets_file.is_file():
+        raise fail(f"--presets-file {presets_file}: no such file")
+    dataset = Path(str(run["dataset"])).stem  # a preset is named after the dataset
+    chosen = preset_choices(ctx, preset, dataset, presets_file, keep=("rounds",))
+    if chosen:
+        shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
+        console.print(f"preset {preset}: {shown}", highlight=False)
+    run = {**run, **chosen}
     opts = UpOptions(
         run=checked(run),
         data_dir=data_dir,

@@ -7,12 +7,15 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from fedrecgel.data import Split
 
 from services.launcher import Cluster, UpOptions, check_ports, cluster, console, run_complete
 from services.supervise import (
@@ -99,6 +102,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
             console.print(f"{split.n_users} clients registered by {opts.workers} workers")
             c.start_run(split.n_items)
             history = _follow(c, opts)
+            _show_popularity(split)
             if opts.recommend:
                 _wait_serving(c, len(history.get("rounds", [])))
                 _show_recommendations(opts, split.n_users)
@@ -173,6 +177,17 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
             f"NDCG@10 {best['metrics']['ndcg@10']:.4f}"
         )
     return history
+
+
+def _show_popularity(split: Split) -> None:
+    """The reference every recommender must beat, on the test candidates the workers rank."""
+    from fedrecgel.baselines import popularity
+
+    m = popularity(split).rounds[0].test
+    console.print(
+        f"popularity (each item's count of users) on the same candidates: "
+        f"HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f}"
+    )
 
 
 def _wait_serving(c: Cluster, version: int) -> None:

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import services.up
+from fedrecgel import presets
 from fedrecgel.config import DEFAULTS, RunParams, bounds
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
@@ -22,7 +23,7 @@ from fedrecgel.simulate import TrainConfig
 from services import contract
 from services.aggregator.app import create_app
 from services.aggregator.settings import Settings
-from services.cli import app
+from services.cli import UP_ROUNDS, app
 from services.launcher import UpOptions, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,3 +217,20 @@ def test_nan_and_infinity_are_named_as_such(tmp_path: Path, name: str, value: st
     assert r.exit_code == 2 and "Input should be a finite number" in r.output, r.output
     with pytest.raises(ValueError, match="finite number"):
         RunParams.model_validate({name: float(value)})
+
+
+def test_up_runs_the_default_preset_but_its_own_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[UpOptions] = []
+    monkeypatch.setattr(services.up, "up", lambda opts: seen.append(opts))
+    default = presets.run_settings("default", "filmtrust")
+    assert default["server_lr"] != RunParams().server_lr  # else this test shows nothing
+    for args in ([], ["--preset", "paper"], ["--server-lr", "0.5"]):
+        r = runner.invoke(app, ["up", *args])
+        assert r.exit_code == 0, r.output
+    plain, paper, given = (opts.run for opts in seen)
+    assert plain == RunParams(**{**default, "rounds": UP_ROUNDS})
+    assert "preset default: " in runner.invoke(app, ["up"]).output
+    assert paper == RunParams(rounds=UP_ROUNDS)  # FilmTrust's paper settings: the defaults
+    assert given == RunParams(**{**default, "rounds": UP_ROUNDS, "server_lr": 0.5})
+    r = runner.invoke(app, ["up", "--preset", "nonesuch"])
+    assert r.exit_code == 2 and "unknown preset 'nonesuch'" in r.output, r.output

@@ -13,6 +13,8 @@ from types import ModuleType
 import pytest
 from pydantic import ValidationError
 
+from fedrecgel import presets
+from fedrecgel.config import RunParams
 from services.aggregator.settings import Settings as AggregatorSettings
 from services.enrolment import enrolment_token
 from services.recommend_api.settings import Settings as RecommendSettings
@@ -172,8 +174,17 @@ def test_demo_reads_the_operator_token_file_and_run_settings(tmp_path, monkeypat
     monkeypatch.setenv("RUN_CONFIG", '{"fraction": 0.1, "seed": 0}')
     monkeypatch.setenv("RUN_ROUNDS", "3")
     monkeypatch.setenv("RUN_DATASET", "filmtrust")
+    monkeypatch.setenv("RUN_PRESET", "paper")
     cfg = start_run.run_config()
     assert cfg == {"fraction": 0.1, "seed": 0, "rounds": 3, "dataset": "filmtrust", "n_items": 2059}
+    monkeypatch.delenv("RUN_PRESET")  # the default preset fills what RUN_CONFIG leaves out
+    default = presets.run_settings("default", "filmtrust")
+    assert default["rounds"] != 3 and default["server_lr"] != RunParams().server_lr
+    assert start_run.run_config() == {**default, **cfg}
+    monkeypatch.setenv("RUN_PRESET", "nonesuch")
+    with pytest.raises(start_run.DemoError, match="RUN_PRESET: unknown preset 'nonesuch'"):
+        start_run.run_config()
+    monkeypatch.delenv("RUN_PRESET")
     monkeypatch.setenv("RUN_ROUNDS", "three")
     with pytest.raises(start_run.DemoError, match="RUN_ROUNDS"):
         start_run.run_config()
