@@ -11,7 +11,7 @@ closes do not wait on its timeouts.
 Credential changes (the operator's release, a registration) are announced on
 ``fedrec:credentials``; every replica follows that channel in a thread and empties its cache
 of credentials on each message, and whenever it (re)subscribes (it may have missed some while
-Redis was away). Without Redis the caches expire on their own (``auth._TOKEN_CACHE_TTL_S``).
+Redis was away; it subscribes again by the services' retry policy, :mod:`services.retry`). Without Redis the caches expire on their own (``auth._TOKEN_CACHE_TTL_S``).
 
 The closing lock expires ``lock_timeout_s`` after it was last renewed, and a close renews it
 every third of that while it runs: a replica that dies inside a close (SIGKILL, a lost
@@ -31,6 +31,8 @@ import redis
 from redis.exceptions import LockError, RedisError
 from redis.lock import Lock
 
+from services.retry import RetryPolicy, any_error, restart_backoff
+
 log = logging.getLogger(__name__)
 
 VERSIONS_CHANNEL = "fedrec:versions"
@@ -38,6 +40,10 @@ VERSIONS_CHANNEL = "fedrec:versions"
 CREDENTIALS_CHANNEL = "fedrec:credentials"
 #: seconds Redis is not tried again after it failed
 RETRY_AFTER_S = 5.0
+#: following a channel again after Redis failed: 0.5 s doubling to RETRY_AFTER_S, with jitter
+FOLLOW_RETRY = RetryPolicy(
+    retries=None, deadline_s=None, backoff_s=0.5, max_backoff_s=RETRY_AFTER_S
+)
 
 
 def close_lock_name(run_id: int, round_id: int) -> str:
@@ -149,8 +155,8 @@ class RedisBus:
 
 class _Follower:
     """Follows one pub/sub channel in a daemon thread: ``changed()`` on each message and on
-    each (re)subscription; after a Redis failure it subscribes again :data:`RETRY_AFTER_S`
-    later."""
+    each (re)subscription; a subscription that fails or breaks is made again by
+    :data:`FOLLOW_RETRY` (its waits counted from the first again once one was made)."""
 
     def __init__(self, client: redis.Redis, channel: str, changed: Callable[[], None]) -> None:
         self._client = client
@@ -161,18 +167,19 @@ class _Follower:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with self._client.pubsub() as pubsub:
+        retrying = FOLLOW_RETRY.with_sleep(self._stop.wait).retrying(
+            any_error, until=self._stop, what=f"following {self._channel}"
+        )
+        try:
+            for attempt in retrying:
+                with attempt, self._client.pubsub() as pubsub:
                     pubsub.subscribe(self._channel)
+                    restart_backoff(attempt)
                     while not self._stop.is_set():
                         if pubsub.get_message(timeout=0.5) is not None:
                             self._changed()  # a message, or the subscription's confirmation
-            except RedisError as err:
-                log.warning("following %s: redis unavailable (%s)", self._channel, err)
-            except Exception:
-                log.exception("following %s failed", self._channel)
-            self._stop.wait(RETRY_AFTER_S)
+        except Exception as err:  # stopped while Redis was away
+            log.debug("stopped following %s (%s)", self._channel, err)
 
     def stop(self) -> None:
         """End the thread (within the half second of a pending read)."""

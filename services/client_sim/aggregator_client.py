@@ -1,8 +1,9 @@
 """The worker's outbound side: a synchronous client of the aggregator's HTTP API (docs/API.md).
 
 Bodies are the wire contract's types (:mod:`services.contract`). Every call goes through
-:meth:`AggregatorClient._request`, which retries connection errors, timeouts, 429 and 5xx with
-exponential backoff and maps any other non-2xx answer to :class:`AggregatorCallError` carrying
+:meth:`AggregatorClient._request`, which retries connection errors, timeouts, 429 and 5xx by the
+services' retry policy (:mod:`services.retry`: exponential backoff with jitter, the server's
+``Retry-After`` honoured, a total deadline) and maps any other non-2xx answer to :class:`AggregatorCallError` carrying
 the server's :class:`~services.contract.ErrorBody`. An upload retry re-sends exactly the same
 bytes, so the server's idempotency (same (round, client) digest -> ``"duplicate"``) makes it
 safe. The transport is swappable (``transport=``), so tests can run a whole round in one
@@ -12,9 +13,8 @@ process against a mock or the real app.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -36,6 +36,7 @@ from services.contract import (
     UploadResponse,
     read_error,
 )
+from services.retry import RetryPolicy, retry_after_seconds
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class AggregatorCallError(ServiceError):
         self.url = url
         #: for a split upload: client id -> status of the bodies accepted before the refusal
         self.partial: dict[int, str] = {}
+        #: seconds the server asked to wait before trying again (its Retry-After), if it did
+        self.retry_after_s: float | None = None
 
     @property
     def retryable(self) -> bool:
@@ -72,26 +75,14 @@ class DownloadedModel:
     etag: str | None
 
 
-@dataclass
-class RetryPolicy:
-    """How often and how patiently to retry: attempts = 1 + ``retries``; waits grow x2."""
-
-    retries: int = 4
-    backoff_s: float = 0.2
-    max_backoff_s: float = 5.0
-    sleep: Callable[[float], None] = field(default=time.sleep)
-
-    def wait(self, attempt: int) -> float:
-        """Seconds to wait before retry number ``attempt`` (0-based)."""
-        return min(self.max_backoff_s, self.backoff_s * 2**attempt)
-
-
 def _error_from(resp: httpx.Response) -> AggregatorCallError:
     """Map a non-2xx answer to an AggregatorCallError with the server's code and detail."""
     body = read_error(resp)
-    return AggregatorCallError(
+    err = AggregatorCallError(
         resp.status_code, body.error, body.detail, resp.request.method, str(resp.url)
     )
+    err.retry_after_s = retry_after_seconds(resp.headers.get("Retry-After"))
+    return err
 
 
 class AggregatorClient:
@@ -143,24 +134,19 @@ class AggregatorClient:
         hdrs = dict(headers or {})
         if self.token is not None and "Authorization" not in hdrs:
             hdrs["Authorization"] = f"Bearer {self.token}"
-        attempts = self.retry.retries + 1
-        for attempt in range(attempts):
+
+        def attempt() -> httpx.Response:
             try:
                 resp = self._http.request(method, path, json=json, content=content, headers=hdrs)
             except httpx.TransportError as err:
-                failure = AggregatorCallError(
+                raise AggregatorCallError(
                     0, "unreachable", f"{type(err).__name__}: {err}", method, path
-                )
-            else:
-                if resp.is_success or resp.status_code in ok:
-                    return resp
-                failure = _error_from(resp)
-            if not failure.retryable or attempt == attempts - 1:
-                raise failure
-            wait = self.retry.wait(attempt)
-            log.warning("%s; retry %d/%d in %.2fs", failure, attempt + 1, self.retry.retries, wait)
-            self.retry.sleep(wait)
-        raise AssertionError("unreachable")  # pragma: no cover
+                ) from err
+            if resp.is_success or resp.status_code in ok:
+                return resp
+            raise _error_from(resp)
+
+        return self.retry.call(attempt)
 
     # ------------------------------------------------------------------ endpoints
 

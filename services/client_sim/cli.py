@@ -44,6 +44,7 @@ HELP: dict[str, str] = {
     "poll_max_s": "longest poll interval when idle",
     "timeout_s": "HTTP timeout",
     "retries": "retries of a failed request",
+    "retry_deadline_s": "seconds after a request's first try past which it is not tried again",
     "max_body_bytes": "byte budget of one upload body",
     "log_level": "logging level",
     "torch_threads": "torch intra-op threads (unset: one per core)",

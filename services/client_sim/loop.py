@@ -1,5 +1,6 @@
 """A worker's life: register (waiting out an aggregator that is not up yet), then step round
-after round until the run is over, waiting between polls.
+after round until the run is over, waiting between polls; an aggregator that does not answer
+is waited out by the services' retry policy (:mod:`services.retry`).
 
 After a step whose upload left its round open for other workers' uploads, the worker waits
 before it polls again: the round closes only after them (a version event, or the next poll,
@@ -12,44 +13,46 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.server import DeviceApiServer, serve_in_thread
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
+from services.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+
+def patience(worker: Worker) -> RetryPolicy:
+    """The worker loop's retry policy (:mod:`services.retry`): the aggregator unavailable
+    (each request having given up) is waited out without end, from ``poll_min_s`` doubling up
+    to ``poll_max_s`` with jitter, on the worker's waiter (a version event ends a wait)."""
+    s = worker.settings
+    return RetryPolicy(
+        retries=None,
+        deadline_s=None,
+        backoff_s=s.poll_min_s,
+        max_backoff_s=s.poll_max_s,
+        sleep=worker.waiter.wait,
+    )
 
 
 def register_patiently(worker: Worker) -> None:
     """Register, waiting out an aggregator that is not up yet (a deployment starts its pods
     in any order); a refusal (e.g. 409) still ends the worker."""
-    s = worker.settings
-    delay = s.poll_min_s
-    while True:
-        try:
-            worker.register()
-            return
-        except AggregatorCallError as err:
-            if not err.retryable:
-                raise
-            log.warning("cannot register yet: %s", err)
-        worker.waiter.wait(delay)
-        delay = min(s.poll_max_s, delay * 1.5)
+    patience(worker).call(worker.register, what="cannot register yet")
 
 
 def follow_rounds(worker: Worker) -> None:
-    """Register, then step until :meth:`Worker.finished`."""
+    """Register, then step until :meth:`Worker.finished`.
+
+    A step failing on an unavailable aggregator is tried again by :func:`patience`; between
+    steps that found nothing to do the poll interval grows x1.5 from ``poll_min_s`` to
+    ``poll_max_s`` (a poll, not a retry: its length is the run's pace)."""
     register_patiently(worker)
     s = worker.settings
+    steps = patience(worker)
     delay = s.poll_min_s
     while True:
-        try:
-            did = worker.step()
-        except AggregatorCallError as err:
-            if not err.retryable:
-                raise
-            log.warning("aggregator unavailable: %s", err)
-            did = False
+        did = steps.call(worker.step, what="aggregator unavailable")
         if worker.finished():
             log.info(
                 "stopping: evaluated version %d, state %s",

@@ -66,8 +66,14 @@ class WorkerSettings(BaseSettings):
     poll_min_s: float = Field(default=0.2, gt=0, le=3600, allow_inf_nan=False)
     poll_max_s: float = Field(default=5.0, gt=0, le=3600, allow_inf_nan=False)
     timeout_s: float = Field(default=30.0, gt=0, le=3600, allow_inf_nan=False)
-    retries: int = Field(default=4, ge=0, le=100)
+    # A failed request (no answer, 429, 5xx) is tried again (services/retry.py): after
+    # backoff_s doubling up to max_backoff_s, or the Retry-After the aggregator sent, each wait
+    # lengthened by up to half at random; at most ``retries`` times, and none that would start
+    # later than retry_deadline_s after the first try.
+    retries: int = Field(default=10, ge=0, le=100)
     backoff_s: float = Field(default=0.2, ge=0, le=3600, allow_inf_nan=False)
+    max_backoff_s: float = Field(default=5.0, ge=0, le=3600, allow_inf_nan=False)
+    retry_deadline_s: float = Field(default=60.0, ge=0, le=86400, allow_inf_nan=False)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     log_level: str = "INFO"
     # Intra-op threads of torch in the worker process (None: torch's default, one per core).

@@ -45,7 +45,6 @@ from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
     DownloadedModel,
-    RetryPolicy,
 )
 from services.client_sim.evaluation import Evaluation
 from services.client_sim.registration import register
@@ -56,6 +55,7 @@ from services.client_sim.timings import PhaseTimer
 from services.client_sim.waiters import RedisWaiter, SleepWaiter, Waiter
 from services.contract import CurrentRound, RunConfig
 from services.priority import Background
+from services.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,13 @@ class Worker:
             token=self.store.get_meta("token"),
             transport=transport,
             timeout_s=settings.timeout_s,
-            retry=RetryPolicy(retries=settings.retries, backoff_s=settings.backoff_s, sleep=sleep),
+            retry=RetryPolicy(
+                retries=settings.retries,
+                backoff_s=settings.backoff_s,
+                max_backoff_s=settings.max_backoff_s,
+                deadline_s=settings.retry_deadline_s,
+                sleep=sleep,
+            ),
             max_body_bytes=settings.max_body_bytes,
         )
         if waiter is None:

@@ -11,8 +11,13 @@ from typing import Any
 import httpx
 
 from services.recommend_api.ranking import ModelHolder
+from services.retry import RetryPolicy, any_error, restart_backoff
 
 log = logging.getLogger(__name__)
+
+#: re-subscribing to version events: 0.5 s doubling to 10 s with jitter, without end (the
+#: poll catches what is missed meanwhile)
+EVENTS_RETRY = RetryPolicy(retries=None, deadline_s=None, backoff_s=0.5, max_backoff_s=10.0)
 
 
 class ModelFollower:
@@ -39,8 +44,6 @@ class ModelFollower:
         self.channel = channel
         self.interval = poll_interval_s * (redis_poll_factor if redis is not None else 1.0)
         self.wake = asyncio.Event()
-        self.fetch_errors = 0
-        self.events = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._last_problem: str | None = None
 
@@ -74,11 +77,9 @@ class ModelFollower:
         try:
             resp = await self.client.get("/v1/models/latest", headers=headers)
         except httpx.HTTPError as err:
-            self.fetch_errors += 1
             self._problem(f"aggregator unreachable ({err}); serving version {self.holder.version}")
             return False
         if resp.status_code != 200 and resp.status_code != 304:
-            self.fetch_errors += 1
             self._problem(f"model download answered {resp.status_code}: {resp.text[:200]}")
             return False
         self._last_problem = None  # answered: the next failure is news again
@@ -107,29 +108,25 @@ class ModelFollower:
             self.wake.clear()
 
     async def _listen(self) -> None:
-        backoff = 0.5
-        while True:
-            pubsub = self.redis.pubsub()  # type: ignore[union-attr]
-            try:
-                await pubsub.subscribe(self.channel)
-                backoff = 0.5
-                self.wake.set()  # catch up on anything published while not subscribed
-                async for msg in pubsub.listen():
-                    if msg.get("type") != "message":
-                        continue
-                    self.events += 1
-                    version = _event_version(msg.get("data"))
-                    if version is None or version != self.holder.version:
-                        self.wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                log.warning("redis version events interrupted (%s); retrying", err)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+        """Follow version events; a subscription that fails or breaks is made again by
+        :data:`EVENTS_RETRY` (its waits counted from the first again once one was made)."""
+        async for attempt in EVENTS_RETRY.async_retrying(any_error, what="redis version events"):
+            with attempt:
+                pubsub = self.redis.pubsub()  # type: ignore[union-attr]
+                try:
+                    await pubsub.subscribe(self.channel)
+                    restart_backoff(attempt)
+                    self.wake.set()  # catch up on anything published while not subscribed
+                    async for msg in pubsub.listen():
+                        if msg.get("type") != "message":
+                            continue
+                        version = _event_version(msg.get("data"))
+                        if version is None or version != self.holder.version:
+                            self.wake.set()
+                    raise ConnectionError("the subscription ended")  # subscribe again
+                finally:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
 
 
 def _event_version(data: Any) -> int | None:

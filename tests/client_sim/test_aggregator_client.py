@@ -12,7 +12,8 @@ from fedrecgel import wire
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
 from fedrecgel.wire import decode_updates, encode_model, update_digest
-from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient, RetryPolicy
+from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
+from services.retry import RetryPolicy
 
 CFG = ModelConfig(n_items=50, factor=4, layers=2)
 
@@ -106,7 +107,23 @@ def test_5xx_and_connection_errors_are_retried_with_backoff():
     client, waits = _client(rec)
     assert client.current_round().state == "idle"
     assert len(rec.requests) == 4
-    assert waits == [0.1, 0.2, 0.25]  # doubling, capped
+    # doubling, capped, each lengthened by up to half at random
+    for wait, base in zip(waits, [0.1, 0.2, 0.25], strict=True):
+        assert base <= wait <= 1.5 * base
+
+
+def test_retry_after_of_a_503_is_waited_out():
+    rec = Recorder(
+        httpx.Response(
+            503,
+            json={"error": "database_unavailable", "detail": "x"},
+            headers={"Retry-After": "5"},
+        ),
+        httpx.Response(200, json={"state": "idle"}),
+    )
+    client, waits = _client(rec)
+    assert client.current_round().state == "idle"
+    assert len(waits) == 1 and 5.0 <= waits[0] <= 7.5
 
 
 def test_retries_give_up_with_the_last_error():
