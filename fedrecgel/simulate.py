@@ -252,6 +252,11 @@ class RunResult:
         best = max(evald, key=lambda r: metrics(r)[key])
         return {"round": best.round, **best.test}
 
+    def epsilon_spent(self) -> float | None:
+        """The privacy budget the run spent in all (the epsilon after its last round, at the
+        plan's delta; each round's is in its record); None without DP."""
+        return next((r.epsilon for r in reversed(self.rounds) if r.epsilon is not None), None)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {
@@ -260,7 +265,7 @@ class RunResult:
             "wall_seconds": self.wall_seconds,
             "best_test": self.best_test(),
             "selected_on_validation": self.selected(),
-            "privacy": self.privacy,
+            "privacy": self.privacy and {**self.privacy, "epsilon_spent": self.epsilon_spent()},
             "rounds": [asdict(r) for r in self.rounds],
         }
 

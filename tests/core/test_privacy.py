@@ -220,3 +220,4 @@ def test_a_simulated_dp_run_reports_epsilon_per_round_and_stops_at_its_target() 
     assert len(eps) == len(res.rounds) and eps == sorted(eps)
     assert eps[-1] <= 4.0 < sim.privacy.epsilon(len(eps) + 1)
     assert res.to_json()["privacy"]["noise"] == 0.8
+    assert res.to_json()["privacy"]["epsilon_spent"] == eps[-1] == res.epsilon_spent()
