@@ -79,11 +79,6 @@ def parse_enrolment_token(token: str) -> Shard:
     return Shard(shard, shards)
 
 
-def looks_like_enrolment_token(token: str) -> bool:
-    """Whether ``token`` has the form of an enrolment token (signature not checked)."""
-    return token.startswith(PREFIX + ".")
-
-
 def verify_enrolment_token(secret: str, token: str) -> Shard | None:
     """The shard of ``token`` when it was issued under ``secret``, else None (constant-time
     comparison of the signature)."""

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -369,8 +368,3 @@ def _check_finite(scores: Tensor) -> None:
         raise InvalidUserVector(
             "the user vector gives scores that are not finite numbers (its values are too large)"
         )
-
-
-def exact_scores(snap: Snapshot, private: dict[str, Tensor]) -> np.ndarray:
-    """Exact logits of every item (tests and diagnostics)."""
-    return snap.scorer.score_all(private)[0].numpy()

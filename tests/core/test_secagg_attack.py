@@ -1,5 +1,5 @@
 """The leak secure aggregation closes: from a plain sparse upload a curious server recovers a
-client's positive items by the gradient-sign rule (:mod:`fedrecgel.secagg.attack`); from
+client's positive items by the gradient-sign rule (:mod:`tests.support.sign_attack`); from
 everything it receives in a secure-aggregation round, the same attack is at chance, and no
 single client's update can be unmasked."""
 
@@ -10,10 +10,10 @@ import pytest
 
 from fedrecgel.data import load_split
 from fedrecgel.secagg import crypto
-from fedrecgel.secagg.attack import precision, sign_attack
 from fedrecgel.secagg.layout import flatten
 from fedrecgel.simulate import TrainConfig
 from tests.core.secagg_round import first_round
+from tests.support.sign_attack import precision, sign_attack
 
 CONFIG = TrainConfig(
     rounds=1, fraction=0.01, secure_aggregation="dense", secagg_neighbours=3, eval_every=0

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from fedrecgel.secagg import messages as msg
-from fedrecgel.secagg.attack import precision, sign_attack
 from fedrecgel.secagg.layout import flatten
 from fedrecgel.secagg.protocol import Client, RoundFailed
 from fedrecgel.secagg.server import Server
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
 from tests.core.secagg_round import first_round
+from tests.support.sign_attack import precision, sign_attack
 
 SPLIT = synthetic_split(n_users=100, n_items=400, interactions_per_user=12.0, seed=5)
 CONFIG = TrainConfig(
