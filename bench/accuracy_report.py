@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results"
 ACC = RES / "accuracy"
 DOCS = ROOT / "docs"
-#: HR@10 / NDCG@10 (%) the paper reports for FedRecGEL (ALGORITHM.md), paper protocol
+#: HR@10 / NDCG@10 (%) the paper reports for FedRecGEL (its sensitivity data), paper protocol
 PAPER = {"filmtrust": (91.77, 81.75), "lastfm-2k": (80.69, 73.56), "amazon-video": (62.71, 41.26)}
 KEYS = (
     "amazon-video/paper",

@@ -27,7 +27,7 @@ from secagg_report import section as secagg_section
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results"
 
-#: HR@10 / NDCG@10 (%) from ALGORITHM.md: the paper's own sensitivity data (FedRecGEL), and
+#: HR@10 / NDCG@10 (%) from the paper's own sensitivity data (FedRecGEL), and
 #: the authors' code run on this protocol (seed 0, 100 rounds, best test round).
 PAPER = {"filmtrust": (91.77, 81.75), "lastfm-2k": (80.69, 73.56), "amazon-video": (62.71, 41.26)}
 AUTHORS_CODE = {

@@ -25,7 +25,7 @@ from bench_cli import positive
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
 
-#: (rho_sh, rho_ns) the authors used per dataset (ALGORITHM.md)
+#: (rho_sh, rho_ns) the authors used per dataset (the paper's settings)
 RHO = {"filmtrust": (0.02, 0.02), "amazon-video": (0.01, 0.2), "lastfm-2k": (0.01, 0.01)}
 METHODS = ("fedrecgel", "fedncf")
 

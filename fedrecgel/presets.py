@@ -33,7 +33,7 @@ from fedrecgel.config import TRAIN_NAMES
 PRESETS_FILE = Path(__file__).with_name("presets.json")
 #: settings averaged on a log scale when learned across datasets
 _LOG_SCALE = ("server_lr", "client_lr", "rho_sh", "rho_ns")
-#: (rho_sh, rho_ns) the authors used per dataset (ALGORITHM.md) where they are not the defaults
+#: (rho_sh, rho_ns) the authors used per dataset (the paper's settings) where they are not the defaults
 #: (FilmTrust's are)
 PAPER_RHO: dict[str, tuple[float, float]] = {
     "amazon-video": (0.01, 0.2),

@@ -1,7 +1,7 @@
 """The hierarchical SAM client step, computed for a whole cohort of clients at once.
 
-For one client c with private parameters u_c and the round's shared parameters w
-(ALGORITHM.md, "One round"):
+For one client c with private parameters u_c and the round's shared parameters w (the
+paper's round, README.md "What this is"):
 
 1. pass 1: g_sh = dL/dw, g_ns = dL/du_c at (w, u_c)
 2. pass 2: e_sh = rho_sh g_sh / (||g_sh|| + 1e-12); upload = dL/dw at (w + e_sh, u_c)

@@ -1,7 +1,7 @@
 """The data protocol: user filter, re-indexing, leave-one-out split and test negatives.
 
-The paper's protocol, as the original notebook builds it (``ALGORITHM.md``, "Data protocol";
-``DATASETS.md``). For FilmTrust, Amazon-Video and Lastfm-2K the tests check that user and item
+The paper's protocol, as the original notebook builds it (the steps below; README.md "Data"
+says where each dataset's raw file comes from). For FilmTrust, Amazon-Video and Lastfm-2K the tests check that user and item
 indices, test items, distinct training pairs and the 99 test negatives of every user equal the
 original's split (``shared/datasets/*/reference-split``).
 
@@ -47,7 +47,7 @@ from fedrecgel.rows import repeated_in_row
 Protocol = Literal["paper", "clean"]
 PROTOCOLS: tuple[str, ...] = ("paper", "clean")
 
-#: datasets whose file the original built with the user filter already applied (``DATASETS.md``):
+#: datasets whose file the original built with the user filter already applied (Lastfm-2K):
 #: their items are numbered by first appearance among the kept users' rows only, so an item
 #: first seen in a dropped user's row does not move ahead of the others
 NUMBERED_AFTER_USER_FILTER = frozenset({"lastfm-2k"})
