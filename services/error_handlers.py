@@ -64,34 +64,64 @@ def not_sent_as_json(request: Request, exc: RequestValidationError) -> str | Non
     return f"the body is JSON: send it with Content-Type: application/json (got {got})"
 
 
+#: told of each refusal the handlers answer that is about the request itself (a
+#: :class:`ServiceError` raised by the app, with that error; a body that fails validation or
+#: cannot be read, with None), with its error code: a service counts them (the aggregator, the
+#: refused uploads)
+OnRefusal = Callable[[Request, str, ServiceError | None], None]
+
+
 def install_error_handlers(
     app: FastAPI,
     *,
     validation_code: str = "validation_error",
     skip_body: bool = False,
     http_errors: bool = True,
+    on_refusal: OnRefusal | None = None,
+    internal_detail: str | None = None,
 ) -> None:
     """Answer ServiceError and validation errors (and, with ``http_errors``, unknown paths and
-    methods, keeping headers such as a 405's ``Allow``) as :class:`ErrorBody`."""
+    methods, keeping headers such as a 405's ``Allow``) as :class:`ErrorBody`; with
+    ``internal_detail``, any other exception as a 500 ``internal_error`` saying that."""
+
+    def refused(request: Request, code: str, exc: ServiceError | None = None) -> None:
+        if on_refusal is not None:
+            on_refusal(request, code, exc)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        refused(request, exc.code, exc)
         return error_response(exc.status_code, exc.code, exc.detail)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         if (why := not_sent_as_json(request, exc)) is not None:
+            refused(request, "unsupported_media_type")
             return error_response(415, "unsupported_media_type", why)
-        return error_response(422, validation_code, validation_detail(exc, skip_body=skip_body))
+        refused(request, validation_code)
+        detail = validation_detail(exc, skip_body=skip_body) or "invalid request"
+        return error_response(422, validation_code, detail)
 
     if http_errors:
 
         @app.exception_handler(StarletteHTTPException)
         async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+            if exc.status_code == 400 and isinstance(exc.__cause__, ServiceError):
+                # raised while FastAPI read the body (a body over its bound, cut off by a
+                # middleware): FastAPI reports any failure there as "error parsing the body"
+                return await service_error(request, exc.__cause__)
             if exc.status_code == 400:  # a body that cannot be decoded at all (not UTF-8 JSON)
+                refused(request, validation_code)
                 return error_response(422, validation_code, f"body: {exc.detail}")
             code = HTTP_CODES.get(exc.status_code, "http_error")
             return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    if internal_detail is not None:
+
+        @app.exception_handler(Exception)
+        async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+            # logged by the server error middleware, which calls this for the answer
+            return error_response(500, "internal_error", internal_detail)
 
 
 class BodyTooLarge(ServiceError):

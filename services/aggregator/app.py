@@ -13,23 +13,22 @@ from datetime import datetime
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.aggregator.db import Database
-from services.aggregator.errors import AggregatorError, BodyTooLarge, Unavailable
+from services.aggregator.errors import BodyTooLarge, Unavailable
 from services.aggregator.events import RedisBus
 from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import utcnow
 from services.aggregator.routes import router
 from services.aggregator.service import AggregatorService
 from services.aggregator.settings import Population, Settings, resolve_population
-from services.error_handlers import not_sent_as_json, validation_detail
+from services.contract import ServiceError
+from services.error_handlers import error_response, install_error_handlers
 from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
@@ -96,62 +95,32 @@ async def _deadline_loop(service: AggregatorService, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
-def _error(status_code: int, error: str, detail: str) -> JSONResponse:
-    return JSONResponse({"error": error, "detail": detail}, status_code=status_code)
-
-
 def _install_error_handlers(app: FastAPI, metrics: AggregatorMetrics) -> None:
-    def count_refusal(request: Request, code: str) -> None:
+    """The services' error answers (:mod:`services.error_handlers`), counting refused uploads,
+    and 503 with Retry-After while the database does not answer."""
+
+    def count_refusal(request: Request, code: str, exc: ServiceError | None) -> None:
+        # the service counts what it refuses itself; count the rest (auth, body size) here
+        if exc is not None and exc.status_code not in (401, 413):
+            return
         if _is_upload(request.scope):
             metrics.updates_refused.labels(reason=code).inc()
 
-    @app.exception_handler(AggregatorError)
-    async def domain_error(request: Request, exc: AggregatorError) -> JSONResponse:
-        # the service counts what it refuses itself; count the rest (auth, body size) here
-        if exc.status_code in (401, 413):
-            count_refusal(request, exc.code)
-        return _error(exc.status_code, exc.code, exc.detail)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        if (why := not_sent_as_json(request, exc)) is not None:
-            count_refusal(request, "unsupported_media_type")
-            return _error(415, "unsupported_media_type", why)
-        count_refusal(request, "validation_error")
-        return _error(422, "validation_error", validation_detail(exc) or "invalid request")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 400 and isinstance(exc.__cause__, BodyTooLarge):
-            # a JSON body without Content-Length cut off by BodyLimitMiddleware while FastAPI
-            # read it: FastAPI reports any failure while reading as "error parsing the body"
-            count_refusal(request, BodyTooLarge.code)
-            return _error(413, BodyTooLarge.code, exc.__cause__.detail)
-        if exc.status_code == 400:  # a body that cannot be decoded at all (not UTF-8 JSON)
-            count_refusal(request, "validation_error")
-            return _error(422, "validation_error", f"body: {exc.detail}")
-        codes = {404: "not_found", 405: "method_not_allowed"}
-        response = _error(
-            exc.status_code, codes.get(exc.status_code, "http_error"), str(exc.detail)
-        )
-        response.headers.update(exc.headers or {})  # a 405's Allow
-        return response
+    install_error_handlers(
+        app, on_refusal=count_refusal, internal_detail="the aggregator failed; see its log"
+    )
 
     async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable: %s", type(exc).__name__)
-        response = _error(
-            Unavailable.status_code, "database_unavailable", "the database does not answer"
+        return error_response(
+            Unavailable.status_code,
+            "database_unavailable",
+            "the database does not answer",
+            {"Retry-After": str(DATABASE_RETRY_AFTER_S)},
         )
-        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
-        return response
 
     for exc_type in (OperationalError, InterfaceError, PoolTimeoutError):
         app.add_exception_handler(exc_type, database_unavailable)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        # logged by the server error middleware, which calls this for the answer
-        return _error(500, "internal_error", "the aggregator failed; see its log")
 
 
 def create_app(
