@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import redis
 
-from services.aggregator.events import VERSIONS_CHANNEL, RedisBus, close_lock_name
+from services.aggregator.events import (
+    CREDENTIALS_CHANNEL,
+    VERSIONS_CHANNEL,
+    RedisBus,
+    close_lock_name,
+)
 from services.aggregator.settings import Settings
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.races import start_race_run, two_instances_close_once, upload_whole_cohort
@@ -25,6 +32,7 @@ from tests.support.aggregator import (
     report_sums,
     service_of,
 )
+from tests.support.loopback import REDIS_MISSING, free_port, stop_process, wait_for_port
 
 pytestmark = pytest.mark.redis
 
@@ -229,3 +237,54 @@ def test_without_redis_rounds_close_and_health_is_degraded(
     client = aggregator(database_url=url, redis_url=redis_server.url)
     assert client.get("/healthz").json()["status"] == "degraded"
     assert client.get("/v1/rounds/2").json()["state"] == "closed"
+
+
+def _redis_on(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip(REDIS_MISSING)
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
+    proc = subprocess.Popen(
+        [*cmd, "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    assert wait_for_port(port), "redis-server did not start"
+    return proc
+
+
+def _until(calls: list[float], n: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while len(calls) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(calls) >= n
+
+
+def test_credentials_are_followed_again_when_redis_comes_back(tmp_path: Path) -> None:
+    """The credentials follower subscribes again by the retry policy (services/retry.py)
+    after Redis went away and came back on the same address (each subscription tells the
+    replica to forget its cached credentials), and stops at once when closed while Redis is
+    away."""
+    port = free_port()
+    server = _redis_on(port, tmp_path)
+    bus = RedisBus(f"redis://127.0.0.1:{port}/0")
+    calls: list[float] = []
+    try:
+        bus.follow_credentials(lambda: calls.append(time.monotonic()))
+        assert _until(calls, 1, 10.0)  # the subscription's confirmation
+        stop_process(server)
+        time.sleep(1.5)  # away: the follower's tries fail, each wait longer
+        server = _redis_on(port, tmp_path)
+        assert _until(calls, 2, 15.0), "not subscribed again"
+        redis.Redis(port=port).publish(CREDENTIALS_CHANNEL, b"changed")
+        assert _until(calls, 3, 5.0), "the announcement after coming back was missed"
+        stop_process(server)
+        time.sleep(0.5)
+        followers = list(bus._followers)
+        t0 = time.monotonic()
+        bus.close()  # while Redis is away: no retry outlives it
+        assert time.monotonic() - t0 < 3.0
+        assert followers and not any(f._thread.is_alive() for f in followers)
+    finally:
+        bus.close()
+        stop_process(server)
