@@ -25,6 +25,7 @@ Sampling = Literal["fixed", "poisson"]
 UploadGrouping = Literal["client", "worker"]
 ServerMean = Literal["mean", "trimmed", "median"]
 LrDecay = Literal["constant", "cosine"]
+ServerUpdate = Literal["dense", "lazy"]
 
 #: the largest seed (numpy's seed sequences and torch take any 32-bit value)
 MAX_SEED = 2**32 - 1
@@ -86,6 +87,13 @@ class RunParams(BaseModel):
         description="Decoupled weight decay of the score network at each server step (its "
         "weight matrices, not its biases nor the item tables, shrink by the step size times "
         "this before the step; 0: the paper).",
+    )
+    server_update: ServerUpdate = Field(
+        default="dense",
+        description="Server Adam over the item tables: dense (every row each round, the "
+        "paper) or lazy (only the rows the round touched, their moments decayed for the "
+        "rounds they missed when next touched: an untouched row no longer drifts on its old "
+        "momentum; adam only).",
     )
     weighting: Weighting = Field(
         default="mean", description="Mean of updates (faithful) or weighted by samples."
@@ -272,6 +280,15 @@ class RunParams(BaseModel):
                         f"upload_grouping=worker sends per-worker partial sums, which cannot be "
                         f"combined with {what}: use upload_grouping=client"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _lazy_needs_adam(self) -> RunParams:
+        if self.server_update == "lazy" and self.optimizer != "adam":
+            raise ValueError(
+                f"server_update=lazy is only defined for optimizer=adam, not "
+                f"{self.optimizer}: use server_update=dense"
+            )
         return self
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ from fedrecgel.config import (
     Sampling,
     SecAggMode,
     ServerMean,
+    ServerUpdate,
     UploadGrouping,
     check,
 )
@@ -46,6 +47,7 @@ from fedrecgel.strategy import (
     combine_partials,
     partial_loss,
     strategy_of,
+    touched_rows,
 )
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ class TrainConfig:
     server_warmup: int = DEFAULTS.server_warmup
     server_decay: LrDecay = DEFAULTS.server_decay
     server_weight_decay: float = DEFAULTS.server_weight_decay
+    # ``lazy``: the server's Adam steps only the item rows a round touched (strategy.py)
+    server_update: ServerUpdate = DEFAULTS.server_update
     weighting: Weighting = DEFAULTS.weighting
     clip: float | None = DEFAULTS.clip
     n_negatives: int = DEFAULTS.n_negatives
@@ -393,7 +397,10 @@ class Simulator:
             for k, v in res.aggregate.items():
                 total[k] = total[k].add_(v) if k in total else v
             losses.append(res.losses)
-        self.strategy.apply(self.shared, total)
+        rows = None
+        if self.config.server_update == "lazy":  # the items of the cohort's samples
+            rows = touched_rows([s[0] for s in samples])
+        self.strategy.apply(self.shared, total, rows)
         return float(np.concatenate(losses).mean())
 
     def _train_partials(self, r: int, cohort: np.ndarray) -> float:
@@ -415,7 +422,14 @@ class Simulator:
         if not partials:  # an empty Poisson cohort: no step (the per-client path's rule)
             return float("nan")
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
-        self.strategy.apply(self.shared, combine_partials(partials, shapes, self.config.weighting))
+        grads = combine_partials(partials, shapes, self.config.weighting)
+        rows = None
+        if self.config.server_update == "lazy":  # the rows the partial sums carry
+            rows = {
+                name: touched_rows([p.rows[name][0] for p in partials if name in p.rows])[name]
+                for name in {n for p in partials for n in p.rows}
+            }
+        self.strategy.apply(self.shared, grads, rows)
         return partial_loss(partials)
 
     def _shards(self, users: np.ndarray) -> list[np.ndarray]:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from fedrecgel.config import DEFAULTS, LrDecay, RunParams
 from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
+from fedrecgel.config import ServerUpdate as ServerUpdate  # re-exported
 from fedrecgel.config import Weighting as Weighting  # re-exported
 from fedrecgel.model import ITEM_TABLES
 from fedrecgel.sam import PartialSum, Update
@@ -125,6 +126,13 @@ class ServerOptConfig:
     #: when a client touched it, and a rare item's row would fade between its touches) shrink
     #: by ``lr * weight_decay``
     weight_decay: float = 0.0
+    #: ``dense``: every row of the item tables each step (the paper); ``lazy`` (adam only):
+    #: only the rows the step touched, see :meth:`ServerOptimizer.step`
+    update: ServerUpdate = "dense"
+
+    def __post_init__(self) -> None:
+        if self.update == "lazy" and self.name != "adam":
+            raise ValueError(f"a lazy server update is only defined for adam, not {self.name}")
 
     @staticmethod
     def preset(name: OptimizerName, lr: float) -> ServerOptConfig:
@@ -146,14 +154,44 @@ class ServerOptConfig:
 
 
 class ServerOptimizer:
-    """Applies an aggregated gradient to the shared parameters; state is name -> Tensor."""
+    """Applies an aggregated gradient to the shared parameters; state is name -> Tensor.
+
+    With ``update="lazy"`` (adam only) the item tables are stepped row-sparsely; the state then
+    also holds ``<table>.last_step``: per row, the step count its moments are current at.
+    """
 
     def __init__(self, cfg: ServerOptConfig) -> None:
         self.cfg = cfg
         self.state: dict[str, Tensor] = {"step": torch.zeros((), dtype=torch.int64)}
 
-    def step(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
-        """Update ``params`` in place with ``grads``."""
+    def step(
+        self,
+        params: dict[str, Tensor],
+        grads: dict[str, Tensor],
+        rows: dict[str, Tensor] | None = None,
+    ) -> None:
+        """Update ``params`` in place with ``grads``.
+
+        ``update="lazy"``: an item table's step touches only its rows in ``rows[table]`` (any
+        int64 index set holding at least every row whose gradient is not all zero, e.g. the
+        items of the round's samples), or when ``rows`` does not name the table, the rows with
+        a nonzero gradient entry (a scan of the dense gradient). A touched row untouched for
+        the ``k`` steps since its moments were last current first has them decayed by
+        ``beta1**k`` and ``beta2**k``, then takes the dense step's formula with the global step
+        count's bias correction and step size. So, with a zero gradient on every other row:
+
+        * the moments of a touched row, and its increment this step, equal the dense step's
+          (up to float rounding: one multiplication by ``beta**k`` against ``k`` dense decays;
+          bit for bit when every row is touched every step, ``k = 0``);
+        * an untouched row does not move, where dense Adam still moves it by
+          ``-lr_s / bc1_s * m_s / (sqrt(v_s) / sqrt(bc2_s) + eps)`` at each step ``s`` of the
+          gap, with its decaying but nonzero old momentum ``m_s``: a row's value differs
+          from the dense run's by the sum of those momentum-only moves (the difference is
+          in the parameters, not in the moments).
+
+        Weight decay is unaffected: it only shrinks the score network's weight matrices,
+        which are stepped densely either way.
+        """
         self.state["step"] += 1
         t = int(self.state["step"])
         c = self.cfg
@@ -170,6 +208,10 @@ class ServerOptimizer:
                         buf.mul_(c.momentum).add_(g)
                         g = buf
                     p.sub_(g, alpha=c.lr)
+                    continue
+                if c.update == "lazy" and name in ITEM_TABLES:
+                    touched = (rows or {}).get(name)
+                    self._lazy_adam(name, p, g, t, c, touched)
                     continue
                 m = self._slot(name, "exp_avg", p)
                 v = self._slot(name, "exp_avg_sq", p)
@@ -192,6 +234,44 @@ class ServerOptimizer:
                     v.add_(g2)
                 p.sub_(c.lr * m / (v.sqrt() + c.eps))
 
+    def _lazy_adam(
+        self,
+        name: str,
+        p: Tensor,
+        g: Tensor,
+        t: int,
+        c: ServerOptConfig,
+        touched: Tensor | None,
+    ) -> None:
+        """Adam on the rows of ``p`` in ``touched`` (default: ``g``'s nonzero rows), their
+        moments first brought forward over the steps they missed (see :meth:`step`)."""
+        m = self._slot(name, "exp_avg", p)
+        v = self._slot(name, "exp_avg_sq", p)
+        key = f"{name}.last_step"
+        if key not in self.state:  # fresh moments (zero) or a dense run's: current as of t - 1
+            self.state[key] = torch.full((p.shape[0],), t - 1, dtype=torch.int64)
+        last = self.state[key]
+        idx = nonzero_rows(g) if touched is None else touched.to(torch.int64)
+        if not len(idx):
+            return
+        missed = (t - 1 - last.index_select(0, idx)).to(torch.float64)
+        gr, mr, vr = g.index_select(0, idx), m.index_select(0, idx), v.index_select(0, idx)
+        if bool(missed.any()):  # x * 1.0 == x: rows current at t - 1 are left bit for bit
+            shape = (-1,) + (1,) * (p.dim() - 1)
+            mr.mul_(torch.pow(c.beta1, missed).to(mr.dtype).view(shape))
+            vr.mul_(torch.pow(c.beta2, missed).to(vr.dtype).view(shape))
+        # the dense adam's formula, on the touched rows
+        mr.lerp_(gr, 1 - c.beta1)
+        vr.mul_(c.beta2).addcmul_(gr, gr, value=1 - c.beta2)
+        bc1 = 1 - c.beta1**t
+        bc2_sqrt = math.sqrt(1 - c.beta2**t)
+        denom = (vr.sqrt() / bc2_sqrt).add_(c.eps)
+        pr = p.index_select(0, idx).addcdiv_(mr, denom, value=-c.lr / bc1)
+        p.index_copy_(0, idx, pr)
+        m.index_copy_(0, idx, mr)
+        v.index_copy_(0, idx, vr)
+        last.index_fill_(0, idx, t)
+
     def _slot(self, name: str, kind: str, like: Tensor) -> Tensor:
         key = f"{name}.{kind}"
         if key not in self.state:
@@ -208,6 +288,22 @@ class ServerOptimizer:
         self.state = {k: v.clone() for k, v in state.items()}
 
 
+def nonzero_rows(g: Tensor) -> Tensor:
+    """The indices (int64, ascending) of the rows of ``g`` with a nonzero entry."""
+    flat = g.reshape(g.shape[0], -1)
+    return ((flat.amax(dim=1) != 0) | (flat.amin(dim=1) != 0)).nonzero().squeeze(1)
+
+
+def touched_rows(
+    indices: Sequence[np.ndarray | Tensor], tables: Sequence[str] = ITEM_TABLES
+) -> dict[str, Tensor]:
+    """The union of ``indices`` (item ids), ascending, for each of ``tables``: the ``rows``
+    of a lazy server step (:meth:`ServerOptimizer.step`)."""
+    parts = [torch.as_tensor(np.asarray(i, dtype=np.int64).ravel()) for i in indices]
+    union = torch.unique(torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.int64)
+    return {name: union for name in tables}
+
+
 class Strategy:
     """Turns one round's uploads into the next shared parameters."""
 
@@ -221,8 +317,14 @@ class Strategy:
         size, which a differentially private strategy divides by)."""
         raise NotImplementedError
 
-    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
-        """Update ``params`` in place."""
+    def apply(
+        self,
+        params: dict[str, Tensor],
+        grads: dict[str, Tensor],
+        rows: dict[str, Tensor] | None = None,
+    ) -> None:
+        """Update ``params`` in place (``rows``: per item table, a superset of the rows with a
+        nonzero gradient, which a lazy server step may use instead of scanning ``grads``)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -275,9 +377,14 @@ class FedAvgGradients(Strategy):
             return None
         return mean_weights(n_samples, self.weighting)
 
-    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+    def apply(
+        self,
+        params: dict[str, Tensor],
+        grads: dict[str, Tensor],
+        rows: dict[str, Tensor] | None = None,
+    ) -> None:
         """One optimizer step."""
-        self.optimizer.step(params, grads)
+        self.optimizer.step(params, grads, rows)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The optimizer state."""
@@ -312,9 +419,14 @@ class Wrapped(Strategy):
 
     inner: Strategy
 
-    def apply(self, params: dict[str, Tensor], grads: dict[str, Tensor]) -> None:
+    def apply(
+        self,
+        params: dict[str, Tensor],
+        grads: dict[str, Tensor],
+        rows: dict[str, Tensor] | None = None,
+    ) -> None:
         """Delegate to the inner strategy."""
-        self.inner.apply(params, grads)
+        self.inner.apply(params, grads, rows)
 
     def state_dict(self) -> dict[str, Tensor]:
         """The inner strategy's state."""
@@ -377,6 +489,7 @@ def strategy_of(params: RunParams) -> Strategy:
         decay=params.server_decay,
         total=params.rounds,
         weight_decay=params.server_weight_decay,
+        update=params.server_update,
     )
     s = _fedavg(opt, params.weighting, None)
     if params.server_mean != "mean":  # a coordinate-wise robust mean (fedrecgel/robust.py)
