@@ -30,20 +30,13 @@ from torch import Tensor
 
 from fedrecgel.accountant import PrivacyPlan
 from fedrecgel.sam import Update
-from fedrecgel.strategy import Strategy, Wrapped, scaled
+from fedrecgel.strategy import Strategy, Wrapped, scaled, update_norm
 
 #: relative slack of the server's norm check (float32 rounding of the client's scaling)
 NORM_TOLERANCE = 1e-4
 #: a locally noised upload's norm is refused beyond C + sigma*(sqrt(D) + this): for Gaussian
 #: noise, P(||noise|| > sigma*(sqrt(D) + t)) <= exp(-t*t/2), here below 1e-21
 NOISE_TAIL = 10.0
-
-
-def update_norm(u: Update) -> float:
-    """The L2 norm of an upload's whole shared part (rows and dense parameters), in float64."""
-    sq = sum(float(v.double().pow(2).sum()) for _, v in u.rows.values())
-    sq += sum(float(g.double().pow(2).sum()) for g in u.dense.values())
-    return math.sqrt(sq)
 
 
 def clip_update(u: Update, clip: float) -> Update:

@@ -40,13 +40,13 @@ from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.secagg.aggregate import secure_mean
+from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import (
     OptimizerName,
     Strategy,
     Weighting,
     combine_partials,
     partial_loss,
-    strategy_of,
     touched_rows,
 )
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedrecgel.config import DEFAULTS, LrDecay, RunParams
+from fedrecgel.config import DEFAULTS, LrDecay
 from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
 from fedrecgel.config import ServerUpdate as ServerUpdate  # re-exported
 from fedrecgel.config import Weighting as Weighting  # re-exported
@@ -395,6 +395,13 @@ class FedAvgGradients(Strategy):
         self.optimizer.load_state_dict(state)
 
 
+def update_norm(u: Update) -> float:
+    """The L2 norm of an upload's whole shared part (rows and dense parameters), in float64."""
+    sq = sum(float(v.double().pow(2).sum()) for _, v in u.rows.values())
+    sq += sum(float(g.double().pow(2).sum()) for g in u.dense.values())
+    return math.sqrt(sq)
+
+
 def scaled(u: Update, factor: float) -> Update:
     """``u`` with every value multiplied by ``factor``."""
     return Update(
@@ -465,35 +472,12 @@ def make_strategy(
     clip: float | None = DEFAULTS.clip,
 ) -> Strategy:
     """Build the server strategy from plain options (the optimizer's usual constants)."""
-    return _fedavg(ServerOptConfig.preset(optimizer, lr), weighting, clip)
+    return fedavg_of(ServerOptConfig.preset(optimizer, lr), weighting, clip)
 
 
-def _fedavg(opt: ServerOptConfig, weighting: Weighting, clip: float | None) -> Strategy:
+def fedavg_of(opt: ServerOptConfig, weighting: Weighting, clip: float | None) -> Strategy:
     """FedAvg over the gradients with ``opt``, wrapped in clipping when ``clip`` is set."""
     s: Strategy = FedAvgGradients(opt, weighting)
     if clip is not None:
         s = ClipUpdates(s, clip)
     return s
-
-
-def strategy_of(params: RunParams) -> Strategy:
-    """The server strategy of a run's settings: optimizer with its constants and schedule,
-    weighting, clipping (the simulator and the aggregator both build it here)."""
-    opt = ServerOptConfig.preset(params.optimizer, params.server_lr)
-    opt = replace(
-        opt,
-        beta1=opt.beta1 if params.server_beta1 is None else params.server_beta1,
-        beta2=opt.beta2 if params.server_beta2 is None else params.server_beta2,
-        momentum=params.server_momentum,
-        warmup=params.server_warmup,
-        decay=params.server_decay,
-        total=params.rounds,
-        weight_decay=params.server_weight_decay,
-        update=params.server_update,
-    )
-    s = _fedavg(opt, params.weighting, None)
-    if params.server_mean != "mean":  # a coordinate-wise robust mean (fedrecgel/robust.py)
-        from fedrecgel.robust import RobustMean
-
-        s = RobustMean(s, params.server_mean, params.trim_fraction)
-    return s if params.clip is None else ClipUpdates(s, params.clip)

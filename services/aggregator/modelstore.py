@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from fedrecgel.strategy import Strategy, strategy_of
+from fedrecgel.server_strategy import strategy_of
+from fedrecgel.strategy import Strategy
 from fedrecgel.wire import decode_model, decode_state
 from services.aggregator.models import OPTIMIZER_STATE, PARAMS
 from services.aggregator.privacy import private_strategy, run_plan

@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.secagg.fixedpoint import OverflowRefused
-from fedrecgel.strategy import strategy_of
+from fedrecgel.server_strategy import strategy_of
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Malformed

@@ -21,7 +21,7 @@ from tests.support.procs import FEDREC_MODULE, spawned, wait_for_text
 def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The apps the command would serve (the server itself is not started)."""
     served: list[Any] = []
-    monkeypatch.setattr(command.uvicorn, "run", lambda app, **_: served.append(app))
+    monkeypatch.setattr(command, "serve", lambda app, **_: served.append(app))
     monkeypatch.setenv("FEDREC_AGG_ENVIRONMENT", "development")
     return served
 

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.config import RunParams
+from fedrecgel.server_strategy import strategy_of
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.strategy import (
     ServerOptConfig,
     ServerOptimizer,
     nonzero_rows,
-    strategy_of,
     touched_rows,
 )
 from fedrecgel.synthetic import synthetic_split

@@ -11,7 +11,8 @@ from fedrecgel.config import RunParams
 from fedrecgel.model import ModelConfig
 from fedrecgel.robust import RobustMean, robust_mean
 from fedrecgel.sam import Update
-from fedrecgel.strategy import ClipUpdates, FedAvgGradients, aggregate_gradients, strategy_of
+from fedrecgel.server_strategy import strategy_of
+from fedrecgel.strategy import ClipUpdates, FedAvgGradients, aggregate_gradients
 from tests.support.aggregator import random_update
 
 CFG = ModelConfig(n_items=40, factor=4, layers=2)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from fedrecgel.config import RunParams
-from fedrecgel.strategy import ServerOptConfig, ServerOptimizer, strategy_of
+from fedrecgel.server_strategy import strategy_of
+from fedrecgel.strategy import ServerOptConfig, ServerOptimizer
 
 
 def _params() -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ def _no_server(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kw: object) -> None:
         raise AssertionError("the server must not start")
 
-    monkeypatch.setattr(command.uvicorn, "run", refuse)
+    monkeypatch.setattr(command, "serve", refuse)
     monkeypatch.setenv("FEDREC_REC_ENVIRONMENT", "development")
 
 
