@@ -13,6 +13,7 @@ import diagnosis_report
 import report_dashboard
 import report_http
 import report_ray
+import report_server_step
 import report_serving
 import report_simulator
 import report_studies
@@ -363,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         *report_simulator.memory(),
         "",
         *report_simulator.scaling(),
+        "",
+        *report_server_step.section(),
         "",
         *report_ray.section(),
         "",

@@ -49,6 +49,8 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
         (["roofline.py", "--out", "{tmp}/a-file/r.json"], "cannot create the folder"),
         (["aggregator_replicas.py", "--replicas", "1"], "the larger set-up needs at least 2"),
         (["ray_scaling.py", "--nodes", "0,x"], "--nodes: positive integers, comma-separated"),
+        (["server_step.py", "speed", "--items", "0"], "--items: integers >= 1, comma-separated"),
+        (["server_step.py", "accuracy", "--datasets", "filmtrust"], "<dataset>/<protocol>"),
     ],
 )
 def test_bad_input_to_a_benchmark_is_one_line_not_a_traceback(
