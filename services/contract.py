@@ -180,6 +180,12 @@ class RoundInfo(BaseModel):
     base_version: int
     deadline: datetime
     loss: float | None
+    #: the attempt's cohort members without an accepted update, counted by the shard that
+    #: enrolled them (``"1/2"``: shard 1 of 2; ``"none"``: registered without a shard
+    #: credential); for an open attempt, who has not uploaded yet, for a closed one, whose
+    #: clients the round closed without. Empty for a failed or aborted attempt and in a
+    #: secure-aggregation run (the uploads are masked, not counted per client)
+    missing_by_shard: dict[str, int] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

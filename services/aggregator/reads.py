@@ -87,6 +87,9 @@ class RunReads:
             if run is None or rnd is None:
                 raise NotFound(f"round {round_id} does not exist", "round_not_found")
             received = repo.count_updates(rnd.id)
+            secure = RunConfig.model_validate(run.config).secure_aggregation != "off"
+            counted = rnd.state in ("open", "paused", "closed") and not secure
+            missing = repo.missing_by_shard(rnd.id, rnd.cohort) if counted else {}
             metrics = None
             if rnd.model_version is not None:
                 row = repo.version_meta(run.id, rnd.model_version)
@@ -102,6 +105,7 @@ class RunReads:
             base_version=rnd.base_version,
             deadline=rnd.deadline,
             loss=rnd.loss,
+            missing_by_shard=missing,
         )
 
     def history(self, after: int = 0, limit: int = DEFAULT_HISTORY_LIMIT) -> History:

@@ -110,6 +110,36 @@ def test_deadline_with_quorum_closes_with_the_updates_received(clocked: Clocked)
     assert cur["round_id"] == 2 and cur["attempt"] == 0 and cur["model_version"] == 1
 
 
+def test_a_round_says_whose_clients_have_not_uploaded_by_shard(
+    aggregator: AggregatorFactory,
+) -> None:
+    """Two shards: shard 0 uploads its cohort members, shard 1 none (a stopped worker). The
+    open round counts the missing ones per shard, the round closes without shard 1 at the
+    deadline with quorum, and still says whose clients it closed without."""
+    clock = FakeClock()
+    client = aggregator(clock=clock)
+    tokens = [register(client, [u for u in range(20) if u % 2 == s], s, 2) for s in (0, 1)]
+    cohort = _start(client, quorum=0.3)
+    mine = [c for c in cohort if c % 2 == 0]
+    theirs = [c for c in cohort if c % 2 == 1]
+    assert mine and theirs
+    info = client.get("/v1/rounds/1").json()
+    assert info["missing_by_shard"] == {"0/2": len(mine), "1/2": len(theirs)}
+    _upload(client, tokens[0], 1, mine)
+    info = client.get("/v1/rounds/1").json()
+    assert info["state"] == "open" and info["missing_by_shard"] == {"1/2": len(theirs)}
+    clock.advance(31)
+    assert _tick(client) == "closed"
+    info = client.get("/v1/rounds/1").json()
+    assert info["state"] == "closed" and info["missing_by_shard"] == {"1/2": len(theirs)}
+    # the next round, complete: nobody missing once it closed
+    nxt = current_cohort(client)
+    for shard in (0, 1):
+        _upload(client, tokens[shard], 2, [c for c in nxt if c % 2 == shard])
+    info = client.get("/v1/rounds/2").json()
+    assert info["state"] == "closed" and info["missing_by_shard"] == {}
+
+
 def test_below_quorum_at_deadline_retries_with_a_new_cohort(clocked: Clocked) -> None:
     client, clock, token = clocked
     cohort = _start(client, quorum=1.0)
