@@ -47,6 +47,7 @@ from fedrecgel.strategy import (
     Weighting,
     combine_partials,
     partial_loss,
+    partial_rows,
     touched_rows,
 )
 
@@ -423,13 +424,8 @@ class Simulator:
             return float("nan")
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
         grads = combine_partials(partials, shapes, self.config.weighting)
-        rows = None
-        if self.config.server_update == "lazy":  # the rows the partial sums carry
-            rows = {
-                name: touched_rows([p.rows[name][0] for p in partials if name in p.rows])[name]
-                for name in {n for p in partials for n in p.rows}
-            }
-        self.strategy.apply(self.shared, grads, rows)
+        lazy = self.config.server_update == "lazy"  # then only the rows the partials carry
+        self.strategy.apply(self.shared, grads, partial_rows(partials) if lazy else None)
         return partial_loss(partials)
 
     def _shards(self, users: np.ndarray) -> list[np.ndarray]:

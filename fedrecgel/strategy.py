@@ -304,6 +304,16 @@ def touched_rows(
     return {name: union for name in tables}
 
 
+def partial_rows(partials: Sequence[PartialSum]) -> dict[str, Tensor]:
+    """Per item table, the rows any of ``partials`` carries: the ``rows`` of a lazy server
+    step over :func:`combine_partials` of them."""
+    names = sorted({name for p in partials for name in p.rows})
+    return {
+        name: touched_rows([p.rows[name][0] for p in partials if name in p.rows], (name,))[name]
+        for name in names
+    }
+
+
 class Strategy:
     """Turns one round's uploads into the next shared parameters."""
 
