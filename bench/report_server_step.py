@@ -30,8 +30,8 @@ def _speed(speed: dict[str, Any]) -> list[str]:
         "",
         "| items | rows touched / round | dense server step s | lazy s | lazy, scan s | "
         "dense / lazy | dense round s | lazy round s | server share of the round, dense -> lazy "
-        "| lazy = lazy, scan |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| lazy = lazy, scan | 1-min load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in speed["points"]:
         d, lz, sc = p["dense"], p["lazy"], p["lazy-scan"]
@@ -42,7 +42,7 @@ def _speed(speed: dict[str, Any]) -> list[str]:
             f"{d['server_step_s'] / lz['server_step_s']:.1f}x | {d['round_s']:.2f} | "
             f"{lz['round_s']:.2f} | {100 * d['server_step_s'] / d['round_s']:.0f}% -> "
             f"{100 * lz['server_step_s'] / lz['round_s']:.0f}% | "
-            f"{'yes' if p['lazy_equals_lazy_scan'] else 'no'} |"
+            f"{'yes' if p['lazy_equals_lazy_scan'] else 'no'} | {p['load_average']:.1f} |"
         )
     return lines
 
