@@ -5,7 +5,8 @@
 * ``FEDREC_AGG_OPERATOR_TOKEN`` or ``FEDREC_AGG_OPERATOR_TOKEN_FILE`` (one is required);
 * ``AGGREGATOR_URL`` (default ``http://aggregator:8700``);
 * ``RUN_CONFIG``: a JSON object of RunConfig fields (default ``{"rounds": 100}``);
-  ``RUN_ROUNDS`` and ``RUN_DATASET``, when set, override its ``rounds`` and ``dataset``;
+  ``RUN_ROUNDS``, ``RUN_DATASET``, ``RUN_QUORUM`` and ``RUN_DEADLINE_S``, when set, override
+  its ``rounds``, ``dataset``, ``quorum`` and ``deadline_s``;
   ``n_items`` is taken from the dataset (default filmtrust) when it is not given;
 * ``RUN_PRESET`` (default ``default``): the settings ``RUN_CONFIG`` leaves out are this
   preset's, as ``fedrec train --preset`` and ``fedrec up --preset`` take them (all but the
@@ -16,10 +17,15 @@
 * ``DASHBOARD_PORT``: when set, the web dashboard's address on the host is printed first.
 
 With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
-until every round is closed and evaluated, waits until recommend-api (``RECOMMEND_URL``) serves
-the final model, and prints the top-10 of the first ``SHOW_USERS`` users (default 3), asked
-from their workers (``WORKER_URLS``, comma-separated, user ``u`` on worker ``u % n``; bearer
-token of their device API in ``WORKER_TOKEN_FILE``) as their devices would.
+until every round is closed and evaluated; when a round's uploads stop coming while some of its
+cohort has not uploaded, which shards those clients belong to (``missing_by_shard`` of
+``GET /v1/rounds/{id}``, shard ``i`` named by the ``i``-th of ``WORKER_URLS``) and what the
+deadline will do; and when a round closed without some shard's clients or after a retry, that
+from then on the model differs from an undisturbed run's. At the end it waits until
+recommend-api (``RECOMMEND_URL``) serves the final model, and prints the top-10 of the first
+``SHOW_USERS`` users (default 3), asked from their workers (``WORKER_URLS``, comma-separated,
+user ``u`` on worker ``u % n``; bearer token of their device API in ``WORKER_TOKEN_FILE``) as
+their devices would.
 
 Exit status 0 when the run started (and, with ``--follow``, finished) or one is already active
 (which is then followed), 1 otherwise. The same request by hand::
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -104,6 +111,20 @@ def operator_token() -> str:
     return secret("FEDREC_AGG_OPERATOR_TOKEN")
 
 
+def _number(variable: str, low: float, high: float) -> float | None:
+    """``$variable`` as a number in ``[low, high]``; None when unset; DemoError otherwise."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # NaN fails too
+        raise DemoError(f"{variable} must be a number from {low:g} to {high:g}, got {raw!r}")
+    return value
+
+
 def run_config() -> dict[str, Any]:
     """The RunConfig to post: ``$RUN_CONFIG`` with overrides and ``n_items`` filled in."""
     try:
@@ -120,6 +141,12 @@ def run_config() -> dict[str, Any]:
     dataset = os.environ.get("RUN_DATASET", "").strip()
     if dataset:
         cfg["dataset"] = dataset
+    quorum = _number("RUN_QUORUM", 0.0, 1.0)
+    if quorum is not None:
+        cfg["quorum"] = quorum
+    deadline_s = _number("RUN_DEADLINE_S", 1.0, 7 * 86400.0)
+    if deadline_s is not None:
+        cfg["deadline_s"] = deadline_s
     cfg.setdefault("rounds", 100)
     preset = os.environ.get("RUN_PRESET", "").strip() or "default"
     from fedrecgel.presets import PresetError, run_settings
@@ -163,12 +190,85 @@ def _hr(metrics: dict[str, float] | None) -> str:
     return f"HR@10 {metrics['hr@10']:.4f}  NDCG@10 {metrics.get('ndcg@10', 0.0):.4f}"
 
 
-def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
+#: seconds without a new upload to an open round (after its first) before the demo names the
+#: shards whose clients have not uploaded
+QUIET_S = 15.0
+
+
+def shard_name(label: str, workers: list[str]) -> str:
+    """A shard as ``missing_by_shard`` labels it (``"1/2"``), named for the reader, with its
+    worker's URL when ``workers`` (in shard order) has one per shard."""
+    if label == "none":
+        return "clients registered without a shard credential"
+    url = _worker_of(label, workers)
+    index, _, count = label.partition("/")
+    name = f"shard {index} of {count}" if count else f"shard {label}"
+    return f"{name} ({url})" if url else name
+
+
+def _worker_of(label: str, workers: list[str]) -> str | None:
+    index, _, count = label.partition("/")
+    ok = index.isdigit() and count.isdigit() and int(count) == len(workers)
+    return workers[int(index)] if ok and int(index) < len(workers) else None
+
+
+def missing_line(
+    total: int,
+    info: dict[str, Any],
+    quorum: float,
+    workers: list[str],
+    answering: Any = None,
+) -> str:
+    """What the demo says of an open round whose uploads stopped coming: whose clients have not
+    uploaded (by shard, each worker answering or not), and what the deadline will do."""
+    answering = answering or (lambda url: _get_json(f"{url}/healthz", timeout_s=2.0)[0] == 200)
+    n, m = int(info["updates_received"]), int(info["cohort_size"])
+    parts = []
+    for label, count in info["missing_by_shard"].items():
+        url = _worker_of(label, workers)
+        state = "" if url is None else (": answers" if answering(url) else ": does not answer")
+        parts.append(f"{shard_name(label, workers)}{state}, {count} clients")
+    need = max(1, math.ceil(quorum * m - 1e-9))
+    at = str(info.get("deadline") or "")[11:19] or "?"
+    then = (
+        "closes without them"
+        if n >= need
+        else f"is retried with a new cohort unless {need - n} more come"
+    )
+    return (
+        f"round {int(info['round_id']):>3}/{total}: {n}/{m} updates, none for {QUIET_S:.0f} s; "
+        f"not uploaded: {'; '.join(parts)}. At its deadline ({at} UTC) the round {then} "
+        f"(quorum {quorum:g}: {need} of {m})"
+    )
+
+
+def closed_note(info: dict[str, Any], workers: list[str]) -> str:
+    """For a closed round that did not take every update of its first attempt's cohort: what
+    it closed without; empty for a round an undisturbed run would have closed the same."""
+    notes = []
+    if int(info.get("attempt") or 0) > 0:
+        notes.append(
+            f"closed at attempt {int(info['attempt']) + 1} (retried below quorum, a new cohort)"
+        )
+    missing = info.get("missing_by_shard") or {}
+    if missing:
+        without = ", ".join(f"{shard_name(k, workers)}: {v}" for k, v in missing.items())
+        notes.append(f"closed without the uploads of {without}")
+    if not notes:
+        return ""
+    return "; ".join(notes) + ": from this round on the model differs from an undisturbed run's"
+
+
+def follow(  # noqa: C901  # one polling loop: history, open round and state, each optional
+    base: str, token: str, poll_s: float = 1.0, workers: list[str] | None = None
+) -> dict[str, Any]:
     """Print progress until every round of the current run is closed and evaluated; returns
-    ``{"run_id", "rounds", "history", "first_round_s", "seconds"}``.
+    ``{"run_id", "rounds", "history", "first_round_s", "seconds"}``. ``workers``: the
+    workers' URLs in shard order, to name the shards whose clients do not upload.
 
     Two requests a poll (the history, the open round's count), the run's state every tenth:
     the demo shares the machine with the run it shows."""
+    workers = workers or []
     from services.history import HistoryCopy
 
     t0 = time.monotonic()
@@ -185,6 +285,11 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
         return (200, copy.body()) if copy.refresh(page) else (0, None)
 
     run_id, total = cur["run_id"], int(cur["config"]["rounds"])
+    quorum = float(cur["config"].get("quorum", 1.0))
+    # the open round's (round, attempt, updates) and since when; the missing shards last told
+    progress: tuple[int, int, int] | None = None
+    progress_since = time.monotonic()
+    told: tuple[int, int, str] | None = None
     printed: set[int] = set()
     shown: tuple[int, int] | None = None
     last_show = 0.0
@@ -210,6 +315,10 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
                 f"loss {r['loss'] if r['loss'] is not None else float('nan'):.4f}, "
                 f"{_hr(r.get('metrics')) or 'not evaluated yet'}  ({r['seconds']:.1f} s)"
             )
+            status, info = _request(f"{base}/v1/rounds/{rid}")
+            note = closed_note(info, workers) if status == 200 and isinstance(info, dict) else ""
+            if note:
+                say(f"round {rid:>3}/{total}: {note}")
         if len(rounds) >= total and all(r.get("metrics") for r in rounds[:total]):
             return {
                 "run_id": run_id,
@@ -226,6 +335,15 @@ def follow(base: str, token: str, poll_s: float = 1.0) -> dict[str, Any]:
                 if now != shown and time.monotonic() - last_show >= 2.0:
                     say(f"round {nxt:>3}/{total}: {now[0]}/{now[1]} updates in")
                     shown, last_show = now, time.monotonic()
+                key = (nxt, int(info.get("attempt") or 0), now[0])
+                if key != progress:
+                    progress, progress_since = key, time.monotonic()
+                missing = info.get("missing_by_shard") or {}
+                quiet = time.monotonic() - progress_since >= QUIET_S
+                what = (key[0], key[1], json.dumps(missing, sort_keys=True))
+                if info.get("state") == "open" and missing and now[0] and quiet and what != told:
+                    say(missing_line(total, info, quorum, workers))
+                    told = what
         status, cur = _request(f"{base}/v1/rounds/current", token) if polls % 10 == 0 else (0, None)
         if status == 200 and isinstance(cur, dict):
             if cur.get("run_id") != run_id:
@@ -301,13 +419,13 @@ def main(argv: list[str] | None = None) -> int:
         start_run(base, token, cfg)
         if not args.follow:
             return 0
-        done = follow(base, token)
+        workers = [u.strip().rstrip("/") for u in os.environ.get("WORKER_URLS", "").split(",")]
+        workers = [u for u in workers if u]
+        done = follow(base, token, workers=workers)
         say(
             f"run {done['run_id']}: {done['rounds']} rounds closed and evaluated in "
             f"{done['seconds']:.1f} s (first round closed after {done['first_round_s']:.1f} s)"
         )
-        workers = [u.strip().rstrip("/") for u in os.environ.get("WORKER_URLS", "").split(",")]
-        workers = [u for u in workers if u]
         rec_url = os.environ.get("RECOMMEND_URL", "").rstrip("/")
         users = int(os.environ.get("SHOW_USERS", "3"))
         if workers and rec_url and users > 0:

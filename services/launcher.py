@@ -108,8 +108,11 @@ class UpOptions:
     database_url: str | None = None
     # Longest idle poll interval of the workers (None: the worker's default).
     worker_poll_max_s: float | None = None
-    worker_log_level: str = "WARNING"
-    aggregator_log_level: str = "warning"
+    # INFO: the logs in ``workdir`` show each service's start, the rounds it closed or
+    # trained and the requests it answered (at WARNING they stayed empty in a run that went
+    # well)
+    worker_log_level: str = "INFO"
+    aggregator_log_level: str = "info"
 
     @property
     def dataset(self) -> str:

@@ -1,0 +1,133 @@
+"""The compose demo's follower (deploy/start_run.py) when a worker is gone: its quorum and
+deadline settings, the line naming the shard whose clients do not upload, and the note on a
+round that closed without them (its model differs from an undisturbed run's)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+WORKERS = ["http://worker-0:8710", "http://worker-1:8710"]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, DEPLOY / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+start_run = _load("start_run")
+
+
+def test_quorum_and_deadline_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUN_CONFIG", '{"fraction": 0.1, "seed": 0, "n_items": 2059}')
+    monkeypatch.setenv("RUN_QUORUM", "0.3")
+    monkeypatch.setenv("RUN_DEADLINE_S", "45")
+    cfg = start_run.run_config()
+    assert cfg["quorum"] == 0.3 and cfg["deadline_s"] == 45.0
+    for variable, bad in (("RUN_QUORUM", "1.5"), ("RUN_QUORUM", "nan"), ("RUN_DEADLINE_S", "x")):
+        monkeypatch.setenv(variable, bad)
+        with pytest.raises(start_run.DemoError, match=f"{variable} must be a number .* {bad!r}"):
+            start_run.run_config()
+        monkeypatch.setenv(variable, "1")
+
+
+def test_the_missing_line_names_the_shard_its_worker_and_what_the_deadline_does() -> None:
+    info = {
+        "round_id": 4,
+        "updates_received": 59,
+        "cohort_size": 122,
+        "deadline": "2026-12-02T10:11:12.5+00:00",
+        "missing_by_shard": {"1/2": 63},
+    }
+    line = start_run.missing_line(20, info, 0.3, WORKERS, answering=lambda url: False)
+    assert line.startswith("round   4/20: 59/122 updates, none for 15 s; not uploaded: ")
+    assert "shard 1 of 2 (http://worker-1:8710): does not answer, 63 clients" in line
+    assert "At its deadline (10:11:12 UTC) the round closes without them" in line
+    assert "(quorum 0.3: 37 of 122)" in line
+    below = start_run.missing_line(20, info, 1.0, WORKERS, answering=lambda url: True)
+    assert ": answers, 63 clients" in below
+    assert "is retried with a new cohort unless 63 more come" in below
+
+
+def test_a_round_closed_without_a_shard_or_after_a_retry_says_its_model_differs() -> None:
+    assert start_run.closed_note({"attempt": 0, "missing_by_shard": {}}, WORKERS) == ""
+    note = start_run.closed_note({"attempt": 0, "missing_by_shard": {"1/2": 61}}, WORKERS)
+    assert note == (
+        "closed without the uploads of shard 1 of 2 (http://worker-1:8710): 61: "
+        "from this round on the model differs from an undisturbed run's"
+    )
+    retried = start_run.closed_note({"attempt": 1, "missing_by_shard": {}}, WORKERS)
+    assert retried.startswith("closed at attempt 2 (retried below quorum, a new cohort): from")
+    # a shard count other than the workers' list: named without a URL
+    assert "shard 2 of 3: 5" in start_run.closed_note({"missing_by_shard": {"2/3": 5}}, WORKERS)
+
+
+def test_following_a_run_whose_worker_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 1 sits at shard 0's uploads while shard 1's clients are missing: the follower names
+    shard 1 once; round 1 then closes without them (noted), round 2 closes complete."""
+    state = {"polls": 0}
+    metrics = {"hr@10": 0.5, "ndcg@10": 0.3}
+
+    def closed(rid: int, n: int) -> dict[str, Any]:
+        return {"round_id": rid, "n_updates": n, "loss": 0.5, "seconds": 1.0, "metrics": metrics}
+
+    def fake_request(
+        url: str, token: Any = None, data: Any = None, timeout_s: float = 10.0
+    ) -> tuple[int, Any]:
+        path = urlsplit(url).path
+        if path == "/v1/rounds/current":
+            return 200, {"run_id": 1, "state": "open", "config": {"rounds": 2, "quorum": 0.3}}
+        if path == "/v1/runs/current/history":
+            state["polls"] += 1
+            rounds = [closed(1, 5)] if state["polls"] > 3 else []
+            if state["polls"] > 5:
+                rounds.append(closed(2, 10))
+            return 200, {"run_id": 1, "rounds": rounds, "next_after": None}
+        if path == "/v1/rounds/1":
+            open_ = state["polls"] <= 3
+            return 200, {
+                "round_id": 1,
+                "attempt": 0,
+                "state": "open" if open_ else "closed",
+                "updates_received": 5,
+                "cohort_size": 10,
+                "deadline": "2026-12-02T10:11:12+00:00",
+                "missing_by_shard": {"1/2": 5},
+            }
+        if path == "/v1/rounds/2":
+            done = state["polls"] > 5
+            return 200, {
+                "round_id": 2,
+                "attempt": 0,
+                "state": "closed" if done else "open",
+                "updates_received": 10 if done else 0,
+                "cohort_size": 10,
+                "missing_by_shard": {} if done else {"0/2": 5, "1/2": 5},
+            }
+        if path == "/healthz":  # worker-1 is gone
+            return (0, None) if "worker-1" in url else (200, {})
+        return 404, None
+
+    lines: list[str] = []
+    monkeypatch.setattr(start_run, "_request", fake_request)
+    monkeypatch.setattr(start_run, "say", lines.append)
+    monkeypatch.setattr(start_run, "QUIET_S", 0.0)
+    done = start_run.follow("http://aggregator", "token", poll_s=0.0, workers=WORKERS)
+    assert done["rounds"] == 2
+    told = [line for line in lines if "not uploaded" in line]
+    assert len(told) == 1, lines
+    assert "shard 1 of 2 (http://worker-1:8710): does not answer, 5 clients" in told[0]
+    notes = [line for line in lines if "differs from an undisturbed" in line]
+    assert notes == [
+        "round   1/2: closed without the uploads of shard 1 of 2 (http://worker-1:8710): 5: "
+        "from this round on the model differs from an undisturbed run's"
+    ]
