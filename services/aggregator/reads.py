@@ -159,12 +159,15 @@ class RunReads:
             evaluated_through=evaluated,
         )
 
-    def model_blob(self, version: int | None) -> ModelBlob:
-        """An encoded version of the current run's model (the latest when ``version`` is
-        None); 404 when it never existed, 410 when the retention policy pruned it."""
+    def model_blob(self, version: int | None, run_id: int | None = None) -> ModelBlob:
+        """An encoded version of the current run's model, or of run ``run_id``'s (the latest
+        when ``version`` is None); 404 when the run or the version never existed, 410 when the
+        retention policy pruned it."""
         with self.db.read() as s:
             repo = Repository(s)
-            run = repo.latest_run()
+            run = repo.latest_run() if run_id is None else repo.get_run(run_id)
+            if run is None and run_id is not None:
+                raise NotFound(f"run {run_id} does not exist", "run_not_found")
             if run is None:
                 raise NotFound("no run has been started", "no_run")
             v = repo.latest_version_number(run.id) if version is None else version

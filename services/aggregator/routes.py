@@ -40,6 +40,7 @@ UPLOAD_MEDIA_TYPE = "application/octet-stream"
 MAX_INT32 = 2**31 - 1
 RoundId = Annotated[int, Path(ge=0, le=MAX_INT32, description="Round number.")]
 Version = Annotated[int, Path(ge=0, le=MAX_INT32, description="Model version.")]
+RunId = Annotated[int, Path(ge=1, le=MAX_INT32, description="Run id.")]
 M = TypeVar("M", bound=BaseModel)
 
 router = APIRouter()
@@ -264,6 +265,19 @@ def model_version(
 ) -> Response:
     """One model version as safetensors (304 when the ETag matches)."""
     return _model_response(service.reads.model_blob(version), if_none_match)
+
+
+@router.get("/v1/runs/{run_id}/models/{version}", responses=ERRORS, response_class=Response)
+def run_model_version(
+    run_id: RunId,
+    version: Version,
+    caller: CallerDep,
+    service: ServiceDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """One model version of any run, an earlier one too, as safetensors (304 when the ETag
+    matches)."""
+    return _model_response(service.reads.model_blob(version, run_id), if_none_match)
 
 
 @router.post(UPLOAD_PATH, responses={**ERRORS, **_errors(415)}, openapi_extra=UPLOAD_BODY)

@@ -249,3 +249,29 @@ def test_background_task_closes_and_retries_at_the_deadline(
     ticks.wait_for(lambda out: "retried" in out)
     cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
     assert cur["round_id"] == 2 and cur["attempt"] == 1 and cur["state"] == "open"
+
+
+def test_an_earlier_runs_models_answer_by_run_id(clocked: Clocked) -> None:
+    """``/v1/models/{v}`` serves the newest run; ``/v1/runs/{id}/models/{v}`` any run's, an
+    earlier one's too, with the same bytes and ETag as when it was the newest."""
+    client, _, token = clocked
+    cohort = _start(client, rounds=1)
+    _upload(client, token, 1, cohort)
+    first = client.get("/v1/models/1", headers=bearer(token))
+    assert first.status_code == 200
+    post_run(client, {**RUN, "seed": 2})  # run 2: version 0 only
+    assert client.get("/v1/models/1", headers=bearer(token)).status_code == 404
+    again = client.get("/v1/runs/1/models/1", headers=bearer(token))
+    assert again.status_code == 200 and again.content == first.content
+    assert again.headers["ETag"] == first.headers["ETag"]
+    assert again.headers["X-Model-Version"] == "1"
+    etag = {"If-None-Match": first.headers["ETag"], **bearer(token)}
+    assert client.get("/v1/runs/1/models/1", headers=etag).status_code == 304
+    run2 = client.get("/v1/runs/2/models/0", headers=bearer(token))
+    assert run2.content == client.get("/v1/models/0", headers=bearer(token)).content
+    missing = client.get("/v1/runs/1/models/5", headers=bearer(token))
+    assert missing.status_code == 404 and "model version 5" in missing.text
+    no_run = client.get("/v1/runs/9/models/0", headers=bearer(token))
+    assert no_run.status_code == 404 and "run 9 does not exist" in no_run.text
+    assert client.get("/v1/runs/0/models/0", headers=bearer(token)).status_code == 422
+    assert client.get("/v1/runs/1/models/1").status_code == 401
