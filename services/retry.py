@@ -6,7 +6,7 @@ The wait before retry ``n`` (1-based) is ``min(max_backoff_s, backoff_s * 2**(n-
 the server's ``Retry-After`` when the failure carried one (an exception's ``retry_after_s``),
 then lengthened by a random fraction of up to ``jitter`` of itself, so that clients failing
 together (an aggregator restarting, its database down) do not come back together. A retry
-whose wait would end past ``deadline_s`` after the first attempt is not made: the last failure
+whose wait would end past ``give_up_after_s`` after the first attempt is not made: the last failure
 is raised. Whether a failure is worth retrying is the exception's ``retryable`` unless the
 caller says otherwise.
 
@@ -59,14 +59,14 @@ def is_retryable(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how patiently to retry (see the module's text). ``retries`` and
-    ``deadline_s`` None: no such bound. ``sleep`` waits between attempts (a waiter's wait, an
+    ``give_up_after_s`` None: no such bound. ``sleep`` waits between attempts (a waiter's wait, an
     event's wait, or a recorder in tests)."""
 
     retries: int | None = 10
     backoff_s: float = 0.2
     max_backoff_s: float = 5.0
     jitter: float = 0.5
-    deadline_s: float | None = 60.0
+    give_up_after_s: float | None = 60.0
     sleep: Callable[[float], Any] = field(default=time.sleep, compare=False)
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
@@ -93,8 +93,8 @@ class RetryPolicy:
         stops: list[tenacity.stop.stop_base] = []
         if self.retries is not None:
             stops.append(tenacity.stop_after_attempt(self.retries + 1))
-        if self.deadline_s is not None:
-            stops.append(tenacity.stop_before_delay(self.deadline_s))
+        if self.give_up_after_s is not None:
+            stops.append(tenacity.stop_before_delay(self.give_up_after_s))
         if until is not None:
             stops.append(tenacity.stop_when_event_set(until))
         bound = self.retries

@@ -108,7 +108,7 @@ def test_retries_bound_the_attempts_and_the_last_failure_is_raised() -> None:
 def test_the_deadline_bounds_the_total_time() -> None:
     """A retry whose wait would end past the deadline is not made (real sleeps)."""
     fn = Script(*[Unavailable() for _ in range(100)])
-    policy = RetryPolicy(retries=None, backoff_s=0.05, max_backoff_s=0.1, deadline_s=0.5)
+    policy = RetryPolicy(retries=None, backoff_s=0.05, max_backoff_s=0.1, give_up_after_s=0.5)
     t0 = time.monotonic()
     with pytest.raises(Unavailable):
         policy.call(fn)
@@ -120,7 +120,7 @@ def test_a_retry_after_past_the_deadline_gives_up_at_once() -> None:
     waits: list[float] = []
     fn = Script(Unavailable(retry_after_s=30.0))
     with pytest.raises(Unavailable):
-        _policy(waits, deadline_s=10.0).call(fn)
+        _policy(waits, give_up_after_s=10.0).call(fn)
     assert fn.calls == 1 and waits == []
 
 
@@ -133,7 +133,7 @@ def test_an_event_stops_the_retries() -> None:
         stop.set()
 
     fn = Script(*[Unavailable() for _ in range(10)])
-    retrying = RetryPolicy(retries=None, deadline_s=None, sleep=sleep).retrying(until=stop)
+    retrying = RetryPolicy(retries=None, give_up_after_s=None, sleep=sleep).retrying(until=stop)
     with pytest.raises(Unavailable):
         retrying(fn)
     assert fn.calls == 2 and len(waits) == 1

@@ -42,7 +42,7 @@ CREDENTIALS_CHANNEL = "fedrec:credentials"
 RETRY_AFTER_S = 5.0
 #: following a channel again after Redis failed: 0.5 s doubling to RETRY_AFTER_S, with jitter
 FOLLOW_RETRY = RetryPolicy(
-    retries=None, deadline_s=None, backoff_s=0.5, max_backoff_s=RETRY_AFTER_S
+    retries=None, give_up_after_s=None, backoff_s=0.5, max_backoff_s=RETRY_AFTER_S
 )
 
 

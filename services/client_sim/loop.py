@@ -28,7 +28,7 @@ def patience(worker: Worker) -> RetryPolicy:
     s = worker.settings
     return RetryPolicy(
         retries=None,
-        deadline_s=None,
+        give_up_after_s=None,
         backoff_s=s.poll_min_s,
         max_backoff_s=s.poll_max_s,
         sleep=worker.waiter.wait,

@@ -89,7 +89,7 @@ class Worker:
                 retries=settings.retries,
                 backoff_s=settings.backoff_s,
                 max_backoff_s=settings.max_backoff_s,
-                deadline_s=settings.retry_deadline_s,
+                give_up_after_s=settings.retry_deadline_s,
                 sleep=sleep,
             ),
             max_body_bytes=settings.max_body_bytes,

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 #: re-subscribing to version events: 0.5 s doubling to 10 s with jitter, without end (the
 #: poll catches what is missed meanwhile)
-EVENTS_RETRY = RetryPolicy(retries=None, deadline_s=None, backoff_s=0.5, max_backoff_s=10.0)
+EVENTS_RETRY = RetryPolicy(retries=None, give_up_after_s=None, backoff_s=0.5, max_backoff_s=10.0)
 
 
 class ModelFollower:
