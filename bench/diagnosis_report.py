@@ -376,6 +376,35 @@ def targets() -> list[str]:
     return lines
 
 
+def tuned_targets() -> list[str]:
+    """The same targets for a data set's own tuned preset (``tuned-<dataset>``, chosen by its
+    study on validation items only), where one was run."""
+    rows = []
+    for key in TARGET_KEYS:
+        runs = [r for r in cell(key, "tuned-fedrecgel") if r["settings_from"].startswith("tuned-")]
+        fed = statistics.fmean(_vals(runs, "selected", "hr@10")) if runs else None
+        pop, _ = _mean(key, "popularity")
+        cen = _central_hr(key)
+        if fed is None or pop is None or cen is None:
+            continue
+        t1 = "met" if fed >= cen - 2 else "missed"
+        t2 = "met" if fed >= pop + (cen - pop) / 2 else "missed"
+        rows.append(
+            f"| {key} | {runs[0]['settings_from']} | {fed:.2f} ({len(runs)}) | {pop:.2f} | "
+            f"{cen:.2f} | {t1} | {t2} |"
+        )
+    if not rows:
+        return []
+    return [
+        "### Targets of a data set's own tuned preset (validation-selected test HR@10, points)",
+        "",
+        "| data set | preset | tuned (seeds) | popularity | centralized | "
+        ">= centralized - 2 | >= popularity + half the gap |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def section() -> list[str]:
     """Everything this module reports."""
     out = diagnosis()
@@ -383,4 +412,7 @@ def section() -> list[str]:
     rule = default_rule()
     if rule:
         out += ["", *rule, "", *targets()]
+    tuned = tuned_targets()
+    if tuned:
+        out += ["", *tuned]
     return out
