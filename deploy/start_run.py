@@ -291,6 +291,7 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
     progress_since = time.monotonic()
     told: tuple[int, int, str] | None = None
     printed: set[int] = set()
+    noted: set[int] = set()  # closed rounds whose closing was looked at (closed_note)
     shown: tuple[int, int] | None = None
     last_show = 0.0
     first_round_s: float | None = None
@@ -305,6 +306,13 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
             first_round_s = time.monotonic() - t0
         for r in rounds:
             rid = int(r["round_id"])
+            if rid not in noted:  # told at once: its metrics may wait for a missing worker
+                noted.add(rid)
+                status, info = _request(f"{base}/v1/rounds/{rid}")
+                ok = status == 200 and isinstance(info, dict)
+                note = closed_note(info, workers) if ok else ""
+                if note:
+                    say(f"round {rid:>3}/{total}: {note}")
             # a round is shown with its evaluation, or without once two later rounds closed
             ready = bool(r.get("metrics")) or (rid < total and len(rounds) - rid >= 2)
             if rid in printed or not ready:
@@ -315,10 +323,7 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
                 f"loss {r['loss'] if r['loss'] is not None else float('nan'):.4f}, "
                 f"{_hr(r.get('metrics')) or 'not evaluated yet'}  ({r['seconds']:.1f} s)"
             )
-            status, info = _request(f"{base}/v1/rounds/{rid}")
-            note = closed_note(info, workers) if status == 200 and isinstance(info, dict) else ""
-            if note:
-                say(f"round {rid:>3}/{total}: {note}")
+
         if len(rounds) >= total and all(r.get("metrics") for r in rounds[:total]):
             return {
                 "run_id": run_id,

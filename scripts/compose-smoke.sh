@@ -11,22 +11,29 @@
 #    ../shared/tools/container-standins/build.sh next to the clone) if that exists;
 # 4. the project image (classic builder; the CPU torch wheel from pip's find-links folder when
 #    it has one, served to a `--network host` build on a loopback port) and the balancer's
-#    (Debian's haproxy, deploy/balancer);
-# 5. `docker compose up` of the demo with $SMOKE_ROUNDS (3) rounds under its own project name
-#    and free host ports: every service healthy (the aggregator's $FEDREC_AGGREGATOR_REPLICAS
-#    (3) replicas each), one replica's process killed with SIGKILL once the first round closed,
-#    restarted by Docker, the run finished all the same through the balancer, every replica
-#    having answered requests, the demo's top-10 printed, a recommendation answered through a
-#    worker and through recommend-api;
+#    (Debian's haproxy, deploy/balancer), leaving no dangling image behind;
+# 5. `docker compose up` of the demo with $SMOKE_ROUNDS (4) rounds and a round deadline of
+#    $SMOKE_DEADLINE_S (45) s under its own project name and free host ports: every service
+#    healthy (the aggregator's $FEDREC_AGGREGATOR_REPLICAS (3) replicas each); once the first
+#    round closed, worker-1 stopped with `docker kill` (an operator's stop: Docker does not
+#    restart it) and one replica's process killed with SIGKILL (a crash: restarted by Docker);
+#    a round closed at its deadline without worker-1's shard, the demo naming the shard and
+#    saying the model now differs from an undisturbed run's; `docker compose up -d worker-1`,
+#    the worker back and the last round closed with every update of its cohort; the run
+#    finished all the same through the balancer, every replica having answered requests, the
+#    demo's top-10 printed, a recommendation answered through a worker and through
+#    recommend-api;
 #    the dashboard's page and its local assets served, its state showing the run, its user
 #    panel answered through a worker, an operator action without the token refused;
-# 6. `docker compose down -v` (also on failure): no container, volume or network is left.
+# 6. `docker compose down -v` (also on failure): no container, volume (anonymous ones included)
+#    or network is left.
 #
 # Prints each step's time; exits non-zero on the first failure (with the services' logs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-ROUNDS=${SMOKE_ROUNDS:-3}
+ROUNDS=${SMOKE_ROUNDS:-4}
+DEADLINE_S=${SMOKE_DEADLINE_S:-45}
 PROJECT=${SMOKE_PROJECT:-fedrecgel-smoke}
 IMAGE=fedrecgel:0.1.0
 BALANCER_IMAGE=fedrecgel-balancer:0.1.0
@@ -39,6 +46,7 @@ STEP_T=$SECONDS
 STARTED_DOCKERD=
 WHEEL_SERVER=
 UP=
+VOLUMES_BEFORE=
 
 step() {
   echo "== [$((SECONDS - T0))s] $* (previous step took $((SECONDS - STEP_T)) s)"
@@ -62,6 +70,7 @@ cleanup() {
     compose down -v --remove-orphans >/dev/null 2>&1
     left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
     left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+    left+=$(comm -13 <(echo "$VOLUMES_BEFORE") <(docker volume ls -q | sort))
     [ -z "$left" ] || { echo "left behind: $left" >&2; rc=1; }
   fi
   [ -z "$WHEEL_SERVER" ] || kill "$WHEEL_SERVER" 2>/dev/null
@@ -178,18 +187,26 @@ for p in range(18999, 19100):
   build_args+=(--network host --build-arg "TORCH_FIND_LINKS=http://127.0.0.1:$port/")
   echo "torch wheel from $links"
 fi
+# what a build may leave dangling: the images these tags named before (replaced by the build)
+dangling_before=$(docker images -q -f dangling=true | sort -u)
+replaced=$(docker image inspect -f '{{.Id}}' "$IMAGE" "$BALANCER_IMAGE" 2>/dev/null | cut -c8-19 || true)
 DOCKER_BUILDKIT=0 docker build -q "${build_args[@]}" -f deploy/Dockerfile -t "$IMAGE" . >/dev/null
 [ -z "$WHEEL_SERVER" ] || { kill "$WHEEL_SERVER" 2>/dev/null; WHEEL_SERVER=; }
 docker image ls "$IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
 DOCKER_BUILDKIT=0 docker build -q -f deploy/balancer/Dockerfile -t "$BALANCER_IMAGE" deploy >/dev/null
 docker image ls "$BALANCER_IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
+# no untagged stage image (deploy/Dockerfile has one stage): nothing dangling but what was
+new_dangling=$(comm -13 <(echo "$dangling_before") <(docker images -q -f dangling=true | sort -u) |
+  grep -vxF -f <(echo "${replaced:-none}") || true)
+[ -z "$new_dangling" ] || fail "the build left dangling images: $new_dangling"
+echo "no dangling image left by the build"
 
 # ---------------------------------------------------------------- 5. the demo
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export FEDREC_AGGREGATOR_PORT=$(free_port) FEDREC_RECOMMEND_PORT=$(free_port)
 export FEDREC_WORKER0_PORT=$(free_port) FEDREC_WORKER1_PORT=$(free_port)
 export FEDREC_DASHBOARD_PORT=$(free_port)
-export FEDREC_DEMO_ROUNDS=$ROUNDS
+export FEDREC_DEMO_ROUNDS=$ROUNDS FEDREC_DEMO_DEADLINE_S=$DEADLINE_S
 agg=http://127.0.0.1:$FEDREC_AGGREGATOR_PORT
 
 py_get() {  # URL [python expression over the JSON body `b`] [bearer token]: print it, fail on non-2xx
@@ -205,6 +222,8 @@ closed_rounds() { py_get "$agg/v1/runs/current/history" 'len(b["rounds"])' 2>/de
 
 step "docker compose up (demo of $ROUNDS rounds)"
 compose down -v --remove-orphans >/dev/null 2>&1 || true
+# every volume of the engine before the up: the same after `down -v` (no anonymous one left)
+VOLUMES_BEFORE=$(docker volume ls -q | sort)
 UP=1
 UP_T=$SECONDS
 compose up -d --no-build --quiet-pull
@@ -231,6 +250,15 @@ for _ in $(seq 600); do [ "$(closed_rounds)" -ge 1 ] && break; sleep 0.5; done
 [ "$(closed_rounds)" -ge 1 ] || fail "no round closed"
 echo "first round closed $((SECONDS - UP_T)) s after docker compose up"
 
+# An operator's stop of a worker: `docker kill`. Docker applies no restart policy after it, so
+# worker-1 stays down; its shard's clients (about half of each cohort) stop uploading and the
+# demo's quorum (0.3) closes rounds at their deadline without them.
+step "docker kill worker-1 (an operator's stop)"
+worker1=$(compose ps -q worker-1)
+worker1_restarts=$(docker inspect -f '{{.RestartCount}}' "$worker1")
+docker kill "$worker1" >/dev/null
+KILLED_AT=$(closed_rounds)
+
 # A crash of the aggregator: SIGKILL to its process. Not `docker kill -s KILL`: the engine takes
 # that as an operator's stop and applies no restart policy after it (Debian's engine 20.10,
 # checked with always, on-failure and unless-stopped: the container stays exited). A process
@@ -247,6 +275,32 @@ state=$(docker inspect -f '{{.RestartCount}} {{.State.Health.Status}}' "$agg_id"
 [ "$state" = "$((restarts + 1)) healthy" ] || fail "the replica after the kill: restarts/health $state"
 echo "the replica restarted by Docker and healthy again ($state)"
 
+step "a round closes without worker-1's shard"
+[ "$(docker inspect -f '{{.State.Status}} {{.RestartCount}}' "$worker1")" = "exited $worker1_restarts" ] ||
+  fail "worker-1 after docker kill: $(docker inspect -f '{{.State.Status}} restarts {{.RestartCount}}' "$worker1")"
+echo "worker-1 stays exited after docker kill (no restart policy applies)"
+without_shard1() {  # the closed rounds after $KILLED_AT that closed without shard 1's clients
+  local r
+  for r in $(seq $((KILLED_AT + 1)) "$(closed_rounds)"); do
+    py_get "$agg/v1/rounds/$r" '"1/2" in b["missing_by_shard"] and b["state"] == "closed"' |
+      grep -q True && echo "$r"
+  done
+}
+for _ in $(seq $((DEADLINE_S * 3))); do [ -n "$(without_shard1)" ] && break; sleep 1; done
+[ -n "$(without_shard1)" ] || fail "no round closed without worker-1's shard"
+echo "round(s) closed without shard 1: $(without_shard1 | tr '\n' ' ')"
+demo_log() { docker logs "$(compose ps -aq demo)" 2>&1; }
+demo_log | grep -E "not uploaded: shard 1 of 2 \(http://worker-1:8710\): does not answer" ||
+  fail "the demo did not name the missing shard"
+for _ in $(seq 20); do demo_log | grep -q "differs from an undisturbed run's" && break; sleep 1; done
+demo_log | grep "differs from an undisturbed run's" || fail "the demo did not say the model differs"
+
+step "docker compose up -d worker-1: it rejoins"
+compose up -d --no-build worker-1 2>&1 | tail -2
+for _ in $(seq 120); do [ "$(health_of worker-1)" = "healthy x1" ] && break; sleep 1; done
+[ "$(health_of worker-1)" = "healthy x1" ] || fail "worker-1 is $(health_of worker-1) after up -d"
+echo "worker-1 healthy again"
+
 step "the run goes on to the end"
 compose wait demo >/dev/null 2>&1 || true
 code=$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -aq demo)")
@@ -256,6 +310,10 @@ grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fa
 grep -qF "dashboard: http://127.0.0.1:$FEDREC_DASHBOARD_PORT/ui/" "$WORK/demo.log" || fail "the demo did not print the dashboard's address"
 [ "$(grep -cE '^ +[0-9]+  ' "$WORK/demo.log")" -ge 10 ] || fail "no top-10 in the demo's log"
 [ "$(closed_rounds)" = "$ROUNDS" ] || fail "$(closed_rounds) rounds closed, not $ROUNDS"
+# worker-1 rejoined: the last round took every update of its cohort
+last=$(py_get "$agg/v1/rounds/$ROUNDS" '(b["state"], b["updates_received"] == b["cohort_size"], b["missing_by_shard"])')
+echo "round $ROUNDS: $last"
+[ "$last" = "('closed', True, {})" ] || fail "the last round did not close with worker-1's shard"
 # the balancer spread the run over every replica (their access logs), each round closed once
 closes=0
 for id in "${replicas[@]}"; do
@@ -325,5 +383,7 @@ compose down -v --remove-orphans
 UP=
 left=$(docker ps -aq --filter "label=com.docker.compose.project=$PROJECT")
 left+=$(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT")
+left+=$(comm -13 <(echo "$VOLUMES_BEFORE") <(docker volume ls -q | sort))
 [ -z "$left" ] || fail "left behind: $left"
+echo "no container or volume left (anonymous volumes included)"
 step "done"
