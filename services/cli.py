@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 import typer
 
-from fedrecgel.cli import app, checked, console, fail, preset_choices, run_options
+from fedrecgel.cli import app, checked, preset_choices, run_options
 from fedrecgel.cli import main as _run_app
-from fedrecgel.clitools import option_flag
+from fedrecgel.clitools import console, fail, option_flag
 from fedrecgel.data import DATASETS, DataError
+from services.ports import AGGREGATOR_PORT, DASHBOARD_PORT, RECOMMEND_PORT, WORKER_HTTP_PORT
 
 __all__ = ["app", "main"]
 
@@ -94,16 +95,16 @@ def up(
     ] = 2,
     aggregator_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The aggregator's port.")
-    ] = 8700,
+    ] = AGGREGATOR_PORT,
     recommend_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The recommendation API's port.")
-    ] = 8702,
+    ] = RECOMMEND_PORT,
     worker_http_port: Annotated[
         int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
-    ] = 8710,
+    ] = WORKER_HTTP_PORT,
     dashboard_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The web dashboard's port.")
-    ] = 8704,
+    ] = DASHBOARD_PORT,
     dashboard: Annotated[bool, typer.Option(help="Also start the web dashboard.")] = True,
     workdir: Annotated[
         Path,

@@ -34,6 +34,7 @@ from fedrecgel.config import RunParams
 from fedrecgel.run_config import RunConfig
 from services.enrolment import enrolment_token as derive_enrolment_token
 from services.history import HistoryCopy
+from services.ports import AGGREGATOR_PORT, DASHBOARD_PORT, RECOMMEND_PORT, WORKER_HTTP_PORT
 from services.restarts import Proc, Restarts
 from services.supervise import TOKEN_FILE, LaunchError, die_with_parent, uninterrupted
 from services.url_settings import MAX_THREADS
@@ -92,11 +93,11 @@ class UpOptions:
     workers: int = 2
     validation: bool = False
     host: str = "127.0.0.1"
-    aggregator_port: int = 8700
-    recommend_port: int = 8702
-    worker_http_port: int = 8710
+    aggregator_port: int = AGGREGATOR_PORT
+    recommend_port: int = RECOMMEND_PORT
+    worker_http_port: int = WORKER_HTTP_PORT
     dashboard: bool = True
-    dashboard_port: int = 8704
+    dashboard_port: int = DASHBOARD_PORT
     workdir: Path = Path("runs/up")
     redis_url: str | None = None
     keep_running: bool = False

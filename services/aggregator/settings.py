@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from fedrecgel.config import MAX_MODEL_PARAMS
 from fedrecgel.robust import DEFAULT_FACTOR
+from services.ports import AGGREGATOR_PORT
 from services.secret_files import secret_from_file, weak_secret
 from services.url_settings import DatabaseUrl, LogLevel, RedisUrl, Threads
 
@@ -67,7 +68,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     max_json_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     host: str = "127.0.0.1"
-    port: int = Field(default=8700, ge=0, le=65535)
+    port: int = Field(default=AGGREGATOR_PORT, ge=0, le=65535)
     deadline_poll_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
     model_cache_versions: int = Field(default=8, ge=1)
     # Retention of model versions: the newest ``keep_latest_versions`` and every version that

@@ -15,6 +15,7 @@ from fedrecgel.config import DEFAULTS
 from services.enrolment import EnrolmentTokenError, parse_enrolment_token
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.host_check import is_loopback
+from services.ports import AGGREGATOR_URL, RECOMMEND_URL
 from services.secret_files import secret_from_file, weak_secret
 from services.url_settings import HttpUrl, RedisUrl, Threads
 
@@ -47,7 +48,7 @@ class WorkerSettings(BaseSettings):
         hide_input_in_errors=True,  # never echo a secret
     )
 
-    aggregator: HttpUrl = "http://127.0.0.1:8700"
+    aggregator: HttpUrl = AGGREGATOR_URL
     shard: int = 0
     shards: int = 1
     # The shard enrolment token the users are registered with (services/enrolment.py; issued by
@@ -97,7 +98,7 @@ class WorkerSettings(BaseSettings):
     device_token_file: Path | None = None
     # The largest request body the device API accepts (its routes take none: 413 above).
     http_max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
-    recommend_url: HttpUrl = "http://127.0.0.1:8702"
+    recommend_url: HttpUrl = RECOMMEND_URL
     # How recommend_api names items: the dataset's own ids (it runs with FEDREC_REC_DATASET)
     # or catalogue indices as strings (it runs without labels).
     recommend_item_ids: Literal["dataset", "index"] = "dataset"

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
+from services.ports import AGGREGATOR_URL, DASHBOARD_PORT, RECOMMEND_URL
 from services.secret_files import secret_from_file, weak_secret
 from services.url_settings import HttpUrl, LogLevel, check_http_url
 
@@ -30,12 +31,12 @@ class DashboardSettings(BaseSettings):
 
     environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"
-    port: int = Field(default=8704, ge=0, le=65535)
-    aggregator_url: HttpUrl = "http://127.0.0.1:8700"
+    port: int = Field(default=DASHBOARD_PORT, ge=0, le=65535)
+    aggregator_url: HttpUrl = AGGREGATOR_URL
     aggregator_token: SecretStr | None = None
     aggregator_token_file: Path | None = None
     # None: no recommendation-API panel
-    recommend_url: HttpUrl | None = "http://127.0.0.1:8702"
+    recommend_url: HttpUrl | None = RECOMMEND_URL
     # the device APIs of the workers, comma-separated, in shard order (user u is on u % n)
     worker_urls: str = ""
     worker_token: SecretStr | None = None

@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
+from services.ports import AGGREGATOR_URL, RECOMMEND_PORT
 from services.recommend_api.ranking import RankingConfig
 from services.secret_files import secret_from_file, weak_secret
 from services.url_settings import MAX_THREADS, HttpUrl, RedisUrl, Threads
@@ -30,9 +31,9 @@ class Settings(BaseSettings):
     # token is refused outside development
     environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"
-    port: int = Field(default=8702, ge=0, le=65535)
+    port: int = Field(default=RECOMMEND_PORT, ge=0, le=65535)
     # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
-    aggregator_url: HttpUrl | None = "http://127.0.0.1:8700"
+    aggregator_url: HttpUrl | None = AGGREGATOR_URL
     aggregator_token: SecretStr | None = None
     # the token read from a file instead (services/secret_files.py)
     aggregator_token_file: Path | None = None
