@@ -49,4 +49,4 @@ def keep_freed_memory() -> bool:
     mallopt.restype = ctypes.c_int
     ok_mmap = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     ok_trim = mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    return ok_mmap and ok_trim
+    return bool(ok_mmap and ok_trim)

@@ -153,7 +153,7 @@ def central(
             ).squeeze(1)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="sum")
             opt.zero_grad(set_to_none=True)
-            (loss / len(idx)).backward()
+            torch.autograd.backward(loss / len(idx))
             opt.step()
             total += float(loss.detach())
         rec = RoundRecord(

@@ -308,34 +308,12 @@ def train(
 ) -> None:
     """Train with the in-process simulator, Ray actors (or a reference point); write
     results.json and hr_ndcg.png to --out."""
-    if backend not in BACKENDS:
-        raise fail(f"--backend must be one of {', '.join(BACKENDS)}")
-    for name, value in (("--address", address), ("--checkpoint-dir", checkpoint_dir)):
-        if value is not None and backend != "ray":
-            raise fail(f"{name} is a setting of --backend ray; it would change nothing")
-    backend_of = Backend(backend, address, checkpoint_dir)
-    if method not in METHODS + BASELINE_METHODS:
-        raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
-    if central_lr is not None and method != "central":
-        raise fail("--central-lr is the step size of --method central; it would change nothing")
-    if presets_file is not None and preset is None:
-        raise fail("--presets-file is read only with --preset (the preset to take from it)")
-    if presets_file is not None and not presets_file.is_file():
-        raise fail(f"--presets-file {presets_file}: no such file")
+    backend_of = _backend_of(backend, address, checkpoint_dir)
+    _refuse_unused_options(method, central_lr, preset, presets_file)
     seed_list = parse_seeds(seeds)
-    params = checked({**run, "seed": seed_list[0]})
-    for seed in seed_list[1:]:
-        checked({**run, "seed": seed})
+    params = _checked_seeds(run, seed_list)
     federated = method not in BASELINE_METHODS
-    named = [n for n in run if _source(ctx, n) == "COMMANDLINE"]
-    if (problem := baseline_problem(method, run, dp_max_items, named)) is not None:
-        raise fail(problem)
-    if shards is not None and not federated:
-        raise fail(f"--shards splits the clients of a federated run; --method {method} has none")
-    if backend == "ray":
-        given = _source(ctx, "upload_grouping") == "COMMANDLINE"
-        if (problem := ray_problem(method, federated, run, given)) is not None:
-            raise fail(problem)
+    _refuse_run_conflicts(ctx, run, method, federated, backend, shards, dp_max_items)
     base = TrainConfig.from_params(
         params, method=method if federated else "fedrecgel", eval_every=eval_every
     )
@@ -349,12 +327,7 @@ def train(
     base = with_backend(
         _apply_preset(ctx, base, preset, split.name, presets_file), backend_of, shards
     )
-    n_shared = base.model(split.n_items).n_shared()
-    if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
-        raise fail(
-            f"--factor {base.factor} with --layers {base.layers} on {split.n_items} items would "
-            f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
-        )
+    _refuse_model_size(method, base, split.n_items)
     # before training: a folder that cannot be written, or holds results, fails now
     no_earlier_outputs(out, TRAIN_OUTPUTS, overwrite or out.resolve() == TRAIN_OUT.resolve())
     out_dir(out)
@@ -374,19 +347,7 @@ def train(
     if federated:
         results = train_seeds(split, base, seed_list, backend_of, out, quiet)
     for res in results:
-        best, sel = res.best_test(), res.selected()
-        line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
-        if best:
-            line += (
-                f"; best test round {best['round']}: HR@10 {best['hr@10']:.4f} "
-                f"NDCG@10 {best['ndcg@10']:.4f}"
-            )
-        if sel:
-            line += (
-                f"; validation-selected round {sel['round']}: HR@10 {sel['hr@10']:.4f} "
-                f"NDCG@10 {sel['ndcg@10']:.4f}"
-            )
-        console.print(line)
+        console.print(_seed_line(res))
     summary = summarize(results)
     payload: dict[str, Any] = {
         "dataset": split.name,
@@ -400,25 +361,111 @@ def train(
         "runs": [r.to_json() for r in results],
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    plotted = (eval_every and federated) or method == "central"
+    plotted = bool((eval_every and federated) or method == "central")
     if plotted:
         plot_run(results, out / "hr_ndcg.png")
     else:  # an earlier run's plot beside these results would pass for theirs
         (out / "hr_ndcg.png").unlink(missing_ok=True)
     if "best_test.hr@10.mean" in summary:
-        console.print(
-            f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "
-            f"NDCG@10 {summary['best_test.ndcg@10.mean']:.4f} (best test round, mean of "
-            f"{len(results)} seed(s))"
-            + (
-                f"; validation-selected HR@10 {summary['selected.hr@10.mean']:.4f} "
-                f"NDCG@10 {summary['selected.ndcg@10.mean']:.4f}"
-                if "selected.hr@10.mean" in summary
-                else ""
-            )
-        )
+        console.print(_final_line(summary, len(results)))
     console.print(
         f"wrote {out / 'results.json'}" + (f" and {out / 'hr_ndcg.png'}" if plotted else "")
+    )
+
+
+def _backend_of(backend: str, address: str | None, checkpoint_dir: Path | None) -> Backend:
+    """``fedrec train``'s --backend with its options, refusing those of ray on another."""
+    if backend not in BACKENDS:
+        raise fail(f"--backend must be one of {', '.join(BACKENDS)}")
+    for name, value in (("--address", address), ("--checkpoint-dir", checkpoint_dir)):
+        if value is not None and backend != "ray":
+            raise fail(f"{name} is a setting of --backend ray; it would change nothing")
+    return Backend(backend, address, checkpoint_dir)
+
+
+def _refuse_unused_options(
+    method: str, central_lr: float | None, preset: str | None, presets_file: Path | None
+) -> None:
+    """Refuse an unknown --method, and options that would change nothing with the others."""
+    if method not in METHODS + BASELINE_METHODS:
+        raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
+    if central_lr is not None and method != "central":
+        raise fail("--central-lr is the step size of --method central; it would change nothing")
+    if presets_file is not None and preset is None:
+        raise fail("--presets-file is read only with --preset (the preset to take from it)")
+    if presets_file is not None and not presets_file.is_file():
+        raise fail(f"--presets-file {presets_file}: no such file")
+
+
+def _checked_seeds(run: dict[str, Any], seeds: list[int]) -> RunParams:
+    """The run settings with the first seed, each seed checked."""
+    params = checked({**run, "seed": seeds[0]})
+    for seed in seeds[1:]:
+        checked({**run, "seed": seed})
+    return params
+
+
+def _refuse_run_conflicts(
+    ctx: typer.Context,
+    run: dict[str, Any],
+    method: str,
+    federated: bool,
+    backend: str,
+    shards: int | None,
+    dp_max_items: int | None,
+) -> None:
+    """Refuse run settings the method (a reference point's) or the backend cannot take."""
+    named = [n for n in run if _source(ctx, n) == "COMMANDLINE"]
+    if (problem := baseline_problem(method, run, dp_max_items, named)) is not None:
+        raise fail(problem)
+    if shards is not None and not federated:
+        raise fail(f"--shards splits the clients of a federated run; --method {method} has none")
+    if backend == "ray":
+        given = _source(ctx, "upload_grouping") == "COMMANDLINE"
+        if (problem := ray_problem(method, federated, run, given)) is not None:
+            raise fail(problem)
+
+
+def _refuse_model_size(method: str, base: TrainConfig, n_items: int) -> None:
+    """Refuse a model of more than MAX_MODEL_PARAMS shared parameters (popularity and random
+    build none)."""
+    n_shared = base.model(n_items).n_shared()
+    if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
+        raise fail(
+            f"--factor {base.factor} with --layers {base.layers} on {n_items} items would "
+            f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
+        )
+
+
+def _seed_line(res: RunResult) -> str:
+    """One seed's time, best test round and validation-selected round."""
+    best, sel = res.best_test(), res.selected()
+    line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
+    if best:
+        line += (
+            f"; best test round {best['round']}: HR@10 {best['hr@10']:.4f} "
+            f"NDCG@10 {best['ndcg@10']:.4f}"
+        )
+    if sel:
+        line += (
+            f"; validation-selected round {sel['round']}: HR@10 {sel['hr@10']:.4f} "
+            f"NDCG@10 {sel['ndcg@10']:.4f}"
+        )
+    return line
+
+
+def _final_line(summary: dict[str, Any], n_seeds: int) -> str:
+    """The mean over the seeds of the best test round (and of the validation-selected one)."""
+    return (
+        f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "
+        f"NDCG@10 {summary['best_test.ndcg@10.mean']:.4f} (best test round, mean of "
+        f"{n_seeds} seed(s))"
+        + (
+            f"; validation-selected HR@10 {summary['selected.hr@10.mean']:.4f} "
+            f"NDCG@10 {summary['selected.ndcg@10.mean']:.4f}"
+            if "selected.hr@10.mean" in summary
+            else ""
+        )
     )
 
 

@@ -40,7 +40,8 @@ class ModelConfig:
     @property
     def mlp_dim(self) -> int:
         """Width of the MLP embeddings: factor * 2^(layers-1)."""
-        return self.factor * 2 ** (self.layers - 1)
+        dim: int = self.factor * 2 ** (self.layers - 1)
+        return dim
 
     def tower_sizes(self) -> list[tuple[int, int]]:
         """(in, out) of each tower layer: 2E -> E -> E/2 ... -> F."""

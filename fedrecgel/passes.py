@@ -69,7 +69,7 @@ class Layout:
 
     def split(self, x: Tensor) -> tuple[Tensor, ...]:
         """Each client's rows of a per-sample (N, ...) tensor (views, made in one call)."""
-        return x.split(np.diff(self.offsets).tolist())
+        return torch.split(x, np.diff(self.offsets).tolist())
 
 
 def make_layout(
@@ -118,7 +118,8 @@ def _per_client(t: Tensor, lay: Layout) -> Tensor:
 def relu_grad_(d: Tensor, x: Tensor) -> Tensor:
     """``d`` where the ReLU output ``x`` is positive, else 0, written over ``d`` (one fused
     pass that allocates nothing; the same as ``d * (x > 0)`` up to the sign of zeros)."""
-    return torch.ops.aten.threshold_backward.grad_input(d, x, 0.0, grad_input=d)
+    out: Tensor = torch.ops.aten.threshold_backward.grad_input(d, x, 0.0, grad_input=d)
+    return out
 
 
 @dataclass
@@ -211,7 +212,7 @@ def loss_grad(lay: Layout, logits: Tensor, scale: Tensor | None = None) -> tuple
     return loss, (torch.sigmoid(logits) - lay.labels) * w
 
 
-def backward(
+def backward(  # noqa: C901  # hand-written backward: a branch per model kind and output asked for
     cfg: ModelConfig,
     lay: Layout,
     fw: Forward,

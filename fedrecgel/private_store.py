@@ -37,7 +37,8 @@ class PrivateStore:
             self.data.assign(rows, fresh)
             self.slot[new] = rows
             self.size = need
-        return self.slot[user_ids]
+        rows_of: np.ndarray = self.slot[user_ids]
+        return rows_of
 
     def get(self, user_ids: np.ndarray) -> PrivateState:
         """The state of ``user_ids`` (copies), initialising users seen for the first time."""

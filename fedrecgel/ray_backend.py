@@ -93,7 +93,7 @@ def ray_cluster(address: str | None, shards: int) -> Iterator[dict[str, float]]:
     else:
         ray.init(address=address, **quiet)  # type: ignore[arg-type]
     try:
-        yield dict(ray.cluster_resources())
+        yield dict(ray.cluster_resources())  # type: ignore[no-untyped-call]  # ray: unannotated
     finally:
         ray.shutdown()
 
@@ -121,7 +121,7 @@ class RaySimulator(Simulator):
         if reason is not None:
             raise ValueError(reason)
         n = config.shards
-        cpus = float(ray.cluster_resources().get("CPU", 0.0))
+        cpus = float(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
         if cpus < n:
             raise ValueError(
                 f"{n} shards need {n} CPUs in the Ray cluster (an actor each); it has {cpus:g}"

@@ -29,13 +29,15 @@ class NCFModule(nn.Module):
 
     def sh(self, name: str) -> nn.Parameter:
         """Shared parameter by its canonical name."""
-        return self.shared[name.replace(".", "_")]
+        p: nn.Parameter = self.shared[name.replace(".", "_")]
+        return p
 
     def forward(self, items: Tensor) -> Tensor:
         """Logits of this user for ``items`` (S,) -> (S,)."""
         gmf = self.private["user_gmf"] * self.sh("item_gmf")[items]
         if self.cfg.kind == "mf":
-            return gmf.sum(-1)
+            score: Tensor = gmf.sum(-1)
+            return score
         umlp = self.private["user_mlp"].expand(len(items), -1)
         h = torch.cat([umlp, self.sh("item_mlp")[items]], dim=-1)
         for k in range(self.cfg.layers):
@@ -97,7 +99,7 @@ def reference_client_step(
     # local steps: the private embeddings fitted to this round's shared parameters first
     for _ in range(hp.local_steps):
         model.zero_grad()
-        _chunked_loss(model, items, labels, hp.chunk_size).backward()
+        torch.autograd.backward(_chunked_loss(model, items, labels, hp.chunk_size))
         for p, g in zip(ns_params, _grads(ns_params), strict=True):
             p.grad = g
         opt.step()
@@ -105,7 +107,7 @@ def reference_client_step(
 
     model.zero_grad()
     loss = _chunked_loss(model, items, labels, hp.chunk_size)
-    loss.backward()
+    torch.autograd.backward(loss)
     g_sh, g_ns = _grads(sh_params), _grads(ns_params)
 
     def sam_gradient(params: list[nn.Parameter], grads: list[Tensor], rho: float) -> list[Tensor]:
@@ -118,7 +120,7 @@ def reference_client_step(
             for p, e in zip(params, eps, strict=True):
                 p.add_(e)
         model.zero_grad()
-        _chunked_loss(model, items, labels, hp.chunk_size).backward()
+        torch.autograd.backward(_chunked_loss(model, items, labels, hp.chunk_size))
         at_perturbed = _grads(params)
         with torch.no_grad():
             for p, e in zip(params, eps, strict=True):

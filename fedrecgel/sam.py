@@ -137,7 +137,8 @@ def repeated_in_row(negs: np.ndarray) -> np.ndarray:
     of 1,000 negatives take 1 MB a row (30 GiB for a FilmTrust cohort)."""
     n = negs.shape[1]
     if n <= PAIRWISE_NEGATIVES:
-        return ((negs[:, :, None] == negs[:, None, :]) & _before(n)).any(axis=1)
+        repeated: np.ndarray = ((negs[:, :, None] == negs[:, None, :]) & _before(n)).any(axis=1)
+        return repeated
     return repeats_by_sorting(negs)
 
 
@@ -240,6 +241,21 @@ def _group_step(
     SAM gradient name -> (C, d) and the pass-1 loss (C,).
     """
     lay = make_layout(samples, cfg.n_items, hp.chunk_size)
+    upload, g_priv, loss = layout_step(cfg, lay, shared, priv, hp, weights, tables)
+    return lay, upload, g_priv, loss
+
+
+def layout_step(
+    cfg: ModelConfig,
+    lay: Layout,
+    shared: dict[str, Tensor],
+    priv: dict[str, Tensor],
+    hp: SAMConfig,
+    weights: Tensor | None,
+    tables: dict[str, Tensor],
+) -> tuple[SharedGrads | dict[str, Tensor], dict[str, Tensor], Tensor]:
+    """:func:`_group_step`'s three passes on a ready layout: tensor work only (what
+    bench/compile_dynamic.py hands to ``torch.compile``); the same returns, less the layout."""
     dense_names = cfg.dense_names()
     dense = {n: shared[n] for n in dense_names}
     ig = shared["item_gmf"].index_select(0, lay.items)
@@ -293,7 +309,7 @@ def _group_step(
         fw3 = passes.forward(cfg, lay, priv3, ig, im, dense, False, fw1.item_first)
         _, d3 = passes.loss_grad(lay, fw3.logits)
         _, g_priv = passes.backward(cfg, lay, fw3, priv3, dense, False, d3, None, True)
-    return lay, upload, g_priv, loss
+    return upload, g_priv, loss
 
 
 def native_fits(cfg: ModelConfig, hp: SAMConfig) -> bool:

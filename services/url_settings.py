@@ -24,7 +24,8 @@ def _redis_url(url: str | None) -> str | None:
         raise ValueError(f"a Redis URL starts with {', '.join(REDIS_SCHEMES)}")
     if url is not None:
         try:
-            parse_url(url)  # as the client will (a port that is not a number, say)
+            # as the client will (a port that is not a number, say); redis-py: unannotated
+            parse_url(url)  # type: ignore[no-untyped-call]
         except ValueError as err:
             raise ValueError(f"not a Redis URL: {err}") from None
     return url

@@ -164,7 +164,8 @@ def _running_index(keys: np.ndarray) -> np.ndarray:
 
 def _filmtrust_timestamps(users: np.ndarray) -> np.ndarray:
     base = np.random.default_rng(FILMTRUST_SEED).integers(0, 10**9, size=len(users))
-    return base.astype(np.int64) * 10**6 + _running_index(users)
+    stamps: np.ndarray = base.astype(np.int64) * 10**6 + _running_index(users)
+    return stamps
 
 
 def _load_filmtrust(path: Path) -> Interactions:

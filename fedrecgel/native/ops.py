@@ -138,7 +138,7 @@ def _load() -> Any | None:
                 log.info("the native kernels failed to build before (%s): torch ops", _failed(d))
                 return None
             lib = build()
-        torch.ops.load_library(str(lib))
+        torch.ops.load_library(str(lib))  # type: ignore[no-untyped-call]  # torch: unannotated
     except Exception as e:
         if m == "1":
             raise NativeUnavailable(f"the native kernels could not be built or loaded: {e}") from e
@@ -152,7 +152,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         lib = build()
-        torch.ops.load_library(str(lib))
+        torch.ops.load_library(str(lib))  # type: ignore[no-untyped-call]  # torch: unannotated
     except Exception as e:
         print(f"error: the native kernels could not be built: {e}", file=sys.stderr)
         raise SystemExit(1) from e

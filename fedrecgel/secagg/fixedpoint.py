@@ -45,7 +45,8 @@ class FixedPoint:
 
     def max_cohort(self) -> int:
         """Most clients whose sum cannot wrap: n * max_abs_word < 2^63."""
-        return max(0, (2 ** (WORD_BITS - 1) - 1) // self.max_abs_word())
+        largest: int = 2 ** (WORD_BITS - 1) - 1
+        return max(0, largest // self.max_abs_word())
 
     def check_cohort(self, n: int) -> None:
         """Refuse a cohort whose sum could wrap around the ring."""

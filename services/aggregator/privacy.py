@@ -14,9 +14,9 @@ import threading
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.config import ConfigError, RunParams
 from fedrecgel.model import ModelConfig
-from fedrecgel.privacy import ClientPrivacy, norm_bound, secret_generator, update_norm, with_privacy
+from fedrecgel.privacy import ClientPrivacy, norm_bound, secret_generator, with_privacy
 from fedrecgel.sam import Update
-from fedrecgel.strategy import Strategy
+from fedrecgel.strategy import Strategy, update_norm
 from services.aggregator.errors import Malformed
 from services.aggregator.repository import Repository
 

@@ -257,7 +257,7 @@ class SecureRounds:
                 dropped=dropped,
             )
 
-    def submit(
+    def submit(  # noqa: C901  # the protocol's refusals in its order, in one transaction
         self, caller: Caller, round_id: int, step: str, body: bytes, cfg: RunConfig
     ) -> list[UploadResult]:
         """``POST /v1/rounds/{round_id}/secagg/{step}`` (``cfg``: the newest run's)."""

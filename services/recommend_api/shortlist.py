@@ -176,7 +176,8 @@ class ProxyShortlist:
 
     def project(self, b: Tensor) -> Tensor:
         """Reduced tower features ``z(b)`` of first-layer item halves: (N, H) -> (N, rank)."""
-        return (_features(b) - self.mean) @ self.basis
+        z: Tensor = (_features(b) - self.mean) @ self.basis
+        return z
 
     def vectors(self, rows: Tensor | slice) -> np.ndarray:
         """Index vectors of the items ``rows`` (float32, C-contiguous)."""

@@ -90,7 +90,7 @@ def _is_secret_free(value: str) -> bool:
     return stripped != value
 
 
-def test_no_secret_literal_is_committed():
+def test_no_secret_literal_is_committed():  # noqa: C901  # one pass over every place a secret could sit
     data = compose()
     checked = 0
     for name, svc in data["services"].items():
