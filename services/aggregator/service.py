@@ -65,7 +65,9 @@ class AggregatorService:
         self.newest = NewestRun(db)
         self.storage = StorageKeeper(
             db,
-            RetentionPolicy(settings.keep_latest_versions, settings.keep_every_versions),
+            RetentionPolicy(
+                settings.keep_latest_versions, settings.keep_every_versions, settings.keep_runs
+            ),
             settings.compact_interval_s,
             on_pruned=self.models.forget,
         )

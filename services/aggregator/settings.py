@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     # version keeps its server-optimizer state: it is all a resumed run needs.
     keep_latest_versions: int = Field(default=5, ge=1)
     keep_every_versions: int = Field(default=10, ge=0)
+    # Retention of runs: the newest ``keep_runs`` runs keep their versions as above; every
+    # version of an older run is pruned too (its history and metrics stay), so that storage
+    # stays bounded across runs (every ``docker compose up`` of the demo starts one).
+    keep_runs: int = Field(default=10, ge=1)
     # Least seconds between two compactions (space freed by pruning handed back to the
     # file system: SQLite incremental vacuum + WAL truncation, PostgreSQL VACUUM), run by the
     # background task after a round closed, never on a request.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -40,12 +40,21 @@ class RetentionPolicy:
 
     keep_latest: int = 5
     keep_every: int = 10
+    #: runs whose versions keep params: the newest ``keep_runs``; every version of an older run
+    #: is pruned (its rows stay: its history, metrics and version numbers; reading it is 410)
+    keep_runs: int = 10
 
     def __post_init__(self) -> None:
         if self.keep_latest < 1:
             raise ValueError("keep_latest must be >= 1: the newest version is always kept")
         if self.keep_every < 0:
             raise ValueError("keep_every must be >= 0")
+        if self.keep_runs < 1:
+            raise ValueError("keep_runs must be >= 1: the newest run is always kept")
+
+    def old_runs(self, run_ids: Iterable[int]) -> set[int]:
+        """The runs of ``run_ids`` past the newest ``keep_runs`` (run ids grow with time)."""
+        return set(sorted(run_ids, reverse=True)[self.keep_runs :])
 
     def keeps(self, version: int, latest: int) -> bool:
         """Whether ``version`` keeps its params while ``latest`` is the newest version."""
@@ -181,11 +190,15 @@ class StorageKeeper:
             released += SecAggRepository(s).release_finished()
             pruned = {}
             evals, dropped = EvaluationRepository(s), 0
-            for run_id, latest in repo.latest_versions().items():
+            latest_of = repo.latest_versions()
+            old = self.policy.old_runs(latest_of)
+            for run_id, latest in latest_of.items():
                 repo.drop_old_optimizer_states(run_id, latest)
                 dropped += evals.drop_coverage_of_evaluated(run_id)
                 doomed = [
-                    v for v in repo.unpruned_versions(run_id) if not self.policy.keeps(v, latest)
+                    v
+                    for v in repo.unpruned_versions(run_id)
+                    if run_id in old or not self.policy.keeps(v, latest)
                 ]
                 if doomed:
                     repo.prune_versions(run_id, doomed, now)

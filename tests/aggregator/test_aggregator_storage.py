@@ -24,6 +24,7 @@ from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.migrating import alembic_connection, at_revision
 from tests.support.aggregator import (
     bearer,
+    operator_headers,
     post_run,
     random_update,
     register,
@@ -363,3 +364,33 @@ def test_closes_in_quick_succession_share_one_background_pass(tmp_path: Path) ->
     keeper.notify()
     assert passes.acquire(timeout=10)
     keeper.stop()
+
+
+def test_runs_past_the_newest_keep_runs_lose_their_versions_params(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
+    """Every `docker compose up` of the demo starts a run; storage grew by each run's kept
+    versions for ever. Runs older than the newest KEEP_RUNS keep rows, not params."""
+    assert RetentionPolicy(keep_runs=2).old_runs([3, 1, 2, 5]) == {1, 2}
+    with pytest.raises(ValueError):
+        RetentionPolicy(keep_runs=0)
+    client = aggregator(database_url=database_url, **KEEP, keep_runs=2)
+    token, rng = start_run(client), np.random.default_rng(1)
+    for run in (1, 2, 3):
+        if run > 1:
+            assert client.post("/v1/runs/current/stop", headers=operator_headers()).is_success
+            post_run(client, RUN)
+        play_round(client, token, rng)
+        service_of(client).storage.free()
+        assert stored(client, "SELECT MAX(id) FROM runs") == [(run,)]
+    params = stored(
+        client,
+        "SELECT v.run_id, COUNT(b.version_pk) FROM model_versions v LEFT JOIN version_blobs b "
+        "ON b.version_pk = v.id AND b.kind = 'params' GROUP BY v.run_id ORDER BY v.run_id",
+    )
+    assert params == [(1, 0), (2, 2), (3, 2)]  # versions 0 and 1 of the newest two runs
+    old = client.get("/v1/runs/1/models/1", headers=bearer(token))
+    assert old.status_code == 410 and old.json()["error"] == "version_pruned", old.text
+    kept = client.get("/v1/runs/2/models/1", headers=bearer(token))
+    assert kept.status_code == 200 and decode_model(kept.content)[2] == 1
+    assert stored(client, "SELECT COUNT(*) FROM model_versions WHERE run_id = 1") == [(2,)]
