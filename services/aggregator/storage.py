@@ -193,7 +193,8 @@ class StorageKeeper:
             latest_of = repo.latest_versions()
             old = self.policy.old_runs(latest_of)
             for run_id, latest in latest_of.items():
-                repo.drop_old_optimizer_states(run_id, latest)
+                # an old run resumes no more: its newest version's optimizer state goes too
+                repo.drop_old_optimizer_states(run_id, latest + (run_id in old))
                 dropped += evals.drop_coverage_of_evaluated(run_id)
                 doomed = [
                     v

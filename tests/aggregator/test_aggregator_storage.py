@@ -389,6 +389,8 @@ def test_runs_past_the_newest_keep_runs_lose_their_versions_params(
         "ON b.version_pk = v.id AND b.kind = 'params' GROUP BY v.run_id ORDER BY v.run_id",
     )
     assert params == [(1, 0), (2, 2), (3, 2)]  # versions 0 and 1 of the newest two runs
+    states = stored(client, "SELECT COUNT(*) FROM version_blobs WHERE kind = 'optimizer_state'")
+    assert states == [(2,)]  # the newest version's of each kept run: run 1 resumes no more
     old = client.get("/v1/runs/1/models/1", headers=bearer(token))
     assert old.status_code == 410 and old.json()["error"] == "version_pruned", old.text
     kept = client.get("/v1/runs/2/models/1", headers=bearer(token))
