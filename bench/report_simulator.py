@@ -209,6 +209,7 @@ def _floor_lines(ft: dict[str, Any]) -> list[str]:
         f"a round of {half:.3f} s, {half / fl['attainable_s_median']:.2f}x the floor. "
         + (native_reading if native else torch_reading),
         *_compile_lines(),
+        *_compile_dynamic_lines(),
         *_allocator_lines(),
     ]
 
@@ -262,6 +263,54 @@ def _compile_lines() -> list[str]:
         "sample count, so a fixed-shape compile is paid again each time: the few "
         "milliseconds a round do not pay for it, and the compiled path is not used. "
         f"Reproduce: `{tc['command']}`.",
+    ]
+
+
+#: the issue's rule: the C++ kernels stay only while they are at least this much faster
+NATIVE_KEEP_RATIO = 1.3
+
+
+def _compile_dynamic_lines() -> list[str]:
+    """``torch.compile(dynamic=True)`` of the torch client step against the native kernels
+    (``bench/compile_dynamic.py``)."""
+    cd = load_result("compile_dynamic.json")
+    if cd is None:
+        return []
+    ratio = cd["compiled_over_native_median"]
+    dyn = cd["dynamo"]
+    diff = cd["max_abs_difference_from_native"]
+    if not cd["native_kernels"]:
+        verdict = "the native kernels were not built in that run: no verdict"
+    elif ratio >= NATIVE_KEEP_RATIO:
+        verdict = (
+            f"the C++ kernels are {ratio:.2f}x faster than the compiled torch step, at least "
+            f"the {NATIVE_KEEP_RATIO}x that keeps them"
+        )
+    else:
+        verdict = (
+            f"the C++ kernels are only {ratio:.2f}x faster than the compiled torch step, under "
+            f"the {NATIVE_KEEP_RATIO}x that would keep them: the measurement says remove them"
+        )
+    return [
+        "",
+        f"`torch.compile(dynamic=True)` (inductor, CPU) of the whole torch client step "
+        f"(`fedrecgel.sam.layout_step`: the three SAM passes of a group on a ready layout, "
+        f"handed to the compiler once, with symbolic shapes) against the C++ kernels, on the same "
+        f"default FilmTrust rounds ({cd['clients_per_round']} clients a round, aggregate path), "
+        f"interleaved round by round, {cd['threads']} threads: median "
+        f"{cd['native_s_per_round_median']:.3f} s a round on the C++ kernels, "
+        f"{cd['compiled_s_per_round_median']:.3f} s compiled, "
+        f"{cd['eager_s_per_round_median']:.3f} s eager (over {cd['rounds']} rounds after "
+        f"{cd['warmup_rounds']} of warm-up, which took {cd['warmup_s']['compiled']:.0f} s "
+        f"compiled with the compiling, {cd['warmup_s']['native']:.1f} s native). Per round, "
+        f"compiled over native {ratio:.2f}x, eager over native "
+        f"{cd['eager_over_native_median']:.2f}x, eager over compiled "
+        f"{cd['eager_over_compiled_median']:.2f}x (medians of the per-round ratios). Dynamo: "
+        f"{dyn['frames_compiled']} graphs, {dyn['graph_breaks']} graph breaks (values read "
+        f"back from tensors as Python numbers), at most {dyn['recompile_limit']} compiles a "
+        f"frame (a frame past it runs eagerly). After the same rounds the parameters differ from "
+        f"the native run's by at most {diff['compiled']:.1e} (compiled) and "
+        f"{diff['eager']:.1e} (eager). So {verdict}. Reproduce: `{cd['command']}`.",
     ]
 
 
