@@ -105,9 +105,9 @@ def test_simulator_paths_agree_and_bit_identity_stays_selectable():
     for sim in (fast, exact):
         inner = sim.strategy.apply
 
-        def spy(params, grads, inner=inner):
+        def spy(params, grads, *rest, inner=inner):
             seen.append({k: v.clone() for k, v in grads.items()})
-            inner(params, grads)
+            inner(params, grads, *rest)
 
         sim.strategy.apply = spy  # type: ignore[method-assign]
         sim.run()
