@@ -17,6 +17,7 @@ import report_server_step
 import report_serving
 import report_simulator
 import report_studies
+import retention_report
 import soak_report
 from accuracy_report import ACC
 from accuracy_report import section as accuracy_section
@@ -373,6 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         *aggregator_storage(),
         "",
+        *retention_report.section(),
         *soak_report.section(),
         "",
         *report_serving.serving(),
