@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import default_data_dir
 from scipy.stats import spearmanr
 
 from fedrecgel.baselines import item_popularity
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--datasets", default="lastfm-2k/clean,filmtrust/paper,synthetic-tastes")
     ap.add_argument("--rounds", type=positive, default=200)
     ap.add_argument("--every", type=positive, default=10)
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args(argv)
     measure(args, configs(args.rounds), instrument)

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from accuracy_diagnosis import load
+from bench_cli import default_data_dir
 
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.data import Split
@@ -136,7 +137,7 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument(

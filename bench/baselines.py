@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_cli import default_data_dir
 
 from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
 from fedrecgel.data import DATASETS, DataError, load_split
@@ -40,7 +41,7 @@ def _figures(runs: list[RunResult]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--central-epochs", type=int, default=0)
     ap.add_argument("--seeds", default="0,1,2")
     args = ap.parse_args()

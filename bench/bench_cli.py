@@ -57,3 +57,11 @@ def run(main: Callable[[], object]) -> None:
     except (DataError, ConfigError, ValidationError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def default_data_dir() -> Path | None:
+    """The benchmarks' data directory unless ``--data-dir`` names one: the project's sibling
+    ``shared/datasets`` when it exists, else None (``$FEDREC_DATA_DIR``, and the FilmTrust copy
+    the package ships)."""
+    sibling = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    return sibling if sibling.is_dir() else None

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import default_data_dir
 
 from fedrecgel.baselines import CentralConfig, central
 from fedrecgel.data import Split, load_split
@@ -155,7 +156,7 @@ def _update(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--only", default="", help="comma-separated dataset keys (default: all)")
     ap.add_argument("--lr-grid", default=",".join(str(x) for x in LR_GRID))
     ap.add_argument("--seeds", default=",".join(str(x) for x in SEEDS), help="of 0,1,2 to run")

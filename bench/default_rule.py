@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 from accuracy_diagnosis import load
+from bench_cli import default_data_dir
 
 from fedrecgel.baselines import popularity
 from fedrecgel.data import Split
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("step", choices=("grid", "check"))
     ap.add_argument("--datasets", default=",".join(DATASETS + HOLDOUT))
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     datasets = tuple(args.datasets.split(","))

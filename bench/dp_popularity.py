@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_cli import run, writable_file
+from bench_cli import default_data_dir, run, writable_file
 
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.data import Split, load_split
@@ -126,7 +126,7 @@ def _default_choice(results: dict[str, Any], grid: list[int]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--datasets", default=DATASETS, help="name/protocol, comma-separated")
     ap.add_argument("--epsilons", type=_floats, default=_floats("1,3,8"))
     ap.add_argument("--k-grid", type=_ints, default=_ints(K_GRID))

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive
+from bench_cli import default_data_dir, positive
 from trained import ROOT, train_cached
 
 from fedrecgel.data import load_split
@@ -163,7 +163,7 @@ def plots(out: dict[str, Any], dataset: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="filmtrust")
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=positive, default=100)
     ap.add_argument("--eval-every", type=int, default=10)

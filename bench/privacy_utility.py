@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_cli import positive
+from bench_cli import default_data_dir, positive
 
 from fedrecgel.data import load_split
 from fedrecgel.simulate import Simulator, TrainConfig
@@ -192,7 +192,7 @@ def _key(summ: dict[str, Any], eps: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", default="filmtrust,amazon-video")
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--epsilons", default="1,3,8")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rounds", type=positive, default=4)

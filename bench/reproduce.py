@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_cli import positive
+from bench_cli import default_data_dir, positive
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
@@ -33,7 +33,7 @@ METHODS = ("fedrecgel", "fedncf")
 def main() -> None:
     """Run every missing configuration."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--rounds", type=positive, default=100)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--datasets", default=",".join(RHO))

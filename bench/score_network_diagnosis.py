@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from accuracy_diagnosis import SEED, measure
+from bench_cli import default_data_dir
 
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, candidate_logits, means, metric_sums
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=positive, default=300)
     ap.add_argument("--every", type=positive, default=10)
     ap.add_argument("--weight-decay", type=_decay, default=10.0)
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args(argv)
     measure(args, configs(args.rounds, args.weight_decay), instrument)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_cli import default_data_dir
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -161,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", default="filmtrust,amazon-video")
     ap.add_argument("--clients", type=int, default=24)
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     args = ap.parse_args()
     torch.set_num_threads(1)
     out: dict[str, Any] = {"datasets": {}}

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive
+from bench_cli import default_data_dir, positive
 from trained import ROOT, run_path, train_cached
 
 from fedrecgel.config import DEFAULTS
@@ -103,7 +103,7 @@ def _heatmap(out: Path, sh: list[float], ns: list[float], cells: dict, title: st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="filmtrust")
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--rho-sh", default=GRID)
     ap.add_argument("--rho-ns", default=GRID)
     ap.add_argument("--rounds", type=positive, default=100)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_cli import positive, writable_file
+from bench_cli import default_data_dir, positive, writable_file
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split, load_split
@@ -219,7 +219,7 @@ def main() -> None:
     """Run the benchmarks and write bench/results/speed.json."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=positive, default=5)
-    ap.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=writable_file, default=ROOT / "bench" / "results" / "speed.json")

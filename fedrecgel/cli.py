@@ -38,7 +38,6 @@ from fedrecgel.clitools import (
 )
 from fedrecgel.config import (
     DEFAULTS,
-    MAX_MODEL_PARAMS,
     TRAIN_NAMES,
     ConfigError,
     RunParams,
@@ -46,13 +45,14 @@ from fedrecgel.config import (
 )
 from fedrecgel.data import DATASETS, DataError, stats
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS
-from fedrecgel.runreport import plot_run, summarize
+from fedrecgel.runreport import final_line, plot_run, seed_line, summarize
 from fedrecgel.simulate import METHODS, RunResult, TrainConfig
 from fedrecgel.train_runs import (
     BACKENDS,
     Backend,
     baseline_problem,
     ray_problem,
+    refuse_model_size,
     run_baseline,
     train_seeds,
     with_backend,
@@ -327,7 +327,7 @@ def train(
     base = with_backend(
         _apply_preset(ctx, base, preset, split.name, presets_file), backend_of, shards
     )
-    _refuse_model_size(method, base, split.n_items)
+    refuse_model_size(method, base, split.n_items)
     # before training: a folder that cannot be written, or holds results, fails now
     no_earlier_outputs(out, TRAIN_OUTPUTS, overwrite or out.resolve() == TRAIN_OUT.resolve())
     out_dir(out)
@@ -347,7 +347,7 @@ def train(
     if federated:
         results = train_seeds(split, base, seed_list, backend_of, out, quiet)
     for res in results:
-        console.print(_seed_line(res))
+        console.print(seed_line(res))
     summary = summarize(results)
     payload: dict[str, Any] = {
         "dataset": split.name,
@@ -367,7 +367,7 @@ def train(
     else:  # an earlier run's plot beside these results would pass for theirs
         (out / "hr_ndcg.png").unlink(missing_ok=True)
     if "best_test.hr@10.mean" in summary:
-        console.print(_final_line(summary, len(results)))
+        console.print(final_line(summary, len(results)))
     console.print(
         f"wrote {out / 'results.json'}" + (f" and {out / 'hr_ndcg.png'}" if plotted else "")
     )
@@ -424,49 +424,6 @@ def _refuse_run_conflicts(
         given = _source(ctx, "upload_grouping") == "COMMANDLINE"
         if (problem := ray_problem(method, federated, run, given)) is not None:
             raise fail(problem)
-
-
-def _refuse_model_size(method: str, base: TrainConfig, n_items: int) -> None:
-    """Refuse a model of more than MAX_MODEL_PARAMS shared parameters (popularity and random
-    build none)."""
-    n_shared = base.model(n_items).n_shared()
-    if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
-        raise fail(
-            f"--factor {base.factor} with --layers {base.layers} on {n_items} items would "
-            f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
-        )
-
-
-def _seed_line(res: RunResult) -> str:
-    """One seed's time, best test round and validation-selected round."""
-    best, sel = res.best_test(), res.selected()
-    line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
-    if best:
-        line += (
-            f"; best test round {best['round']}: HR@10 {best['hr@10']:.4f} "
-            f"NDCG@10 {best['ndcg@10']:.4f}"
-        )
-    if sel:
-        line += (
-            f"; validation-selected round {sel['round']}: HR@10 {sel['hr@10']:.4f} "
-            f"NDCG@10 {sel['ndcg@10']:.4f}"
-        )
-    return line
-
-
-def _final_line(summary: dict[str, Any], n_seeds: int) -> str:
-    """The mean over the seeds of the best test round (and of the validation-selected one)."""
-    return (
-        f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "
-        f"NDCG@10 {summary['best_test.ndcg@10.mean']:.4f} (best test round, mean of "
-        f"{n_seeds} seed(s))"
-        + (
-            f"; validation-selected HR@10 {summary['selected.hr@10.mean']:.4f} "
-            f"NDCG@10 {summary['selected.ndcg@10.mean']:.4f}"
-            if "selected.hr@10.mean" in summary
-            else ""
-        )
-    )
 
 
 app.command("tune")(tune_command)

@@ -59,3 +59,35 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
             out[f"{kind}.{key}.mean"] = statistics.fmean(vals)
             out[f"{kind}.{key}.std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
     return out
+
+
+def seed_line(res: RunResult) -> str:
+    """One seed's time, best test round and validation-selected round."""
+    best, sel = res.best_test(), res.selected()
+    line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
+    if best:
+        line += (
+            f"; best test round {best['round']}: HR@10 {best['hr@10']:.4f} "
+            f"NDCG@10 {best['ndcg@10']:.4f}"
+        )
+    if sel:
+        line += (
+            f"; validation-selected round {sel['round']}: HR@10 {sel['hr@10']:.4f} "
+            f"NDCG@10 {sel['ndcg@10']:.4f}"
+        )
+    return line
+
+
+def final_line(summary: dict[str, Any], n_seeds: int) -> str:
+    """The mean over the seeds of the best test round (and of the validation-selected one)."""
+    return (
+        f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "
+        f"NDCG@10 {summary['best_test.ndcg@10.mean']:.4f} (best test round, mean of "
+        f"{n_seeds} seed(s))"
+        + (
+            f"; validation-selected HR@10 {summary['selected.hr@10.mean']:.4f} "
+            f"NDCG@10 {summary['selected.ndcg@10.mean']:.4f}"
+            if "selected.hr@10.mean" in summary
+            else ""
+        )
+    )

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedrecgel.clitools import console, fail, option_flag
-from fedrecgel.config import ConfigError
+from fedrecgel.config import MAX_MODEL_PARAMS, ConfigError
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig, with_seed
 
@@ -279,3 +279,14 @@ def run_baseline(
             raise fail(str(err)) from None
         out.append(central(split, cfg, on_epoch=lambda r: console.print(round_line(r))))
     return out
+
+
+def refuse_model_size(method: str, base: TrainConfig, n_items: int) -> None:
+    """Refuse a model of more than MAX_MODEL_PARAMS shared parameters (popularity and random
+    build none)."""
+    n_shared = base.model(n_items).n_shared()
+    if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
+        raise fail(
+            f"--factor {base.factor} with --layers {base.layers} on {n_items} items would "
+            f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
+        )

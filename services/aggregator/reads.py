@@ -19,6 +19,7 @@ from services.aggregator.schemas import (
     RoundInfo,
     RunConfig,
 )
+from services.aggregator.shard_repository import missing_by_shard
 from services.contract import ModelBlob
 
 
@@ -89,7 +90,7 @@ class RunReads:
             received = repo.count_updates(rnd.id)
             secure = RunConfig.model_validate(run.config).secure_aggregation != "off"
             counted = rnd.state in ("open", "paused", "closed") and not secure
-            missing = repo.missing_by_shard(rnd.id, rnd.cohort) if counted else {}
+            missing = missing_by_shard(s, rnd.id, rnd.cohort) if counted else {}
             metrics = None
             if rnd.model_version is not None:
                 row = repo.version_meta(run.id, rnd.model_version)

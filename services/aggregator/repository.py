@@ -322,25 +322,6 @@ class Repository:
         )
         return int(self.session.scalar(stmt) or 0)
 
-    def missing_by_shard(self, round_pk: int, cohort: Sequence[int]) -> dict[str, int]:
-        """The cohort members of a round attempt without a stored update, counted by the shard
-        credential that enrolled them (``"<shard>/<shards>"``; ``"none"`` for clients
-        registered without one), in shard order."""
-        stmt = select(StoredUpdate.client_id).where(StoredUpdate.round_pk == round_pk)
-        uploaded = {int(c) for c in self.session.scalars(stmt)}
-        counts: dict[str, int] = {}
-        for part in chunks(c for c in cohort if c not in uploaded):
-            shards = select(Client.enrolled_by).where(Client.client_id.in_(part))
-            for shard in self.session.scalars(shards):
-                key = shard or "none"
-                counts[key] = counts.get(key, 0) + 1
-
-        def order(key: str) -> tuple[int, str]:
-            head = key.split("/", 1)[0]
-            return (int(head), key) if head.isdigit() else (1 << 62, key)
-
-        return {k: counts[k] for k in sorted(counts, key=order)}
-
     def release_finished_update_blobs(self) -> int:
         """Delete the bodies of the updates of every attempt that is over (closed, failed or
         aborted); their metadata rows stay. Returns how many were deleted."""

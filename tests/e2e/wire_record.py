@@ -90,7 +90,7 @@ RUN_CONFIG = (
     "dp_clip|dp_noise|dp_mode|dp_delta|target_epsilon|secure_aggregation|secagg_neighbours|"
     "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping|server_beta1|server_beta2|"
     "server_momentum|server_warmup|server_decay|client_weight_decay|local_steps|"
-    "server_weight_decay"
+    "server_weight_decay|server_mean|trim_fraction|server_update"
 )
 ERROR_KEYS = {"error", "detail"}
 #: the keys of a current-round answer (``GET /v1/rounds/current``, a closing upload's ``current``)
