@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -271,3 +272,12 @@ def kubectl_kustomize() -> list[dict[str, Any]] | None:
         [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, check=True, timeout=60
     ).stdout
     return [d for d in yaml.safe_load_all(out) if d is not None]
+
+
+def deploy_script(name: str) -> ModuleType:
+    """``deploy/<name>.py`` (a script the image runs, not an importable module), loaded."""
+    spec = importlib.util.spec_from_file_location(name, DEPLOY / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

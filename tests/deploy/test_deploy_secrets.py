@@ -3,12 +3,10 @@ placeholders refused, and read by the services through their ``*_FILE`` settings
 
 from __future__ import annotations
 
-import importlib.util
 import stat
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from pydantic import ValidationError
@@ -18,20 +16,10 @@ from fedrecgel.config import RunParams
 from services.aggregator.settings import Settings as AggregatorSettings
 from services.enrolment import enrolment_token
 from services.recommend_api.settings import Settings as RecommendSettings
+from tests.deploy.manifests import DEPLOY, deploy_script
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, DEPLOY / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-init_secrets = _load("init_secrets")
-start_run = _load("start_run")
+init_secrets = deploy_script("init_secrets")
+start_run = deploy_script("start_run")
 
 
 def _read(d: Path) -> dict[str, str]:

@@ -4,7 +4,6 @@ place), and every container command is a real entry point."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,6 @@ import pytest
 
 from services.aggregator.settings import Settings as AggregatorSettings
 from tests.deploy.manifests import (
-    DEPLOY,
     IMAGE,
     K8S_VAR,
     MODULE_PREFIX,
@@ -26,6 +24,7 @@ from tests.deploy.manifests import (
     compose_services_running,
     configmap_env,
     containers,
+    deploy_script,
     fake_compose_env,
     k8s_objects,
     k8s_one,
@@ -127,11 +126,7 @@ def _k8s_secret_files_in(
 
 
 def _init_secrets() -> Any:
-    spec = importlib.util.spec_from_file_location("init_secrets", DEPLOY / "init_secrets.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return deploy_script("init_secrets")
 
 
 def _secret_files_in(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:

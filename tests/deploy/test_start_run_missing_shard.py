@@ -4,27 +4,17 @@ round that closed without them (its model differs from an undisturbed run's)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+from tests.deploy.manifests import deploy_script
+
 WORKERS = ["http://worker-0:8710", "http://worker-1:8710"]
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, DEPLOY / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-start_run = _load("start_run")
+start_run = deploy_script("start_run")
 
 
 def test_quorum_and_deadline_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
