@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from accuracy_report import ACC, DOCS, cell, reproduction
+from accuracy_report import ACC, DOCS, RES, ROOT, cell, reproduction
 
 
 def studies() -> list[str]:
@@ -40,11 +40,34 @@ def studies() -> list[str]:
                 "",
                 f"Best completed trial: {best['number']}, validation HR@10 "
                 f"{100 * best['value']:.2f}; popularity on the same validation items: "
-                f"{100 * pop[0]['curve'][0]['val_hr@10']:.2f}.",
+                f"{100 * pop[0]['curve'][0]['val_hr@10']:.2f}.{_against_default(key, best)}",
             ]
         png = _study_plot(data)
         lines += ["", f"![study {data['study']}]({png})", ""]
     return lines
+
+
+def _against_default(key: str, best: dict[str, Any]) -> str:
+    """The shipped default's validation HR@10 on the same items and tuning seed
+    (``bench/default_rule.py``'s grid), and whether the study's best beats it: a study that
+    does not is no reason to ship a preset of its own."""
+    path = RES / "default_rule" / f"{key.replace('/', '-')}.json"
+    presets = json.loads((ROOT / "fedrecgel" / "presets.json").read_text())
+    chosen = presets["default"]["rule"]["candidate"]
+    if not path.exists():
+        return ""
+    entry = json.loads(path.read_text())["grid"].get(f"{key}|{chosen}")
+    if entry is None:
+        return ""
+    default = 100 * entry["val_hr"]
+    verdict = (
+        "the study's best is above it"
+        if 100 * best["value"] > default
+        else "the study's best is not above it, so no preset of its own ships from it"
+    )
+    return (
+        f" The shipped default (`{chosen}`) on the same validation items: {default:.2f}; {verdict}."
+    )
 
 
 def _paper_curves(key: str) -> list[list[tuple[int, float]]]:

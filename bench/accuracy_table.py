@@ -17,8 +17,12 @@ A cell is ``<dataset>/<protocol>:<label>``; labels:
 Each federated cell is what ``fedrec train --dataset D --protocol P --method M --preset X
 --seeds S --eval-every 10`` computes, run in this process seed by seed. Results land in
 ``bench/results/accuracy/<dataset>-<protocol>/<label>/seed-<seed>.json``, one file per seed;
-a seed already there is not run again (delete its file to redo it), and the seeds of a cell can
-run in parallel processes (``--seeds 0``, ``--seeds 1``, ...). The synthetic set is
+a seed already there is not run again unless its stored settings differ from what the shipped
+presets now give (a stale seed is run again: a changed preset changes its cells), and the seeds
+of a cell can run in parallel processes (``--seeds 0``, ``--seeds 1``, ...). A ``tuned-`` cell
+whose settings are the defaults' (a dataset without a preset of its own) is the ``default-``
+cell of the same method: the simulator is deterministic, so its seeds are taken from there
+(marked ``same_as``) instead of being trained twice. The synthetic set is
 ``synthetic_split(2000, 1000, interactions_per_user=20, skew=1.0, seed=0)``. Reported seeds
 (0, 1, 2) are apart from the tuning seed (100). ``bench/report.py`` turns the JSON into
 docs/RESULTS.md.
@@ -28,9 +32,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +90,54 @@ def record(res: RunResult, seed: int) -> dict[str, Any]:
     }
 
 
+#: settings that change how a run is computed, never what it computes (parity-tested)
+EXECUTION_ONLY = frozenset({"shards", "per_client_uploads", "grouped_uploads", "upload_grouping"})
+
+
+def same_settings(stored_config: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a stored run's config trains what ``cfg`` trains. A setting the stored config
+    lacks did not exist when it ran: the run had that setting's default, which is the
+    paper's behaviour, as every added setting's default is."""
+    for name, want in asdict(cfg).items():
+        if name in EXECUTION_ONLY or name == "seed":
+            continue
+        have = stored_config.get(name, getattr(TrainConfig(), name))
+        if isinstance(want, float) and isinstance(have, (int, float)):
+            if not math.isclose(want, have, rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif have != want:
+            return False
+    return True
+
+
 def cell_dir(key: str, label: str) -> Path:
     """Where the seeds of one cell are stored, one JSON file each."""
     return OUT / key.replace("/", "-") / label
+
+
+def settings_from(label: str, split: Split) -> str:
+    """Which preset a federated cell's settings come from."""
+    if label == "faithful":
+        return "paper"
+    if label.startswith("default-"):
+        return "default"
+    return f"tuned-{split.name}" if f"tuned-{split.name}" in stored(PRESETS_FILE) else "learned"
+
+
+def reuse_default(key: str, label: str, cfg: TrainConfig, path: Path) -> bool:
+    """Store the ``default-`` cell's seed as this ``tuned-`` cell's when both train the same
+    settings (True), else leave it to be run (False)."""
+    twin = cell_dir(key, label.replace("tuned-", "default-", 1)) / path.name
+    if not twin.exists():
+        return False
+    data = json.loads(twin.read_text())
+    if not same_settings(data["config"], cfg):
+        return False
+    data.update(label=label, preset="tuned", same_as=twin.parent.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{key} {label} seed {cfg.seed}: the same settings as {twin.parent.name}, taken from it")
+    return True
 
 
 def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: int) -> None:
@@ -96,7 +146,14 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
     folder = cell_dir(key, label)
     for seed in seeds:
         path = folder / f"seed-{seed}.json"
+        cfg = (
+            replace(config_of(label, split, eval_every), seed=seed) if label in FEDERATED else None
+        )
         if path.exists():
+            if cfg is None or same_settings(json.loads(path.read_text())["config"], cfg):
+                continue
+            print(f"{key} {label} seed {seed}: stored settings are stale, running again")
+        if cfg is not None and label.startswith("tuned-") and reuse_default(key, label, cfg, path):
             continue
         t0 = time.perf_counter()
         data: dict[str, Any] = {"dataset": key, "label": label, "eval_every": eval_every}
@@ -105,18 +162,9 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
         elif label == "random":
             res = random_ranking(split, seed=seed)
         else:
-            cfg = replace(config_of(label, split, eval_every), seed=seed)
+            assert cfg is not None
             data["method"], data["preset"] = FEDERATED[label]
-            own = f"tuned-{split.name}" in stored(PRESETS_FILE)
-            data["settings_from"] = (
-                "paper"
-                if label == "faithful"
-                else "default"
-                if label.startswith("default-")
-                else f"tuned-{split.name}"
-                if own
-                else "learned"
-            )
+            data["settings_from"] = settings_from(label, split)
             keys = ("rounds", "server_lr", "client_lr", "server_optimizer", "local_steps")
             data["settings"] = {k: getattr(cfg, k) for k in keys} | dict(
                 zip(("rho_sh", "rho_ns"), cfg.effective_rho(), strict=True)

@@ -229,7 +229,7 @@ def train(
         typer.Option(
             help="Settings by name: default (what runs without this option: chosen across "
             "the shipped datasets on validation only), paper (the authors' settings), tuned "
-            "(this dataset's, else learned across datasets) or tuned-<dataset>; options given "
+            "(this dataset's, else the default) or tuned-<dataset>; options given "
             "on the command line win."
         ),
     ] = None,

@@ -9,9 +9,11 @@
 * ``default``: what ``fedrec train`` runs when no preset is named: settings chosen across the
   shipped datasets on validation items only (``presets.json``, its ``rule`` says how; the
   leave-one-dataset-out check is ``bench/default_rule.py``);
-* ``tuned``: ``tuned-<dataset>`` when the dataset has one, else the settings learned across the
-  tuned datasets (geometric mean of step sizes and radii, median rounds, the most common
-  optimizer), so a new dataset never gets settings picked on its own test set.
+* ``tuned``: ``tuned-<dataset>`` when the dataset has one, else ``default`` (chosen across
+  datasets with a leave-one-dataset-out check), else, in a presets file without a default, the
+  settings learned across its tuned datasets (geometric mean of step sizes and radii, median
+  rounds, the most common optimizer); a new dataset never gets settings picked on its own
+  test set.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def resolve(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
     if name == "default" and name not in presets:
         raise PresetError(f"no default preset in {', '.join(map(str, paths))}")
     if name == "tuned":
-        own = presets.get(f"tuned-{dataset}")
+        own = presets.get(f"tuned-{dataset}") or presets.get("default")
         return dict(own["settings"]) if own else learned_default(presets)
     if name in presets:
         return dict(presets[name]["settings"])

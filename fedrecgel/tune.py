@@ -14,8 +14,9 @@ interrupted trial from another process's).
 
 Searched: server lr and client lr (log scale), the two SAM radii (FedRecGEL only), the number
 of rounds, the server optimizer, its schedule and the score network's weight decay, the client's
-private steps before its SAM step, the negatives per positive and the embedding size (ranges in
-:data:`SPACE` and :data:`CHOICES`). A trial evaluates every
+private steps before its SAM step, the negatives per positive, the embedding size and the
+weight decay of the private embeddings (ranges in :data:`SPACE` and :data:`CHOICES`). A trial
+evaluates every
 ``eval_every`` rounds and reports its best validation HR@10 so far; pruning (median of earlier
 trials at the same round) stops trials that fall clearly behind. A new study can start from
 given settings (``first``), e.g. the paper's with a larger server step, so that the sampler
@@ -53,6 +54,8 @@ SERVER_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 1.0, 3.0, 10.0)
 N_NEGATIVES: tuple[int, ...] = (2, 4, 8)
 #: embedding sizes a trial may choose (32: the paper)
 FACTORS: tuple[int, ...] = (16, 32, 64)
+#: decoupled weight decay of a client's private embeddings a trial may choose (0: the paper)
+CLIENT_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 0.1, 0.3, 1.0)
 #: the categorical settings and their choices
 CHOICES: dict[str, tuple[Any, ...]] = {
     "server_optimizer": SERVER_OPTIMIZERS,
@@ -61,6 +64,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "server_weight_decay": SERVER_WEIGHT_DECAYS,
     "n_negatives": N_NEGATIVES,
     "factor": FACTORS,
+    "client_weight_decay": CLIENT_WEIGHT_DECAYS,
 }
 #: (low, high) of the log-scale searched settings. The paper's server step (Adam, 0.001) is the
 #: low end: at it item rows barely move in 100 rounds on the real datasets.

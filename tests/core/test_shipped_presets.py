@@ -37,7 +37,7 @@ def _csv(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["tuned-amazon-video", "tuned-lastfm-2k"])
+@pytest.mark.parametrize("name", ["tuned-amazon-video"])
 def test_fedrec_train_preset_resolves_to_the_shipped_settings(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,6 +94,12 @@ def test_presets_paper_tuned_and_learned_default(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["tuned-b"]["study"] == {"value": 0.6}
     with pytest.raises(presets.PresetError, match="unknown preset"):
         presets.resolve("nope", "a", path)
+    # with a default (chosen across datasets) in the file, a dataset without a preset gets it
+    data = json.loads(path.read_text())
+    data["default"] = {"settings": {"server_lr": 0.02, "rounds": 300}}
+    path.write_text(json.dumps(data))
+    assert presets.resolve("tuned", "new-data", path) == {"server_lr": 0.02, "rounds": 300}
+    assert presets.resolve("tuned", "a", path)["server_lr"] == 0.01
     with pytest.raises(presets.PresetError, match="tuned-<dataset>"):
         presets.save("mine", {}, {}, path)
 
@@ -129,6 +135,7 @@ def test_a_new_study_starts_from_the_given_settings(tmp_path: Path) -> None:
         "server_weight_decay": 0.0,
         "n_negatives": 4,
         "factor": 4,  # the base's own embedding size, though not one of FACTORS
+        "client_weight_decay": 0.0,
     }
     assert 4 not in FACTORS and study_choices(_spec(tmp_path, 1).base)["factor"][-1] == 4
     with pytest.raises(ValueError, match="unknown settings"):

@@ -61,7 +61,7 @@ def test_a_saved_preset_goes_to_the_users_folder_not_the_package(
     cfg = _trained_with(tmp_path, monkeypatch)
     assert cfg.server_lr == 0.02 and cfg.client_lr == 0.3
     # the shipped presets are still read
-    assert {"tuned-amazon-video", "tuned-lastfm-2k", "tuned-d"} <= set(presets.stored())
+    assert {"tuned-amazon-video", "tuned-d"} <= set(presets.stored())
 
 
 def test_a_preset_saved_in_a_named_file_is_read_from_that_file(
