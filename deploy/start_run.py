@@ -17,7 +17,10 @@
 * ``DASHBOARD_PORT``: when set, the web dashboard's address on the host is printed first.
 
 With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
-until every round is closed and evaluated; when a round's uploads stop coming while some of its
+until every round is closed and evaluated (or, once the last round closed, for at most
+``FEDREC_DEMO_EVAL_WAIT_S``, default 120 s, naming the rounds still unevaluated: each
+evaluation waits for every registered client's report, which a worker that never comes back
+does not send); when a round's uploads stop coming while some of its
 cohort has not uploaded, which shards those clients belong to (``missing_by_shard`` of
 ``GET /v1/rounds/{id}``, shard ``i`` named by the ``i``-th of ``WORKER_URLS``) and what the
 deadline will do; and when a round closed without some shard's clients or after a retry, that
@@ -193,6 +196,9 @@ def _hr(metrics: dict[str, float] | None) -> str:
 #: seconds without a new upload to an open round (after its first) before the demo names the
 #: shards whose clients have not uploaded
 QUIET_S = 15.0
+#: seconds the demo waits, once every round closed, for evaluations still missing (each needs
+#: the report of every registered client: a worker that never comes back holds it forever)
+EVAL_WAIT_S = float(os.environ.get("FEDREC_DEMO_EVAL_WAIT_S", "120"))
 
 
 def shard_name(label: str, workers: list[str]) -> str:
@@ -260,11 +266,17 @@ def closed_note(info: dict[str, Any], workers: list[str]) -> str:
 
 
 def follow(  # noqa: C901  # one polling loop: history, open round and state, each optional
-    base: str, token: str, poll_s: float = 1.0, workers: list[str] | None = None
+    base: str,
+    token: str,
+    poll_s: float = 1.0,
+    workers: list[str] | None = None,
+    eval_wait_s: float = EVAL_WAIT_S,
 ) -> dict[str, Any]:
-    """Print progress until every round of the current run is closed and evaluated; returns
-    ``{"run_id", "rounds", "history", "first_round_s", "seconds"}``. ``workers``: the
-    workers' URLs in shard order, to name the shards whose clients do not upload.
+    """Print progress until every round of the current run is closed and evaluated, or until
+    ``eval_wait_s`` after the last round closed with evaluations still missing; returns
+    ``{"run_id", "rounds", "history", "first_round_s", "seconds", "unevaluated"}`` (the rounds
+    left without metrics). ``workers``: the workers' URLs in shard order, to name the shards
+    whose clients do not upload.
 
     Two requests a poll (the history, the open round's count), the run's state every tenth:
     the demo shares the machine with the run it shows."""
@@ -295,6 +307,7 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
     shown: tuple[int, int] | None = None
     last_show = 0.0
     first_round_s: float | None = None
+    all_closed_at: float | None = None
     polls = 0
     while True:
         polls += 1
@@ -324,14 +337,18 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
                 f"{_hr(r.get('metrics')) or 'not evaluated yet'}  ({r['seconds']:.1f} s)"
             )
 
-        if len(rounds) >= total and all(r.get("metrics") for r in rounds[:total]):
-            return {
-                "run_id": run_id,
-                "rounds": total,
-                "history": hist,
-                "first_round_s": first_round_s,
-                "seconds": time.monotonic() - t0,
-            }
+        if len(rounds) >= total:
+            all_closed_at = all_closed_at or time.monotonic()
+            unevaluated = [int(r["round_id"]) for r in rounds[:total] if not r.get("metrics")]
+            if not unevaluated or time.monotonic() - all_closed_at >= eval_wait_s:
+                return {
+                    "run_id": run_id,
+                    "rounds": total,
+                    "history": hist,
+                    "first_round_s": first_round_s,
+                    "seconds": time.monotonic() - t0,
+                    "unevaluated": unevaluated,
+                }
         nxt = len(rounds) + 1
         if nxt <= total:
             status, info = _request(f"{base}/v1/rounds/{nxt}")
@@ -427,10 +444,19 @@ def main(argv: list[str] | None = None) -> int:
         workers = [u.strip().rstrip("/") for u in os.environ.get("WORKER_URLS", "").split(",")]
         workers = [u for u in workers if u]
         done = follow(base, token, workers=workers)
+        missing = done["unevaluated"]
         say(
-            f"run {done['run_id']}: {done['rounds']} rounds closed and evaluated in "
-            f"{done['seconds']:.1f} s (first round closed after {done['first_round_s']:.1f} s)"
+            f"run {done['run_id']}: {done['rounds']} rounds closed "
+            f"{'and evaluated ' if not missing else ''}in {done['seconds']:.1f} s (first "
+            f"round closed after {done['first_round_s']:.1f} s)"
         )
+        if missing:
+            say(
+                f"rounds {', '.join(map(str, missing))} have no evaluation after "
+                f"{EVAL_WAIT_S:.0f} s: an evaluation needs a report from every registered "
+                "client, and a worker whose shard stopped uploading has not reported (start it "
+                "again and the aggregator completes them; FEDREC_DEMO_EVAL_WAIT_S sets the wait)"
+            )
         rec_url = os.environ.get("RECOMMEND_URL", "").rstrip("/")
         users = int(os.environ.get("SHOW_USERS", "3"))
         if workers and rec_url and users > 0:

@@ -121,3 +121,37 @@ def test_following_a_run_whose_worker_is_gone(monkeypatch: pytest.MonkeyPatch) -
         "round   1/2: closed without the uploads of shard 1 of 2 (http://worker-1:8710): 5: "
         "from this round on the model differs from an undisturbed run's"
     ]
+
+
+def test_the_follower_stops_waiting_for_an_evaluation_a_gone_worker_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both rounds closed, round 2's evaluation never comes (a worker that never returns does
+    not report): the follower returns after its wait with round 2 unevaluated, not never."""
+    metrics = {"hr@10": 0.5, "ndcg@10": 0.3}
+    rounds = [
+        {"round_id": 1, "n_updates": 10, "loss": 0.5, "seconds": 1.0, "metrics": metrics},
+        {"round_id": 2, "n_updates": 5, "loss": 0.5, "seconds": 1.0, "metrics": None},
+    ]
+
+    def fake_request(
+        url: str, token: Any = None, data: Any = None, timeout_s: float = 10.0
+    ) -> tuple[int, Any]:
+        path = urlsplit(url).path
+        if path == "/v1/rounds/current":
+            return 200, {"run_id": 1, "state": "finished", "config": {"rounds": 2}}
+        if path == "/v1/runs/current/history":
+            return 200, {"run_id": 1, "rounds": rounds, "next_after": None}
+        if path.startswith("/v1/rounds/"):
+            return 200, {"round_id": int(path.rsplit("/", 1)[1]), "attempt": 0}
+        return 404, None
+
+    monkeypatch.setattr(start_run, "_request", fake_request)
+    monkeypatch.setattr(start_run, "say", lambda line: None)
+    done = start_run.follow("http://aggregator", "token", poll_s=0.01, eval_wait_s=0.3)
+    assert done["unevaluated"] == [2] and done["rounds"] == 2
+    assert done["seconds"] >= 0.3
+    # with every evaluation in, it returns at once
+    rounds[1]["metrics"] = metrics
+    done = start_run.follow("http://aggregator", "token", poll_s=0.01, eval_wait_s=60)
+    assert done["unevaluated"] == [] and done["seconds"] < 30
