@@ -344,3 +344,25 @@ def test_every_manifest_document_is_checked():
         if doc["kind"] != "Kustomization":
             assert _name(doc) in seen, file
             assert doc["kind"] in K8S_SCHEMAS, file
+
+
+def _server_settings(args: list[str]) -> dict[str, str]:
+    """``-c name=value`` pairs of a postgres command line."""
+    pairs = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-c"]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_k8s_postgres_ends_a_killed_replicas_connection_as_compose_does() -> None:
+    """The settings that keep a killed aggregator's half-open connection from holding the open
+    round's row lock (docker-compose.yml explains them) are the same in both deployments."""
+    keep = (
+        "idle_in_transaction_session_timeout",
+        "tcp_keepalives_idle",
+        "tcp_keepalives_interval",
+        "tcp_keepalives_count",
+    )
+    compose_pg = _server_settings([str(a) for a in compose()["services"]["postgres"]["command"]])
+    (pod,) = k8s_one("StatefulSet", "postgres")["spec"]["template"]["spec"]["containers"]
+    k8s_pg = _server_settings(pod["args"])
+    assert all(name in compose_pg for name in keep), compose_pg
+    assert {n: k8s_pg.get(n) for n in keep} == {n: compose_pg[n] for n in keep}
