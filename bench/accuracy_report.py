@@ -78,11 +78,17 @@ def _settings(runs: list[dict[str, Any]]) -> str:
     if not runs or "settings" not in runs[0]:
         return ""
     s = runs[0]["settings"]
+    source = runs[0]["settings_from"]
+    if runs[0].get("same_as"):
+        source += f"; the {runs[0]['same_as']} runs"
+    shipped = json.loads((ROOT / "fedrecgel" / "presets.json").read_text())
+    if source.startswith("tuned-") and source not in shipped:
+        source += ", a preset since withdrawn: not what `--preset tuned` gives now"
     local = f", {s['local_steps']} local steps" if s.get("local_steps") else ""
     return (
         f"{s['server_optimizer']} {s['server_lr']:.3g}, client {s['client_lr']:.3g}{local}, "
         f"rho {s['rho_sh']:.3g}/{s['rho_ns']:.3g}, {s['rounds']} rounds "
-        f"({runs[0]['settings_from']})"
+        f"({source})"
     )
 
 

@@ -152,7 +152,7 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
         if path.exists():
             if cfg is None or same_settings(json.loads(path.read_text())["config"], cfg):
                 continue
-            print(f"{key} {label} seed {seed}: stored settings are stale, running again")
+            print(f"{key} {label} seed {seed}: stored settings are stale")
         if cfg is not None and label.startswith("tuned-") and reuse_default(key, label, cfg, path):
             continue
         t0 = time.perf_counter()
