@@ -21,8 +21,8 @@ a seed already there is not run again unless its stored settings differ from wha
 presets now give (a stale seed is run again: a changed preset changes its cells), and the seeds
 of a cell can run in parallel processes (``--seeds 0``, ``--seeds 1``, ...). A ``tuned-`` cell
 whose settings are the defaults' (a dataset without a preset of its own) is the ``default-``
-cell of the same method: the simulator is deterministic, so its seeds are taken from there
-(marked ``same_as``) instead of being trained twice. The synthetic set is
+cell of the same method: the same experiment, so its seeds are that cell's runs (marked
+``same_as``), not trained a second time. The synthetic set is
 ``synthetic_split(2000, 1000, interactions_per_user=20, skew=1.0, seed=0)``. Reported seeds
 (0, 1, 2) are apart from the tuning seed (100). ``bench/report.py`` turns the JSON into
 docs/RESULTS.md.
