@@ -19,7 +19,8 @@
 #    restart it) and one replica's process killed with SIGKILL (a crash: restarted by Docker);
 #    a round closed at its deadline without worker-1's shard, the demo naming the shard and
 #    saying the model now differs from an undisturbed run's; `docker compose up -d worker-1`,
-#    the worker back and the last round closed with every update of its cohort; the run
+#    the worker back; another replica stopped with `docker kill` and brought back with
+#    `docker compose up -d`; the last round closed with every update of its cohort; the run
 #    finished all the same through the balancer, every replica having answered requests, the
 #    demo's top-10 printed, a recommendation answered through a worker and through
 #    recommend-api;
@@ -300,6 +301,27 @@ compose up -d --no-build worker-1 2>&1 | tail -2
 for _ in $(seq 120); do [ "$(health_of worker-1)" = "healthy x1" ] && break; sleep 1; done
 [ "$(health_of worker-1)" = "healthy x1" ] || fail "worker-1 is $(health_of worker-1) after up -d"
 echo "worker-1 healthy again"
+
+# An operator's stop of an aggregator replica: `docker kill` of its container (no restart policy
+# applies, as for worker-1). The balancer takes it out; the workers' requests that were in it
+# are retried on the others; `docker compose up -d` brings it back.
+step "docker kill an aggregator replica (an operator's stop), then docker compose up -d"
+agg_stopped=${replicas[1]}
+docker kill "$agg_stopped" >/dev/null
+sleep 2
+[ "$(docker inspect -f '{{.State.Status}}' "$agg_stopped")" = exited ] ||
+  fail "the replica after docker kill: $(docker inspect -f '{{.State.Status}}' "$agg_stopped")"
+echo "the replica stays exited after docker kill"
+compose up -d --no-build aggregator-replica 2>&1 | tail -2
+for _ in $(seq 120); do
+  [ "$(docker inspect -f '{{.State.Status}} {{.State.Health.Status}}' "$agg_stopped")" = "running healthy" ] && break
+  sleep 1
+done
+[ "$(docker inspect -f '{{.State.Status}} {{.State.Health.Status}}' "$agg_stopped")" = "running healthy" ] ||
+  fail "the replica after up -d: $(docker inspect -f '{{.State.Status}} {{.State.Health.Status}}' "$agg_stopped")"
+[ "$(compose ps -q aggregator-replica | wc -l)" = "$FEDREC_AGGREGATOR_REPLICAS" ] ||
+  fail "up -d did not keep $FEDREC_AGGREGATOR_REPLICAS replicas: $(compose ps -q aggregator-replica | wc -l)"
+echo "the replica is running and healthy again (the same container)"
 
 step "the run goes on to the end"
 compose wait demo >/dev/null 2>&1 || true
