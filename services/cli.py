@@ -17,7 +17,7 @@ from fedrecgel.cli import app, checked, preset_choices, run_options
 from fedrecgel.cli import main as _run_app
 from fedrecgel.clitools import console, fail, option_flag
 from fedrecgel.data import DATASETS, DataError
-from services.ports import AGGREGATOR_PORT, DASHBOARD_PORT, RECOMMEND_PORT, WORKER_HTTP_PORT
+from services.launcher import UpOptions
 
 __all__ = ["app", "main"]
 
@@ -62,6 +62,8 @@ def dashboard(ctx: typer.Context) -> None:
 #: the most worker processes ``fedrec up`` starts on one machine (each is a Python process
 #: holding torch, ~0.45 GB resident: 32 of them already need 15 GB)
 MAX_UP_WORKERS = 32
+#: ``fedrec up``'s option defaults are UpOptions' own (stated once, there)
+_UP = UpOptions()
 
 
 @app.command()
@@ -92,35 +94,38 @@ def up(
             max=MAX_UP_WORKERS,
             help="Client worker processes (each holds its own torch, about 0.45 GB).",
         ),
-    ] = 2,
+    ] = _UP.workers,
     aggregator_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The aggregator's port.")
-    ] = AGGREGATOR_PORT,
+    ] = _UP.aggregator_port,
     recommend_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The recommendation API's port.")
-    ] = RECOMMEND_PORT,
+    ] = _UP.recommend_port,
     worker_http_port: Annotated[
         int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
-    ] = WORKER_HTTP_PORT,
+    ] = _UP.worker_http_port,
     dashboard_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The web dashboard's port.")
-    ] = DASHBOARD_PORT,
-    dashboard: Annotated[bool, typer.Option(help="Also start the web dashboard.")] = True,
+    ] = _UP.dashboard_port,
+    dashboard: Annotated[bool, typer.Option(help="Also start the web dashboard.")] = _UP.dashboard,
     workdir: Annotated[
         Path,
         typer.Option(
             help="SQLite files and logs; an earlier fedrec up's there are replaced (files of those "
             "names that no fedrec up wrote are refused)."
         ),
-    ] = Path("runs/up"),
-    redis_url: Annotated[str | None, typer.Option(help="Use this Redis for events.")] = None,
-    recommend: Annotated[bool, typer.Option(help="Also start the recommendation API.")] = True,
+    ] = _UP.workdir,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis for events.")
+    ] = _UP.redis_url,
+    recommend: Annotated[
+        bool, typer.Option(help="Also start the recommendation API.")
+    ] = _UP.recommend,
     keep_running: Annotated[
         bool, typer.Option(help="Leave the services running after training (Ctrl-C stops them).")
-    ] = False,
+    ] = _UP.keep_running,
 ) -> None:
     """Start the aggregator, N workers and the recommendation API locally and train."""
-    from services.launcher import UpOptions
     from services.supervise import LaunchError, Stopped
     from services.up import up as launch
 
