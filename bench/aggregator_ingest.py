@@ -35,9 +35,9 @@ from fedrecgel.sam import Update
 from fedrecgel.wire import encode_updates
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/)
+sys.path.insert(0, str(ROOT))  # the shared helpers (harness/)
+from harness.loopback import free_port  # noqa: E402
 from services.enrolment import enrolment_token  # noqa: E402
-from tests.support.loopback import free_port  # noqa: E402
 
 MODEL = ModelConfig(n_items=2059)
 TOKEN = "bench-operator-token"
@@ -137,8 +137,8 @@ def close_time(rounds: int = 5) -> dict[str, object]:
     """Round close (aggregate + server Adam + persist a version) with 122 FilmTrust-size updates."""
     from fastapi.testclient import TestClient
 
+    from harness.aggregator import make_settings, register, sqlite_url
     from services.aggregator.app import create_app
-    from tests.support.aggregator import make_settings, register, sqlite_url
 
     times = []
     downloads: list[float] = []

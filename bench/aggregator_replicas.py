@@ -45,12 +45,12 @@ from bench_cli import positive, writable_file
 from fedrecgel.wire import encode_updates
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/)
+sys.path.insert(0, str(ROOT))  # the shared helpers (harness/)
+from harness.haproxy import HAPROXY_MISSING, Balancer, balancer  # noqa: E402
+from harness.loopback import REDIS_MISSING, free_port, redis_server  # noqa: E402
+from harness.postgres import POSTGRES_MISSING, pg_bindir, postgres_cluster  # noqa: E402
+from harness.procs import FEDREC_MODULE, descendants, spawned  # noqa: E402
 from services.enrolment import enrolment_token  # noqa: E402
-from tests.support.haproxy import HAPROXY_MISSING, Balancer, balancer  # noqa: E402
-from tests.support.loopback import REDIS_MISSING, free_port, redis_server  # noqa: E402
-from tests.support.postgres import POSTGRES_MISSING, pg_bindir, postgres_cluster  # noqa: E402
-from tests.support.procs import FEDREC_MODULE, descendants, spawned  # noqa: E402
 
 #: uploads of the unrecorded first pass through each balancer (connections, caches)
 WARMUP_UPLOADS = 40

@@ -40,14 +40,13 @@ import torch
 from bench_cli import positive, writable_file
 from sqlalchemy import event
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PartialSum
 from fedrecgel.wire import encode_partial
+from harness.aggregator import AggregatorFactory, operator_headers, register, service_of
 from services.aggregator import db
 from services.contract import EvaluationRequest
-from tests.aggregator.conftest import AggregatorFactory
-from tests.support.aggregator import operator_headers, register, service_of
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_round_cpu.json"
 #: the two settings each comparison measures: label -> (secure_delete, page size of the file)

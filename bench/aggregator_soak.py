@@ -39,13 +39,13 @@ import httpx
 import numpy as np
 from bench_cli import positive, writable_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
+from harness.aggregator import random_update
+from harness.loopback import free_port
 from services.enrolment import enrolment_token
-from tests.support.aggregator import random_update
-from tests.support.loopback import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_soak.json"
 POPULATION = 1508  # FilmTrust's users

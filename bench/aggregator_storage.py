@@ -34,10 +34,10 @@ from fedrecgel.data import load_split
 from services.aggregator.settings import Settings
 from services.launcher import UpOptions, cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from tests.support.loopback import free_port
-from tests.support.parity import start_workers
-from tests.support.postgres import postgres_cluster
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/
+from harness.loopback import free_port
+from harness.parity import start_workers
+from harness.postgres import postgres_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_storage.json"
 TARGET_MB = 150.0

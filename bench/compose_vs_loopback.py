@@ -52,8 +52,8 @@ import httpx
 from bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests/support/
-from tests.support.loopback import free_port, redis_server  # noqa: E402
+sys.path.insert(0, str(ROOT))  # harness/
+from harness.loopback import free_port, redis_server  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "compose_vs_loopback.json"
 TARGET = 1.5

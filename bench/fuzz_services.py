@@ -5,7 +5,7 @@ Starts ``python -m services.aggregator`` (SQLite, an enrolment secret, FilmTrust
 worker ``python -m services.client_sim`` serving its device API (all of FilmTrust's users,
 enrolled with the shard's token); trains a short run so that every service has its state (a
 model, private vectors); then fuzzes each service's OpenAPI document with schemathesis
-(``tests/fuzz/harness.py``: valid and invalid requests per operation), with every credential
+(``harness/fuzz.py``: valid and invalid requests per operation), with every credential
 kind the service knows: recommend_api takes none; the device API is fuzzed without and with its
 device token; the aggregator anonymously and with the worker's client token, the reader token,
 the enrolment token and the operator token (last: it pauses, stops and starts runs). The aggregator runs under an
@@ -41,20 +41,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fedrecgel.data import load_split  # noqa: E402
-from services.client_sim.store import WorkerStore  # noqa: E402
-from services.contract import RunConfig  # noqa: E402
-from services.enrolment import enrolment_token  # noqa: E402
-from services.recommend_api.settings import Settings as RecommendSettings  # noqa: E402
-from tests.fuzz.harness import Tally, fuzz, load_schema  # noqa: E402
-from tests.fuzz.targets import (  # noqa: E402
+from harness.fuzz import Tally, fuzz, load_schema  # noqa: E402
+from harness.fuzz_targets import (  # noqa: E402
     AGGREGATOR_KINDS,
     AggregatorCredentials,
     bearer,
     fuzz_aggregator,
     pinned_schema,
 )
-from tests.support.loopback import free_port  # noqa: E402
-from tests.support.procs import spawned  # noqa: E402
+from harness.loopback import free_port  # noqa: E402
+from harness.procs import spawned  # noqa: E402
+from services.client_sim.store import WorkerStore  # noqa: E402
+from services.contract import RunConfig  # noqa: E402
+from services.enrolment import enrolment_token  # noqa: E402
+from services.recommend_api.settings import Settings as RecommendSettings  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "fuzz.json"
 DATASET = "filmtrust"

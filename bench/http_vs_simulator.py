@@ -50,16 +50,16 @@ import httpx
 import torch
 from bench_cli import positive, writable_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/
 from cpu_accounting import CpuWatch, machine_busy_seconds
 
 from fedrecgel.data import load_split, raw_path
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
+from harness.loopback import redis_server
+from harness.parity import aggregator_started, parity_options, start_workers
 from services.client_sim.timings import PHASES
 from services.launcher import worker_torch_threads
-from tests.support.loopback import redis_server
-from tests.support.parity import aggregator_started, parity_options, start_workers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
 MODES = ("exact", "grouped", "partial")

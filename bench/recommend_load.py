@@ -43,10 +43,10 @@ import trained_models  # noqa: E402
 
 from fedrecgel.model import ModelConfig  # noqa: E402
 from fedrecgel.wire import encode_model  # noqa: E402
+from harness.loopback import free_port  # noqa: E402
 from services.contract import RecommendationRequest  # noqa: E402
 from services.recommend_api.ranking import RankingConfig  # noqa: E402
 from services.recommend_api.shortlist import ProxyShortlist  # noqa: E402
-from tests.support.loopback import free_port  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_load.json"
 

@@ -31,8 +31,8 @@ from fedrecgel.wire import encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.settings import Settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from tests.support.aggregator import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/
+from harness.aggregator import (
     bearer,
     make_settings,
     operator_headers,

@@ -27,9 +27,9 @@ from bench_cli import positive
 from fedrecgel.data import load_split
 from fedrecgel.secagg.layout import vector_length
 from fedrecgel.simulate import TrainConfig
+from harness.parity import aggregator_started, parity_options
+from harness.stepped import Stepped
 from services.launcher import worker_torch_threads
-from tests.support.parity import aggregator_started, parity_options
-from tests.support.stepped import Stepped
 
 DATASET = "filmtrust"
 OUT = Path(__file__).resolve().parent / "results" / "secagg_http.json"
