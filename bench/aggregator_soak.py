@@ -1,6 +1,6 @@
 """Aggregator soak: the resident memory of a real aggregator process over many short rounds.
 
-    .venv/bin/python bench/aggregator_soak.py [--rounds 1000] [--warmup 100] [--cohort 60]
+    .venv/bin/python -m bench.aggregator_soak [--rounds 1000] [--warmup 100] [--cohort 60]
         [--workers 4] [--env NAME=VALUE ...] [--out bench/results/aggregator_soak.json]
 
 One aggregator process (``python -m services.aggregator``, SQLite in a temporary folder, its
@@ -37,9 +37,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from bench_cli import positive, writable_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # harness/
+from bench.bench_cli import positive, writable_file
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
@@ -269,6 +268,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -10,7 +10,7 @@ For each script, alternately, ``--repeats`` times: a fresh page loads the whole 
 state answer's arrival to the first animation frame after the page was drawn (so layout of
 what changed counts too). Writes ``bench/results/dashboard_redraw.json``.
 
-    python bench/dashboard_redraw.py [--rounds 100000] [--updates 5] [--repeats 2]
+    python -m bench.dashboard_redraw [--rounds 100000] [--updates 5] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -21,18 +21,15 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import positive, writable_file
+from harness.browser import LAPTOP, chromium
+from harness.dashboard import FakeAggregator, round_row, served
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from harness.browser import LAPTOP, chromium  # noqa: E402
-from harness.dashboard import FakeAggregator, round_row, served  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "dashboard_redraw.json"
 SCRIPT = ROOT / "services" / "dashboard" / "static" / "dashboard.js"
@@ -153,6 +150,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)
