@@ -1,6 +1,6 @@
 """Why a federated run ranks like a popularity count: instruments measured along a run.
 
-    nice -n 5 .venv/bin/python bench/accuracy_diagnosis.py [--datasets lastfm-2k/clean,...]
+    nice -n 5 .venv/bin/python -m bench.accuracy_diagnosis [--datasets lastfm-2k/clean,...]
         [--rounds 200] [--every 10] [--data-dir ../shared/datasets]
 
 For each dataset and each configuration (the paper's settings, the same with a 10x server step,
@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import default_data_dir
 from scipy.stats import spearmanr
 
+from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import item_popularity
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, candidate_logits, means, metric_sums
@@ -182,7 +182,7 @@ def instrument(split: Split, cfg: TrainConfig, every: int) -> list[dict[str, Any
 
 def main(argv: list[str] | None = None) -> None:
     """Measure and write the instruments (see the module docstring)."""
-    from bench_cli import positive, writable_file
+    from bench.bench_cli import positive, writable_file
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", default="lastfm-2k/clean,filmtrust/paper,synthetic-tastes")
@@ -217,6 +217,6 @@ def measure(
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from accuracy_report import ACC, DOCS, RES, ROOT, cell, reproduction
+from bench.accuracy_report import ACC, DOCS, RES, ROOT, cell, reproduction
 
 
 def studies() -> list[str]:

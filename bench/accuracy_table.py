@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accuracy_diagnosis import load
-from bench_cli import default_data_dir
 
+from bench.accuracy_diagnosis import load
+from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.data import Split
 from fedrecgel.presets import PRESETS_FILE, resolve, stored
@@ -212,6 +212,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

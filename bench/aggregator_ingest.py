@@ -1,6 +1,6 @@
 """Aggregator ingest under load, beside a no-op endpoint receiving the same bodies, same run.
 
-    .venv/bin/python bench/aggregator_ingest.py [--uploads 600] [--concurrency 32]
+    .venv/bin/python -m bench.aggregator_ingest [--uploads 600] [--concurrency 32]
 
 Both servers run as separate uvicorn processes on loopback. The load: ``--uploads`` distinct
 clients of one open round, each sending one realistic update of a FilmTrust-size model
@@ -27,17 +27,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
-from bench_cli import writable_file
 from fastapi import FastAPI, Request
 
+from bench.bench_cli import child_command, writable_file
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import Update
 from fedrecgel.wire import encode_updates
+from harness.loopback import free_port
+from services.enrolment import enrolment_token
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/)
-from services.enrolment import enrolment_token  # noqa: E402
-from tests.support.loopback import free_port  # noqa: E402
 
 MODEL = ModelConfig(n_items=2059)
 TOKEN = "bench-operator-token"
@@ -137,8 +136,8 @@ def close_time(rounds: int = 5) -> dict[str, object]:
     """Round close (aggregate + server Adam + persist a version) with 122 FilmTrust-size updates."""
     from fastapi.testclient import TestClient
 
+    from harness.aggregator import make_settings, register, sqlite_url
     from services.aggregator.app import create_app
-    from tests.support.aggregator import make_settings, register, sqlite_url
 
     times = []
     downloads: list[float] = []
@@ -225,7 +224,9 @@ def main() -> None:
             "FEDREC_AGG_LOG_LEVEL": "warning",
         }
         agg = subprocess.Popen([sys.executable, "-m", "services.aggregator"], env=env)
-        noop = subprocess.Popen([sys.executable, __file__, "--noop-server", str(noop_port)])
+        noop = subprocess.Popen(
+            [*child_command(__file__), "--noop-server", str(noop_port)], cwd=ROOT
+        )
         try:
             agg_url, noop_url = f"http://127.0.0.1:{agg_port}", f"http://127.0.0.1:{noop_port}"
             wait_healthy(f"{agg_url}/healthz", agg)
@@ -267,6 +268,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

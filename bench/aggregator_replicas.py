@@ -1,6 +1,6 @@
 """Aggregator ingest with one replica and with three behind haproxy, same run, interleaved.
 
-    .venv/bin/python bench/aggregator_replicas.py [--uploads 400] [--concurrency 32]
+    .venv/bin/python -m bench.aggregator_replicas [--uploads 400] [--concurrency 32]
         [--trials 3] [--replicas 3]
 
 One PostgreSQL cluster and one redis-server (throw-away, on loopback), ``--replicas``
@@ -39,18 +39,17 @@ from typing import Any
 
 import httpx
 import numpy as np
-from aggregator_ingest import MODEL, drive, realistic_update
-from bench_cli import positive, writable_file
 
+from bench.aggregator_ingest import MODEL, drive, realistic_update
+from bench.bench_cli import positive, writable_file
 from fedrecgel.wire import encode_updates
+from harness.haproxy import HAPROXY_MISSING, Balancer, balancer
+from harness.loopback import REDIS_MISSING, free_port, redis_server
+from harness.postgres import POSTGRES_MISSING, pg_bindir, postgres_cluster
+from harness.procs import FEDREC_MODULE, descendants, spawned
+from services.enrolment import enrolment_token
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the test helpers (tests/support/)
-from services.enrolment import enrolment_token  # noqa: E402
-from tests.support.haproxy import HAPROXY_MISSING, Balancer, balancer  # noqa: E402
-from tests.support.loopback import REDIS_MISSING, free_port, redis_server  # noqa: E402
-from tests.support.postgres import POSTGRES_MISSING, pg_bindir, postgres_cluster  # noqa: E402
-from tests.support.procs import FEDREC_MODULE, descendants, spawned  # noqa: E402
 
 #: uploads of the unrecorded first pass through each balancer (connections, caches)
 WARMUP_UPLOADS = 40
@@ -353,6 +352,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

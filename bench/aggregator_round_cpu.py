@@ -14,7 +14,7 @@ history read. The CPU time of this process is summed per kind over ``--rounds`` 
 gives the per-kind medians per round. HTTP, FastAPI's validation and the workers are left
 out: this is the service's own work.
 
-    python bench/aggregator_round_cpu.py [--rounds 20] [--repeats 3]
+    python -m bench.aggregator_round_cpu [--rounds 20] [--repeats 3]
         [--compare secure-delete|page-size] [--out bench/results/aggregator_round_cpu.json]
 """
 
@@ -37,17 +37,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive, writable_file
 from sqlalchemy import event
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+from bench.bench_cli import positive, writable_file
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PartialSum
 from fedrecgel.wire import encode_partial
+from harness.aggregator import AggregatorFactory, operator_headers, register, service_of
 from services.aggregator import db
 from services.contract import EvaluationRequest
-from tests.aggregator.conftest import AggregatorFactory
-from tests.support.aggregator import operator_headers, register, service_of
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_round_cpu.json"
 #: the two settings each comparison measures: label -> (secure_delete, page size of the file)
@@ -187,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         for s in settings
     }
     out = {
-        "command": "python bench/aggregator_round_cpu.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m bench.aggregator_round_cpu " + " ".join(argv or sys.argv[1:]),
         "date": datetime.now().isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
@@ -218,6 +216,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

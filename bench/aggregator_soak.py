@@ -1,6 +1,6 @@
 """Aggregator soak: the resident memory of a real aggregator process over many short rounds.
 
-    .venv/bin/python bench/aggregator_soak.py [--rounds 1000] [--warmup 100] [--cohort 60]
+    .venv/bin/python -m bench.aggregator_soak [--rounds 1000] [--warmup 100] [--cohort 60]
         [--workers 4] [--env NAME=VALUE ...] [--out bench/results/aggregator_soak.json]
 
 One aggregator process (``python -m services.aggregator``, SQLite in a temporary folder, its
@@ -37,15 +37,14 @@ from typing import Any
 
 import httpx
 import numpy as np
-from bench_cli import positive, writable_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
+from bench.bench_cli import positive, writable_file
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
+from harness.aggregator import random_update
+from harness.loopback import free_port
 from services.enrolment import enrolment_token
-from tests.support.aggregator import random_update
-from tests.support.loopback import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_soak.json"
 POPULATION = 1508  # FilmTrust's users
@@ -269,6 +268,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -9,7 +9,7 @@ stops the services and writes, per backend, the peak and final size and the fina
 table (SQLite ``dbstat``; PostgreSQL ``pg_total_relation_size``, TOAST and indexes included)
 to ``bench/results/aggregator_storage.json``.
 
-    python bench/aggregator_storage.py [--rounds 100] [--backend sqlite --backend postgres]
+    python -m bench.aggregator_storage [--rounds 100] [--backend sqlite --backend postgres]
 """
 
 from __future__ import annotations
@@ -19,25 +19,22 @@ import json
 import os
 import platform
 import sqlite3
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_cli import positive, writable_file
 from sqlalchemy import create_engine, text
 
+from bench.bench_cli import positive, writable_file
 from fedrecgel.config import RunParams
 from fedrecgel.data import load_split
+from harness.loopback import free_port
+from harness.parity import start_workers
+from harness.postgres import postgres_cluster
 from services.aggregator.settings import Settings
 from services.launcher import UpOptions, cluster
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from tests.support.loopback import free_port
-from tests.support.parity import start_workers
-from tests.support.postgres import postgres_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_storage.json"
 TARGET_MB = 150.0
@@ -207,6 +204,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

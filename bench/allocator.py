@@ -1,7 +1,7 @@
 """The simulator's rounds with glibc's default malloc thresholds against the raised ones
 (:mod:`fedrecgel.allocator`).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/allocator.py [--pairs 4] [--rounds 10]
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.allocator [--pairs 4] [--rounds 10]
 
 A round frees and allocates again the same tens of MB; glibc serves blocks above its mmap
 threshold (128 KiB, raised automatically up to 32 MiB) with fresh mappings and returns the
@@ -25,11 +25,10 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import child_command, positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "allocator.json"
@@ -76,10 +75,10 @@ def child(side: str, rounds: int) -> dict[str, Any]:
 
 def _start_child(side: str, rounds: int, core: int | None) -> subprocess.Popen[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--child", side, "--rounds", str(rounds)]
+    cmd = [*child_command(__file__), "--child", side, "--rounds", str(rounds)]
     if core is not None:
         cmd += ["--core", str(core)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
 def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -128,7 +127,7 @@ def main() -> None:
         for d, k in zip(runs["default"], runs["kept"], strict=True)
     ]
     result = {
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/allocator.py "
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.allocator "
         f"--pairs {args.pairs} --rounds {args.rounds}"
         + (" --sequential" if args.sequential else ""),
         "load_avg": os.getloadavg(),
@@ -157,6 +156,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

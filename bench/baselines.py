@@ -1,7 +1,7 @@
 """Reference points for the results tables: popularity and random rankings on every dataset and
 protocol (and, with --central-epochs N, the centralized NCF upper bound; slow on 2 cores).
 
-    .venv/bin/python bench/baselines.py [--data-dir ../shared/datasets] [--central-epochs 20]
+    .venv/bin/python -m bench.baselines [--data-dir ../shared/datasets] [--central-epochs 20]
 
 Writes bench/results/baselines.json; bench/report.py puts it in docs/RESULTS.md. Test figures
 are reported at the validation-selected epoch (``selected``) and at the best test epoch.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_cli import default_data_dir
 
+from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
 from fedrecgel.data import DATASETS, DataError, load_split
 from fedrecgel.model import ModelConfig
@@ -79,6 +79,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -15,6 +15,16 @@ from pydantic import ValidationError
 from fedrecgel.config import ConfigError
 from fedrecgel.data import DataError
 
+#: the repository's root, the folder a benchmark's child process runs in (``bench`` imports
+#: from there: it is a package of the repository, not of the installed project)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_command(program_file: str) -> list[str]:
+    """The start of the command line that runs a benchmark program again as a child process
+    (``python -m bench.NAME``, given the program's ``__file__``); run it with ``cwd=ROOT``."""
+    return [sys.executable, "-m", f"bench.{Path(program_file).stem}"]
+
 
 def positive(text: str) -> int:
     """An ``argparse`` type: an integer >= 1 (rounds, repeats)."""

@@ -1,6 +1,6 @@
 """The centralized upper bound: the same NCF trained in one place on the same validation split.
 
-    nice -n 5 .venv/bin/python bench/central.py [--only filmtrust/paper,...] \
+    nice -n 5 .venv/bin/python -m bench.central [--only filmtrust/paper,...] \
         [--lr-grid 0.001,0.003] [--seeds 0,1,2] [--epochs N] [--threads 1]
 
 For every dataset (FilmTrust, Amazon-Video, Lastfm-2K under the paper and the clean protocol,
@@ -31,14 +31,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import default_data_dir
 
+from bench.accuracy_diagnosis import load
+from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import CentralConfig, central
 from fedrecgel.data import Split, load_split
 from fedrecgel.model import ModelConfig
 from fedrecgel.tune import validation_only
-
-from accuracy_diagnosis import load  # isort: skip (a sibling program)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "central.json"
@@ -205,6 +204,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

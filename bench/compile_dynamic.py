@@ -1,6 +1,6 @@
 """``torch.compile(dynamic=True)`` of the torch client step against the native kernels, one run.
 
-    .venv/bin/python bench/compile_dynamic.py [--rounds 6] [--warmup 2]
+    .venv/bin/python -m bench.compile_dynamic [--rounds 6] [--warmup 2]
 
 Three simulators on the same default FilmTrust run (the aggregate path, fraction 0.1, no
 evaluation) take the same rounds, interleaved round by round: the client step on the C++
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_cli import positive, writable_file
 
+from bench.bench_cli import positive, writable_file
 from fedrecgel import sam
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -93,7 +93,7 @@ def bench(rounds: int, warmup: int, recompile_limit: int) -> dict[str, Any]:
     timed = {p: ts[warmup:] for p, ts in times.items()}
     med = {p: statistics.median(ts) for p, ts in timed.items()}
     return {
-        "command": ".venv/bin/python bench/compile_dynamic.py",
+        "command": ".venv/bin/python -m bench.compile_dynamic",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "native_kernels": native.kernels() is not None,
@@ -141,6 +141,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

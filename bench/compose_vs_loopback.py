@@ -28,7 +28,7 @@ container a top-level cgroup, weighing as much as one process); the JSON records
 of the aggregator's container (``/docker/<id>`` or ``/<id>``). Smaller costs removed on the way:
 health probes in Python every few seconds (now bash builtins), and the demo's polling.
 
-    python bench/compose_vs_loopback.py [--rounds 20] [--repeats 1]
+    python -m bench.compose_vs_loopback [--rounds 20] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_cli import positive, writable_file
+
+from bench.bench_cli import positive, writable_file
+from harness.loopback import free_port, redis_server
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests/support/
-from tests.support.loopback import free_port, redis_server  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "compose_vs_loopback.json"
 TARGET = 1.5
@@ -307,6 +307,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,7 +1,7 @@
 """CPU time of processes and of the machine (Linux ``/proc``), and how much arithmetic the
 machine's CPUs do at once.
 
-    .venv/bin/python bench/cpu_accounting.py [--repeats 5] [--seconds 2]
+    .venv/bin/python -m bench.cpu_accounting [--repeats 5] [--seconds 2]
 
 :func:`parallel_capacity` asks what the machine's logical CPUs give when several run at once:
 the float32 matmul rate of one single-threaded process alone, then of each of N such
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import positive, writable_file
 
 OUT = Path(__file__).resolve().parent / "results" / "parallel_capacity.json"
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -166,7 +166,7 @@ def main() -> None:
     busy0 = machine_busy_seconds()
     result = parallel_capacity(args.repeats, args.seconds, cpus)
     out = {
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/cpu_accounting.py",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.cpu_accounting",
         "machine": {"cpus": cpus, "python": platform.python_version()},
         "load_avg_1m_at_start": load,
         "load_avg_1m_at_end": os.getloadavg()[0],
@@ -183,6 +183,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

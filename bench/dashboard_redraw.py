@@ -3,14 +3,14 @@ each change: a row per round, every round on the charts) against now (only new o
 rounds touched, the table and charts bounded), in one run, in the system's headless Chromium.
 
 The dashboard service runs on loopback over a fake aggregator holding ``--rounds`` closed
-rounds (``tests/dashboard/test_dashboard_browser_history.py``); the page is the same, only
+rounds (``harness/dashboard.py``, as in the browser tests); the page is the same, only
 ``/ui/static/dashboard.js`` differs (the "before" script is read from git, ``--before-rev``).
 For each script, alternately, ``--repeats`` times: a fresh page loads the whole history, then
 ``--updates`` times one round closes; the time of each is measured inside the page, from the
 state answer's arrival to the first animation frame after the page was drawn (so layout of
 what changed counts too). Writes ``bench/results/dashboard_redraw.json``.
 
-    python bench/dashboard_redraw.py [--rounds 100000] [--updates 5] [--repeats 2]
+    python -m bench.dashboard_redraw [--rounds 100000] [--updates 5] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -21,23 +21,15 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import positive, writable_file
+from harness.browser import LAPTOP, chromium
+from harness.dashboard import FakeAggregator, round_row, served
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.dashboard.browser import chromium  # noqa: E402
-from tests.dashboard.test_dashboard_browser import LAPTOP  # noqa: E402
-from tests.dashboard.test_dashboard_browser_history import (  # noqa: E402
-    FakeAggregator,
-    _round,
-    served,
-)
 
 OUT = ROOT / "bench" / "results" / "dashboard_redraw.json"
 SCRIPT = ROOT / "services" / "dashboard" / "static" / "dashboard.js"
@@ -90,7 +82,7 @@ def one(browser: Any, url: str, agg: FakeAggregator, script: str, updates: int) 
     times = []
     for _ in range(updates):
         seen = page.evaluate("drawTimes.length")
-        agg.rounds.append(_round(len(agg.rounds) + 1))
+        agg.rounds.append(round_row(len(agg.rounds) + 1))
         n = len(agg.rounds)
         _until(
             page, "a new round drawn", f"(k) => ({NEWEST})() === {n} && drawTimes.length > k", seen
@@ -158,6 +150,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,8 +1,8 @@
 """The settings ``fedrec train`` runs without a preset, chosen honestly: a grid on validation
 only, checked leave-one-dataset-out.
 
-    nice -n 5 .venv/bin/python bench/default_rule.py grid     # every candidate, tuning seed
-    nice -n 5 .venv/bin/python bench/default_rule.py check    # the left-out datasets, seeds 0-2
+    nice -n 5 .venv/bin/python -m bench.default_rule grid     # every candidate, tuning seed
+    nice -n 5 .venv/bin/python -m bench.default_rule check    # the left-out datasets, seeds 0-2
 
 ``grid``: each candidate of :data:`CANDIDATES` trains on every dataset of :data:`DATASETS` on
 the tuning seed (100), on a split whose test candidates are replaced by the validation ones
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accuracy_diagnosis import load
-from bench_cli import default_data_dir
 
+from bench.accuracy_diagnosis import load
+from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import popularity
 from fedrecgel.data import Split
 from fedrecgel.presets import PRESETS_FILE, stored
@@ -269,6 +269,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -11,8 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from accuracy_report import _pm, _vals, cell, central
-
+from bench.accuracy_report import _pm, _vals, cell, central
 from fedrecgel.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """The private popularity reference point: test HR@10 / NDCG@10 of noisy item counts at user-level
 (epsilon, delta)-DP, beside plain popularity and chance.
 
-    nice -n 10 .venv/bin/python bench/dp_popularity.py [--data-dir ../shared/datasets]
+    nice -n 10 .venv/bin/python -m bench.dp_popularity [--data-dir ../shared/datasets]
         [--datasets filmtrust/paper,amazon-video/paper,lastfm-2k/clean] [--epsilons 1,3,8]
         [--seeds 0,1,2] [--tuning-seed 100] [--out bench/results/dp_popularity.json]
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_cli import default_data_dir, run, writable_file
 
+from bench.bench_cli import default_data_dir, run, writable_file
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.data import Split, load_split
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS, dp_popularity, plan_release

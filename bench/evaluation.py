@@ -17,7 +17,7 @@ the load average, whether the per-user ranks and the logits are identical to the
 the FLOP of the score network against the same-run matmul rate, and a profile of one fast
 evaluation (where the time goes).
 
-    python bench/evaluation.py [--reps 5] [--threads 1]
+    python -m bench.evaluation [--reps 5] [--threads 1]
 """
 
 from __future__ import annotations
@@ -33,16 +33,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import trained_models  # noqa: E402
-from roofline import matmul_rate  # noqa: E402
-
-from fedrecgel.metrics import (  # noqa: E402
+from bench import trained_models
+from bench.bench_cli import positive
+from bench.roofline import matmul_rate
+from fedrecgel.metrics import (
     CHUNK_PAIRS,
     KS,
     candidate_logits,
@@ -50,7 +45,9 @@ from fedrecgel.metrics import (  # noqa: E402
     per_user_metrics,
     rank_of_positive,
 )
-from fedrecgel.model import Scorer  # noqa: E402
+from fedrecgel.model import Scorer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "bench" / "results" / "evaluation.json"
 MATMUL_OPS = ("aten::mm", "aten::addmm")
@@ -211,7 +208,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in wall.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     result = {
-        "command": " ".join(["python bench/evaluation.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.evaluation", *sys.argv[1:]]),
         "dataset": "amazon-video",
         "users": len(items),
         "candidates_per_user": 1 + negs.shape[1],
@@ -250,6 +247,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -2,7 +2,7 @@
 trial's settings, state, validation value and intermediate reports (best validation HR@10 so
 far, by round).
 
-    .venv/bin/python bench/export_study.py runs/tune/<study>.db [--study NAME]
+    .venv/bin/python -m bench.export_study runs/tune/<study>.db [--study NAME]
 
 Writes bench/results/accuracy/studies/<study>.json.
 """
@@ -60,6 +60,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

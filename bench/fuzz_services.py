@@ -5,7 +5,7 @@ Starts ``python -m services.aggregator`` (SQLite, an enrolment secret, FilmTrust
 worker ``python -m services.client_sim`` serving its device API (all of FilmTrust's users,
 enrolled with the shard's token); trains a short run so that every service has its state (a
 model, private vectors); then fuzzes each service's OpenAPI document with schemathesis
-(``tests/fuzz/harness.py``: valid and invalid requests per operation), with every credential
+(``harness/fuzz.py``: valid and invalid requests per operation), with every credential
 kind the service knows: recommend_api takes none; the device API is fuzzed without and with its
 device token; the aggregator anonymously and with the worker's client token, the reader token,
 the enrolment token and the operator token (last: it pauses, stops and starts runs). The aggregator runs under an
@@ -15,7 +15,7 @@ Writes ``bench/results/fuzz.json``: per service and credential kind, the request
 answers by status, the 5xx answers, the answers the document does not describe, the invalid
 requests accepted, the requests without an answer (timeouts) and the findings (as curl).
 
-    python bench/fuzz_services.py [--examples 50] [--seed 0] [--quick]
+    python -m bench.fuzz_services [--examples 50] [--seed 0] [--quick]
 """
 
 from __future__ import annotations
@@ -35,26 +35,25 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from bench_cli import writable_file
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from fedrecgel.data import load_split  # noqa: E402
-from services.client_sim.store import WorkerStore  # noqa: E402
-from services.contract import RunConfig  # noqa: E402
-from services.enrolment import enrolment_token  # noqa: E402
-from services.recommend_api.settings import Settings as RecommendSettings  # noqa: E402
-from tests.fuzz.harness import Tally, fuzz, load_schema  # noqa: E402
-from tests.fuzz.targets import (  # noqa: E402
+from bench.bench_cli import writable_file
+from fedrecgel.data import load_split
+from harness.fuzz import Tally, fuzz, load_schema
+from harness.fuzz_targets import (
     AGGREGATOR_KINDS,
     AggregatorCredentials,
     bearer,
     fuzz_aggregator,
     pinned_schema,
 )
-from tests.support.loopback import free_port  # noqa: E402
-from tests.support.procs import spawned  # noqa: E402
+from harness.loopback import free_port
+from harness.procs import spawned
+from services.client_sim.store import WorkerStore
+from services.contract import RunConfig
+from services.enrolment import enrolment_token
+from services.recommend_api.settings import Settings as RecommendSettings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "bench" / "results" / "fuzz.json"
 DATASET = "filmtrust"
@@ -322,6 +321,6 @@ def _version(name: str) -> str:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

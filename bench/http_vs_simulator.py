@@ -23,9 +23,9 @@ round's close to the poll answer a worker starts the next round from). Agreement
 simulator (per-round metrics and loss, final model) is checked once per mode against the
 simulator computing per-client uploads the way the workers did.
 
-    python bench/http_vs_simulator.py [--rounds 20] [--repeats 3] [--modes exact,grouped,partial]
+    python -m bench.http_vs_simulator [--rounds 20] [--repeats 3] [--modes exact,grouped,partial]
         [--out bench/results/http_vs_simulator.json]
-    python bench/http_vs_simulator.py --merge a.json b.json ... --out merged.json
+    python -m bench.http_vs_simulator --merge a.json b.json ... --out merged.json
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import platform
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -48,18 +47,16 @@ from typing import Any
 
 import httpx
 import torch
-from bench_cli import positive, writable_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from cpu_accounting import CpuWatch, machine_busy_seconds
-
+from bench.bench_cli import positive, writable_file
+from bench.cpu_accounting import CpuWatch, machine_busy_seconds
 from fedrecgel.data import load_split, raw_path
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
+from harness.loopback import redis_server
+from harness.parity import aggregator_started, parity_options, start_workers
 from services.client_sim.timings import PHASES
 from services.launcher import worker_torch_threads
-from tests.support.loopback import redis_server
-from tests.support.parity import aggregator_started, parity_options, start_workers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_vs_simulator.json"
 MODES = ("exact", "grouped", "partial")
@@ -436,6 +433,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,6 +1,6 @@
 """Loss landscapes of FedRecGEL and FedNCF: does SAM find flatter minima?
 
-    nice -n 5 .venv/bin/python bench/landscape.py [--dataset filmtrust] [--points 13] [--grid 11]
+    nice -n 5 .venv/bin/python -m bench.landscape [--dataset filmtrust] [--points 13] [--grid 11]
 
 Trains FedRecGEL and FedNCF (SAM off) with the same settings and seed (the paper's, 100 rounds;
 finished runs are kept by ``bench/trained.py``), then around each model's final shared
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import default_data_dir, positive
-from trained import ROOT, train_cached
 
+from bench.bench_cli import default_data_dir, positive
+from bench.trained import ROOT, train_cached
 from fedrecgel.data import load_split
 from fedrecgel.landscape import (
     TrainingLoss,
@@ -210,6 +210,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,6 +1,6 @@
 """Peak memory of simulator runs, each measured in its own child process (a clean peak RSS).
 
-    .venv/bin/python bench/memory.py [--rounds 100] [--scale-rounds 2] [--only NAME]
+    .venv/bin/python -m bench.memory [--rounds 100] [--scale-rounds 2] [--only NAME]
 
 Cases (``--only`` picks one):
 - ``filmtrust-all``: FilmTrust, every client in every round (fraction 1), the default client
@@ -19,12 +19,11 @@ import argparse
 import json
 import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import child_command, positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "memory.json"
@@ -96,7 +95,8 @@ def main() -> None:
     for case in args.only or CASES:
         rounds = args.scale_rounds if case.startswith("synthetic") else args.rounds
         proc = subprocess.run(
-            [sys.executable, __file__, "--child", case, "--rounds", str(rounds)],
+            [*child_command(__file__), "--child", case, "--rounds", str(rounds)],
+            cwd=ROOT,
             capture_output=True,
             text=True,
             check=False,
@@ -111,6 +111,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

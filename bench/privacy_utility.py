@@ -6,10 +6,10 @@ the run's rounds spend exactly the target (delta = 1 / number of users), each up
 ``--clip``. The same runs without DP (same sampling, no clipping, no noise) are the reference.
 Test figures are taken at the validation-selected round.
 
-    nice -n 5 .venv/bin/python bench/privacy_utility.py --datasets filmtrust --rounds 4
-    nice -n 5 .venv/bin/python bench/privacy_utility.py --datasets filmtrust --rounds 50 \
+    nice -n 5 .venv/bin/python -m bench.privacy_utility --datasets filmtrust --rounds 4
+    nice -n 5 .venv/bin/python -m bench.privacy_utility --datasets filmtrust --rounds 50 \
         --eval-every 10 --server-optimizer sgd --server-lr 3 --seeds 1,2,3
-    .venv/bin/python bench/privacy_utility.py --plot      # docs/privacy_utility.png
+    .venv/bin/python -m bench.privacy_utility --plot      # docs/privacy_utility.png
 
 Each dataset and training setting (server optimizer, step size, rounds) is its own entry.
 Resumable: each finished run is written to bench/results/privacy_utility.json at once and
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_cli import default_data_dir, positive
 
+from bench.bench_cli import default_data_dir, positive
 from fedrecgel.data import load_split
 from fedrecgel.simulate import Simulator, TrainConfig
 
@@ -210,6 +210,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -28,7 +28,7 @@ fetches one copy) and the partial sums that came back; the data each node's obje
 (they must). Writes ``bench/results/ray_scaling.json`` after every point;
 ``bench/report.py`` renders it (with a projection to N machines) into docs/RESULTS.md.
 
-    python bench/ray_scaling.py [--nodes 1,2,3] [--workloads filmtrust,synthetic-10k,...]
+    python -m bench.ray_scaling [--nodes 1,2,3] [--workloads filmtrust,synthetic-10k,...]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench_cli import run, writable_file
+from bench.bench_cli import child_command, run, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ray_scaling.json"
@@ -311,11 +311,13 @@ def child_ray(workload: str, nodes: int) -> dict[str, Any]:
 
 
 def _point(workload: str, nodes: int, backend: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--child", json.dumps([workload, nodes, backend])]
+    cmd = [*child_command(__file__), "--child", json.dumps([workload, nodes, backend])]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as Ray sets it for its actors
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=POINT_TIMEOUT_S, env=env)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=POINT_TIMEOUT_S, env=env, cwd=ROOT
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {POINT_TIMEOUT_S} s"}
     wall = time.perf_counter() - t0
@@ -356,7 +358,7 @@ def main() -> None:
         ap.error(missing)
     out: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
-        "command": "python bench/ray_scaling.py " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.ray_scaling " + " ".join(sys.argv[1:]),
         "machine": {
             "cpus": os.cpu_count(),
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),

@@ -12,7 +12,7 @@ Recorded: each side's run time and median round time, the ray side's time to sta
 actors, whether the two final models are the same bytes (they must be), the machine's load
 average. Writes ``bench/results/ray_vs_inprocess.json``.
 
-    python bench/ray_vs_inprocess.py [--rounds 20] [--shards 2] [--address auto]
+    python -m bench.ray_vs_inprocess [--rounds 20] [--shards 2] [--address auto]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_cli import positive, run, writable_file
 
+from bench.bench_cli import positive, run, writable_file
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 

@@ -12,7 +12,7 @@ measured in process per user (mean, 5th percentile, minimum). Client and servers
 machine's cores: only ratios within one run mean anything. Writes
 ``bench/results/recommend_load.json`` after each part.
 
-    python bench/recommend_load.py [--quick] [--only 12k|1m]
+    python -m bench.recommend_load [--quick] [--only 12k|1m]
 """
 
 from __future__ import annotations
@@ -33,20 +33,17 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-from bench_cli import writable_file
+
+from bench import trained_models
+from bench.bench_cli import child_command, writable_file
+from fedrecgel.model import ModelConfig
+from fedrecgel.wire import encode_model
+from harness.loopback import free_port
+from services.contract import RecommendationRequest
+from services.recommend_api.ranking import RankingConfig
+from services.recommend_api.shortlist import ProxyShortlist
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import trained_models  # noqa: E402
-
-from fedrecgel.model import ModelConfig  # noqa: E402
-from fedrecgel.wire import encode_model  # noqa: E402
-from services.contract import RecommendationRequest  # noqa: E402
-from services.recommend_api.ranking import RankingConfig  # noqa: E402
-from services.recommend_api.shortlist import ProxyShortlist  # noqa: E402
-from tests.support.loopback import free_port  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_load.json"
 
@@ -104,7 +101,7 @@ def start(
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start a server subprocess and wait until it answers."""
     port = free_port()
-    cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
+    cmd = [*child_command(__file__), "--serve", kind, "--port", str(port)]
     if model_path:
         cmd += ["--model", model_path]
     if ann_threshold is not None:
@@ -357,7 +354,7 @@ def main() -> None:
     result["note"] = (
         "client and servers share this machine's cores; rates are compared within one run"
     )
-    command = " ".join(["python bench/recommend_load.py", *sys.argv[1:]])
+    command = " ".join(["python -m bench.recommend_load", *sys.argv[1:]])
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "12k"):
             result["items_12k_50_callers"] = run_12k(tmp, n_req, max_s, 100 if args.quick else 500)
@@ -374,6 +371,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

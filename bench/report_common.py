@@ -4,10 +4,20 @@ how one is read, and how two interleaved sides of an HTTP comparison are read an
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results"
+#: how a result recorded the program that wrote it (``python bench/NAME.py``, before bench/
+#: became a package)
+_SCRIPT_RUN = re.compile(r"\b(python\S*) bench/(\w+)\.py\b")
+
+
+def as_module(command: str) -> str:
+    """A command a result recorded, as it is run now: ``python bench/NAME.py ...`` (how the
+    older results wrote it) becomes ``python -m bench.NAME ...``."""
+    return _SCRIPT_RUN.sub(r"\1 -m bench.\2", command)
 
 
 def load_result(path: Path | str) -> Any:

@@ -5,7 +5,7 @@ Used by ``bench/report.py``; every figure comes from a JSON under bench/results/
 
 from __future__ import annotations
 
-from report_common import load_result
+from bench.report_common import load_result
 
 
 def section() -> list[str]:
@@ -18,7 +18,7 @@ def section() -> list[str]:
     lines = [
         f"## The dashboard page over {n} rounds (`bench/results/dashboard_redraw.json`)",
         "",
-        "Produced by `bench/dashboard_redraw.py`: the page in the system's headless Chromium, the",
+        "Produced by `python -m bench.dashboard_redraw`: the page in the system's headless Chromium, the",
         "dashboard over a fake aggregator's paged history; the page's script before",
         f"(`{data['before_rev']}`: every round redrawn on each change) and now (only new or changed",
         "rounds touched; the newest 50 versions in the table, at most 2,000 chart points),",

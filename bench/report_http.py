@@ -10,8 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from report_common import load_result
-from report_http_churn import (
+from bench.report_common import load_result
+from bench.report_http_churn import (
     CHURN_AFTER,
     CHURN_BEFORE,
     META_AFTER,
@@ -23,8 +23,15 @@ from report_http_churn import (
     churn_reading,
     meta_reading,
 )
-from report_http_cpu import CPU_AFTER, CPU_BEFORE, TAG_AFTER, TAG_BEFORE, capacity, cpu_reading
-from report_http_native import (
+from bench.report_http_cpu import (
+    CPU_AFTER,
+    CPU_BEFORE,
+    TAG_AFTER,
+    TAG_BEFORE,
+    capacity,
+    cpu_reading,
+)
+from bench.report_http_native import (
     NATIVE,
     NATIVE_OFF,
     TAG_NATIVE,
@@ -32,7 +39,7 @@ from report_http_native import (
     native_reading,
     stage,
 )
-from report_http_storage import (
+from bench.report_http_storage import (
     STORE,
     STORE_BEFORE,
     STORE_FINAL,

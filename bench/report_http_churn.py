@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_common import load_range, load_result, ratios_text, result_pair
-from report_http_cpu import CPU_AFTER, TAG_AFTER, cpu_table, median_of, per_round_cpu
+from bench.report_common import load_range, load_result, ratios_text, result_pair
+from bench.report_http_cpu import CPU_AFTER, TAG_AFTER, cpu_table, median_of, per_round_cpu
 
 CHURN_BEFORE = "http_vs_simulator_churn_before.json"
 CHURN_AFTER = "http_vs_simulator_churn.json"

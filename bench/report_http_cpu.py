@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from report_common import load_result
+from bench.report_common import load_result
 
 CAPACITY = "parallel_capacity.json"
 #: the code before the session's change and after it, interleaved, with CPU accounting

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_common import load_range, ratios_text, result_pair
-from report_http_cpu import median_of, run_cpu
+from bench.report_common import load_range, ratios_text, result_pair
+from bench.report_http_cpu import median_of, run_cpu
 
 NATIVE = "http_vs_simulator_native.json"
 NATIVE_OFF = "http_vs_simulator_native_before.json"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_common import load_range, load_result, ratios_text, result_pair
-from report_http_cpu import cpu_table, median_of
+from bench.report_common import load_range, load_result, ratios_text, result_pair
+from bench.report_http_cpu import cpu_table, median_of
 
 STORE = "http_vs_simulator_storage.json"
 STORE_BEFORE = "http_vs_simulator_storage_before.json"
@@ -38,7 +38,7 @@ def _pages() -> str:
         for k in ("upload", "close", "storage", "report")
     )
     return (
-        f" In process (`bench/aggregator_round_cpu.py --compare page-size`, "
+        f" In process (`python -m bench.aggregator_round_cpu --compare page-size`, "
         f"{data['config']['repeats']} interleaved repetitions of {data['config']['rounds']} "
         f"rounds each, the code after this session's changes), 64 KB pages cost the "
         f"aggregator {big['total'] * 1e3:.1f} ms of CPU a round against "

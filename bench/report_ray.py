@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from report_common import load_result
+from bench.report_common import load_result
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PLOT = "ray_nodes.png"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from report_common import load_result
+from bench.report_common import load_result
 
 
 def _pm(values: list[float]) -> str:

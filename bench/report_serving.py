@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_common import RES, load_result
+from bench.report_common import RES, as_module, load_result
 
 
 def _recall_row(items: str, target: str, load: dict[str, Any]) -> tuple[str, str, object]:
@@ -84,7 +84,7 @@ def serving() -> list[str]:
                 [
                     (
                         "evaluation with 2 torch threads (another run, "
-                        f"`{ev2['command']}`"
+                        f"`{as_module(ev2['command'])}`"
                         f"{'' if 'previous_median_s' in ev2 else ', the evaluation before chunks'}"
                         "), s (median)",
                         "-",
@@ -104,9 +104,9 @@ def serving() -> list[str]:
     lines = [
         "## Serving and evaluation targets (`recommend_load.json`, `evaluation.json`)",
         "",
-        "Produced by `bench/recommend_load.py` and `bench/evaluation.py` on models trained with",
-        "the simulator (`bench/trained_models.py`). Rates and times come from a shared, loaded",
-        "2-core machine: only the ratios within one run compare.",
+        "Produced by `python -m bench.recommend_load` and `python -m bench.evaluation` on models",
+        "trained with the simulator (`python -m bench.trained_models`). Rates and times come from",
+        "a shared, loaded 2-core machine: only the ratios within one run compare.",
         "",
         "| measure | target | measured |",
         "|---|---|---|",
@@ -115,7 +115,7 @@ def serving() -> list[str]:
     lines += _p99_limit(big, rec.get("machine", {}).get("cpus"))
     commands = [d["command"] for d in (small, big, ev) if d.get("command")]
     if commands:
-        lines += ["", "Reproduce: " + "; ".join(f"`{c}`" for c in commands) + "."]
+        lines += ["", "Reproduce: " + "; ".join(f"`{as_module(c)}`" for c in commands) + "."]
     return lines
 
 
@@ -247,7 +247,7 @@ def shortlist_recall() -> list[str]:
         "the per-request scan of the item tables, whose proxy is exact in the first tower layer "
         "and linear in the deeper ones (`ScanShortlist`). Load average "
         f"{d.get('load_avg_1m_at_start')} at the start: times compare within the run only. "
-        f"Reproduce: `{d['command']}`.",
+        f"Reproduce: `{as_module(d['command'])}`.",
         "",
         "| candidates | flat | "
         + " | ".join(f"IVF nprobe {p}" for p in (48, 128, 256))

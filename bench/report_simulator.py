@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from report_common import load_result
+from bench.report_common import as_module, load_result
 
 
 def roofline() -> list[str]:
@@ -72,7 +72,7 @@ def roofline() -> list[str]:
         "",
         f"Targets: >= {ft['targets']['fraction_of_matmul']:.0%} of the matmul rate, >= "
         f"{ft['targets']['speedup_vs_loop']:.0f}x the per-client loop. Reproduce: "
-        f"`{rf.get('command', 'OMP_NUM_THREADS=1 .venv/bin/python bench/roofline.py --threads 1')}`"
+        f"`{as_module(rf.get('command', 'OMP_NUM_THREADS=1 .venv/bin/python -m bench.roofline --threads 1'))}`"
         " (a shared 2-core machine: only the same-run ratios carry over; *best round*: the "
         "fastest round's rate over the fastest matmul probe of the run, the least disturbed "
         "pair).",
@@ -242,7 +242,7 @@ def _allocator_lines() -> list[str]:
         f"{len(ratios)} pairs (ratios from {min(ratios):.2f} to {max(ratios):.2f}: a small "
         "gain against this machine's noise; 1-minute load average "
         f"{al['load_avg'][0]:.1f} at the end, other jobs running). Reproduce: "
-        f"`{al['command']}`.",
+        f"`{as_module(al['command'])}`.",
     ]
 
 
@@ -262,7 +262,7 @@ def _compile_lines() -> list[str]:
         "A round has two or three such groups and every group of every round has its own "
         "sample count, so a fixed-shape compile is paid again each time: the few "
         "milliseconds a round do not pay for it, and the compiled path is not used. "
-        f"Reproduce: `{tc['command']}`.",
+        f"Reproduce: `{as_module(tc['command'])}`.",
     ]
 
 
@@ -310,7 +310,7 @@ def _compile_dynamic_lines() -> list[str]:
         f"back from tensors as Python numbers), at most {dyn['recompile_limit']} compiles a "
         f"frame (a frame past it runs eagerly). After the same rounds the parameters differ from "
         f"the native run's by at most {diff['compiled']:.1e} (compiled) and "
-        f"{diff['eager']:.1e} (eager). So {verdict}. Reproduce: `{cd['command']}`.",
+        f"{diff['eager']:.1e} (eager). So {verdict}. Reproduce: `{as_module(cd['command'])}`.",
     ]
 
 
@@ -325,7 +325,7 @@ def memory() -> list[str]:
         "",
         "Peak RSS (`ru_maxrss`) of a child process per case, data included. *before*: the same "
         "case run by the batched client step this replaced (padded groups, autograd), where "
-        "measured. Reproduce: `OMP_NUM_THREADS=1 .venv/bin/python bench/memory.py --only "
+        "measured. Reproduce: `OMP_NUM_THREADS=1 .venv/bin/python -m bench.memory --only "
         "filmtrust-all --rounds 100` and `... --only synthetic-1e6x1e5 --scale-rounds 2`.",
         "",
         "| case | clients / round | rounds | peak RSS | after loading data | s / round "
@@ -360,7 +360,7 @@ def scaling() -> list[str]:
         "Synthetic data, default model and client path, one child process per point, the "
         "clients' private state created before the timed round. Plots: "
         "`docs/scaling_clients.png`, `docs/scaling_items.png`. Reproduce: "
-        f"`OMP_NUM_THREADS=1 .venv/bin/{sc.get('command', 'python bench/scaling.py')}` "
+        f"`OMP_NUM_THREADS=1 .venv/bin/{as_module(sc.get('command', 'python -m bench.scaling'))}` "
         "(a point over `--point-timeout` is reported as capped and the larger points of its "
         "sweep are skipped).",
         "",

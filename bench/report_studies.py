@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from report_common import RES, load_result
+from bench.report_common import RES, load_result
 
 ROOT = Path(__file__).resolve().parents[1]
 

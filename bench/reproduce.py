@@ -1,6 +1,6 @@
 """Reproduction of the paper's table through the CLI: FedRecGEL and FedNCF, 3 datasets, 3 seeds.
 
-    .venv/bin/python bench/reproduce.py [--data-dir ../shared/datasets] [--rounds 100]
+    .venv/bin/python -m bench.reproduce [--data-dir ../shared/datasets] [--rounds 100]
         [--seeds 0,1,2] [--datasets filmtrust,amazon-video,lastfm-2k] [--protocols paper,validation]
 
 Each (dataset, method, protocol) is one ``fedrec train`` call with all seeds; its
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_cli import default_data_dir, positive
+from bench.bench_cli import default_data_dir, positive
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
@@ -85,6 +85,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

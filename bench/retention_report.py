@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from report_common import load_result
+from bench.report_common import load_result
 
 #: the runs at which the sizes are shown
 MARKS = (1, 2, 5, 10, 11, 15, 20)

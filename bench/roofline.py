@@ -1,6 +1,6 @@
 """The simulator's round against the arithmetic floor of this machine, measured in one run.
 
-    .venv/bin/python bench/roofline.py [--rounds 5] [--loop-rounds 2] [--threads N]
+    .venv/bin/python -m bench.roofline [--rounds 5] [--loop-rounds 2] [--threads N]
 
 For a default FilmTrust round (fraction 0.1) it counts the floating-point work analytically
 (:func:`round_flops`: the multiply-adds of the three SAM passes for the actual samples, no
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive, writable_file
-from roofline_floor import bandwidth, floor_bytes, product_floor
 
+from bench.bench_cli import positive, writable_file
+from bench.roofline_floor import bandwidth, floor_bytes, product_floor
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
 from fedrecgel.model import ModelConfig
@@ -356,7 +356,7 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     res: dict[str, Any] = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python "
-        + " ".join(["bench/roofline.py", *_without_out(sys.argv[1:])]),
+        + " ".join(["-m bench.roofline", *_without_out(sys.argv[1:])]),
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -372,6 +372,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,6 +1,6 @@
 """Does ``torch.compile`` (inductor, CPU) pay off on the client step's elementwise work?
 
-    .venv/bin/python bench/roofline_compile.py [--repeats 15]
+    .venv/bin/python -m bench.roofline_compile [--repeats 15]
 
 Pass 3 of one group of FilmTrust clients (the batched pass: the shared score network, the
 cached item half of the first layer, backward to the private gradients only) written as one
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import torch
-from bench_cli import positive
 from torch import Tensor
 
+from bench.bench_cli import positive
 from fedrecgel import passes
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -93,7 +93,7 @@ def main() -> None:
             fn()
             times[key].append(time.perf_counter() - t0)
     res = {
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python bench/roofline_compile.py",
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.roofline_compile",
         "samples": len(lay.items),
         "clients": lay.n_clients,
         "compile_s": compile_s,
@@ -106,6 +106,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -3,7 +3,7 @@ other (what 20 ``docker compose up``/``down`` cycles of the demo do to a kept vo
 run retention (``KEEP_RUNS``, default 10) and without it (every run keeps its versions), in one
 process, the two interleaved cycle by cycle.
 
-    .venv/bin/python bench/run_retention.py [--runs 20] [--rounds 3]
+    .venv/bin/python -m bench.run_retention [--runs 20] [--rounds 3]
 
 Each cycle starts a run of a FilmTrust-sized model (2,071 items, the default NCF), plays
 ``--rounds`` rounds of random per-client updates through the HTTP API (an in-process app),
@@ -16,23 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_cli import positive, writable_file
 from fastapi.testclient import TestClient
 
+from bench.bench_cli import positive, writable_file
 from fedrecgel.run_config import RunConfig
 from fedrecgel.wire import encode_updates
-from services.aggregator.app import create_app
-from services.aggregator.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support/
-from tests.support.aggregator import (
+from harness.aggregator import (
     bearer,
     make_settings,
     operator_headers,
@@ -42,6 +37,8 @@ from tests.support.aggregator import (
     sqlite_url,
     upload_headers,
 )
+from services.aggregator.app import create_app
+from services.aggregator.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "run_retention.json"
@@ -122,6 +119,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,6 +1,6 @@
 """Seconds per simulator round against clients per round and against catalogue size.
 
-    .venv/bin/python bench/scaling.py [--max-clients 100000] [--max-items 1000000]
+    .venv/bin/python -m bench.scaling [--max-clients 100000] [--max-items 1000000]
 
 Synthetic data (:func:`fedrecgel.synthetic.synthetic_split`), the default client path and
 model, no evaluation. Each point runs in its own child process; the timed round's clients
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import child_command, positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scaling.json"
@@ -84,10 +84,10 @@ def child(users: int, items: int, mean: float, clients: int, rounds: int) -> dic
 
 def _point(args: argparse.Namespace, users: int, items: int, mean: float, clients: int) -> Any:
     rounds = 1 if clients >= 30_000 else args.rounds
-    cmd = [sys.executable, __file__, "--child", f"{users},{items},{mean},{clients},{rounds}"]
+    cmd = [*child_command(__file__), "--child", f"{users},{items},{mean},{clients},{rounds}"]
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, check=False, timeout=args.point_timeout
+            cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=args.point_timeout
         )
     except subprocess.TimeoutExpired:
         return {
@@ -157,7 +157,7 @@ def main() -> None:
         return
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     if not args.plot_only:
-        results = {"command": " ".join(["python bench/scaling.py", *sys.argv[1:]])}
+        results = {"command": " ".join(["python -m bench.scaling", *sys.argv[1:]])}
         sweeps = (
             ("clients", [(200_000, 10_000, 8.0, c) for c in CLIENTS if c <= args.max_clients]),
             ("items", [(10_000, i, 14.0, 1_000) for i in ITEMS if i <= args.max_items]),
@@ -174,6 +174,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

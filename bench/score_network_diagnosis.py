@@ -1,7 +1,7 @@
 """Why the validation figure falls after its peak: the score network's weights, measured along a
 run with and without the server's weight decay.
 
-    nice -n 5 .venv/bin/python bench/score_network_diagnosis.py [--datasets synthetic-tastes,...]
+    nice -n 5 .venv/bin/python -m bench.score_network_diagnosis [--datasets synthetic-tastes,...]
         [--rounds 300] [--every 10] [--weight-decay 10] [--data-dir ../shared/datasets]
 
 For each dataset, the settings the default preset had before ``server_weight_decay`` existed
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from accuracy_diagnosis import SEED, measure
-from bench_cli import default_data_dir
 
+from bench.accuracy_diagnosis import SEED, measure
+from bench.bench_cli import default_data_dir
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, candidate_logits, means, metric_sums
 from fedrecgel.model import ITEM_TABLES, Scorer
@@ -107,7 +107,7 @@ def _decay(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     """Measure and write the instruments (see the module docstring)."""
-    from bench_cli import positive, writable_file
+    from bench.bench_cli import positive, writable_file
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", default="synthetic-tastes,amazon-video/paper")
@@ -121,6 +121,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

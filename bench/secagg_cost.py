@@ -1,6 +1,6 @@
 """What secure aggregation costs per round against today's plain sparse uploads.
 
-    nice -n 5 .venv/bin/python bench/secagg_cost.py [--datasets filmtrust,amazon-video]
+    nice -n 5 .venv/bin/python -m bench.secagg_cost [--datasets filmtrust,amazon-video]
         [--clients 24] [--data-dir ../shared/datasets]
 
 For each dataset, the clients of round 1's cohort (the first ``--clients`` of it; the default
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import default_data_dir
 
+from bench.bench_cli import default_data_dir
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
 from fedrecgel.secagg import shamir
@@ -176,6 +176,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

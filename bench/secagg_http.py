@@ -8,7 +8,7 @@ of each run divided by its rounds (the workers take turns in one process, in bot
 measured one run after the other on a shared, loaded machine: read the ratio, not the absolute
 figures. Writes ``bench/results/secagg_http.json``.
 
-    nice -n 0 .venv/bin/python bench/secagg_http.py [--rounds 3] [--fraction 0.1]
+    nice -n 0 .venv/bin/python -m bench.secagg_http [--rounds 3] [--fraction 0.1]
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_cli import positive
 
+from bench.bench_cli import positive
 from fedrecgel.data import load_split
 from fedrecgel.secagg.layout import vector_length
 from fedrecgel.simulate import TrainConfig
+from harness.parity import aggregator_started, parity_options
+from harness.stepped import Stepped
 from services.launcher import worker_torch_threads
-from tests.support.parity import aggregator_started, parity_options
-from tests.support.stepped import Stepped
 
 DATASET = "filmtrust"
 OUT = Path(__file__).resolve().parent / "results" / "secagg_http.json"
@@ -99,7 +99,7 @@ def main() -> None:
         "dataset": DATASET,
         "rounds": args.rounds,
         "fraction": args.fraction,
-        "command": f"nice -n 0 .venv/bin/python bench/secagg_http.py --rounds {args.rounds} "
+        "command": f"nice -n 0 .venv/bin/python -m bench.secagg_http --rounds {args.rounds} "
         f"--fraction {args.fraction:g}",
         "note": "same-run ratios on a shared loaded machine; workers stepped in one process",
     }
@@ -120,6 +120,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.report_common import as_module
+
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.json"
 HTTP = RES.with_name("secagg_http.json")
 
@@ -23,7 +25,7 @@ def section() -> list[str]:
     lines = [
         "## Secure aggregation cost (per round, against plain sparse uploads)",
         "",
-        "Produced by `nice -n 5 .venv/bin/python bench/secagg_cost.py` (default run settings,",
+        "Produced by `nice -n 5 .venv/bin/python -m bench.secagg_cost` (default run settings,",
         "`secure_aggregation=dense`: SecAgg+ with 8 neighbours on either side, threshold",
         "deg - floor(0.3 deg), fixed point 2^-32 in 64-bit words). Round 1's cohort takes one",
         "client step; the same uploads then go as plain sparse bodies and through a secure",
@@ -67,7 +69,7 @@ def http_section() -> list[str]:
         "",
         "### Over HTTP (aggregator process and workers, per round)",
         "",
-        f"Produced by `{d['command']}`: the same {d['dataset']} run ({d['rounds']} rounds, "
+        f"Produced by `{as_module(d['command'])}`: the same {d['dataset']} run ({d['rounds']} rounds, "
         f"cohorts of {s['cohort']}, 2 shards) plain and with `secure_aggregation=dense`, the",
         "real aggregator process (SQLite) and both workers stepped in one process behind a",
         "recording transport. Bytes are every body the workers sent for training (plain:",

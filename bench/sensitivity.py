@@ -1,6 +1,6 @@
 """The rho_sh x rho_ns sensitivity grid of FedRecGEL (the paper's hyperparameter study).
 
-    nice -n 5 .venv/bin/python bench/sensitivity.py [--dataset filmtrust] \
+    nice -n 5 .venv/bin/python -m bench.sensitivity [--dataset filmtrust] \
         [--rho-sh 0,R,5R] [--rho-ns 0,R,5R]  (R: the default radius) [--rounds 100] [--worker 0/1]
 
 Every cell is a FedRecGEL run at the paper's settings except the two radii (cell (0, 0) is
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import default_data_dir, positive
-from trained import ROOT, run_path, train_cached
 
+from bench.bench_cli import default_data_dir, positive
+from bench.trained import ROOT, run_path, train_cached
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import load_split
 from fedrecgel.simulate import TrainConfig
@@ -159,6 +159,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,7 +1,7 @@
 """The server step at large catalogues: dense against lazy server Adam (``server_update``).
 
-    .venv/bin/python bench/server_step.py speed [--items 100000,1000000] [--rounds 4]
-    .venv/bin/python bench/server_step.py accuracy [--seeds 0,1,2] [--datasets filmtrust/paper]
+    .venv/bin/python -m bench.server_step speed [--items 100000,1000000] [--rounds 4]
+    .venv/bin/python -m bench.server_step accuracy [--seeds 0,1,2] [--datasets filmtrust/paper]
 
 ``speed``: in one process and interleaved round by round, three simulators over the same
 synthetic split (10,000 users, mean 14 interactions, 1,000 clients a round, the scaling sweep's
@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench_cli import positive, writable_file
+from bench.bench_cli import positive, writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "server_step.json"
@@ -215,6 +215,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -1,6 +1,6 @@
 """Why two-stage recall falls at 1,000,000 items: the candidate stage taken apart, in one run.
 
-    python bench/shortlist_recall.py [--users 30]
+    python -m bench.shortlist_recall [--users 30]
 
 On the trained synthetic 1e6-item model (bench/trained_models.py), for a fixed draw of its
 users: exact top 10 (the whole catalogue scored), then recall@10 (mean and 5th percentile over
@@ -35,15 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench import trained_models
+from fedrecgel.model import Scorer, init_shared
+from services.recommend_api.ranking import ModelHolder, RankingConfig, Snapshot
+from services.recommend_api.shortlist import ProxyShortlist, ScanShortlist
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import trained_models  # noqa: E402
-
-from fedrecgel.model import Scorer, init_shared  # noqa: E402
-from services.recommend_api.ranking import ModelHolder, RankingConfig, Snapshot  # noqa: E402
-from services.recommend_api.shortlist import ProxyShortlist, ScanShortlist  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "shortlist_recall.json"
 
@@ -89,7 +86,7 @@ def main() -> None:
     proxy = torch.from_numpy(queries) @ vectors.T
     del vectors
     out: dict[str, Any] = {
-        "command": " ".join(["python bench/shortlist_recall.py", *sys.argv[1:]]),
+        "command": " ".join(["python -m bench.shortlist_recall", *sys.argv[1:]]),
         "model": {
             "name": "synthetic-1m",
             "rounds": d["rounds"],
@@ -169,6 +166,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

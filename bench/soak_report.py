@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from report_common import RES, load_result
+from bench.report_common import RES, load_result
 
 #: the rounds at which the RSS series is shown
 MARKS = (1, 10, 50, 100, 200, 400, 600, 800, 1000)

@@ -1,6 +1,6 @@
 """Speed of the simulator, measured against the per-client loop reference in the same run.
 
-    .venv/bin/python bench/speed.py [--rounds 5] [--data-dir ../shared/datasets] [--skip-scale]
+    .venv/bin/python -m bench.speed [--rounds 5] [--data-dir ../shared/datasets] [--skip-scale]
 
 Writes bench/results/speed.json:
 - ``filmtrust``: seconds per training round (cohort step + aggregation + server step, no
@@ -21,14 +21,13 @@ import random
 import resource
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from bench_cli import default_data_dir, positive, writable_file
 
+from bench.bench_cli import child_command, default_data_dir, positive, writable_file
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
@@ -240,7 +239,8 @@ def main() -> None:
     print(json.dumps(out["filmtrust"], indent=1))
     if not args.skip_scale:
         child = subprocess.run(
-            [sys.executable, __file__, "--scale-child", "--rounds", str(args.rounds)],
+            [*child_command(__file__), "--scale-child", "--rounds", str(args.rounds)],
+            cwd=ROOT,
             capture_output=True,
             text=True,
             check=True,
@@ -252,6 +252,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

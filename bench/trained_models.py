@@ -6,7 +6,7 @@ data with 1,000,000 items (``fedrecgel.synthetic``). Each cache file holds the s
 parameters, the private user embeddings of every user, and the split's test items, so the
 benchmarks rank with real users of a real training run.
 
-    python bench/trained_models.py amazon-video [--rounds 30]
+    python -m bench.trained_models amazon-video [--rounds 30]
 """
 
 from __future__ import annotations
@@ -15,21 +15,19 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from bench_cli import positive
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.bench_cli import positive
+from fedrecgel.model import ModelConfig
+from fedrecgel.simulate import Simulator, TrainConfig
 
-from fedrecgel.model import ModelConfig  # noqa: E402
-from fedrecgel.simulate import Simulator, TrainConfig  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 CACHE = Path(os.environ.get("FEDREC_BENCH_CACHE", ROOT / "bench" / "results" / "cache"))
 
@@ -118,6 +116,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from bench_cli import run
+    from bench.bench_cli import run
 
     run(main)

@@ -8,7 +8,7 @@
 # (scripts/bootstrap.sh); .ci/run runs it before the whole suite. Takes well under a minute.
 #
 # Hidden: PATH is replaced by a folder of links to everything on it but the names below, and
-# FEDREC_PG_BINDIR is set empty (tests/support/postgres.py: no PostgreSQL, where the tests
+# FEDREC_PG_BINDIR is set empty (harness/postgres.py: no PostgreSQL, where the tests
 # would otherwise find Debian's /usr/lib/postgresql/*/bin); FEDREC_CHROMIUM is unset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,10 +53,10 @@ fi
 import sys
 import xml.etree.ElementTree as ET
 
-from tests.dashboard.browser import CHROMIUM_MISSING, PLAYWRIGHT_MISSING
-from tests.support.haproxy import HAPROXY_MISSING
-from tests.support.loopback import REDIS_MISSING
-from tests.support.postgres import POSTGRES_MISSING
+from harness.browser import CHROMIUM_MISSING, PLAYWRIGHT_MISSING
+from harness.haproxy import HAPROXY_MISSING
+from harness.loopback import REDIS_MISSING
+from harness.postgres import POSTGRES_MISSING
 
 REASONS = (REDIS_MISSING, POSTGRES_MISSING, CHROMIUM_MISSING, PLAYWRIGHT_MISSING, HAPROXY_MISSING)
 cases = ET.parse(sys.argv[1]).getroot().iter("testcase")

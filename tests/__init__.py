@@ -1,1 +1,2 @@
-"""The test suite (a package, so helpers import as ``tests.support...``)."""
+"""The test suite (a package, so its modules import as ``tests...``; the helpers it shares with
+the benchmarks are the ``harness`` package)."""

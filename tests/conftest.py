@@ -3,7 +3,7 @@
 Both skip cleanly (with the reason) when the binaries are not installed:
 ``apt-get install -y redis-server postgresql``. A test that needs one is marked ``redis`` or
 ``postgres`` (a test that uses their fixtures is marked here), one that drives the system
-Chromium ``browser`` (a module that uses :func:`tests.dashboard.browser.chromium` is marked
+Chromium ``browser`` (a module that uses :func:`harness.browser.chromium` is marked
 here), one that puts Debian's haproxy in front of aggregator replicas ``haproxy``; each is
 skipped before its fixtures are set up when what it needs is missing, so
 ``pytest -m "redis or postgres or browser or haproxy"`` on a bare machine skips them all, at once
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard import browser
-from tests.support.haproxy import HAPROXY_MISSING
-from tests.support.loopback import REDIS_MISSING, RedisServer, RedisUnavailable, free_port
-from tests.support.loopback import redis_server as start_redis
-from tests.support.postgres import POSTGRES_MISSING, pg_bindir
+from harness import browser
+from harness.haproxy import HAPROXY_MISSING
+from harness.loopback import REDIS_MISSING, RedisServer, RedisUnavailable, free_port
+from harness.loopback import redis_server as start_redis
+from harness.postgres import POSTGRES_MISSING, pg_bindir
 
 #: the fixtures that start a real server, by the marker of the tests that use them
 SERVER_FIXTURES = {

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness import browser
+from harness.loopback import REDIS_MISSING
+from harness.postgres import BINDIR_VARIABLE, POSTGRES_MISSING, pg_bindir
 from tests.conftest import missing_binaries, pytest_collection_modifyitems
-from tests.dashboard import browser
-from tests.support.loopback import REDIS_MISSING
-from tests.support.postgres import BINDIR_VARIABLE, POSTGRES_MISSING, pg_bindir
 
 
 def _binaries(folder: Path, *names: str) -> Path:

@@ -1,6 +1,7 @@
-"""The benchmark programs' command lines: ``bench/report.py`` answers ``--help`` and unknown
-options without writing docs/RESULTS.md (it took no arguments, so ``--help`` rewrote the file),
-and bad input to any program is one line and a non-zero exit, not a traceback."""
+"""The benchmark programs' command lines (each run as ``python -m bench.NAME``): ``python -m
+bench.report`` answers ``--help`` and unknown options without writing docs/RESULTS.md (it took
+no arguments, so ``--help`` rewrote the file), and bad input to any program is one line and a
+non-zero exit, not a traceback."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ RESULTS = ROOT / "docs" / "RESULTS.md"
 
 def _bench(program: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / program), *args],
+        [sys.executable, "-m", f"bench.{program}", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -28,10 +29,11 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
     before = RESULTS.stat().st_mtime_ns
     for args, code, said in ((["--help"], 0, "usage:"), (["--rounds", "2"], 2, "unrecognized")):
         r = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "report.py"), *args],
+            [sys.executable, "-m", "bench.report", *args],
             capture_output=True,
             text=True,
             timeout=120,
+            cwd=ROOT,
         )
         assert r.returncode == code, (args, r.stdout, r.stderr)
         assert said in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -41,16 +43,16 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["speed.py", "--rounds", "0", "--skip-scale"], "--rounds: must be at least 1, got 0"),
-        (["aggregator_storage.py", "--rounds", "-1"], "--rounds: must be at least 1, got -1"),
-        (["http_vs_simulator.py", "--dataset", "nope"], "error: unknown dataset 'nope'"),
-        (["export_study.py", "{tmp}/none.db"], "none.db: no such file"),
-        (["memory.py", "--out", "{tmp}"], "is a folder (name the result file)"),
-        (["roofline.py", "--out", "{tmp}/a-file/r.json"], "cannot create the folder"),
-        (["aggregator_replicas.py", "--replicas", "1"], "the larger set-up needs at least 2"),
-        (["ray_scaling.py", "--nodes", "0,x"], "--nodes: positive integers, comma-separated"),
-        (["server_step.py", "speed", "--items", "0"], "--items: integers >= 1, comma-separated"),
-        (["server_step.py", "accuracy", "--datasets", "filmtrust"], "<dataset>/<protocol>"),
+        (["speed", "--rounds", "0", "--skip-scale"], "--rounds: must be at least 1, got 0"),
+        (["aggregator_storage", "--rounds", "-1"], "--rounds: must be at least 1, got -1"),
+        (["http_vs_simulator", "--dataset", "nope"], "error: unknown dataset 'nope'"),
+        (["export_study", "{tmp}/none.db"], "none.db: no such file"),
+        (["memory", "--out", "{tmp}"], "is a folder (name the result file)"),
+        (["roofline", "--out", "{tmp}/a-file/r.json"], "cannot create the folder"),
+        (["aggregator_replicas", "--replicas", "1"], "the larger set-up needs at least 2"),
+        (["ray_scaling", "--nodes", "0,x"], "--nodes: positive integers, comma-separated"),
+        (["server_step", "speed", "--items", "0"], "--items: integers >= 1, comma-separated"),
+        (["server_step", "accuracy", "--datasets", "filmtrust"], "<dataset>/<protocol>"),
     ],
 )
 def test_bad_input_to_a_benchmark_is_one_line_not_a_traceback(

@@ -7,10 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from cpu_accounting import CpuWatch, process_cpu_seconds
+from bench.cpu_accounting import CpuWatch, process_cpu_seconds
 
 _BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: a path under one of the project's folders, as the text writes it (placeholders skipped)
 PATH = re.compile(
-    r"(?<![\w./-])((?:docs|bench|deploy|scripts|services|fedrecgel|tests|loadtest)/[\w./-]*\w)"
+    r"(?<![\w./-])((?:docs|bench|harness|deploy|scripts|services|fedrecgel|tests|loadtest)/[\w./-]*\w)"
 )
 
 

@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
+from harness.procs import spawned
 from services.http_server import (
     HEADER_TIMEOUT_ENV,
     HeaderTimeoutH11,
@@ -28,7 +29,6 @@ from services.http_server import (
     server_config,
 )
 from tests.support.loopback import free_port, wait_for_port
-from tests.support.procs import spawned
 
 BOUND_S = 1.0
 #: how long a test waits for the close before calling the connection held (bound + slack)

@@ -11,7 +11,7 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("fedrecgel", "services", "bench", "tests")
+PACKAGES = ("fedrecgel", "services", "bench", "harness", "tests")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -81,6 +81,48 @@ def test_the_project_has_no_import_cycle():
     assert "services.client_sim.worker" in modules and "fedrecgel.sam" in modules
     cycle = find_cycle(import_graph(modules))
     assert cycle is None, "import cycle: " + " -> ".join(reversed(cycle or []))
+
+
+def sys_path_edits(tree: ast.AST) -> list[int]:
+    """Lines of an AST that touch ``sys.path`` (``sys.path.insert(...)``, ``from sys import
+    path``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ) or (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "sys"
+            and any(alias.name == "path" for alias in node.names)
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_bench_and_harness_import_nothing_of_the_tests_and_leave_sys_path_alone():
+    """The benchmarks run as ``python -m bench.NAME`` from the repository's root: what they share
+    with the tests is in ``harness``, not in ``tests`` (whose conftest and test modules they
+    imported), and nothing edits ``sys.path`` to reach a sibling module by its bare name."""
+    offenders = []
+    for name, path in project_modules().items():
+        if name.split(".")[0] not in ("bench", "harness"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        rel = path.relative_to(ROOT)
+        imported = imported_names(tree, name, path.name == "__init__.py")
+        offenders += [f"{rel}: imports {n}" for n in sorted(imported) if n.split(".")[0] == "tests"]
+        offenders += [f"{rel}:{line}: sys.path" for line in sys_path_edits(tree)]
+    assert "bench.report" in project_modules() and "harness.loopback" in project_modules()
+    assert offenders == []
+
+
+def test_the_check_sees_an_import_of_the_tests_and_a_sys_path_edit():
+    tree = ast.parse("import sys\nsys.path.insert(0, 'x')\nfrom tests.support import loopback\n")
+    assert sys_path_edits(tree) == [2]
+    assert "tests.support.loopback" in imported_names(tree, "bench.x", False)
 
 
 def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):

@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import services.aggregator.__main__ as command
+from harness.procs import FEDREC_MODULE, spawned, wait_for_text
 from services.aggregator.db import Database
 from tests.support.loopback import free_port
-from tests.support.procs import FEDREC_MODULE, spawned, wait_for_text
 
 
 @pytest.fixture

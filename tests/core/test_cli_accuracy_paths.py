@@ -3,11 +3,9 @@ whose process was killed in the middle of a trial."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import optuna
 import pytest
@@ -20,7 +18,6 @@ from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.tune import suggest
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _csv(tmp_path: Path) -> Path:
@@ -36,23 +33,10 @@ def _said(output: str) -> str:
     return " ".join(output.split())
 
 
-def _accuracy_table(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    # the benchmark imports its sibling modules by name, as it does when run from bench/
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location(
-        "accuracy_table", ROOT / "bench/accuracy_table.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("label", ["tuned-fedrecgel", "tuned-fedmf"])
-def test_fedrec_train_preset_gives_the_accuracy_tables_run(
-    label: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    table = _accuracy_table(monkeypatch)
+def test_fedrec_train_preset_gives_the_accuracy_tables_run(label: str, tmp_path: Path) -> None:
+    from bench import accuracy_table as table
+
     method, preset = table.FEDERATED[label]
     csv = _csv(tmp_path)
     out = tmp_path / "out"

@@ -249,7 +249,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "dp_popularity.py"), *args],
+        [sys.executable, "-m", "bench.dp_popularity", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -23,18 +23,16 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.browser import LAPTOP, PHONE, chromium
+from harness.loopback import free_port
+from harness.procs import fedrec_up, spawned, wait_for_text
 from services.client_sim.store import WorkerStore
-from tests.dashboard.browser import chromium
-from tests.support.loopback import free_port
-from tests.support.procs import fedrec_up, spawned, wait_for_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ROUNDS = 8
 #: the DP run started from the form: noise multiplier and target epsilon (about 19 rounds)
 DP_NOISE, TARGET_EPS = "1.0", "20"
-LAPTOP = {"width": 1366, "height": 900}
-PHONE = {"width": 390, "height": 844}
 #: axe-core (MPL-2.0), the accessibility rules engine, vendored for the tests only
 AXE = Path(__file__).resolve().parent / "vendor" / "axe-core" / "axe.min.js"
 WCAG = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]

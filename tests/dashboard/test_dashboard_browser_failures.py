@@ -17,11 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.browser import LAPTOP, chromium
+from harness.dashboard import FakeAggregator
 from services.dashboard.app import create_app
 from services.dashboard.settings import DashboardSettings
-from tests.dashboard.browser import chromium
-from tests.dashboard.test_dashboard_browser import LAPTOP
-from tests.dashboard.test_dashboard_browser_history import FakeAggregator
 from tests.support.loopback import serve_app
 
 pytestmark = pytest.mark.browser

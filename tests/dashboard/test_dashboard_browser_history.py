@@ -10,97 +10,18 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import httpx
 import pytest
 
-from services.dashboard.app import create_app
-from services.dashboard.settings import DashboardSettings
-from tests.dashboard.browser import chromium
-from tests.dashboard.test_dashboard_browser import AXE, LAPTOP, WCAG
-from tests.support.loopback import serve_app
+from harness.browser import LAPTOP, chromium
+from harness.dashboard import ROUNDS, FakeAggregator, round_row, served
+from tests.dashboard.test_dashboard_browser import AXE, WCAG
 
 pytestmark = pytest.mark.browser
 
-ROUNDS = 100_000
 #: what the page draws at most (dashboard.js: VERSIONS_PAGE, MAX_POINTS, TAIL_POINTS)
 PAGE_ROWS, MAX_POINTS, TAIL_POINTS = 50, 2000, 500
-CONFIG = {"n_items": 100, "factor": 4, "layers": 1, "rounds": ROUNDS}
-
-
-def _round(rid: int, evaluated: bool = True) -> dict[str, Any]:
-    return {
-        "round_id": rid,
-        "model_version": rid,
-        "n_updates": 2,
-        "loss": 1.0 / rid,
-        "metrics": {"hr@10": 0.5, "ndcg@10": 0.25} if evaluated else None,
-        "closed_at": "2026-01-01T00:00:00Z",
-        "seconds": 0.5,
-        "epsilon": None,
-    }
-
-
-class FakeAggregator(httpx.AsyncBaseTransport):
-    """The aggregator's current round and paged history over rounds held here; every other
-    service refuses to connect."""
-
-    def __init__(self, n: int) -> None:
-        self.rounds = [_round(rid, evaluated=rid < n) for rid in range(1, n + 1)]
-
-    def _history(self, request: httpx.Request) -> dict[str, Any]:
-        after = int(request.url.params.get("after", "0"))
-        limit = int(request.url.params.get("limit", "1000"))
-        page = self.rounds[after : after + limit]  # round ids are 1..n
-        done = [r["model_version"] for r in self.rounds if r["metrics"]]
-        return {
-            "run_id": 1,
-            "planned_rounds": ROUNDS,
-            "rounds": page,
-            "next_after": page[-1]["round_id"] if after + limit < len(self.rounds) else None,
-            "evaluated_through": max(done, default=None),
-        }
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.host != "aggregator":
-            raise httpx.ConnectError("connection refused", request=request)
-        path = request.url.path
-        if path == "/v1/runs/current/history":
-            return httpx.Response(200, json=self._history(request))
-        if path == "/v1/rounds/current":
-            n = len(self.rounds)
-            return httpx.Response(
-                200,
-                json={
-                    "run_id": 1,
-                    "round_id": n + 1,
-                    "attempt": 0,
-                    "state": "open",
-                    "deadline": None,
-                    "model_version": n,
-                    "cohort": [],
-                    "cohort_size": 2,
-                    "config": CONFIG,
-                },
-            )
-        return httpx.Response(404, json={"error": "not_found", "detail": path})
-
-
-@contextmanager
-def served(agg: FakeAggregator) -> Iterator[str]:
-    """The dashboard over ``agg`` on a loopback port; its page's address."""
-    settings = DashboardSettings(
-        environment="test",
-        aggregator_url="http://aggregator",
-        recommend_url=None,
-        poll_interval_s=0.3,
-    )
-    app = create_app(settings, transport=agg)
-    with serve_app(app, timeout_s=30, log_level="warning") as url:
-        yield f"{url}/ui/"
 
 
 # counts the rows added to and removed from the versions table from now on
@@ -166,8 +87,8 @@ def test_a_long_history_is_drawn_bounded_and_updated_in_place() -> None:
         # one round more, and the metrics of the round before come: that round's row and the
         # new one are the only rows touched; the oldest shown row leaves
         page.evaluate(WATCH)
-        agg.rounds[-1] = _round(ROUNDS)
-        agg.rounds.append(_round(ROUNDS + 1, evaluated=False))
+        agg.rounds[-1] = round_row(ROUNDS)
+        agg.rounds.append(round_row(ROUNDS + 1, evaluated=False))
         _wait_rounds(page, ROUNDS + 1)
         changes = page.evaluate("window.rowChanges")
         assert sorted(changes["added"]) == sorted([str(ROUNDS + 1), str(ROUNDS)])

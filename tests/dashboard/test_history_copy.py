@@ -237,9 +237,9 @@ def test_a_run_the_aggregator_lost_rounds_of_is_read_again_from_its_start() -> N
     rounds): the copy is not kept past the run's current round but read from its start."""
     from fastapi.testclient import TestClient
 
+    from harness.dashboard import FakeAggregator
     from services.dashboard.app import create_app
     from services.dashboard.settings import DashboardSettings
-    from tests.dashboard.test_dashboard_browser_history import FakeAggregator
 
     agg = FakeAggregator(5)
     settings = DashboardSettings(

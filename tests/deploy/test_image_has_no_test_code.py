@@ -1,5 +1,6 @@
 """The image carries the packages and three deploy scripts, and no test code: the build context
-admits nothing of tests/ or bench/, and no module of the packages imports a test tool."""
+admits nothing of tests/, bench/ or harness/ (the helpers the two share), and no module of the
+packages imports a test tool."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_ONLY = {"pytest", "hypothesis", "schemathesis", "locust", "tests", "fastapi.testclient"}
+TEST_ONLY = {
+    "pytest",
+    "hypothesis",
+    "schemathesis",
+    "locust",
+    "tests",
+    "bench",
+    "harness",
+    "fastapi.testclient",
+}
 
 
 def _admitted(path: str, rules: list[str]) -> bool:
@@ -36,6 +46,7 @@ def test_the_build_context_admits_no_test_code() -> None:
     for path in (
         "tests/conftest.py",
         "tests/support/loopback.py",
+        "harness/loopback.py",
         "bench/speed.py",
         "loadtest/locustfile.py",
         "docs/API.md",
@@ -49,7 +60,7 @@ def test_the_build_context_admits_no_test_code() -> None:
         if line.startswith("COPY") and "--from=" not in line
     ]
     for line in copies:
-        assert "tests" not in line and "bench" not in line, line
+        assert not any(folder in line for folder in ("tests", "bench", "harness")), line
 
 
 def test_no_package_module_imports_a_test_tool() -> None:

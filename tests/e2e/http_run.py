@@ -19,8 +19,8 @@ from torch import Tensor
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
+from harness.parity import aggregator_started, parity_options, start_workers
 from services.launcher import Cluster, worker_torch_threads
-from tests.support.parity import aggregator_started, parity_options, start_workers
 
 DATASET = "filmtrust"
 ROUNDS = 20  # the full run (cases 1 and 2)

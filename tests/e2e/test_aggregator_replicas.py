@@ -16,6 +16,7 @@ import redis
 from sqlalchemy import create_engine, text
 
 from fedrecgel.data import Split
+from harness.parity import parity_options
 from services.aggregator.events import VERSIONS_CHANNEL
 from tests.e2e.http_run import (
     DATASET,
@@ -29,7 +30,6 @@ from tests.e2e.http_run import (
     wait_closed,
     wait_partial_round,
 )
-from tests.support.parity import parity_options
 from tests.support.replicas import replicas_behind_balancer
 
 pytestmark = [pytest.mark.slow, pytest.mark.haproxy]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedrecgel.data import Split
+from harness.parity import aggregator_started, parity_options
 from tests.e2e.http_run import (
     DATASET,
     SHORT,
@@ -24,7 +25,6 @@ from tests.e2e.http_run import (
     wait_closed,
     wait_partial_round,
 )
-from tests.support.parity import aggregator_started, parity_options
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,9 @@ import torch
 from fedrecgel.data import load_split
 from fedrecgel.model import Scorer
 from fedrecgel.wire import decode_model
+from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 from services.client_sim.store import WorkerStore
 from tests.support.loopback import free_port
-from tests.support.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 
 pytestmark = pytest.mark.slow
 

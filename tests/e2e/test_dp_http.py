@@ -14,9 +14,9 @@ import pytest
 from fedrecgel.accountant import plan_privacy
 from fedrecgel.data import load_split
 from fedrecgel.simulate import TrainConfig
+from harness.parity import start_workers
 from services.launcher import UpOptions, cluster
 from tests.support.loopback import free_port
-from tests.support.parity import start_workers
 
 pytestmark = pytest.mark.slow
 

@@ -29,13 +29,13 @@ from fedrecgel.secagg.layout import flatten, vector_length
 from fedrecgel.secagg.protocol import Masked, Reveal, RoundFailed
 from fedrecgel.secagg.server import Server
 from fedrecgel.simulate import Simulator, TrainConfig
+from harness.parity import aggregator_started, parity_options, start_workers
+from harness.recording import RecordingTransport
+from harness.stepped import Stepped
 from services.client_sim.secure import SecureParticipant
 from services.client_sim.worker import Worker
 from services.launcher import Cluster, UpOptions, worker_torch_threads
 from tests.e2e.http_run import DATASET, Reference, assert_matches, finish
-from tests.e2e.wire_record import RecordingTransport
-from tests.support.parity import aggregator_started, parity_options, start_workers
-from tests.support.stepped import Stepped
 
 pytestmark = pytest.mark.slow
 

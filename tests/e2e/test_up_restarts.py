@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.procs import descendants, fedrec_up_on, spawned, wait_for_text
 from services.restarts import RestartPolicy, Restarts
 from services.supervise import LaunchError
 from tests.support.loopback import free_port
-from tests.support.procs import descendants, fedrec_up_on, spawned, wait_for_text
 
 
 @dataclass

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 from services.launcher import Proc
 from services.supervise import Stopped, locked_workdir, stop_on_signals
 from tests.support.loopback import bindable, free_port
-from tests.support.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 
 
 def _ignore_sigint() -> None:

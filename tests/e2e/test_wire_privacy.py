@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fedrecgel.data import Split
+from harness.recording import RecordingTransport
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.launcher import run_config, worker_torch_threads
@@ -26,7 +27,6 @@ from tests.e2e.http_run import (
     services,
 )
 from tests.e2e.wire_record import (
-    RecordingTransport,
     check_json,
     check_safetensors,
     find_needles,

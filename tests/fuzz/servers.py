@@ -1,6 +1,6 @@
 """An address-space limit for the fuzz tests, which turns a runaway allocation into an error
 of the server under test instead of an out-of-memory kill of the machine (the servers run in
-threads of the test process: :func:`tests.support.loopback.serve_app`)."""
+threads of the test process: :func:`harness.loopback.serve_app`)."""
 
 from __future__ import annotations
 

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from services.aggregator.app import create_app
-from tests.fuzz.harness import load_schema, operation_labels
-from tests.fuzz.servers import address_space_headroom
-from tests.fuzz.targets import (
+from harness.fuzz import load_schema, operation_labels
+from harness.fuzz_targets import (
     AGGREGATOR_KINDS,
     AggregatorCredentials,
     enrol_shard,
     fuzz_aggregator,
     start_run,
 )
+from services.aggregator.app import create_app
+from tests.fuzz.servers import address_space_headroom
 from tests.support.aggregator import OPERATOR_TOKEN, make_settings, sqlite_url
 from tests.support.loopback import serve_app
 

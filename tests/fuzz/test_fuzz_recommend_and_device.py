@@ -21,14 +21,14 @@ from pydantic import SecretStr
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState
 from fedrecgel.synthetic import synthetic_split
+from harness.fuzz import Tally, fuzz, load_schema, operation_labels
+from harness.fuzz_targets import pinned_schema
 from services.client_sim.server import create_app as create_device_app
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.ranking import ModelHolder, RankingConfig
 from services.recommend_api.settings import Settings as RecommendSettings
-from tests.fuzz.harness import Tally, fuzz, load_schema, operation_labels
-from tests.fuzz.targets import pinned_schema
 from tests.support.loopback import serve_app
 
 EXAMPLES = 25  # per operation and generation mode

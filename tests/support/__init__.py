@@ -1,1 +1,2 @@
-"""Helpers for the tests and the benchmarks (not part of the installed packages)."""
+"""Helpers of the tests only; what the benchmarks share with the tests is the ``harness``
+package (``tests.support.aggregator`` and ``tests.support.loopback`` re-export its names)."""

@@ -10,10 +10,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.haproxy import Balancer, balancer
+from harness.loopback import free_port
+from harness.procs import FEDREC_MODULE
 from services.launcher import Cluster, Proc, UpOptions
-from tests.support.haproxy import Balancer, balancer
-from tests.support.loopback import free_port
-from tests.support.procs import FEDREC_MODULE
 
 #: a replica's log line for a round it closed (``services/aggregator/rounds.py``)
 _CLOSED = re.compile(r"round (\d+) closed: \d+/\d+ updates -> version (\d+)")

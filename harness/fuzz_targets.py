@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import schemathesis
 
+from harness.fuzz import Tally, fuzz
 from services.enrolment import enrolment_token
-from tests.fuzz.harness import Tally, fuzz
 
 # the operator comes last: it pauses, stops and starts runs
 AGGREGATOR_KINDS = ("anonymous", "client", "reader", "enrolment", "operator")

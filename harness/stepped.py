@@ -13,12 +13,12 @@ import httpx
 from pydantic import SecretStr
 
 from fedrecgel.data import Split
+from harness.recording import RecordingTransport
 from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.secure import SecureParticipant
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.launcher import Cluster, run_config
-from tests.e2e.wire_record import RecordingTransport
 
 
 class Stepped:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.loopback import free_port
+from harness.loopback import free_port
 
 
 class PostgresUnavailable(RuntimeError):

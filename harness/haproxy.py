@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.loopback import free_port, stop_process, wait_for_port
+from harness.loopback import free_port, stop_process, wait_for_port
 
 #: why a test that needs haproxy is skipped on a machine without it
 HAPROXY_MISSING = "haproxy is not installed (apt-get install -y haproxy)"

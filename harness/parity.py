@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fedrecgel.simulate import TrainConfig
+from harness.loopback import free_port
 from services.launcher import Cluster, UpOptions, cluster
-from tests.support.loopback import free_port
 
 
 def parity_options(

@@ -13,6 +13,10 @@ from typing import Any
 
 import pytest
 
+#: the viewports the page is drawn in
+LAPTOP = {"width": 1366, "height": 900}
+PHONE = {"width": 390, "height": 844}
+
 #: the browsers tried, in order (FEDREC_CHROMIUM names another)
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tests.support.loopback import free_port
+from harness.loopback import free_port
 
 
 def _stat(pid: int) -> tuple[str, int] | None:

@@ -1,0 +1,67 @@
+"""Recording the bodies of a run on the wire: an HTTP transport that keeps every request and
+response body it carries (the wire-privacy tests look for anything private in them,
+``tests/e2e/wire_record.py``; the secure-aggregation benchmark counts their bytes)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One recorded HTTP exchange: the request and the response, bodies as sent."""
+
+    method: str
+    path: str
+    request_type: str
+    request_body: bytes
+    status: int
+    response_type: str
+    response_body: bytes
+
+    def bodies(self) -> list[tuple[str, str, bytes]]:
+        """(direction, content type, body) of the non-empty bodies."""
+        out = []
+        if self.request_body:
+            out.append(("request", self.request_type, self.request_body))
+        if self.response_body:
+            out.append(("response", self.response_type, self.response_body))
+        return out
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """A real HTTP transport that keeps every request and response body it carries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.exchanges: list[Exchange] = []
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` and record both bodies."""
+        request_body = request.read()
+        response = super().handle_request(request)
+        # the aggregator uses no content-encoding: these are the bytes of the wire
+        response_body = response.read()
+        response.close()
+        with self._lock:
+            self.exchanges.append(
+                Exchange(
+                    request.method,
+                    request.url.path,
+                    request.headers.get("content-type", ""),
+                    request_body,
+                    response.status_code,
+                    response.headers.get("content-type", ""),
+                    response_body,
+                )
+            )
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=response_body,
+            extensions=response.extensions,
+        )
