@@ -1,7 +1,7 @@
 """The accuracy table users quote: every method on every dataset, 3 seeds, validation-selected
 and best-test figures side by side.
 
-    .venv/bin/python bench/accuracy_table.py [--cells amazon-video/paper:tuned-fedrecgel,...]
+    .venv/bin/python -m bench.accuracy_table [--cells amazon-video/paper:tuned-fedrecgel,...]
         [--seeds 0,1,2] [--data-dir ../shared/datasets] [--eval-every 10]
 
 A cell is ``<dataset>/<protocol>:<label>``; labels:
