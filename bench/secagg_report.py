@@ -11,6 +11,7 @@ from bench.report_common import as_module
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.json"
 HTTP = RES.with_name("secagg_http.json")
+ROWS = RES.with_name("secagg_rows.json")
 
 
 def _mb(b: float) -> str:
@@ -56,7 +57,7 @@ def section() -> list[str]:
         "benchmark run checks that the unmasked sum equals the plain sum within the",
         "fixed-point step (`max_abs_error_of_sum` in the JSON).",
     ]
-    return lines + http_section()
+    return lines + http_section() + rows_section()
 
 
 def http_section() -> list[str]:
@@ -84,3 +85,42 @@ def http_section() -> list[str]:
         f"{_mb(s['secagg_download_bytes_per_round'])} | {s['seconds_per_round']:.1f} |",
         f"| ratio secure / plain | {r['upload_bytes']:.1f}x | | {r['seconds']:.1f}x |",
     ]
+
+
+def rows_section() -> list[str]:
+    """The rows a round's masks would have to cover (bench/secagg_rows.py), when it has run."""
+    if not ROWS.exists():
+        return []
+    d: dict[str, Any] = json.loads(ROWS.read_text())
+    lines = [
+        "",
+        "### The rows a secure round would have to mask",
+        "",
+        f"Produced by `{as_module(d['command'])}`: cohorts of the default fraction drawn as the",
+        "simulator draws them, each client's rows those of its round's samples (positives and 4",
+        "uniform negatives per positive). Pairwise masks cancel only where every pair masks",
+        "alike, so masks over the rows a round touches must cover the union of its cohort's",
+        "rows, and a fixed row budget (with padding that hides each client's own rows) at least",
+        "the largest client's.",
+        "",
+        "| dataset | items | cohort | rows per client | largest client | union of the round "
+        "| union / items | union of the positives alone |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in d["datasets"]:
+        lines.append(
+            f"| {r['dataset']} | {r['items']} | {r['cohort']} | "
+            f"{r['rows_per_client_mean']:.1f} | {r['rows_largest_client_mean']:.0f} | "
+            f"{r['union_rows_mean']:.0f} | {100 * r['union_share']:.1f}% | "
+            f"{r['positive_union_rows_mean']:.0f} |"
+        )
+    shares = [100 * r["union_share"] for r in d["datasets"]]
+    lines += [
+        "",
+        f"The uniform negatives spread a cohort over {min(shares):.0f}-{max(shares):.0f}% of the",
+        "catalogue: a mask over the union of a round's rows is nearly the dense mask, so it",
+        "cannot bring a secure round's bytes near the plain round's. What could: negatives",
+        "drawn from a set shared by the round (the union then shrinks towards the positives'",
+        "union), or fewer bits per masked value; neither is built yet.",
+    ]
+    return lines
