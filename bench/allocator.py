@@ -49,7 +49,7 @@ def child(side: str, rounds: int) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     if side == "default":
-        sam.keep_freed_memory = lambda: False  # type: ignore[assignment]
+        sam.keep_freed_memory = lambda: False  # type: ignore[attr-defined, assignment]  # replaces sam's imported lru_cache function
     sim = Simulator(load_split("filmtrust"), TrainConfig(eval_every=0))
     cfg = sim.config
     cpu, faults, wall = [], [], []
@@ -85,7 +85,8 @@ def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, _ = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"a benchmark child failed (exit {proc.returncode})")
-    return json.loads(out.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
 
 
 def _pair(order: tuple[str, str], rounds: int, together: bool) -> dict[str, dict[str, Any]]:

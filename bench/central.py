@@ -36,6 +36,7 @@ from bench.accuracy_diagnosis import load
 from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import CentralConfig, central
 from fedrecgel.data import Split, load_split
+from fedrecgel.data.protocol import Protocol
 from fedrecgel.model import ModelConfig
 from fedrecgel.tune import validation_only
 
@@ -50,8 +51,8 @@ BATCH = 1024
 def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
     """Dataset key -> (split loader, epochs)."""
 
-    def real(name: str, protocol: str) -> Callable[[], Split]:
-        return lambda: load_split(name, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
+    def real(name: str, protocol: Protocol) -> Callable[[], Split]:
+        return lambda: load_split(name, data_dir, validation=True, protocol=protocol)
 
     return {
         "filmtrust/paper": (real("filmtrust", "paper"), 20),
@@ -153,6 +154,15 @@ def _update(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         return results
 
 
+def _put_run(name: str, run: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """A change for :func:`_update`: store ``run`` under ``name``."""
+
+    def put(results: dict[str, Any]) -> None:
+        results["runs"][name] = run
+
+    return put
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", type=Path, default=default_data_dir())
@@ -188,13 +198,13 @@ def main() -> None:
             name = f"{key}|tune|lr={lr}"
             if name not in _update(lambda r: None)["runs"]:
                 run = _run(tuning, lr, TUNE_SEED, epochs)
-                _update(lambda r, name=name, run=run: r["runs"].__setitem__(name, run))
+                _update(_put_run(name, run))
         lr = _summary(key, epochs, lrs, _update(lambda r: None)["runs"])["lr"]
         for seed in seeds:
             name = f"{key}|seed={seed}|lr={lr}"
             if name not in _update(lambda r: None)["runs"]:
                 run = _run(split, lr, seed, args.epochs or epochs)
-                _update(lambda r, name=name, run=run: r["runs"].__setitem__(name, run))
+                _update(_put_run(name, run))
 
         def summarise(r: dict[str, Any], key: str = key, epochs: int = epochs) -> None:
             r["datasets"][key] = _summary(key, args.epochs or epochs, lrs, r["runs"])

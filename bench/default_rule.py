@@ -202,7 +202,7 @@ def check(data_dir: Path, datasets: tuple[str, ...]) -> None:
             if key in data["check"]:
                 continue
             split = _split(ds, data_dir, cache)
-            entry = {"dataset": ds, "candidate": pick, "seed": seed}
+            entry: dict[str, Any] = {"dataset": ds, "candidate": pick, "seed": seed}
             shipped = _shipped_cell(ds, pick, seed)
             if shipped is not None:  # the same run as the accuracy table's default cell
                 entry.update(shipped)

@@ -9,7 +9,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.accuracy_report import _pm, _vals, cell, central
 from fedrecgel.config import DEFAULTS
@@ -181,7 +181,7 @@ def score_network() -> list[str]:
 
 def _at(run: dict[str, Any], round_: int) -> dict[str, Any]:
     """The instruments at ``round_`` (or the last measured before it)."""
-    rows = [x for x in run["rounds"] if x["round"] <= round_]
+    rows: list[dict[str, Any]] = [x for x in run["rounds"] if x["round"] <= round_]
     return rows[-1]
 
 
@@ -323,7 +323,7 @@ def default_rule() -> list[str]:
             vals = [100 * r["selected"]["hr@10"] for r in rows]
             pop = 100 * rows[0]["popularity"]["hr@10"]
             cen = _central_hr(_acc_key(ds))
-            gain = statistics.fmean(vals) - pop
+            gain = statistics.fmean(cast(list[float], vals)) - pop
             if cen is None:
                 verdict = "no centralized figure"
             elif cen < pop + 10:
@@ -332,7 +332,7 @@ def default_rule() -> list[str]:
                 verdict = "met" if gain >= 5 else "missed"
             name = ds if ds in datasets else f"{ds} (in no grid: never seen)"
             lines.append(
-                f"| {name} | {rows[0]['candidate']} | {len(rows)} | {_pm(vals)} | {pop:.2f} | "
+                f"| {name} | {rows[0]['candidate']} | {len(rows)} | {_pm(cast(list[float], vals))} | {pop:.2f} | "
                 f"{'-' if cen is None else f'{cen:.2f}'} | {gain:+.2f} | {verdict} |"
             )
     return lines

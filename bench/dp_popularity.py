@@ -142,7 +142,7 @@ def main() -> None:
     results: dict[str, Any] = {}
     for key in args.datasets.split(","):
         name, _, protocol = key.partition("/")
-        split = load_split(name, args.data_dir, validation=True, protocol=protocol or "paper")  # type: ignore[arg-type]
+        split = load_split(name, args.data_dir, validation=True, protocol=protocol or "paper")
         results[key] = _dataset(split, args)
     payload = {
         "settings": {

@@ -40,12 +40,12 @@ from fedrecgel.landscape import (
     slice_2d,
     top_hessian_eigenvalue,
 )
-from fedrecgel.simulate import TrainConfig
+from fedrecgel.simulate import Method, TrainConfig
 
-METHODS = ("fedrecgel", "fedncf")
+METHODS: tuple[Method, ...] = ("fedrecgel", "fedncf")
 
 
-def study(args: argparse.Namespace, method: str, split: Any) -> dict[str, Any]:
+def study(args: argparse.Namespace, method: Method, split: Any) -> dict[str, Any]:
     """Slices and sharpness of one method's trained model."""
     cfg = TrainConfig(method=method, rounds=args.rounds, eval_every=args.eval_every, seed=args.seed)
     shared, private, result = train_cached(split, cfg)
@@ -58,12 +58,14 @@ def study(args: argparse.Namespace, method: str, split: Any) -> dict[str, Any]:
     alphas = np.linspace(-1.0, 1.0, args.points)
     t0 = time.perf_counter()
     base = loss(shared)
-    lines = [slice_1d(loss, shared, d, alphas) for d in dirs]
+    alpha_values = [float(a) for a in alphas]
+    lines = [slice_1d(loss, shared, d, alpha_values) for d in dirs]
     print(f"{method}: 1-D slices {time.perf_counter() - t0:.0f} s", flush=True)
     sharp = sharpness(loss, shared, dirs, args.radius)
     t0 = time.perf_counter()
     betas = np.linspace(-1.0, 1.0, args.grid)
-    plane = slice_2d(loss, shared, dirs[0], dirs[1], betas, betas)
+    beta_values = [float(b) for b in betas]
+    plane = slice_2d(loss, shared, dirs[0], dirs[1], beta_values, beta_values)
     print(f"{method}: 2-D slice {time.perf_counter() - t0:.0f} s", flush=True)
     t0 = time.perf_counter()
     lam, hist = top_hessian_eigenvalue(

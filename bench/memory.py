@@ -21,7 +21,7 @@ import resource
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from bench.bench_cli import child_command, positive, writable_file
 
@@ -29,6 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "memory.json"
 CASES = ("filmtrust-all", "filmtrust-all-per-client", "synthetic-1e6x1e5")
 TARGETS_MB = {"filmtrust-all": 600, "filmtrust-all-per-client": None, "synthetic-1e6x1e5": 4096}
+
+
+class _Options(TypedDict, total=False):
+    """TrainConfig options a case sets (each left out when not set)."""
+
+    per_client_uploads: bool
 
 
 def _peak_mb() -> float:
@@ -48,7 +54,7 @@ def child(case: str, rounds: int) -> dict[str, Any]:
     if case.startswith("filmtrust"):
         split = load_split("filmtrust")
         # (the option is left out when not set, so the case also runs on earlier revisions)
-        own = {"per_client_uploads": True} if case.endswith("per-client") else {}
+        own: _Options = {"per_client_uploads": True} if case.endswith("per-client") else {}
         cfg = TrainConfig(fraction=1.0, rounds=rounds, eval_every=rounds, **own)
     else:
         split = synthetic_split(1_000_000, 100_000, interactions_per_user=14.0, skew=1.0, seed=0)

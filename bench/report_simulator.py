@@ -403,7 +403,7 @@ def scaling() -> list[str]:
         a, b = cl[0], cl[-1]
 
         def per(p: dict[str, Any]) -> float:
-            return 1e6 * p["seconds_per_round"] / max(p["samples"], 1)
+            return float(1e6 * p["seconds_per_round"] / max(p["samples"], 1))
 
         lines += [
             "",

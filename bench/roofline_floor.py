@@ -65,7 +65,10 @@ def _products(cfg: ModelConfig, sizes: list[int]) -> list[tuple[str, float, Call
     pw0, pw1, pw2 = r(c, h0, e), r(c, h1, h0), r(c, h2, h1)
     o0, o1, o2, oe = torch.empty(n, h0), torch.empty(n, h1), torch.empty(n, h2), torch.empty(n, e)
     g0, g1, g2 = torch.empty(c, h0, e), torch.empty(c, h1, h0), torch.empty(c, h2, h1)
-    sp = lambda t: t.split(sizes)  # noqa: E731
+
+    def sp(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.split(t, sizes)
+
     out: list[tuple[str, float, Callable[[], object]]] = []
 
     def batched(name: str, m: int, k: int, nn: int, fn: Callable[[], object]) -> None:

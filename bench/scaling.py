@@ -23,6 +23,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,16 @@ def child(users: int, items: int, mean: float, clients: int, rounds: int) -> dic
         apply = sim.strategy.apply
         spent = [0.0]
 
-        def timed_apply(params: Any, grads: Any, apply: Any = apply, spent: Any = spent) -> None:
+        def timed_apply(
+            params: dict[str, torch.Tensor],
+            grads: dict[str, torch.Tensor],
+            rows: dict[str, torch.Tensor] | None = None,
+            *,
+            apply: Callable[..., None] = apply,
+            spent: list[float] = spent,
+        ) -> None:
             t = time.perf_counter()
-            apply(params, grads)
+            apply(params, grads, rows)
             spent[0] += time.perf_counter() - t
 
         sim.strategy.apply = timed_apply  # type: ignore[method-assign]

@@ -27,7 +27,7 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -41,8 +41,18 @@ from fedrecgel.simulate import Simulator, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "score_network_diagnosis.json"
+
+
+class _Preset(TypedDict):
+    """The TrainConfig settings :data:`BEFORE` replaces."""
+
+    server_lr: float
+    local_steps: int
+    client_lr: float
+
+
 #: the default preset's settings before the server's weight decay was added to it
-BEFORE = {"server_lr": 0.003, "local_steps": 5, "client_lr": 0.01}
+BEFORE: _Preset = {"server_lr": 0.003, "local_steps": 5, "client_lr": 0.01}
 
 
 def configs(rounds: int, weight_decay: float) -> dict[str, TrainConfig]:
@@ -55,7 +65,9 @@ def configs(rounds: int, weight_decay: float) -> dict[str, TrainConfig]:
 
 
 def _norm(tensors: list[torch.Tensor]) -> float:
-    return float(torch.sqrt(sum((t.double() ** 2).sum() for t in tensors)))
+    total = sum((t.double() ** 2).sum() for t in tensors)
+    assert isinstance(total, torch.Tensor), "no tensors"
+    return float(torch.sqrt(total))
 
 
 def instrument(split: Split, cfg: TrainConfig, every: int) -> list[dict[str, Any]]:

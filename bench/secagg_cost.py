@@ -67,7 +67,7 @@ def measure(name: str, data_dir: Path, n_clients: int) -> dict[str, Any]:
     plain_up = float(np.mean([len(b) for b in bodies]))
 
     # (b) secure aggregation
-    spec = round_spec(cfg, sim.params, 1, cohort)
+    spec = round_spec(cfg, sim.params, 1, [int(c) for c in cohort])
     by_id = {u.client_id: u for u in uploads}
     server = Server(spec)
     clients = {u: Client(spec, u) for u in spec.cohort}

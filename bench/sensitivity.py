@@ -32,7 +32,9 @@ from fedrecgel.simulate import TrainConfig
 GRID = f"0,{DEFAULTS.rho_sh},{5 * DEFAULTS.rho_sh}"
 
 
-def cell_config(rho_sh: float, rho_ns: float, rounds: int, eval_every: int, seed: int):
+def cell_config(
+    rho_sh: float, rho_ns: float, rounds: int, eval_every: int, seed: int
+) -> TrainConfig:
     """The run of one cell (rho 0/0 is FedNCF: the same procedure with one pass)."""
     if rho_sh == 0 and rho_ns == 0:
         return TrainConfig(method="fedncf", rounds=rounds, eval_every=eval_every, seed=seed)
@@ -60,7 +62,9 @@ def _cell_figures(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _heatmap(out: Path, sh: list[float], ns: list[float], cells: dict, title: str) -> None:
+def _heatmap(
+    out: Path, sh: list[float], ns: list[float], cells: dict[str, Any], title: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

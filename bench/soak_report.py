@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from bench.report_common import RES, load_result
 
 #: the rounds at which the RSS series is shown
 MARKS = (1, 10, 50, 100, 200, 400, 600, 800, 1000)
 
 
-def _series(data: dict) -> str:
+def _series(data: dict[str, Any]) -> str:
     rss = data["rss_mb"]
     marks = [r for r in MARKS if r <= len(rss)]
     if len(rss) not in marks:
@@ -19,7 +21,7 @@ def _series(data: dict) -> str:
     return "\n".join([head, rule, row])
 
 
-def _line(name: str, data: dict) -> str:
+def _line(name: str, data: dict[str, Any]) -> str:
     env = ", ".join(f"`{k}={v}`" for k, v in data["aggregator_env"].items()) or "as shipped"
     verdict = "flat" if data["flat"] else "**grows**"
     return (

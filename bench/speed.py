@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -37,6 +38,15 @@ from fedrecgel.sam import PrivateState, Update, cohort_step
 from fedrecgel.simulate import Simulator, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+class _WorstTensor(TypedDict):
+    """Where the earlier agreement figure (max |a - b| / max |b|) is worst."""
+
+    value: float
+    tensor: str
+    client: int
+    tensor_norm_over_upload_norm: float
 
 
 def bench_filmtrust(rounds: int) -> dict[str, object]:
@@ -117,7 +127,12 @@ def upload_agreement(
     nearly cancel, whose absolute rounding error is that of the large terms.
     """
     per_client, per_tensor = 0.0, dict.fromkeys(shapes, 0.0)
-    old = {"value": 0.0, "tensor": "", "client": -1, "tensor_norm_over_upload_norm": 0.0}
+    old: _WorstTensor = {
+        "value": 0.0,
+        "tensor": "",
+        "client": -1,
+        "tensor_norm_over_upload_norm": 0.0,
+    }
     for a, b in zip(got, want, strict=True):
         da, db = a.densify(shapes), b.densify(shapes)
         diff_sq = sum(float((da[k] - db[k]).pow(2).sum()) for k in shapes)

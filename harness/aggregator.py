@@ -110,8 +110,8 @@ def register(
         body["token"] = token
     r = client.post("/v1/clients", json=body, headers=enrol_headers(shard, shards))
     assert r.status_code == 201, r.text
-    token: str = r.json()["token"]
-    return token
+    issued: str = r.json()["token"]
+    return issued
 
 
 def post_run(client: _Poster, body: Mapping[str, Any]) -> dict[str, Any]:

@@ -151,11 +151,11 @@ def operation_labels(schema: schemathesis.BaseSchema) -> set[str]:
 
 
 def _answer(response: Any) -> str:
-    text = response.content[:ANSWER_CHARS].decode("utf-8", errors="replace")
+    text: str = response.content[:ANSWER_CHARS].decode("utf-8", errors="replace")
     return text + ("..." if len(response.content) > ANSWER_CHARS else "")
 
 
-def _curl(case: schemathesis.Case, base_url: str) -> str:
+def _curl(case: schemathesis.Case[Any], base_url: str) -> str:
     try:
         return str(case.as_curl_command(base_url=base_url))
     except Exception as err:  # a request curl cannot express is still worth reporting
@@ -225,7 +225,7 @@ def fuzz(
 
 
 def _fuzz_operation(
-    operation: schemathesis.APIOperation,
+    operation: schemathesis.APIOperation[Any, Any, Any, Any],
     mode: GenerationMode,
     tally: Tally,
     *,
@@ -243,12 +243,12 @@ def _fuzz_operation(
     # a fixed Authorization header replaces the one the document lets the fuzzer generate
     strategy = operation.as_strategy(generation_mode=mode, headers=headers)
 
-    def record(check: str, status: int | None, case: schemathesis.Case, answer: str) -> None:
+    def record(check: str, status: int | None, case: schemathesis.Case[Any], answer: str) -> None:
         tally.findings.append(
             Finding(service, label, token, check, status, _curl(case, base_url), answer)
         )
 
-    def one(case: schemathesis.Case) -> None:
+    def one(case: schemathesis.Case[Any]) -> None:
         if case.headers and case.headers.get("Authorization") == _DROPPED:
             del case.headers["Authorization"]
         tally.requests += 1
