@@ -91,6 +91,8 @@ class UploadMode(ABC):
     grouping: ClassVar[UploadGrouping] = "client"
     #: the wire format of a plain upload body; None: the mode takes no plain body
     format: ClassVar[str | None] = UPDATES_FORMAT
+    #: what its clients send (in refusals)
+    what: ClassVar[str] = "per-client updates"
     #: the simulator may sum the clients' gradients inside the backward instead of building
     #: these uploads, when the strategy's aggregate is a linear combination of them
     summable: ClassVar[bool] = False
@@ -185,6 +187,7 @@ class PerWorker(UploadMode):
 
     grouping: ClassVar[UploadGrouping] = "worker"
     format: ClassVar[str | None] = PARTIAL_FORMAT
+    what: ClassVar[str] = "one partial sum per worker"
 
     def produce(
         self,
@@ -239,6 +242,7 @@ class SecureDense(UploadMode):
     (over HTTP through the aggregator's secure-aggregation phases, not a plain body)."""
 
     format: ClassVar[str | None] = None
+    what: ClassVar[str] = "masked inputs through the secure-aggregation phases"
 
     def combine(
         self,

@@ -18,6 +18,7 @@ from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.secagg.fixedpoint import OverflowRefused
 from fedrecgel.server_strategy import strategy_of
+from fedrecgel.upload_modes import UploadMode, mode_of
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Malformed
@@ -43,11 +44,16 @@ class RunAction(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RunRef:
-    """The newest run as uploads need it: its id and model shape."""
+    """The newest run as uploads need it: its id, model shape and settings."""
 
     run_id: int
     model: ModelConfig
-    config: RunConfig | None = None  # its settings (the DP norm check reads them)
+    config: RunConfig
+
+    @property
+    def mode(self) -> UploadMode:
+        """The run's upload mode."""
+        return mode_of(self.config, self.model)
 
 
 class NewestRun:
