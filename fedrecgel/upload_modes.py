@@ -98,6 +98,11 @@ class UploadMode(ABC):
     summable: ClassVar[bool] = False
 
     @property
+    def plain(self) -> bool:
+        """Whether its clients send plain upload bodies (else the secure-aggregation phases)."""
+        return self.format is not None
+
+    @property
     def private(self) -> bool:
         """Whether the run is differentially private (a round then releases noise even when
         no client uploaded)."""

@@ -104,7 +104,7 @@ class Ingest:
         if not caller.client_ids:
             raise Forbidden("only clients upload updates", "not_owned")
         run = self.newest.get()
-        if run.mode.format is None:
+        if not run.mode.plain:
             raise Conflict(
                 "this run aggregates securely: clients send masked inputs to "
                 f"/v1/rounds/{round_id}/secagg/masked, never plain updates",
