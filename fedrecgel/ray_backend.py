@@ -38,6 +38,7 @@ from fedrecgel.metrics import means
 from fedrecgel.ray_shard import CrashPhase, ShardActor, ShardData
 from fedrecgel.sam import PartialSum
 from fedrecgel.simulate import Simulator, TrainConfig, _add
+from fedrecgel.upload_modes import RoundUploads
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +259,7 @@ class RaySimulator(Simulator):
 
         got: dict[int, PartialSum] = self._each(parts, train)
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
-        agg = self.mode.combine(self.strategy, shapes, [got[s] for s in parts], r)
+        agg = self.mode.combine(self.strategy, shapes, RoundUploads(r, [got[s] for s in parts]))
         assert agg is not None
         agg.apply(self.strategy, self.shared)
 

@@ -46,7 +46,7 @@ from fedrecgel.strategy import (
     Weighting,
     touched_rows,
 )
-from fedrecgel.upload_modes import Upload, mode_of
+from fedrecgel.upload_modes import RoundUploads, Upload, mode_of
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ class Simulator:
             self.store.put(part, res.state)
             uploads += self.mode.uploads(res)
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
-        agg = self.mode.combine(self.strategy, shapes, uploads, r)
+        agg = self.mode.combine(self.strategy, shapes, RoundUploads(r, uploads))
         if agg is None:
             return float("nan")
         agg.apply(self.strategy, self.shared)

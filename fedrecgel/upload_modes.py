@@ -1,21 +1,18 @@
-"""Upload modes: what a run's clients send for a round and how the server turns a round's
-uploads into the step it takes. One object per mode, chosen by the run's settings
-(:func:`mode_of`); the simulator (:mod:`fedrecgel.simulate`, :mod:`fedrecgel.ray_backend`), the
-client worker and the aggregator's ingest and round closer all call it, so that no side keeps
-a decision tree of its own.
+"""Upload modes: what a run's clients send for a round and how the server turns the round's
+uploads into the step it takes, one object per mode chosen by the run's settings
+(:func:`mode_of`). The simulator, the Ray driver, the client worker and the aggregator's ingest
+and round closer call it instead of branching on the settings.
 
-* :class:`PerClient` (``upload_grouping=client``): each client's :class:`~fedrecgel.sam.Update`;
-  the server strategy aggregates them (the aggregator screens them first).
-* :class:`PerWorker` (``upload_grouping=worker``): one :class:`~fedrecgel.sam.PartialSum` per
-  worker (or simulator shard) of its cohort members, summed inside the batched backward; the
-  server adds them in first-client order (:func:`fedrecgel.strategy.combine_partials`).
-* :class:`SecureDense` (``secure_aggregation=dense``): per-client updates the server sees only
-  masked, learning just their mean: the simulator runs the protocol in process
-  (:func:`fedrecgel.secagg.aggregate.secure_mean`), the aggregator over HTTP in phases
-  (``services/aggregator/secagg.py``); no plain upload body is taken.
+* :class:`PerClient` (``upload_grouping=client``): each client's update, aggregated by the
+  server strategy (screened first on the aggregator).
+* :class:`PerWorker` (``upload_grouping=worker``): one partial sum per worker (or simulator
+  shard), added in first-client order (:func:`fedrecgel.strategy.combine_partials`).
+* :class:`SecureDense` (``secure_aggregation=dense``): masked per-client updates whose mean
+  alone the server learns: in process here, over HTTP in the aggregator's phases
+  (``services/aggregator/secagg.py``, which yield the same :class:`Aggregate`).
 
-Every upload of a round is a :data:`Upload` covering one client (an update) or several (a
-partial sum); the aggregator stores one row per covered client, the body under the first.
+An upload covers one client (an update) or several (a partial sum); the aggregator stores a
+row per covered client, the body under the first.
 """
 
 from __future__ import annotations
@@ -50,13 +47,14 @@ from fedrecgel.wire import (
 Upload = Update | PartialSum
 #: the (client ids, body) of each body a round's uploads are sent in
 Bodies = list[tuple[list[int], bytes]]
+Shapes = dict[str, tuple[int, ...]]
 _U = TypeVar("_U", Update, PartialSum)
 
 
 @dataclass(frozen=True)
 class Decoded:
-    """A decoded upload body: its round, its uploads with their content digests, and what is
-    stored of each (a body that decodes to that upload alone)."""
+    """An upload body: its round, its uploads, their digests and what is stored of each (a
+    body of that upload alone)."""
 
     round_id: int
     uploads: list[Upload]
@@ -65,10 +63,20 @@ class Decoded:
 
 
 @dataclass(frozen=True)
+class RoundUploads:
+    """A round's uploads in first-client order, and the public cohort size a DP mean divides
+    by (None: the uploads')."""
+
+    round_id: int
+    uploads: Sequence[Upload]
+    cohort_size: float | None = None
+
+
+@dataclass(frozen=True)
 class Aggregate:
-    """A round's aggregate, what the server strategy applies: the gradient, per item table the
-    rows a lazy step takes (None: those with a nonzero gradient), the round's mean client loss,
-    the clients it covers and those screening bounded."""
+    """What the server strategy applies for a round: the gradient, per item table the rows a
+    lazy step takes (None: those with a nonzero gradient), the mean client loss, the clients
+    it covers and those screening bounded."""
 
     grads: dict[str, Tensor]
     loss: float
@@ -83,18 +91,19 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class UploadMode(ABC):
-    """How a run's clients upload (``params``: the run's settings; ``model``: its shape)."""
+    """How a run (``params``, model ``model``) uploads; ``screen_factor``: the aggregator
+    screens per-client uploads (:func:`fedrecgel.robust.screen`)."""
 
     params: RunParams
     model: ModelConfig
-    #: the run setting's value this mode answers to (in refusals)
+    screen_factor: float | None = None
+    #: the setting this mode answers to, and what its clients send (in refusals)
     grouping: ClassVar[UploadGrouping] = "client"
-    #: the wire format of a plain upload body; None: the mode takes no plain body
-    format: ClassVar[str | None] = UPDATES_FORMAT
-    #: what its clients send (in refusals)
     what: ClassVar[str] = "per-client updates"
+    #: the wire format of a plain upload body; None: the mode takes none
+    format: ClassVar[str | None] = UPDATES_FORMAT
     #: the simulator may sum the clients' gradients inside the backward instead of building
-    #: these uploads, when the strategy's aggregate is a linear combination of them
+    #: these uploads (when the strategy's aggregate is linear in them)
     summable: ClassVar[bool] = False
 
     @property
@@ -104,8 +113,7 @@ class UploadMode(ABC):
 
     @property
     def private(self) -> bool:
-        """Whether the run is differentially private (a round then releases noise even when
-        no client uploaded)."""
+        """Whether the run is differentially private."""
         return self.params.dp_noise is not None or self.params.target_epsilon is not None
 
     def produce(
@@ -117,45 +125,29 @@ class UploadMode(ABC):
         train_items: TrainItems,
         state: PrivateState,
     ) -> StepResult:
-        """The round of ``users`` (ascending; ``state``: theirs) from the round's shared
-        parameters: what they upload (:meth:`uploads`) and their new private state."""
+        """The round of ``users`` (ascending; ``state``: theirs): what they upload
+        (:meth:`uploads`) and their new private state."""
         return clients.step(shared, round_id, users, train_items, state)
 
     def uploads(self, result: StepResult) -> list[Upload]:
         """What the clients of ``result`` upload."""
         return list(result.uploads)
 
-    def bodies(
-        self,
-        round_id: int,
-        result: StepResult,
-        split: Callable[[int, Sequence[Update]], Bodies],
-    ) -> Bodies:
-        """The upload bodies of ``result`` (``split``: per-client updates into bodies of the
-        client's size budget)."""
+    def bodies(self, round_id: int, result: StepResult, split: Callable[..., Bodies]) -> Bodies:
+        """The upload bodies of ``result`` (``split(round_id, updates)``: updates into bodies
+        of the client's size budget)."""
         return split(round_id, result.uploads)
 
-    def decode(self, body: bytes, model: ModelConfig) -> Decoded:
-        """Parse and validate an upload body against ``model`` (WireError otherwise)."""
-        d = decode_updates(body, model)
+    def decode(self, body: bytes) -> Decoded:
+        """Parse and validate an upload body against the model (WireError otherwise)."""
+        d = decode_updates(body, self.model)
         one = len(d.updates) == 1  # a one-update body is stored as sent
         blobs = [body] if one else [encode_updates(d.round_id, [u]) for u in d.updates]
         return Decoded(d.round_id, list(d.updates), d.digests, blobs)
 
     @abstractmethod
-    def combine(
-        self,
-        strategy: Strategy,
-        shapes: dict[str, tuple[int, ...]],
-        uploads: Sequence[Upload],
-        round_id: int,
-        cohort_size: float | None = None,
-        screen_factor: float | None = None,
-    ) -> Aggregate | None:
-        """The aggregate of a round's uploads (in first-client order) that ``strategy``
-        applies; None when there is nothing to apply (no upload). ``cohort_size``: the public
-        cohort size a DP mean divides by; ``screen_factor``: screen per-client uploads
-        (:func:`fedrecgel.robust.screen`)."""
+    def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
+        """The round's aggregate that ``strategy`` applies (None: nothing to apply)."""
 
     def check_simulation(self, n_users: int) -> None:
         """ValueError when the simulator cannot run this mode over ``n_users`` clients."""
@@ -168,19 +160,11 @@ class PerClient(UploadMode):
 
     summable: ClassVar[bool] = True
 
-    def combine(
-        self,
-        strategy: Strategy,
-        shapes: dict[str, tuple[int, ...]],
-        uploads: Sequence[Upload],
-        round_id: int,
-        cohort_size: float | None = None,
-        screen_factor: float | None = None,
-    ) -> Aggregate | None:
-        if not uploads and not self.private:  # a DP round releases noise even if empty
+    def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
+        if not got.uploads and not self.private:  # a DP round releases noise even if empty
             return None
-        screened = screen(_only(Update, uploads), screen_factor)
-        grads = strategy.aggregate(screened.updates, shapes, cohort_size)
+        screened = screen(_only(Update, got.uploads), self.screen_factor)
+        grads = strategy.aggregate(screened.updates, shapes, got.cohort_size)
         losses = [u.loss for u in screened.updates]
         loss = float(np.mean(losses)) if losses else math.nan
         return Aggregate(grads, loss, len(losses), bounded=screened.bounded)
@@ -191,8 +175,8 @@ class PerWorker(UploadMode):
     """``upload_grouping=worker``: one partial sum per worker, added in first-client order."""
 
     grouping: ClassVar[UploadGrouping] = "worker"
-    format: ClassVar[str | None] = PARTIAL_FORMAT
     what: ClassVar[str] = "one partial sum per worker"
+    format: ClassVar[str | None] = PARTIAL_FORMAT
 
     def produce(
         self,
@@ -203,36 +187,22 @@ class PerWorker(UploadMode):
         train_items: TrainItems,
         state: PrivateState,
     ) -> StepResult:
-        return clients.partial_step(
-            shared, round_id, users, train_items, state, self.params.weighting
-        )
+        weighting = self.params.weighting
+        return clients.partial_step(shared, round_id, users, train_items, state, weighting)
 
     def uploads(self, result: StepResult) -> list[Upload]:
         return [] if result.partial is None else [result.partial]
 
-    def bodies(
-        self,
-        round_id: int,
-        result: StepResult,
-        split: Callable[[int, Sequence[Update]], Bodies],
-    ) -> Bodies:
+    def bodies(self, round_id: int, result: StepResult, split: Callable[..., Bodies]) -> Bodies:
         p = result.partial
         return [] if p is None else [(list(p.client_ids), encode_partial(round_id, p))]
 
-    def decode(self, body: bytes, model: ModelConfig) -> Decoded:
-        d = decode_partial(body, model)
+    def decode(self, body: bytes) -> Decoded:
+        d = decode_partial(body, self.model)
         return Decoded(d.round_id, [d.partial], [d.digest], [body])
 
-    def combine(
-        self,
-        strategy: Strategy,
-        shapes: dict[str, tuple[int, ...]],
-        uploads: Sequence[Upload],
-        round_id: int,
-        cohort_size: float | None = None,
-        screen_factor: float | None = None,
-    ) -> Aggregate | None:
-        partials = _only(PartialSum, uploads)
+    def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
+        partials = _only(PartialSum, got.uploads)
         if not partials:  # an empty Poisson cohort: no step
             return None
         grads = combine_partials(partials, shapes, self.params.weighting)
@@ -243,23 +213,13 @@ class PerWorker(UploadMode):
 
 @dataclass(frozen=True)
 class SecureDense(UploadMode):
-    """``secure_aggregation=dense``: masked per-client updates; the server learns their mean
-    (over HTTP through the aggregator's secure-aggregation phases, not a plain body)."""
+    """``secure_aggregation=dense``: masked updates; the server learns only their mean."""
 
-    format: ClassVar[str | None] = None
     what: ClassVar[str] = "masked inputs through the secure-aggregation phases"
+    format: ClassVar[str | None] = None
 
-    def combine(
-        self,
-        strategy: Strategy,
-        shapes: dict[str, tuple[int, ...]],
-        uploads: Sequence[Upload],
-        round_id: int,
-        cohort_size: float | None = None,
-        screen_factor: float | None = None,
-    ) -> Aggregate | None:
-        # the server sees masked vectors only: it unmasks the mean (the protocol in process)
-        mean = secure_mean(self.model, self.params, round_id, _only(Update, uploads))
+    def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
+        mean = secure_mean(self.model, self.params, got.round_id, _only(Update, got.uploads))
         return Aggregate(mean.grads, mean.loss, len(mean.survivors))
 
     def check_simulation(self, n_users: int) -> None:
@@ -277,13 +237,15 @@ class SecureDense(UploadMode):
             )
 
 
-def mode_of(params: RunParams, model: ModelConfig) -> UploadMode:
-    """The upload mode of a run's settings (the settings allow at most one of them)."""
+def mode_of(
+    params: RunParams, model: ModelConfig, screen_factor: float | None = None
+) -> UploadMode:
+    """The upload mode of a run's settings (they allow at most one of them)."""
     if params.secure_aggregation != "off":
-        return SecureDense(params, model)
+        return SecureDense(params, model, screen_factor)
     if params.upload_grouping == "worker":
-        return PerWorker(params, model)
-    return PerClient(params, model)
+        return PerWorker(params, model, screen_factor)
+    return PerClient(params, model, screen_factor)
 
 
 def _only(kind: type[_U], uploads: Sequence[Upload]) -> list[_U]:

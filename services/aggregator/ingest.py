@@ -166,7 +166,7 @@ class Ingest:
                 "wrong_upload_grouping",
             )
         try:
-            decoded = mode.decode(body, run.model)
+            decoded = mode.decode(body)
         except WireError as err:
             raise Malformed(str(err), "malformed_update") from None
         if decoded.round_id != round_id:

@@ -22,7 +22,7 @@ import torch
 from fedrecgel.robust import DEFAULT_FACTOR, all_finite
 from fedrecgel.secagg.protocol import RoundFailed
 from fedrecgel.strategy import Strategy
-from fedrecgel.upload_modes import Aggregate, Upload, UploadMode, mode_of
+from fedrecgel.upload_modes import Aggregate, RoundUploads, Upload, UploadMode, mode_of
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator import deadlines, secagg
 from services.aggregator.db import Database
@@ -266,11 +266,10 @@ class RoundCloser:
             raise _NotReady
         if not meta or len(meta) < cfg.quorum_count(m):
             raise RoundFailed(f"{len(meta)} of {m} updates at the deadline, below quorum")
-        mode = mode_of(cfg, cfg.model())
+        mode = mode_of(cfg, cfg.model(), self.screen_factor or None)
         uploads = [u for _, u in self._round_uploads(repo, rnd.id, meta, mode)]
-        factor = self.screen_factor or None
         return len(meta), lambda strategy, shapes, public: mode.combine(
-            strategy, shapes, uploads, rnd.round_id, public, factor
+            strategy, shapes, RoundUploads(rnd.round_id, uploads, public)
         )
 
     def _aggregate(
@@ -363,7 +362,7 @@ class RoundCloser:
                 missing[first] = digest
         if missing:
             for first, blob in repo.update_blobs(pk, list(missing)).items():
-                out[first] = (missing[first], mode.decode(blob, mode.model).uploads[0])
+                out[first] = (missing[first], mode.decode(blob).uploads[0])
             log.info("decoded %d stored updates of round attempt %d", len(missing), pk)
         uploads = [out[c] for c in sorted(out)]
         covered = sum(len(u.client_ids) for _, u in uploads)
