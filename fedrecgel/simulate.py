@@ -18,7 +18,7 @@ import torch
 
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.client_round import ClientRound
-from fedrecgel.cohort import select_cohort
+from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.config import (
     DEFAULTS,
     TRAIN_NAMES,
@@ -287,7 +287,7 @@ class Simulator:
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.params = config.run_params()
         self.mode = mode_of(self.params, self.model_cfg)
-        self.mode.check_simulation(split.n_users)
+        self.mode.check_cohorts(split.n_users, cohort_size(split.n_users, config.fraction))
         if config.sampling == "fixed" and config.fraction * split.n_users < 0.5:
             # int() would round it up to one client a round (Poisson cohorts may be empty)
             raise ValueError(
@@ -309,6 +309,11 @@ class Simulator:
             config.seed,
             None if self.privacy is None else ClientPrivacy.of(self.privacy),
         )
+        if self.privacy is not None and not self.mode.plain:
+            raise ValueError(
+                "differential privacy together with secure aggregation is not wired into the "
+                "simulator yet: choose one"
+            )
         self.round_id = 0
 
     def samples_for(

@@ -149,8 +149,9 @@ class UploadMode(ABC):
     def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
         """The round's aggregate that ``strategy`` applies (None: nothing to apply)."""
 
-    def check_simulation(self, n_users: int) -> None:
-        """ValueError when the simulator cannot run this mode over ``n_users`` clients."""
+    def check_cohorts(self, n_clients: int, largest: int) -> None:
+        """ValueError when this mode cannot take the run's cohorts of ``n_clients`` clients,
+        the largest one ``largest`` clients."""
         return None
 
 
@@ -222,19 +223,14 @@ class SecureDense(UploadMode):
         mean = secure_mean(self.model, self.params, got.round_id, _only(Update, got.uploads))
         return Aggregate(mean.grads, mean.loss, len(mean.survivors))
 
-    def check_simulation(self, n_users: int) -> None:
-        m = cohort_size(n_users, self.params.fraction)
+    def check_cohorts(self, n_clients: int, largest: int) -> None:
+        m = cohort_size(n_clients, self.params.fraction)
         if m < 2:
             raise ValueError(
-                f"secure aggregation needs cohorts of at least 2 clients; --fraction "
-                f"{self.params.fraction:g} of {n_users} users gives {m}"
+                f"secure aggregation needs cohorts of at least 2 clients; fraction "
+                f"{self.params.fraction:g} of {n_clients} clients gives {m}"
             )
-        self.params.secagg_fixed_point().check_cohort(m)
-        if self.private:
-            raise ValueError(
-                "differential privacy together with secure aggregation is not wired into the "
-                "simulator yet: choose one"
-            )
+        self.params.secagg_fixed_point().check_cohort(largest)
 
 
 def mode_of(
