@@ -5,8 +5,9 @@ all call :class:`ClientRound`: each client draws its samples from its own keyed 
 (``client_rng(seed, round, user)``), then the whole group takes the batched hierarchical SAM
 step (:func:`fedrecgel.sam.cohort_step`), which yields the uploads and the new private state;
 in a DP run each upload is then clipped (and noised) on the client (:mod:`fedrecgel.privacy`).
-Committing that state is the caller's: the simulator does it at once (:meth:`ClientRound.step_in`),
-a worker only after the aggregator acknowledged the upload.
+Which step a round takes (:meth:`ClientRound.step` or :meth:`ClientRound.partial_step`) is the
+run's upload mode's (:mod:`fedrecgel.upload_modes`). Committing that state is the caller's: the
+simulator does it at once, a worker only after the aggregator acknowledged the upload.
 """
 
 from __future__ import annotations

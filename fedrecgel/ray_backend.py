@@ -6,7 +6,7 @@ driver (:class:`RaySimulator`, the in-process :class:`~fedrecgel.simulate.Simula
 client step moved out) draws each round's cohort as the simulator does, puts the shared
 parameters into the object store once, and each actor computes its cohort members' partial sum
 (``upload_grouping=worker``: :meth:`fedrecgel.client_round.ClientRound.partial_step`). The
-driver combines them in first-client order (:func:`fedrecgel.strategy.combine_partials`), takes
+driver combines them in first-client order (:class:`fedrecgel.upload_modes.PerWorker`), takes
 the server step, and has every actor that trained store its new state and checkpoint it;
 evaluation sums each shard's metric sums. The run is the in-process simulator's with the same
 ``shards`` and ``upload_grouping="worker"``, bit for bit.
@@ -38,7 +38,7 @@ from fedrecgel.metrics import means
 from fedrecgel.ray_shard import CrashPhase, ShardActor, ShardData
 from fedrecgel.sam import PartialSum
 from fedrecgel.simulate import Simulator, TrainConfig, _add
-from fedrecgel.strategy import combine_partials, partial_loss
+from fedrecgel.upload_modes import RoundUploads
 
 log = logging.getLogger(__name__)
 
@@ -240,9 +240,10 @@ class RaySimulator(Simulator):
                     ref = call(s) if recover is None else recover(s, at)
         return out
 
-    def _train_partials(self, r: int, cohort: np.ndarray) -> float:
-        """Each shard's partial sum from its actor, combined in first-client order; the server
-        step; then the actors that trained store their new state and checkpoint it."""
+    def _train(self, r: int, cohort: np.ndarray) -> float:
+        """Each shard's partial sum from its actor, combined as the upload mode combines them
+        (in first-client order); the server step; then the actors that trained store their new
+        state and checkpoint it."""
         import ray
 
         n = self.config.shards
@@ -257,9 +258,10 @@ class RaySimulator(Simulator):
             return self.actors[s].train.remote(r, shared, parts[s])
 
         got: dict[int, PartialSum] = self._each(parts, train)
-        partials = [got[s] for s in parts]
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
-        self.strategy.apply(self.shared, combine_partials(partials, shapes, self.config.weighting))
+        agg = self.mode.combine(self.strategy, shapes, RoundUploads(r, [got[s] for s in parts]))
+        assert agg is not None
+        agg.apply(self.strategy, self.shared)
 
         def after_restart(s: int, at: int) -> Any:
             if at == r:  # lost after its checkpoint was renamed into place: nothing to redo
@@ -277,7 +279,7 @@ class RaySimulator(Simulator):
         )
         for s in parts:
             self.committed[s] = r
-        return partial_loss(partials)
+        return agg.loss
 
     def evaluate(self) -> tuple[dict[str, float], dict[str, float]]:
         """Test (and validation) metrics: each shard's metric sums, added in shard order."""

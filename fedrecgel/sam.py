@@ -79,6 +79,16 @@ class Update:
     dense: dict[str, Tensor]
     loss: float = 0.0
 
+    @property
+    def client_ids(self) -> tuple[int, ...]:
+        """The clients it covers: its own (as a :class:`PartialSum` lists those it covers)."""
+        return (self.client_id,)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The sample counts of the clients it covers."""
+        return (self.n_samples,)
+
     def densify(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
         """The full dense gradient (tests and the reference comparison only)."""
         out: dict[str, Tensor] = {}
@@ -114,6 +124,11 @@ class PartialSum:
     def client_id(self) -> int:
         """The first client it covers (the one its stored body is filed under)."""
         return self.client_ids[0]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The sample counts of the clients it covers."""
+        return self.n_samples
 
 
 def client_rng(seed: int, round_id: int, user_id: int) -> np.random.Generator:

@@ -39,17 +39,14 @@ from fedrecgel.privacy import ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig, cohort_step
-from fedrecgel.secagg.aggregate import secure_mean
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import (
     OptimizerName,
     Strategy,
     Weighting,
-    combine_partials,
-    partial_loss,
-    partial_rows,
     touched_rows,
 )
+from fedrecgel.upload_modes import RoundUploads, Upload, mode_of
 
 log = logging.getLogger(__name__)
 
@@ -289,14 +286,8 @@ class Simulator:
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.params = config.run_params()
-        if config.secure_aggregation != "off":
-            m = cohort_size(split.n_users, config.fraction)
-            if m < 2:
-                raise ValueError(
-                    f"secure aggregation needs cohorts of at least 2 clients; --fraction "
-                    f"{config.fraction:g} of {split.n_users} users gives {m}"
-                )
-            self.params.secagg_fixed_point().check_cohort(m)
+        self.mode = mode_of(self.params, self.model_cfg)
+        self.mode.check_cohorts(split.n_users, cohort_size(split.n_users, config.fraction))
         if config.sampling == "fixed" and config.fraction * split.n_users < 0.5:
             # int() would round it up to one client a round (Poisson cohorts may be empty)
             raise ValueError(
@@ -318,7 +309,7 @@ class Simulator:
             config.seed,
             None if self.privacy is None else ClientPrivacy.of(self.privacy),
         )
-        if self.privacy is not None and config.secure_aggregation != "off":
+        if self.privacy is not None and not self.mode.plain:
             raise ValueError(
                 "differential privacy together with secure aggregation is not wired into the "
                 "simulator yet: choose one"
@@ -355,33 +346,38 @@ class Simulator:
 
     def _train(self, r: int, cohort: np.ndarray) -> float:
         """The cohort's client step and the server's step; the clients' mean loss."""
-        train = self.split.user_train
-        losses = []
-        weights = None
-        secure = self.config.secure_aggregation != "off"
-        if self.config.upload_grouping == "worker":
-            return self._train_partials(r, cohort)
-        if not self.config.per_client_uploads and not secure and len(cohort):
-            # (an empty Poisson cohort takes the per-client path: no step, or a DP round's noise)
-            samples = self.clients.samples(r, cohort, train)
+        if self.mode.summable and not self.config.per_client_uploads and len(cohort):
+            # (an empty Poisson cohort takes the uploads' path: no step, or a DP round's noise)
+            samples = self.clients.samples(r, cohort, self.split.user_train)
             sizes = np.fromiter((len(s[0]) for s in samples), dtype=np.int64, count=len(samples))
             weights = self.strategy.linear_weights(sizes)
-        if weights is None:
-            uploads = []
-            for part in self._shards(cohort):
-                result = self.clients.step_in(self.store, self.shared, r, part, train)
-                uploads += result.uploads
-                losses.append(result.losses)
-            if not secure:
-                if uploads or self.privacy is not None:  # a DP round releases noise even if empty
-                    self.strategy.round(self.shared, uploads)
-                all_losses = np.concatenate([np.zeros(0), *losses])
-                return float(all_losses.mean()) if len(all_losses) else float("nan")
-            # the server sees masked vectors only: it unmasks the mean, then takes its step
-            mean = secure_mean(self.model_cfg, self.params, r, uploads)
-            self.strategy.apply(self.shared, mean.grads)
-            return mean.loss
+            if weights is not None:
+                return self._train_summed(r, cohort, samples, weights)
+        uploads: list[Upload] = []
+        for part in self._shards(np.sort(cohort)):
+            res = self.mode.produce(
+                self.clients, self.shared, r, part, self.split.user_train, self.store.get(part)
+            )
+            self.store.put(part, res.state)
+            uploads += self.mode.uploads(res)
+        shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
+        agg = self.mode.combine(self.strategy, shapes, RoundUploads(r, uploads))
+        if agg is None:
+            return float("nan")
+        agg.apply(self.strategy, self.shared)
+        return agg.loss
+
+    def _train_summed(
+        self,
+        r: int,
+        cohort: np.ndarray,
+        samples: list[tuple[np.ndarray, np.ndarray]],
+        weights: np.ndarray,
+    ) -> float:
+        """The clients' gradients summed inside the backward with the strategy's linear
+        ``weights`` (no upload built), and the server's step on the sum."""
         total: dict[str, torch.Tensor] = {}
+        losses = []
         for part in self._shards(cohort):
             pos = np.searchsorted(cohort, part)
             res = cohort_step(
@@ -403,30 +399,6 @@ class Simulator:
             rows = touched_rows([s[0] for s in samples])
         self.strategy.apply(self.shared, total, rows)
         return float(np.concatenate(losses).mean())
-
-    def _train_partials(self, r: int, cohort: np.ndarray) -> float:
-        """``upload_grouping=worker``: one partial sum per shard (its clients in id order, as
-        its worker computes it), combined as the aggregator combines them."""
-        partials = []
-        for part in self._shards(np.sort(cohort)):
-            res = self.clients.partial_step(
-                self.shared,
-                r,
-                part,
-                self.split.user_train,
-                self.store.get(part),
-                self.config.weighting,
-            )
-            self.store.put(part, res.state)
-            assert res.partial is not None
-            partials.append(res.partial)
-        if not partials:  # an empty Poisson cohort: no step (the per-client path's rule)
-            return float("nan")
-        shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
-        grads = combine_partials(partials, shapes, self.config.weighting)
-        lazy = self.config.server_update == "lazy"  # then only the rows the partials carry
-        self.strategy.apply(self.shared, grads, partial_rows(partials) if lazy else None)
-        return partial_loss(partials)
 
     def _shards(self, users: np.ndarray) -> list[np.ndarray]:
         """``users`` split by user id % shards (the layout of the client workers)."""

@@ -405,7 +405,7 @@ class FedAvgGradients(Strategy):
         self.optimizer.load_state_dict(state)
 
 
-def update_norm(u: Update) -> float:
+def update_norm(u: Update | PartialSum) -> float:
     """The L2 norm of an upload's whole shared part (rows and dense parameters), in float64."""
     sq = sum(float(v.double().pow(2).sum()) for _, v in u.rows.values())
     sq += sum(float(g.double().pow(2).sum()) for g in u.dense.values())

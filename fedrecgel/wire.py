@@ -206,8 +206,13 @@ def decode_model(data: bytes) -> tuple[ModelConfig, dict[str, Tensor], int]:
 
 def update_digest(round_id: int, u: Update) -> str:
     """Content digest of one update (for idempotent retries): sha256 over its canonical bytes."""
+    return _digest(f"{round_id}:{u.client_id}:{u.n_samples}", u)
+
+
+def _digest(head: str, u: Update | PartialSum) -> str:
+    """sha256 over ``head`` and an upload's tensors (item rows, then dense, each by name)."""
     h = hashlib.sha256()
-    h.update(f"{round_id}:{u.client_id}:{u.n_samples}".encode())
+    h.update(head.encode())
     for name in sorted(u.rows):
         idx, vals = u.rows[name]
         h.update(name.encode())
@@ -224,16 +229,21 @@ def encode_updates(round_id: int, updates: list[Update]) -> bytes:
     tensors: dict[str, Tensor] = {}
     info = []
     for i, u in enumerate(updates):
-        for name, (idx, vals) in u.rows.items():
-            # uploads are views of their group's gradients (tables of one update share one
-            # index tensor, clients share buffers); safetensors wants tensors of their own
-            tensors[f"{i}/{name}.rows"] = idx.to(torch.int64)
-            tensors[f"{i}/{name}.values"] = vals.to(torch.float32)
-        for name, g in u.dense.items():
-            tensors[f"{i}/{name}"] = g.to(torch.float32)
+        _put(tensors, f"{i}/", u)
         info.append({"client_id": u.client_id, "n_samples": u.n_samples, "loss": u.loss})
     meta = {"format": UPDATES_FORMAT, "round": str(round_id), "updates": json.dumps(info)}
     return st_save(tensors, metadata=meta)
+
+
+def _put(tensors: dict[str, Tensor], prefix: str, u: Update | PartialSum) -> None:
+    """An upload's tensors under ``prefix``: ``{table}.rows``, ``{table}.values``, ``{name}``."""
+    for name, (idx, vals) in u.rows.items():
+        # uploads are views of their group's gradients (tables of one update share one
+        # index tensor, clients share buffers); safetensors wants tensors of their own
+        tensors[f"{prefix}{name}.rows"] = idx.to(torch.int64)
+        tensors[f"{prefix}{name}.values"] = vals.to(torch.float32)
+    for name, g in u.dense.items():
+        tensors[f"{prefix}{name}"] = g.to(torch.float32)
 
 
 def _check_float(key: str, t: Tensor, shape: tuple[int, ...], finite: bool = True) -> None:
@@ -281,6 +291,33 @@ def _item_rows(
     return idx, vals
 
 
+def _shared_part(
+    tensors: dict[str, Tensor],
+    cfg: ModelConfig,
+    prefix: str,
+    where: str,
+    floats: dict[str, Tensor],
+    keys: set[str],
+) -> tuple[dict[str, tuple[Tensor, Tensor]], dict[str, Tensor]]:
+    """The checked item rows and dense gradients of an upload under ``prefix`` (finiteness
+    is checked over ``floats``, where its float tensors go; ``keys`` takes its keys)."""
+    shapes = cfg.shared_shapes()
+    rows: dict[str, tuple[Tensor, Tensor]] = {}
+    for t in cfg.item_tables():
+        rows[t] = _item_rows(tensors, t, prefix, where, cfg.n_items, shapes)
+        floats[f"{prefix}{t}.values"] = rows[t][1]
+        keys |= {f"{prefix}{t}.rows", f"{prefix}{t}.values"}
+    dense: dict[str, Tensor] = {}
+    for name in cfg.dense_names():
+        key = f"{prefix}{name}"
+        if key not in tensors:
+            raise WireError(f"{where}missing dense gradient {name}")
+        _check_float(key, tensors[key], shapes[name], finite=False)
+        floats[key] = dense[name] = tensors[key]
+        keys.add(key)
+    return rows, dense
+
+
 def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
     """Parse and validate an upload body against the model shape ``cfg``."""
     tensors, meta = _read(data)
@@ -295,8 +332,6 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
     extra_meta = set(meta) - {"format", "round", "updates"}
     if extra_meta:
         raise WireError(f"unexpected metadata keys: {sorted(extra_meta)}")
-    shapes = cfg.shared_shapes()
-    tables = cfg.item_tables()
     expected_keys: set[str] = set()
     updates: list[Update] = []
     seen_clients: set[int] = set()
@@ -317,21 +352,8 @@ def decode_updates(data: bytes, cfg: ModelConfig) -> DecodedUpdates:
         if client_id in seen_clients:
             raise WireError(f"update {i}: client {client_id} appears twice in one body")
         seen_clients.add(client_id)
-        rows: dict[str, tuple[Tensor, Tensor]] = {}
-        for t in tables:
-            rk, vk = f"{i}/{t}.rows", f"{i}/{t}.values"
-            expected_keys |= {rk, vk}
-            rows[t] = _item_rows(tensors, t, f"{i}/", f"update {i}: ", cfg.n_items, shapes)
-            floats[vk] = rows[t][1]
-        dense: dict[str, Tensor] = {}
-        for name in cfg.dense_names():
-            key = f"{i}/{name}"
-            expected_keys.add(key)
-            if key not in tensors:
-                raise WireError(f"update {i}: missing dense gradient {name}")
-            _check_float(key, tensors[key], shapes[name], finite=False)
-            floats[key] = tensors[key]
-            dense[name] = tensors[key]
+        where = f"update {i}: "
+        rows, dense = _shared_part(tensors, cfg, f"{i}/", where, floats, expected_keys)
         updates.append(Update(client_id, n_samples, rows, dense, loss))
     extra = set(tensors) - expected_keys
     if extra:
@@ -362,18 +384,8 @@ def body_format(data: bytes) -> str | None:
 def partial_digest(round_id: int, p: PartialSum) -> str:
     """Content digest of one partial sum (idempotent retries): sha256 over its canonical
     bytes, the clients it covers and their sample counts included."""
-    h = hashlib.sha256()
-    h.update(f"{round_id}:partial:{json.dumps(p.client_ids)}:{json.dumps(p.n_samples)}".encode())
-    h.update(repr(float(p.loss)).encode())
-    for name in sorted(p.rows):
-        idx, vals = p.rows[name]
-        h.update(name.encode())
-        h.update(idx.to(torch.int64).contiguous().numpy().data)
-        h.update(vals.to(torch.float32).contiguous().numpy().data)
-    for name in sorted(p.dense):
-        h.update(name.encode())
-        h.update(p.dense[name].to(torch.float32).contiguous().numpy().data)
-    return h.hexdigest()
+    clients = f"{json.dumps(p.client_ids)}:{json.dumps(p.n_samples)}"
+    return _digest(f"{round_id}:partial:{clients}{float(p.loss)!r}", p)
 
 
 def encode_partial(round_id: int, p: PartialSum) -> bytes:
@@ -381,11 +393,7 @@ def encode_partial(round_id: int, p: PartialSum) -> bytes:
     ``{table}.values``, ``{name}``; metadata ``format=fedrecgel-partial``, ``round``,
     ``clients`` (a JSON list of ``{"client_id", "n_samples"}``) and ``loss`` (their sum)."""
     tensors: dict[str, Tensor] = {}
-    for name, (idx, vals) in p.rows.items():
-        tensors[f"{name}.rows"] = idx.to(torch.int64)
-        tensors[f"{name}.values"] = vals.to(torch.float32)
-    for name, g in p.dense.items():
-        tensors[name] = g.to(torch.float32)
+    _put(tensors, "", p)
     clients = [
         {"client_id": c, "n_samples": n} for c, n in zip(p.client_ids, p.n_samples, strict=True)
     ]
@@ -440,19 +448,10 @@ def decode_partial(data: bytes, cfg: ModelConfig) -> DecodedPartial:
         raise WireError("the clients of a partial sum must be listed once each, ascending")
     if not math.isfinite(loss):
         raise WireError("loss must be finite")
-    shapes = cfg.shared_shapes()
-    rows: dict[str, tuple[Tensor, Tensor]] = {}
     floats: dict[str, Tensor] = {}
-    for t in cfg.item_tables():
-        rows[t] = _item_rows(tensors, t, "", "", cfg.n_items, shapes)
-        floats[f"{t}.values"] = rows[t][1]
-    dense: dict[str, Tensor] = {}
-    for name in cfg.dense_names():
-        if name not in tensors:
-            raise WireError(f"missing dense gradient {name}")
-        _check_float(name, tensors[name], shapes[name], finite=False)
-        floats[name] = dense[name] = tensors[name]
-    extra = set(tensors) - set(floats) - {f"{t}.rows" for t in cfg.item_tables()}
+    keys: set[str] = set()
+    rows, dense = _shared_part(tensors, cfg, "", "", floats, keys)
+    extra = set(tensors) - keys
     if extra:
         raise WireError(f"unexpected tensors in body: {sorted(extra)[:5]}")
     _check_finite(floats)

@@ -8,22 +8,14 @@ that completes its round's cohort closes the round before it is answered.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fedrecgel.robust import check_values
-from fedrecgel.sam import PartialSum, Update
-from fedrecgel.wire import (
-    PARTIAL_FORMAT,
-    WireError,
-    body_format,
-    decode_partial,
-    decode_updates,
-    encode_updates,
-)
+from fedrecgel.upload_modes import Upload
+from fedrecgel.wire import WireError, body_format
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import AggregatorError, Conflict, Forbidden, Malformed
@@ -40,9 +32,6 @@ from services.aggregator.uploadbatch import LiveRound, PendingUpload, RoundRefus
 
 log = logging.getLogger(__name__)
 
-# What an upload body may carry besides tensors; anything else is refused (privacy invariant).
-_BODY_METADATA_KEYS = frozenset({"format", "round", "updates"})
-_UPDATE_ENTRY_KEYS = frozenset({"client_id", "n_samples", "loss"})
 # Times an upload is decoded again when the newest run changed under it.
 _RUN_CHANGE_RETRIES = 3
 #: bounds of an update's metadata: its training-sample count (a 32-bit column) and its mean
@@ -56,7 +45,7 @@ class Stored:
     """A committed upload: per-client results, its new updates, and its round's count after."""
 
     results: list[UploadResult]
-    fresh: list[tuple[str, Update | PartialSum]]
+    fresh: list[tuple[str, Upload]]
     round_pk: int | None  # None: a duplicate of a round that is not open any more
     received: int
     cohort_size: int
@@ -64,41 +53,6 @@ class Stored:
 
 class StaleRun(Exception):
     """The upload was decoded for a run that is no longer the newest one: decode again."""
-
-
-def strict_metadata(body: bytes) -> None:
-    """Refuse metadata beyond the wire format's own fields (it could carry user data)."""
-    n = int.from_bytes(body[:8], "little")
-    meta = json.loads(body[8 : 8 + n]).get("__metadata__") or {}
-    extra = set(meta) - _BODY_METADATA_KEYS
-    if extra:
-        raise Malformed(f"unexpected metadata keys {sorted(extra)}", "malformed_update")
-    for i, entry in enumerate(json.loads(meta["updates"])):
-        extra = set(entry) - _UPDATE_ENTRY_KEYS
-        if extra:
-            raise Malformed(f"update {i}: unexpected fields {sorted(extra)}", "malformed_update")
-
-
-def check_metadata(u: Update) -> None:
-    """An update's sample count and loss within their bounds (422 otherwise)."""
-    if not 1 <= u.n_samples <= MAX_SAMPLES:
-        raise Malformed(
-            f"client {u.client_id}: n_samples {u.n_samples} is outside 1..{MAX_SAMPLES}",
-            "invalid_update_metadata",
-        )
-    if not (math.isfinite(u.loss) and 0.0 <= u.loss <= MAX_LOSS):
-        raise Malformed(
-            f"client {u.client_id}: loss {u.loss!r} is not a finite value in [0, {MAX_LOSS:g}]",
-            "invalid_update_metadata",
-        )
-
-
-def _check_values(u: Update | PartialSum, who: str) -> None:
-    """422 for a value whose square would overflow float32 (it would poison Adam's moments)."""
-    try:
-        check_values(u)
-    except ValueError as err:
-        raise Malformed(f"{who}: {err}", "update_values_too_large") from None
 
 
 class Ingest:
@@ -150,7 +104,7 @@ class Ingest:
         if not caller.client_ids:
             raise Forbidden("only clients upload updates", "not_owned")
         run = self.newest.get()
-        if run.config is not None and run.config.secure_aggregation != "off":
+        if not run.mode.plain:
             raise Conflict(
                 "this run aggregates securely: clients send masked inputs to "
                 f"/v1/rounds/{round_id}/secagg/masked, never plain updates",
@@ -197,74 +151,50 @@ class Ingest:
         return stored.results, closed
 
     def validate(self, caller: Caller, round_id: int, body: bytes, run: RunRef) -> PendingUpload:
-        """Decode and check a body against the run's model, outside any transaction."""
-        grouped = run.config is not None and run.config.upload_grouping == "worker"
+        """Decode and check a body against the run's model, outside any transaction: the run's
+        upload mode's format, shapes, finite values, every client it covers held by this token
+        with its sample count, its loss within bounds (a DP run: its norm within the clipping
+        bound); the cohort and duplicates are checked at commit."""
+        mode = run.mode
         try:
             fmt = body_format(body)
         except WireError as err:
             raise Malformed(str(err), "malformed_update") from None
-        if (fmt == PARTIAL_FORMAT) != grouped:
-            want = "one partial sum per worker" if grouped else "per-client updates"
+        if fmt != mode.format:
             raise Malformed(
-                f"this run takes {want} (upload_grouping={'worker' if grouped else 'client'})",
+                f"this run takes {mode.what} (upload_grouping={mode.grouping})",
                 "wrong_upload_grouping",
             )
-        if grouped:
-            return self.validate_partial(caller, round_id, body, run)
         try:
-            decoded = decode_updates(body, run.model)
-        except WireError as err:
-            raise Malformed(str(err), "malformed_update") from None
-        strict_metadata(body)
-        if decoded.round_id != round_id:
-            raise Malformed(
-                f"body is for round {decoded.round_id}, path says {round_id}", "round_mismatch"
-            )
-        for u in decoded.updates:
-            if u.client_id not in caller.client_ids:
-                raise Forbidden(f"client {u.client_id} is not held by this token", "not_owned")
-            check_metadata(u)
-            _check_values(u, f"client {u.client_id}")
-            if run.config is not None:  # a DP run: every upload within the clipping norm
-                check_upload(u, run.config, 1, run.model)
-        # A validated one-update body is stored as sent: it decodes to exactly that update.
-        blobs = (
-            [body]
-            if len(decoded.updates) == 1
-            else [encode_updates(round_id, [u]) for u in decoded.updates]
-        )
-        return PendingUpload(run.run_id, round_id, decoded.updates, decoded.digests, blobs)
-
-    def validate_partial(
-        self, caller: Caller, round_id: int, body: bytes, run: RunRef
-    ) -> PendingUpload:
-        """Decode and check a worker's partial-sum body (``upload_grouping=worker``): shapes,
-        finite values, the listed clients once each and all held by this token, their sample
-        counts and the loss within bounds; the cohort and duplicates are checked at commit."""
-        try:
-            decoded = decode_partial(body, run.model)
+            decoded = mode.decode(body)
         except WireError as err:
             raise Malformed(str(err), "malformed_update") from None
         if decoded.round_id != round_id:
             raise Malformed(
                 f"body is for round {decoded.round_id}, path says {round_id}", "round_mismatch"
             )
-        p = decoded.partial
-        _check_values(p, f"partial sum of clients from {p.client_id}")
-        for c, n in zip(p.client_ids, p.n_samples, strict=True):
-            if c not in caller.client_ids:
-                raise Forbidden(f"client {c} is not held by this token", "not_owned")
-            if not 1 <= n <= MAX_SAMPLES:
+        for u in decoded.uploads:
+            for c, n in zip(u.client_ids, u.sizes, strict=True):
+                if c not in caller.client_ids:
+                    raise Forbidden(f"client {c} is not held by this token", "not_owned")
+                if not 1 <= n <= MAX_SAMPLES:
+                    raise Malformed(
+                        f"client {c}: n_samples {n} is outside 1..{MAX_SAMPLES}",
+                        "invalid_update_metadata",
+                    )
+            k = len(u.client_ids)
+            if not (math.isfinite(u.loss) and 0.0 <= u.loss <= MAX_LOSS * k):
                 raise Malformed(
-                    f"client {c}: n_samples {n} is outside 1..{MAX_SAMPLES}",
+                    f"client {u.client_id}: loss {u.loss!r} is not a finite sum of {k} losses "
+                    f"in [0, {MAX_LOSS:g}]",
                     "invalid_update_metadata",
                 )
-        if not 0.0 <= p.loss <= MAX_LOSS * len(p.client_ids):
-            raise Malformed(
-                f"loss {p.loss!r} is not a sum of {len(p.client_ids)} losses in [0, {MAX_LOSS:g}]",
-                "invalid_update_metadata",
-            )
-        return PendingUpload(run.run_id, round_id, [], [decoded.digest], [body], p)
+            try:
+                check_values(u)
+            except ValueError as err:
+                raise Malformed(f"client {u.client_id}: {err}", "update_values_too_large") from None
+            check_upload(u, run.config, 1, run.model)  # a DP run: within the clipping norm
+        return PendingUpload(run.run_id, round_id, decoded.uploads, decoded.digests, decoded.blobs)
 
     def store_batch(self, uploads: Sequence[PendingUpload]) -> list[Stored | Exception]:
         """Check and store a batch of uploads in ONE transaction (the group commit's writer).
@@ -291,11 +221,15 @@ class Ingest:
         return outcomes
 
     def _store_upload(self, batch: UploadBatch, up: PendingUpload) -> Stored:
-        """Check one upload inside the batch transaction and queue its rows (all or nothing)."""
+        """Check one upload body inside the batch transaction and queue a row per client each
+        of its uploads covers (all or nothing; an upload's body filed under its first client,
+        its digest on every row).
+
+        An upload whose clients all hold its digest already is a duplicate (a retry); one of
+        whose clients another upload counted already is a 409."""
         run_id, round_id = up.run_id, up.round_id
         ids = up.client_ids
-        # a partial sum's one digest is stored for every client it covers
-        digests = up.digests * len(ids) if up.partial is not None else up.digests
+        digests = [d for u, d in zip(up.uploads, up.digests, strict=True) for _ in u.client_ids]
         live = batch.live_round(run_id, round_id)
         if isinstance(live, RoundRefusal):
             if batch.repo.latest_run_id() != run_id:
@@ -312,57 +246,27 @@ class Ingest:
                     f"client {c} is not in the cohort of round {round_id} (attempt {live.attempt})",
                     "not_in_cohort",
                 )
-        if up.partial is not None:
-            return self._store_partial(batch, up, live)
         results: list[UploadResult] = []
-        fresh: list[tuple[str, Update, bytes]] = []
-        for u, digest, blob in zip(up.updates, up.digests, up.blobs, strict=True):
-            stored = batch.digest(run_id, round_id, u.client_id)
-            if stored is not None:
-                if stored != digest:
-                    raise Conflict(
-                        f"client {u.client_id} already sent a different update for round "
-                        f"{round_id}",
-                        "conflicting_update",
-                    )
-                results.append(UploadResult(client_id=u.client_id, status="duplicate"))
+        fresh: list[tuple[str, Upload, bytes]] = []
+        for u, digest, blob in zip(up.uploads, up.digests, up.blobs, strict=True):
+            known = [batch.digest(run_id, round_id, c) for c in u.client_ids]
+            if all(k == digest for k in known):
+                results += [UploadResult(client_id=c, status="duplicate") for c in u.client_ids]
                 continue
-            results.append(UploadResult(client_id=u.client_id, status="accepted"))
+            counted = [c for c, k in zip(u.client_ids, known, strict=True) if k is not None]
+            if counted:
+                raise Conflict(
+                    f"clients {counted[:5]} already sent a different upload for round {round_id}",
+                    "conflicting_update",
+                )
+            results += [UploadResult(client_id=c, status="accepted") for c in u.client_ids]
             fresh.append((digest, u, blob))
         for digest, u, blob in fresh:  # every check passed: now queue the rows
-            batch.add(live, run_id, round_id, u, digest, blob)
+            mean_loss = u.loss / len(u.client_ids)
+            for i, (c, n) in enumerate(zip(u.client_ids, u.sizes, strict=True)):
+                batch.add_row(
+                    live, run_id, round_id, c, n, mean_loss, digest, blob if i == 0 else None
+                )
         return Stored(
             results, [(d, u) for d, u, _ in fresh], live.pk, live.received, live.cohort_size
-        )
-
-    def _store_partial(self, batch: UploadBatch, up: PendingUpload, live: LiveRound) -> Stored:
-        """Check a partial sum against the round's stored digests and queue a row per client
-        it covers (the body filed under its first client): all of them counted, or none.
-
-        A retry of the same body is a duplicate; any of its clients already counted by
-        another upload (another partial sum, or a different one) is a 409."""
-        p = up.partial
-        assert p is not None
-        (digest,) = up.digests
-        known = [batch.digest(up.run_id, up.round_id, c) for c in p.client_ids]
-        if all(k == digest for k in known):
-            dup = [UploadResult(client_id=c, status="duplicate") for c in p.client_ids]
-            return Stored(dup, [], live.pk, live.received, live.cohort_size)
-        counted = [c for c, k in zip(p.client_ids, known, strict=True) if k is not None]
-        if counted:
-            raise Conflict(
-                f"clients {counted[:5]} are already counted in round {up.round_id} by another "
-                "upload",
-                "conflicting_update",
-            )
-        mean_loss = p.loss / len(p.client_ids)
-        for i, (c, n) in enumerate(zip(p.client_ids, p.n_samples, strict=True)):
-            blob = up.blobs[0] if i == 0 else None
-            batch.add_row(live, up.run_id, up.round_id, c, n, mean_loss, digest, blob)
-        return Stored(
-            [UploadResult(client_id=c, status="accepted") for c in p.client_ids],
-            [(digest, p)],
-            live.pk,
-            live.received,
-            live.cohort_size,
         )

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from fedrecgel.sam import PartialSum, Update
-
-#: a client's update, or a worker's partial sum (filed under its first client)
-Upload = Update | PartialSum
+from fedrecgel.upload_modes import Upload
 
 
 class PendingUpdates:

@@ -15,8 +15,8 @@ from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.config import ConfigError, RunParams
 from fedrecgel.model import ModelConfig
 from fedrecgel.privacy import ClientPrivacy, norm_bound, secret_generator, with_privacy
-from fedrecgel.sam import Update
 from fedrecgel.strategy import Strategy, update_norm
+from fedrecgel.upload_modes import Upload
 from services.aggregator.errors import Malformed
 from services.aggregator.repository import Repository
 
@@ -63,7 +63,7 @@ def private_strategy(strategy: Strategy, plan: PrivacyPlan | None, model: ModelC
     return with_privacy(strategy, plan, model.shared_shapes(), secret_generator())
 
 
-def check_upload(u: Update, params: RunParams, cohort_size: int, model: ModelConfig) -> None:
+def check_upload(u: Upload, params: RunParams, cohort_size: int, model: ModelConfig) -> None:
     """422 unless the upload is within the clipping norm (plus, in distributed mode, the tail
     bound of its noise share for this round's cohort)."""
     if params.dp_noise is None and params.target_epsilon is None:

@@ -13,18 +13,17 @@ import enum
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import numpy as np
 import torch
 
-from fedrecgel.model import ModelConfig
-from fedrecgel.robust import DEFAULT_FACTOR, all_finite, screen
-from fedrecgel.sam import PartialSum, Update
+from fedrecgel.robust import DEFAULT_FACTOR, all_finite
 from fedrecgel.secagg.protocol import RoundFailed
-from fedrecgel.strategy import combine_partials, partial_loss
-from fedrecgel.wire import decode_partial, decode_updates, encode_model, encode_state
+from fedrecgel.strategy import Strategy
+from fedrecgel.upload_modes import Aggregate, RoundUploads, Upload, UploadMode, mode_of
+from fedrecgel.wire import encode_model, encode_state
 from services.aggregator import deadlines, secagg
 from services.aggregator.db import Database
 from services.aggregator.events import RedisBus
@@ -41,6 +40,12 @@ from services.aggregator.storage import StorageKeeper
 from services.contract import ModelBlob
 
 log = logging.getLogger(__name__)
+
+#: a round's aggregate from the base version's strategy, the parameters' shapes and the
+#: public cohort size (a DP mean's denominator)
+Combine = Callable[[Strategy, dict[str, tuple[int, ...]], float | None], Aggregate | None]
+#: the clients a due round counts, and how to combine what they sent
+Gathered = tuple[int, Combine]
 
 
 class CloseOutcome(enum.StrEnum):
@@ -180,6 +185,7 @@ class RoundCloser:
         t0 = time.perf_counter()
         now = self.clock()
         aggregated: _Aggregated | None = None
+        n = 0
         try:
             with self.db.transaction() as s:
                 repo = Repository(s)
@@ -193,44 +199,18 @@ class RoundCloser:
                 assert run is not None
                 cfg = RunConfig.model_validate(run.config)
                 m = len(rnd.cohort)
-                if rnd.secagg_phase is not None:
-                    sa = SecAggRepository(s)
-                    if secagg.decide(sa, rnd, cfg, now) != secagg.Decision.CLOSE:
-                        raise _NotReady
-                    try:
-                        mean = secagg.unmask(sa, rnd, cfg)
-                    except RoundFailed as err:
-                        log.warning("round %d attempt %d: %s", rnd.round_id, rnd.attempt, err)
-                        n = sa.count(pk, "masked")
-                        new_attempt = self._retry(repo, run, cfg, rnd, now)
-                    else:
-                        n = mean.n
-                        aggregated = self._aggregate(repo, run, cfg, rnd, [], now, mean)
-                else:
-                    meta = repo.update_meta(pk)
-                    n = len(meta)
-                    if n < m and now < rnd.deadline:
-                        raise _NotReady
-                    if n == 0 or n < cfg.quorum_count(m):
-                        new_attempt = self._retry(repo, run, cfg, rnd, now)
-                    else:
-                        try:
-                            aggregated = self._aggregate(repo, run, cfg, rnd, meta, now)
-                        except _NonFinite as err:  # nothing kept: the state was taken out
-                            log.error("round %d attempt %d: %s", rnd.round_id, rnd.attempt, err)
-                            new_attempt = self._retry(repo, run, cfg, rnd, now)
+                try:
+                    n, combine = self._gather(repo, cfg, rnd, now)
+                    aggregated = self._aggregate(repo, run, cfg, rnd, now, combine)
+                except (RoundFailed, _NonFinite) as err:  # nothing kept: the state was taken out
+                    log.warning("round %d attempt %d: %s", rnd.round_id, rnd.attempt, err)
+                    new_attempt = self._retry(repo, run, cfg, rnd, now)
         except _NotReady:
             return CloseOutcome.NOT_READY
         self.pending.drop(pk)
         if aggregated is None:
             self.metrics.rounds_retried.inc()
-            log.warning(
-                "round %d: %d of %d updates at the deadline, below quorum; attempt %s",
-                rnd.round_id,
-                n,
-                m,
-                new_attempt,
-            )
+            log.warning("round %d: not aggregated; attempt %s", rnd.round_id, new_attempt)
             return CloseOutcome.RETRIED
         self.models.put_state(aggregated.state)
         self.models.remember(aggregated.blob)
@@ -268,30 +248,47 @@ class RoundCloser:
         )
         return nxt.attempt
 
+    def _gather(self, repo: Repository, cfg: RunConfig, rnd: Round, now: datetime) -> Gathered:
+        """Once the attempt is due: the clients it counts and how to combine what they sent
+        (:class:`_NotReady` before; :class:`RoundFailed` below quorum, or for a secure round
+        that cannot be unmasked). A round of the secure mode's phases is unmasked
+        (:mod:`services.aggregator.secagg`); any other reads back its stored uploads and
+        combines them as the run's upload mode does."""
+        m = len(rnd.cohort)
+        if rnd.secagg_phase is not None:
+            sa = SecAggRepository(repo.session)
+            if secagg.decide(sa, rnd, cfg, now) != secagg.Decision.CLOSE:
+                raise _NotReady
+            mean = secagg.unmask(sa, rnd, cfg)
+            return mean.n, lambda *_: mean
+        meta = repo.update_meta(rnd.id)
+        if len(meta) < m and now < rnd.deadline:
+            raise _NotReady
+        if not meta or len(meta) < cfg.quorum_count(m):
+            raise RoundFailed(f"{len(meta)} of {m} updates at the deadline, below quorum")
+        mode = mode_of(cfg, cfg.model(), self.screen_factor or None)
+        uploads = [u for _, u in self._round_uploads(repo, rnd.id, meta, mode)]
+        return len(meta), lambda strategy, shapes, public: mode.combine(
+            strategy, shapes, RoundUploads(rnd.round_id, uploads, public)
+        )
+
     def _aggregate(
         self,
         repo: Repository,
         run: Run,
         cfg: RunConfig,
         rnd: Round,
-        meta: list[tuple[int, str]],
         now: datetime,
-        secure: secagg.SecureMean | None = None,
+        combine: Combine,
     ) -> _Aggregated:
-        """strategy.round over the updates sorted by client id (or, with secure aggregation,
-        the server optimizer's step on the unmasked mean, as the simulator takes it); persist
-        version v+1."""
+        """The server step on the round's aggregate (``combine``'s, from the base version's
+        strategy), as the simulator takes it; persist version v+1."""
         mcfg = cfg.model()
         latest = repo.latest_version_number(run.id)
         if latest != rnd.base_version:
             raise RuntimeError(
                 f"round {rnd.round_id} was opened on version {rnd.base_version}, latest is {latest}"
             )
-        grouped = secure is None and cfg.upload_grouping == "worker"
-        partials = [p for _, p in self._round_partials(repo, rnd.id, meta, mcfg)] if grouped else []
-        updates = (
-            [] if secure is not None or grouped else self._round_updates(repo, rnd.id, meta, mcfg)
-        )
         # stepped in place below; back in the store only after the commit
         base = self.models.take_state(repo, run.id, rnd.base_version, cfg)
         params, strategy = base.params, base.strategy
@@ -300,15 +297,11 @@ class RoundCloser:
         public = len(rnd.cohort) if plan is not None and plan.sampling == "fixed" else None
         stage = self.metrics.stage_seconds
         with torch.no_grad(), stage.labels(stage="aggregate").time():
-            if secure is not None:
-                strategy.apply(params, secure.grads)
-            elif grouped:  # the workers' partial sums, in first-client order (the simulator's)
-                shapes = {k: tuple(v.shape) for k, v in params.items()}
-                strategy.apply(params, combine_partials(partials, shapes, cfg.weighting))
-            else:
-                screened = screen(updates, self.screen_factor or None)
-                updates, rnd.bounded = screened.updates, screened.bounded or None
-                strategy.round(params, updates, public)
+            shapes = {k: tuple(v.shape) for k, v in params.items()}
+            agg = combine(strategy, shapes, public)
+            assert agg is not None  # a round is aggregated with at least one upload
+            agg.apply(strategy, params)
+            rnd.bounded = agg.bounded or None
         version = rnd.base_version + 1
         state = strategy.state_dict()
         if not all_finite(params, state):
@@ -319,13 +312,8 @@ class RoundCloser:
         with stage.labels(stage="encode_model").time():
             blob = encode_model(mcfg, params, version)
         digest = hashlib.sha256(blob).hexdigest()
-        if secure is not None:
-            loss, n_updates = secure.loss, secure.n
-            SecAggRepository(repo.session).delete_round(rnd.id)
-        elif grouped:
-            loss, n_updates = partial_loss(partials), sum(len(p.client_ids) for p in partials)
-        else:
-            loss, n_updates = float(np.mean([u.loss for u in updates])), len(updates)
+        SecAggRepository(repo.session).delete_round(rnd.id)
+        loss, n_updates = agg.loss, agg.n
         repo.add_version(
             run.id,
             version,
@@ -354,52 +342,33 @@ class RoundCloser:
             None if plan is None else plan.epsilon(rnd.round_id),
         )
 
-    def _round_updates(
-        self, repo: Repository, pk: int, meta: list[tuple[int, str]], mcfg: ModelConfig
-    ) -> list[Update]:
-        """The round's updates in client-id order: from memory, else decoded from the DB."""
-        pending = self.pending.snapshot(pk)
-        out: dict[int, Update] = {}
-        missing = []
-        for client_id, digest in meta:
-            hit = pending.get(client_id)
-            if hit is not None and hit[0] == digest and isinstance(hit[1], Update):
-                out[client_id] = hit[1]
-            else:
-                missing.append(client_id)
-        if missing:
-            for client_id, blob in repo.update_blobs(pk, missing).items():
-                out[client_id] = decode_updates(blob, mcfg).updates[0]
-            log.info("decoded %d stored updates of round attempt %d", len(missing), pk)
-        return [out[c] for c, _ in meta]
-
-    def _round_partials(
-        self, repo: Repository, pk: int, meta: list[tuple[int, str]], mcfg: ModelConfig
-    ) -> list[tuple[str, PartialSum]]:
-        """``upload_grouping=worker``: the round's partial sums with their digests, in
-        first-client order (each is stored once, under its first client; its digest on every
-        client it covers): from memory, else decoded from the DB."""
+    def _round_uploads(
+        self, repo: Repository, pk: int, meta: list[tuple[int, str]], mode: UploadMode
+    ) -> list[tuple[str, Upload]]:
+        """The round's uploads with their digests, in first-client order (each is stored once,
+        under its first client; its digest on every client it covers): from memory, else
+        decoded from the DB."""
         firsts: dict[str, int] = {}
         for client_id, digest in meta:  # by client id: the first seen is the first covered
             firsts.setdefault(digest, client_id)
         pending = self.pending.snapshot(pk)
-        out: dict[int, tuple[str, PartialSum]] = {}
+        out: dict[int, tuple[str, Upload]] = {}
         missing: dict[int, str] = {}
         for digest, first in firsts.items():
             hit = pending.get(first)
-            if hit is not None and hit[0] == digest and isinstance(hit[1], PartialSum):
-                out[first] = (digest, hit[1])
+            if hit is not None and hit[0] == digest:
+                out[first] = hit
             else:
                 missing[first] = digest
         if missing:
             for first, blob in repo.update_blobs(pk, list(missing)).items():
-                out[first] = (missing[first], decode_partial(blob, mcfg).partial)
-            log.info("decoded %d stored partial sums of round attempt %d", len(missing), pk)
-        partials = [out[c] for c in sorted(out)]
-        covered = sum(len(p.client_ids) for _, p in partials)
+                out[first] = (missing[first], mode.decode(blob).uploads[0])
+            log.info("decoded %d stored updates of round attempt %d", len(missing), pk)
+        uploads = [out[c] for c in sorted(out)]
+        covered = sum(len(u.client_ids) for _, u in uploads)
         if covered != len(meta):
-            raise RuntimeError(f"round attempt {pk}: partial sums cover {covered} of {len(meta)}")
-        return partials
+            raise RuntimeError(f"round attempt {pk}: uploads cover {covered} of {len(meta)}")
+        return uploads
 
     def warm(self) -> None:
         """After a (re)start: rebuild the model state and the open round's updates from the DB."""
@@ -409,7 +378,6 @@ class RoundCloser:
             if run is None:
                 return
             cfg = RunConfig.model_validate(run.config)
-            mcfg = cfg.model()
             version = repo.latest_version_number(run.id)
             if version is not None:
                 self.models.state(repo, run.id, version, cfg)
@@ -419,14 +387,8 @@ class RoundCloser:
             if run.state == "running":  # no aggregator ran: the deadline did not run either
                 deadlines.resume_after_downtime(s, live, self.clock(), self.deadline_poll_s)
             meta = repo.update_meta(live.id)
-            kept: dict[int, tuple[str, Update | PartialSum]]
-            if cfg.upload_grouping == "worker":
-                kept = {
-                    p.client_id: (d, p) for d, p in self._round_partials(repo, live.id, meta, mcfg)
-                }
-            else:
-                updates = self._round_updates(repo, live.id, meta, mcfg)
-                kept = {u.client_id: (d, u) for (_, d), u in zip(meta, updates, strict=True)}
+            uploads = self._round_uploads(repo, live.id, meta, mode_of(cfg, cfg.model()))
+            kept = {u.client_id: (d, u) for d, u in uploads}
         self.pending.replace(live.id, kept)
         log.info(
             "resumed run %d round %d with %d acknowledged updates",

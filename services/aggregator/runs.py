@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 import numpy as np
 from sqlalchemy.exc import IntegrityError
 
-from fedrecgel.cohort import cohort_size, select_cohort
+from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig, init_shared
-from fedrecgel.secagg.fixedpoint import OverflowRefused
 from fedrecgel.server_strategy import strategy_of
+from fedrecgel.upload_modes import UploadMode, mode_of
 from fedrecgel.wire import encode_model, encode_state
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Malformed
@@ -43,11 +43,16 @@ class RunAction(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RunRef:
-    """The newest run as uploads need it: its id and model shape."""
+    """The newest run as uploads need it: its id, model shape and settings."""
 
     run_id: int
     model: ModelConfig
-    config: RunConfig | None = None  # its settings (the DP norm check reads them)
+    config: RunConfig
+
+    @property
+    def mode(self) -> UploadMode:
+        """The run's upload mode."""
+        return mode_of(self.config, self.model)
 
 
 class NewestRun:
@@ -108,19 +113,13 @@ def open_round(
     return rnd
 
 
-def check_secure_cohorts(cfg: RunConfig, n_clients: int) -> None:
-    """422 unless a secure-aggregation run's cohorts hold at least two clients and no cohort
-    (at most every registered client) can overflow the fixed-point ring."""
-    m = cohort_size(n_clients, cfg.fraction)
-    if m < 2:
-        raise Malformed(
-            f"secure aggregation needs cohorts of at least 2 clients; fraction {cfg.fraction:g} "
-            f"of {n_clients} registered clients gives {m}",
-            "invalid_config",
-        )
+def check_cohorts(cfg: RunConfig, n_clients: int) -> None:
+    """422 unless the run's upload mode takes its cohorts of ``n_clients`` registered clients
+    (a secure run's: at least two clients each, and none, at most every registered client,
+    can overflow the fixed-point ring)."""
     try:
-        cfg.secagg_fixed_point().check_cohort(n_clients)
-    except OverflowRefused as err:
+        mode_of(cfg, cfg.model()).check_cohorts(n_clients, n_clients)
+    except ValueError as err:
         raise Malformed(str(err), "invalid_config") from None
 
 
@@ -140,8 +139,7 @@ def check_before_start(cfg: RunConfig, n_clients: int) -> None:
     clients, checked without a database: a launcher asks before it starts any service."""
     check_settings(cfg)
     run_plan(_Counted(n_clients), cfg)  # type: ignore[arg-type]
-    if cfg.secure_aggregation != "off":
-        check_secure_cohorts(cfg, n_clients)
+    check_cohorts(cfg, n_clients)
 
 
 @dataclass
@@ -218,8 +216,7 @@ class RunLifecycle:
         with self.db.transaction() as s:
             self._check_can_start(Repository(s))
             plan = run_plan(Repository(s), cfg)  # 422 if its target epsilon cannot be met
-            if cfg.secure_aggregation != "off":
-                check_secure_cohorts(cfg, Repository(s).count_clients())
+            check_cohorts(cfg, Repository(s).count_clients())
         params = init_shared(mcfg, cfg.seed)
         strategy = strategy_of(cfg)
         strategy = private_strategy(strategy, plan, mcfg)

@@ -34,13 +34,13 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-from torch import Tensor
 
 from fedrecgel.secagg import crypto, messages, shamir
 from fedrecgel.secagg.aggregate import round_spec
 from fedrecgel.secagg.layout import unflatten, vector_length
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, RoundFailed, RoundSpec, Shares
 from fedrecgel.secagg.server import Outcome, Server
+from fedrecgel.upload_modes import Aggregate
 from fedrecgel.wire import WireError, load_json
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
@@ -69,15 +69,6 @@ class Decision:
     WAIT = "wait"  # neither complete nor past its deadline
     NEXT = "next"  # move on to the next phase
     CLOSE = "close"  # unmask and publish, or fail the attempt (too few clients)
-
-
-@dataclass(frozen=True)
-class SecureMean:
-    """An unmasked round: the survivors' mean gradient, mean loss, and how many they were."""
-
-    grads: dict[str, Tensor]
-    loss: float
-    n: int
 
 
 def is_secure(cfg: RunConfig) -> bool:
@@ -109,8 +100,8 @@ def decide(sa: SecAggRepository, rnd: Round, cfg: RunConfig, now: datetime) -> s
     return Decision.NEXT
 
 
-def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> SecureMean:
-    """The survivors' mean, from the stored messages and running sum; :class:`RoundFailed`
+def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> Aggregate:
+    """The survivors' mean (gradient, mean loss, how many they were), from the stored messages and running sum; :class:`RoundFailed`
     when the attempt did not reach the unmasking phase with enough clients, or a secret it
     needs cannot be recovered and checked (then no sum is output)."""
     if rnd.secagg_phase != "unmask":
@@ -139,7 +130,7 @@ def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> SecureMean:
             out.bad_shares,
             out.complaints,
         )
-    return SecureMean(grads, loss, len(out.survivors))
+    return Aggregate(grads, loss, len(out.survivors))
 
 
 def _digest(body: bytes) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fedrecgel.sam import PartialSum, Update
+from fedrecgel.upload_modes import Upload
 from services.aggregator.repository import Repository
 
 # Open attempts remembered across batches before the memory is emptied (refilled on demand).
@@ -22,19 +22,14 @@ class PendingUpload:
 
     run_id: int
     round_id: int
-    updates: list[Update]
+    uploads: list[Upload]
     digests: list[str]
-    blobs: list[bytes]  # what is stored per update: a one-update wire body
-    #: ``upload_grouping=worker``: the body's partial sum (``updates`` is then empty; its
-    #: digest and body are the one entry of ``digests`` and ``blobs``)
-    partial: PartialSum | None = None
+    blobs: list[bytes]  # what is stored per upload: a body of that upload alone
 
     @property
     def client_ids(self) -> list[int]:
-        """The clients the upload covers."""
-        if self.partial is not None:
-            return list(self.partial.client_ids)
-        return [u.client_id for u in self.updates]
+        """The clients the body's uploads cover."""
+        return [c for u in self.uploads for c in u.client_ids]
 
 
 class RoundRefusal(enum.StrEnum):
@@ -127,12 +122,6 @@ class UploadBatch:
             self._digests[key] = self.repo.update_digests(run_id, round_id, self._wanted[key])
         return self._digests[key].get(client_id)
 
-    def add(
-        self, live: LiveRound, run_id: int, round_id: int, u: Update, digest: str, blob: bytes
-    ) -> None:
-        """Queue one accepted update for :meth:`write`; later checks of the batch see it."""
-        self.add_row(live, run_id, round_id, u.client_id, u.n_samples, u.loss, digest, blob)
-
     def add_row(
         self,
         live: LiveRound,
@@ -144,8 +133,8 @@ class UploadBatch:
         digest: str,
         blob: bytes | None,
     ) -> None:
-        """Queue one client's row (``blob`` None: a client of a partial sum filed under
-        another); later checks of the batch see it."""
+        """Queue one client's row (``blob`` None: a client of an upload filed under another
+        of its clients); later checks of the batch see it."""
         self._rows.append(
             {
                 "round_pk": live.pk,

@@ -40,7 +40,7 @@ from fedrecgel.client_round import ClientRound
 from fedrecgel.data import Split, load_split
 from fedrecgel.privacy import ClientPrivacy
 from fedrecgel.sam import PrivateState, StepResult
-from fedrecgel.wire import encode_partial
+from fedrecgel.upload_modes import mode_of
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
@@ -212,7 +212,7 @@ class Worker:
             and version is not None
             and info.round_id is not None
         )
-        plain = cfg.secure_aggregation == "off"
+        plain = mode_of(cfg, cfg.model()).plain  # else the secure-aggregation phases
         if trains and plain and version is not None:
             # evaluates ``version`` itself, between its upload and its commit
             did = self.train(info, cfg, version) or did
@@ -292,11 +292,9 @@ class Worker:
         # simulator, whose numbers these are, runs without it)
         with self.timer.phase("compute"), torch.no_grad():
             state = self.store.load_states(todo)
-            if cfg.upload_grouping == "worker":  # one partial sum for all of them
-                return clients.partial_step(
-                    model.shared, round_id, todo, self._train_items, state, cfg.weighting
-                )
-            return clients.step(model.shared, round_id, todo, self._train_items, state)
+            users = np.asarray(todo, dtype=np.int64)
+            mode = mode_of(cfg, model.cfg)
+            return mode.produce(clients, model.shared, round_id, users, self._train_items, state)
 
     def _train_items(self, user_id: int) -> np.ndarray:
         """The local training items of an owned user."""
@@ -364,11 +362,10 @@ class Worker:
 
     def _send(self, r: int, todo: list[int], result: StepResult) -> dict[int, str]:
         """Encode and post the upload of ``todo`` for round ``r`` (in the upload thread)."""
+        assert self.run_cfg is not None
         with self.timer.phase("encode"):
-            if result.partial is not None:
-                bodies = [(list(todo), encode_partial(r, result.partial))]
-            else:
-                bodies = self.client.split_bodies(r, result.uploads)
+            mode = mode_of(self.run_cfg, self.run_cfg.model())
+            bodies = mode.bodies(r, result, self.client.split_bodies)
         with self.timer.phase("upload"):
             statuses, self._announced = self.client.upload_bodies_closing(r, bodies)
         return statuses
