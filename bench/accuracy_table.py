@@ -121,7 +121,7 @@ def settings_from(label: str, split: Split) -> str:
         return "paper"
     if label.startswith("default-"):
         return "default"
-    return f"tuned-{split.name}" if f"tuned-{split.name}" in stored(PRESETS_FILE) else "learned"
+    return f"tuned-{split.name}" if f"tuned-{split.name}" in stored(PRESETS_FILE) else "default"
 
 
 def reuse_default(key: str, label: str, cfg: TrainConfig, path: Path) -> bool:
