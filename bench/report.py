@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+from typing import Any
 
 from bench import (
     diagnosis_report,
@@ -219,7 +221,55 @@ def compose() -> list[str]:
         f"{data['compose_up_to_first_closed_round_seconds']:.1f} s | <= "
         f"{data['up_to_first_closed_round_target_seconds']:.0f} s | "
         f"{'yes' if first_ok else 'no'} |",
+        *_compose_phases(data),
     ]
+
+
+def _compose_phases(data: dict[str, Any]) -> list[str]:
+    """Where a worker's round goes under each, when the runs recorded it (medians over runs
+    of each run's median over its worker-rounds)."""
+    kinds = {"compose": "compose", "loopback": "`fedrec up`"}
+    phases: dict[str, dict[str, float]] = {}
+    for kind in kinds:
+        runs = [r["worker_phases"] for r in data["runs"][kind] if r.get("worker_phases")]
+        if not runs:
+            return []
+        keys = {k for r in runs for k in r}
+        phases[kind] = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
+    names = [
+        n
+        for n in (
+            "poll",
+            "wait",
+            "download",
+            "compute",
+            "encode",
+            "upload",
+            "commit",
+            "evaluate",
+            "report",
+        )
+        if any(phases[k].get(n, 0.0) >= 0.005 for k in kinds)
+    ]
+    lines = [
+        "",
+        "Where a worker's round goes (seconds, median over a run's worker-rounds after the "
+        "first, then over runs; *wall / CPU*: CPU of the thread that ran the phase; upload, "
+        "encode and report overlap other phases; *span*: from the poll answer the round "
+        "started from to the worker's end of it; *round*: the steady round time above):",
+        "",
+        "| phase | " + " | ".join(kinds.values()) + " |",
+        "|---|" + "---|" * len(kinds),
+    ]
+    for n in names:
+        cells = [
+            f"{phases[k].get(n, 0.0):.2f} / {phases[k].get('cpu_' + n, 0.0):.2f}" for k in kinds
+        ]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("| span | " + " | ".join(f"{phases[k]['span']:.2f}" for k in kinds) + " |")
+    rounds = (data["compose_round_seconds"], data["loopback_round_seconds"])
+    lines.append("| round | " + " | ".join(f"{r:.2f}" for r in rounds) + " |")
+    return lines
 
 
 def fuzzing() -> list[str]:
