@@ -309,6 +309,8 @@ def main() -> None:
             "workers": 2,
             "worker_torch_threads": threads,
             "compose": "postgres + redis + aggregator + 2 workers + recommend-api (+ demo)",
+            # the compose file's default, or what FEDREC_AGGREGATOR_REPLICAS asked for
+            "aggregator_replicas": int(os.environ.get("FEDREC_AGGREGATOR_REPLICAS", "3")),
             "loopback": "fedrec up: sqlite + 2 workers + recommend-api, redis for events",
         },
         "machine": {

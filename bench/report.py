@@ -206,7 +206,8 @@ def compose() -> list[str]:
         "",
         f"FilmTrust, {cfg['rounds']} rounds, fraction {cfg['fraction']}, {cfg['workers']} workers "
         f"with {cfg['worker_torch_threads']} torch thread(s) each; compose: {cfg['compose']}; "
-        f"loopback: {cfg['loopback']}. Engine {machine['docker_engine']}, Compose "
+        f"loopback: {cfg['loopback']}; aggregator replicas under compose: "
+        f"{cfg.get('aggregator_replicas', 3)}. Engine {machine['docker_engine']}, Compose "
         f"{machine['compose']}, {machine['cpus']} cores (1-min load at the end "
         f"{machine['load_avg_1m_at_end']:.1f}); medians of {len(data['runs']['compose'])} "
         "alternating runs each. Round time: steady state from the aggregator's clock.",
@@ -221,21 +222,32 @@ def compose() -> list[str]:
         f"{data['compose_up_to_first_closed_round_seconds']:.1f} s | <= "
         f"{data['up_to_first_closed_round_target_seconds']:.0f} s | "
         f"{'yes' if first_ok else 'no'} |",
-        *_compose_phases(data),
+        *_compose_phases(data, load_result(RES / "compose_vs_loopback_1replica.json")),
     ]
 
 
-def _compose_phases(data: dict[str, Any]) -> list[str]:
+def _median_phases(runs: list[dict[str, Any]]) -> dict[str, float]:
+    keys = {k for r in runs for k in r}
+    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
+
+
+def _compose_phases(data: dict[str, Any], one: dict[str, Any] | None) -> list[str]:
     """Where a worker's round goes under each, when the runs recorded it (medians over runs
-    of each run's median over its worker-rounds)."""
+    of each run's median over its worker-rounds); ``one``: the same measurement with one
+    aggregator replica, when it ran."""
     kinds = {"compose": "compose", "loopback": "`fedrec up`"}
     phases: dict[str, dict[str, float]] = {}
-    for kind in kinds:
+    rounds = {"compose": data["compose_round_seconds"], "loopback": data["loopback_round_seconds"]}
+    for kind in ("compose", "loopback"):
         runs = [r["worker_phases"] for r in data["runs"][kind] if r.get("worker_phases")]
         if not runs:
             return []
-        keys = {k for r in runs for k in r}
-        phases[kind] = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
+        phases[kind] = _median_phases(runs)
+    if one is not None and all(r.get("worker_phases") for r in one["runs"]["compose"]):
+        replicas = one["config"].get("aggregator_replicas", 1)
+        kinds["one"] = f"compose, {replicas} replica (run {len(one['runs']['compose'])}x)"
+        phases["one"] = _median_phases([r["worker_phases"] for r in one["runs"]["compose"]])
+        rounds["one"] = one["compose_round_seconds"]
     names = [
         n
         for n in (
@@ -267,8 +279,20 @@ def _compose_phases(data: dict[str, Any]) -> list[str]:
         ]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines.append("| span | " + " | ".join(f"{phases[k]['span']:.2f}" for k in kinds) + " |")
-    rounds = (data["compose_round_seconds"], data["loopback_round_seconds"])
-    lines.append("| round | " + " | ".join(f"{r:.2f}" for r in rounds) + " |")
+    lines.append("| round | " + " | ".join(f"{rounds[k]:.2f}" for k in kinds) + " |")
+    c, u = phases["compose"], phases["loopback"]
+    most = max(names, key=lambda n: c.get(n, 0.0) - u.get(n, 0.0))
+    extra = c.get(most, 0.0) - u.get(most, 0.0)
+    extra_cpu = c.get("cpu_" + most, 0.0) - u.get("cpu_" + most, 0.0)
+    extra_compute = c.get("cpu_compute", 0.0) - u.get("cpu_compute", 0.0)
+    lines += [
+        "",
+        f"The phase that grows most under compose: {most}, {extra:+.2f} s of wall time a round "
+        f"for {extra_cpu:+.3f} s of CPU (the worker waiting on the aggregator's answer, not "
+        f"computing); the cohort step's CPU differs by {extra_compute:+.3f} s. Compose's "
+        "aggregator writes to PostgreSQL behind the haproxy balancer, `fedrec up`'s to SQLite "
+        "directly.",
+    ]
     return lines
 
 
