@@ -200,6 +200,13 @@ docker image ls "$BALANCER_IMAGE" --format '{{.Repository}}:{{.Tag}} {{.Size}}'
 new_dangling=$(comm -13 <(echo "$dangling_before") <(docker images -q -f dangling=true | sort -u) |
   grep -vxF -f <(echo "${replaced:-none}") || true)
 [ -z "$new_dangling" ] || fail "the build left dangling images: $new_dangling"
+# the images the tags named before the build, now untagged: removed unless a container uses one
+for old in $replaced; do
+  if docker images -q -f dangling=true | grep -qx "$old"; then
+    docker image rm "$old" >/dev/null 2>&1 && echo "removed the replaced image $old" ||
+      echo "kept the replaced image $old (a container uses it)"
+  fi
+done
 echo "no dangling image left by the build"
 
 # ---------------------------------------------------------------- 5. the demo
