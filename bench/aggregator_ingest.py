@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 
 from bench.bench_cli import child_command, writable_file
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 from fedrecgel.wire import encode_updates
 from harness.loopback import free_port
 from services.enrolment import enrolment_token

@@ -41,7 +41,7 @@ from sqlalchemy import event
 
 from bench.bench_cli import positive, writable_file
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import PartialSum
+from fedrecgel.uploads import PartialSum
 from fedrecgel.wire import encode_partial
 from harness.aggregator import AggregatorFactory, operator_headers, register, service_of
 from services.aggregator import db

@@ -226,7 +226,7 @@ def child_ray(workload: str, nodes: int) -> dict[str, Any]:
 
     import fedrecgel.ray_backend as rb
     from fedrecgel.ray_shard import ShardData
-    from fedrecgel.sam import PartialSum
+    from fedrecgel.uploads import PartialSum
 
     dataset, clients, rounds = WORKLOADS[workload]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -39,8 +39,9 @@ from fedrecgel.data import load_split
 from fedrecgel.model import ModelConfig
 from fedrecgel.native import ops as native
 from fedrecgel.reference import reference_client_step
-from fedrecgel.sam import PrivateState, Update
+from fedrecgel.sam import PrivateState
 from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.uploads import Update
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "roofline.json"

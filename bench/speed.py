@@ -34,8 +34,9 @@ from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
 from fedrecgel.reference import reference_client_step
-from fedrecgel.sam import PrivateState, Update, cohort_step
+from fedrecgel.sam import PrivateState, cohort_step
 from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.uploads import Update
 
 ROOT = Path(__file__).resolve().parents[1]
 

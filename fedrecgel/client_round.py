@@ -24,7 +24,6 @@ from fedrecgel.model import ModelConfig
 from fedrecgel.privacy import ClientPrivacy, privatize, secret_generator, seeded_generator
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.sam import (
-    PartialSum,
     PrivateState,
     SAMConfig,
     StepResult,
@@ -33,6 +32,7 @@ from fedrecgel.sam import (
 )
 from fedrecgel.sampling import cohort_samples
 from fedrecgel.strategy import partial_weights
+from fedrecgel.uploads import PartialSum
 
 #: a client's training item indices, by user id
 TrainItems = Callable[[int], np.ndarray]

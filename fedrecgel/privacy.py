@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from fedrecgel.accountant import PrivacyPlan
-from fedrecgel.sam import Update
 from fedrecgel.strategy import Strategy, Wrapped, scaled, update_norm
+from fedrecgel.uploads import Update
 
 #: relative slack of the server's norm check (float32 rounding of the client's scaling)
 NORM_TOLERANCE = 1e-4

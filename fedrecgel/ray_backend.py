@@ -36,9 +36,9 @@ import numpy as np
 from fedrecgel.data import Split
 from fedrecgel.metrics import means
 from fedrecgel.ray_shard import CrashPhase, ShardActor, ShardData
-from fedrecgel.sam import PartialSum
 from fedrecgel.simulate import Simulator, TrainConfig, _add
 from fedrecgel.upload_modes import RoundUploads
+from fedrecgel.uploads import PartialSum
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ from fedrecgel.data import Split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import ModelConfig, Scorer
 from fedrecgel.private_store import PrivateStore
-from fedrecgel.sam import PartialSum, PrivateState, SAMConfig
+from fedrecgel.sam import PrivateState, SAMConfig
+from fedrecgel.uploads import PartialSum
 
 #: where a shard actor can be made to kill its own process (fault-injection tests)
 CrashPhase = Literal["train", "commit"]

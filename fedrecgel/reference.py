@@ -13,7 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import PrivateState, SAMConfig, Update
+from fedrecgel.sam import PrivateState, SAMConfig
+from fedrecgel.uploads import Update
 
 
 class NCFModule(nn.Module):

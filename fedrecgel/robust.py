@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from fedrecgel.config import ServerMean
-from fedrecgel.sam import PartialSum, Update
 from fedrecgel.strategy import Strategy, Wrapped, scaled, update_norm
+from fedrecgel.uploads import PartialSum, Update
 
 #: the largest magnitude an uploaded value may have: its square (about 1e36) and the sum of
 #: a cohort's squares stay far below float32's largest value (3.4e38)

@@ -22,7 +22,7 @@ from fedrecgel.config import OptimizerName as OptimizerName  # re-exported
 from fedrecgel.config import ServerUpdate as ServerUpdate  # re-exported
 from fedrecgel.config import Weighting as Weighting  # re-exported
 from fedrecgel.model import ITEM_TABLES
-from fedrecgel.sam import PartialSum, Update
+from fedrecgel.uploads import PartialSum, Update
 
 
 def aggregate_gradients(

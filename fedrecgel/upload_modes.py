@@ -31,9 +31,10 @@ from fedrecgel.cohort import cohort_size
 from fedrecgel.config import RunParams, UploadGrouping
 from fedrecgel.model import ModelConfig
 from fedrecgel.robust import screen
-from fedrecgel.sam import PartialSum, PrivateState, StepResult, Update
+from fedrecgel.sam import PrivateState, StepResult
 from fedrecgel.secagg.aggregate import secure_mean
 from fedrecgel.strategy import Strategy, combine_partials, partial_loss, partial_rows
+from fedrecgel.uploads import PartialSum, Update
 from fedrecgel.wire import (
     PARTIAL_FORMAT,
     UPDATES_FORMAT,

@@ -32,7 +32,7 @@ from safetensors.torch import load as st_load
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import PartialSum, Update
+from fedrecgel.uploads import PartialSum, Update
 
 
 def st_save(tensors: dict[str, Tensor], metadata: dict[str, str] | None = None) -> bytes:

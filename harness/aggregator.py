@@ -20,8 +20,8 @@ from fedrecgel.data import Split
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.private_store import PrivateStore
-from fedrecgel.sam import Update
 from fedrecgel.simulate import TrainConfig
+from fedrecgel.uploads import Update
 from fedrecgel.wire import encode_updates
 from services.aggregator.app import create_app
 from services.aggregator.models import utcnow

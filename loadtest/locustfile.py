@@ -33,7 +33,7 @@ import torch
 from locust import HttpUser, between, task
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_model, encode_updates
 
 CFG = ModelConfig(

@@ -22,8 +22,8 @@ import numpy as np
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig, init_shared
-from fedrecgel.sam import Update
 from fedrecgel.strategy import Strategy, make_strategy
+from fedrecgel.uploads import Update
 from fedrecgel.wire import WireError, decode_updates, encode_model
 from services.client_sim.settings import WorkerSettings
 from services.contract import (

@@ -17,11 +17,11 @@ from torch import Tensor
 
 from fedrecgel.config import RunParams
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
 from fedrecgel.secagg.layout import flatten, unflatten, vector_length
 from fedrecgel.secagg.local import Faults, secure_sum
 from fedrecgel.secagg.protocol import RoundSpec
 from fedrecgel.strategy import clip_update
+from fedrecgel.uploads import Update
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 
 
 def vector_length(cfg: ModelConfig) -> int:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from fedrecgel import wire
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_model, encode_updates
 from services.contract import (
     MODEL_VERSION_HEADER,

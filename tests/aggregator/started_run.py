@@ -10,7 +10,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 from tests.support.aggregator import (
     bearer,
     current_cohort,

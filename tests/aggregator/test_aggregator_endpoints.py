@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import init_shared
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_model
 from tests.aggregator.started_run import MODEL, RUN, Ctx, make_updates
 from tests.support.aggregator import (

@@ -21,8 +21,8 @@ import torch
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from fedrecgel.sam import Update
 from fedrecgel.strategy import scaled
+from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_model, decode_state, encode_updates
 from services.aggregator.models import OPTIMIZER_STATE, Round
 from services.aggregator.repository import Repository

@@ -15,8 +15,8 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save as st_save
 
-from fedrecgel.sam import PartialSum
 from fedrecgel.strategy import combine_partials, make_strategy, partial_loss
+from fedrecgel.uploads import PartialSum
 from fedrecgel.wire import decode_model, encode_partial
 from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.started_run import MODEL, RUN, make_updates

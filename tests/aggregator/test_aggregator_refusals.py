@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 from fedrecgel.wire import encode_updates
 from tests.aggregator.started_run import MODEL, Ctx, make_updates
 from tests.support.aggregator import upload_headers

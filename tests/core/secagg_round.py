@@ -7,11 +7,11 @@ from typing import NamedTuple
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data.types import Split
-from fedrecgel.sam import Update
 from fedrecgel.secagg.aggregate import round_spec
 from fedrecgel.secagg.protocol import Client, RoundSpec
 from fedrecgel.secagg.server import Server
 from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.uploads import Update
 
 
 class FirstRound(NamedTuple):

@@ -31,10 +31,10 @@ from fedrecgel.privacy import (
     update_norm,
     with_privacy,
 )
-from fedrecgel.sam import Update
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.strategy import make_strategy
 from fedrecgel.synthetic import synthetic_split
+from fedrecgel.uploads import Update
 
 SHAPES = {"item_gmf": (300, 8), "tower.0.weight": (16, 8), "tower.0.bias": (16,)}
 

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from fedrecgel.config import RunParams
 from fedrecgel.model import ModelConfig
 from fedrecgel.robust import RobustMean, robust_mean
-from fedrecgel.sam import Update
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import ClipUpdates, FedAvgGradients, aggregate_gradients
+from fedrecgel.uploads import Update
 from tests.support.aggregator import random_update
 
 CFG = ModelConfig(n_items=40, factor=4, layers=2)

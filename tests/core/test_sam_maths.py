@@ -8,7 +8,6 @@ from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import (
     PrivateState,
     SAMConfig,
-    Update,
     chunk_weights,
     client_rng,
     client_samples,
@@ -24,6 +23,7 @@ from fedrecgel.strategy import (
     aggregate_gradients,
     make_strategy,
 )
+from fedrecgel.uploads import Update
 
 
 def _mf_single(rho_sh: float, rho_ns: float):

@@ -11,13 +11,13 @@ import torch
 
 from fedrecgel.config import DEFAULTS
 from fedrecgel.model import ModelConfig, init_shared
-from fedrecgel.sam import Update
 from fedrecgel.secagg import crypto, shamir
 from fedrecgel.secagg.fixedpoint import FixedPoint, OverflowRefused
 from fedrecgel.secagg.layout import flatten, unflatten, vector_length
 from fedrecgel.secagg.local import Faults, secure_sum
 from fedrecgel.secagg.protocol import Client, RoundFailed, RoundSpec
 from fedrecgel.secagg.server import Server
+from fedrecgel.uploads import Update
 
 COHORT = tuple(range(3, 3 + 2 * 12, 2))  # 12 clients, non-contiguous ids
 LENGTH = 500

@@ -16,7 +16,7 @@ ENCODE = """
 import hashlib
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.wire import encode_model, encode_updates, decode_model
-from fedrecgel.sam import Update
+from fedrecgel.uploads import Update
 import torch
 
 cfg = ModelConfig(n_items=60, kind="ncf", factor=4, layers=2)
