@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedrecgel.secagg.fixedpoint import FixedPoint
+from fedrecgel.fixedpoint import FixedPoint
 
 ModelKind = Literal["ncf", "mf"]
 Weighting = Literal["mean", "samples"]

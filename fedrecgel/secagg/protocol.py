@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedrecgel.fixedpoint import FixedPoint
 from fedrecgel.secagg import crypto, shamir
-from fedrecgel.secagg.fixedpoint import FixedPoint
 
 
 class RoundFailed(RuntimeError):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fedrecgel.config import DEFAULTS
+from fedrecgel.fixedpoint import FixedPoint, OverflowRefused
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.secagg import crypto, shamir
-from fedrecgel.secagg.fixedpoint import FixedPoint, OverflowRefused
 from fedrecgel.secagg.layout import flatten, unflatten, vector_length
 from fedrecgel.secagg.local import Faults, secure_sum
 from fedrecgel.secagg.protocol import Client, RoundFailed, RoundSpec
