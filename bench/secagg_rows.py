@@ -9,10 +9,10 @@ negatives (4 per positive, uniform over the items it never interacted with, draw
 cancel only on coordinates that every pair masks alike, so a mask over "the rows a round
 touches" must cover the union of the cohort's rows (announced to the server, which then learns
 each client's rows unless they are padded), and a fixed row budget with padding must cover at
-least the largest client's rows. For each data set, over ``--rounds`` cohorts of the default
-fraction (0.1, drawn as the simulator draws them on seed 0): rows per client, the largest
-client's rows, the union of the round's rows, and the union of the positives alone, against
-the catalogue. Writes ``bench/results/secagg_rows.json``.
+least the largest client's rows. For each data set, over the first ``--rounds`` rounds' cohorts
+of the default fraction (0.1) as the simulator draws them on seed 0 (the same cohorts and
+each client's own random stream): rows per client, the largest client's rows, the union of
+the round's rows, and the union of the positives alone, against the catalogue. Writes ``bench/results/secagg_rows.json``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ import numpy as np
 
 from bench.accuracy_diagnosis import load
 from bench.bench_cli import default_data_dir, run
-from fedrecgel.cohort import cohort_size
+from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.config import DEFAULTS
+from fedrecgel.sam import client_rng
 from fedrecgel.sampling import cohort_samples
 
 OUT = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_rows.json"
@@ -36,16 +37,15 @@ OUT = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_rows.j
 def measure(key: str, data_dir: Path, rounds: int, seed: int = 0) -> dict[str, Any]:
     """The row counts of ``rounds`` cohorts of data set ``key``."""
     split = load(key, data_dir)
-    rng = np.random.default_rng(seed)
-    cohort = cohort_size(split.n_users, DEFAULTS.fraction)
+    everyone = np.arange(split.n_users, dtype=np.int64)
     per_client: list[int] = []
     largest: list[int] = []
     union: list[int] = []
     positives: list[int] = []
-    for _ in range(rounds):
-        users = rng.choice(split.n_users, size=cohort, replace=False)
+    for r in range(1, rounds + 1):
+        users = select_cohort(everyone, DEFAULTS.fraction, seed, r)
         pos = [split.user_train(int(u)) for u in users]
-        streams = [np.random.default_rng([seed, int(u)]) for u in users]
+        streams = [client_rng(seed, r, int(u)) for u in users]
         samples = cohort_samples(pos, split.n_items, DEFAULTS.n_negatives, streams)
         rows = [np.unique(items) for items, _ in samples]
         per_client += [len(r) for r in rows]
@@ -56,7 +56,7 @@ def measure(key: str, data_dir: Path, rounds: int, seed: int = 0) -> dict[str, A
         "dataset": key,
         "items": split.n_items,
         "users": split.n_users,
-        "cohort": cohort,
+        "cohort": cohort_size(split.n_users, DEFAULTS.fraction),
         "rounds": rounds,
         "rows_per_client_mean": float(np.mean(per_client)),
         "rows_largest_client_mean": float(np.mean(largest)),
