@@ -4,10 +4,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+from fedrecgel.presets import PRESETS_FILE, stored
 
 ROOT = Path(__file__).resolve().parents[1]
 RES = ROOT / "bench" / "results"
@@ -34,6 +37,12 @@ ROWS = (
     ("tuned-fedmf", "tuned FedMF"),
 )
 SEEDS = 3
+
+
+@functools.cache
+def shipped() -> dict[str, dict[str, Any]]:
+    """The presets the package ships (read once per report)."""
+    return stored(PRESETS_FILE)
 
 
 def cell(key: str, label: str) -> list[dict[str, Any]]:
@@ -81,8 +90,7 @@ def _settings(runs: list[dict[str, Any]]) -> str:
     source = runs[0]["settings_from"]
     if runs[0].get("same_as"):
         source += f"; the {runs[0]['same_as']} runs"
-    shipped = json.loads((ROOT / "fedrecgel" / "presets.json").read_text())
-    if source.startswith("tuned-") and source not in shipped:
+    if source.startswith("tuned-") and source not in shipped():
         source += ", a preset since withdrawn: not what `--preset tuned` gives now"
     local = f", {s['local_steps']} local steps" if s.get("local_steps") else ""
     return (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.accuracy_report import ACC, DOCS, RES, ROOT, cell, reproduction
+from bench.accuracy_report import ACC, DOCS, RES, cell, reproduction, shipped
 
 
 def studies() -> list[str]:
@@ -52,8 +52,7 @@ def _against_default(key: str, best: dict[str, Any]) -> str:
     (``bench/default_rule.py``'s grid), and whether the study's best beats it: a study that
     does not is no reason to ship a preset of its own."""
     path = RES / "default_rule" / f"{key.replace('/', '-')}.json"
-    presets = json.loads((ROOT / "fedrecgel" / "presets.json").read_text())
-    chosen = presets["default"]["rule"]["candidate"]
+    chosen = shipped()["default"]["rule"]["candidate"]
     if not path.exists():
         return ""
     entry = json.loads(path.read_text())["grid"].get(f"{key}|{chosen}")

@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any, cast
 
-from bench.accuracy_report import _pm, _vals, cell, central
+from bench.accuracy_report import _pm, _vals, cell, central, shipped
 from fedrecgel.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,12 +380,11 @@ def tuned_targets() -> list[str]:
     """The same targets at ``--preset tuned``: a data set's own preset (chosen by its study
     on validation items only), else the defaults; cells run with a preset since withdrawn
     are left out (they are not what ``--preset tuned`` gives)."""
-    shipped = json.loads((ROOT / "fedrecgel" / "presets.json").read_text())
     rows = []
     for key in TARGET_KEYS:
         runs = cell(key, "tuned-fedrecgel")
         source = runs[0]["settings_from"] if runs else ""
-        if source.startswith("tuned-") and source not in shipped:
+        if source.startswith("tuned-") and source not in shipped():
             continue
         fed = statistics.fmean(_vals(runs, "selected", "hr@10")) if runs else None
         pop, _ = _mean(key, "popularity")
