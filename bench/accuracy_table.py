@@ -98,10 +98,11 @@ def same_settings(stored_config: dict[str, Any], cfg: TrainConfig) -> bool:
     """Whether a stored run's config trains what ``cfg`` trains. A setting the stored config
     lacks did not exist when it ran: the run had that setting's default, which is the
     paper's behaviour, as every added setting's default is."""
+    defaults = asdict(TrainConfig())
     for name, want in asdict(cfg).items():
         if name in EXECUTION_ONLY or name == "seed":
             continue
-        have = stored_config.get(name, getattr(TrainConfig(), name))
+        have = stored_config.get(name, defaults[name])
         if isinstance(want, float) and isinstance(have, (int, float)):
             if not math.isclose(want, have, rel_tol=1e-9, abs_tol=1e-12):
                 return False
