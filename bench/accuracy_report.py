@@ -254,10 +254,9 @@ def section() -> list[str]:
         "with it), so its comparison with popularity is close but not on identical candidates.",
         "",
     ]
-    presets_file = ROOT / "fedrecgel" / "presets.json"
-    if presets_file.exists():
+    if shipped():
         lines += ["Shipped presets (`fedrecgel/presets.json`):", ""]
-        for name, p in json.loads(presets_file.read_text()).items():
+        for name, p in shipped().items():
             if "rule" in p:  # the default preset: chosen across data sets, not by a study
                 lines.append(
                     f"- `{name}`: {p['settings']}; {p['rule']['chosen_by']} "
