@@ -52,9 +52,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_cli import positive, writable_file
 from harness.loopback import free_port, redis_server
+from harness.postgres import pg_bindir, postgres_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,12 +217,47 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
 # ---------------------------------------------------------------- loopback
 
 
-def loopback_run(rounds: int) -> dict[str, Any]:
-    """``fedrec up`` (SQLite, local processes) with a throw-away redis-server for events."""
+def aggregator_stages(agg_url: str) -> dict[str, dict[str, float]]:
+    """The aggregator's own account of where its time went over the run, from its Prometheus
+    histograms: per stage of an upload or a close (``fedrec_agg_stage_seconds``: validate,
+    commit, aggregate, encode_model, publish) and the whole close
+    (``fedrec_agg_round_close_seconds``), the count and mean seconds; empty when the
+    aggregator was already gone."""
+    try:
+        text = httpx.get(f"{agg_url}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return {}
+    families = {m.name: m for m in text_string_to_metric_families(text)}
+    found: dict[str, dict[str, float]] = {}
+    for family, label in (
+        ("fedrec_agg_stage_seconds", "stage"),
+        ("fedrec_agg_round_close_seconds", None),
+    ):
+        if family not in families:
+            continue
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        for sample in families[family].samples:
+            key = sample.labels.get(label, "") if label else "close"
+            if sample.name.endswith("_sum"):
+                sums[key] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[key] = sample.value
+        for key, count in counts.items():
+            if count:
+                found[key] = {"count": count, "mean_seconds": sums.get(key, 0.0) / count}
+    return found
+
+
+def loopback_run(rounds: int, postgres: bool = False) -> dict[str, Any]:
+    """``fedrec up`` (local processes) with a throw-away redis-server for events; the
+    aggregator on SQLite, or with ``postgres`` on a throw-away PostgreSQL cluster (default
+    settings, as the compose file's) to tell the database's share from the containers'."""
     fedrec = Path(sys.executable).with_name("fedrec")
     with (
         tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
         redis_server(Path(tmp)) as redis,
+        postgres_cluster() if postgres else contextlib.nullcontext() as pg,
     ):
         agg_port = free_port()
         cmd = [
@@ -240,6 +277,7 @@ def loopback_run(rounds: int) -> dict[str, Any]:
             str(Path(tmp) / "up"),
             "--redis-url",
             redis.url,
+            *(["--database-url", pg.url()] if pg is not None else []),
         ]
         log = open(Path(tmp) / "fedrec-up.log", "wb")  # noqa: SIM115 - closed below
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -251,6 +289,7 @@ def loopback_run(rounds: int) -> dict[str, Any]:
                     raise RuntimeError(f"fedrec up exited with {proc.returncode}:\n{tail}")
 
             watch = watch_run(f"http://127.0.0.1:{agg_port}", rounds, alive)
+            stages = aggregator_stages(f"http://127.0.0.1:{agg_port}")
             proc.wait(timeout=300)
         finally:
             if proc.poll() is None:
@@ -260,7 +299,11 @@ def loopback_run(rounds: int) -> dict[str, Any]:
         workers = "\n".join(
             p.read_text(errors="replace") for p in sorted((Path(tmp) / "up").glob("worker*.log"))
         )
-    return {**summarise(watch, rounds), "worker_phases": worker_phases(workers)}
+    return {
+        **summarise(watch, rounds),
+        "worker_phases": worker_phases(workers),
+        "aggregator_stages": stages,
+    }
 
 
 def main() -> None:
@@ -271,13 +314,15 @@ def main() -> None:
     parser.add_argument("--out", type=writable_file, default=RESULTS)
     args = parser.parse_args()
     threads = max(1, (os.cpu_count() or 1) // 2)  # what `fedrec up` gives each of 2 workers
-    runs: dict[str, list[dict[str, Any]]] = {"compose": [], "loopback": []}
+    # fedrec up on PostgreSQL too where its binaries are here: the database's share
+    kinds = ("compose", "loopback") + (("loopback_postgres",) if pg_bindir() else ())
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for i in range(args.repeats):
-        for kind in ("compose", "loopback"):
+        for kind in kinds:
             run = (
                 compose_run(args.rounds, threads)
                 if kind == "compose"
-                else loopback_run(args.rounds)
+                else loopback_run(args.rounds, postgres=kind == "loopback_postgres")
             )
             runs[kind].append(run)
             print(
@@ -292,6 +337,11 @@ def main() -> None:
             )
     compose_round = statistics.median(r["round_seconds"] for r in runs["compose"])
     loop_round = statistics.median(r["round_seconds"] for r in runs["loopback"])
+    pg_round = (
+        statistics.median(r["round_seconds"] for r in runs["loopback_postgres"])
+        if runs.get("loopback_postgres")
+        else None
+    )
     ratio = compose_round / loop_round
     up_first = statistics.median(r["up_to_first_closed_round_seconds"] for r in runs["compose"])
     docker = subprocess.run(
@@ -323,6 +373,8 @@ def main() -> None:
         "compose_round_seconds": compose_round,
         "loopback_round_seconds": loop_round,
         "round_ratio": ratio,
+        # fedrec up with its aggregator on PostgreSQL: compose's database without containers
+        "loopback_postgres_round_seconds": pg_round,
         "round_ratio_target": TARGET,
         "round_ratio_within_target": ratio <= TARGET,
         "compose_up_to_first_closed_round_seconds": up_first,

@@ -118,6 +118,13 @@ def up(
     redis_url: Annotated[
         str | None, typer.Option(help="Use this Redis for events.")
     ] = _UP.redis_url,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            help="The aggregator's database as a SQLAlchemy URL (e.g. "
+            "postgresql+psycopg://user@host/db); default: SQLite in --workdir."
+        ),
+    ] = _UP.database_url,
     recommend: Annotated[
         bool, typer.Option(help="Also start the recommendation API.")
     ] = _UP.recommend,
@@ -137,6 +144,13 @@ def up(
         shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
         console.print(f"preset {preset}: {shown}", highlight=False)
     run = {**run, **chosen}
+    if database_url is not None:
+        from services.url_settings import check_database_url
+
+        try:
+            check_database_url(database_url)
+        except ValueError as err:
+            raise fail(f"--database-url: {err}") from None
     opts = UpOptions(
         run=checked(run),
         data_dir=data_dir,
@@ -148,6 +162,7 @@ def up(
         dashboard_port=dashboard_port,
         workdir=workdir,
         redis_url=redis_url,
+        database_url=database_url,
         recommend=recommend,
         keep_running=keep_running,
     )

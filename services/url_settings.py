@@ -36,7 +36,8 @@ _DATABASE_URL_FORMS = (
 )
 
 
-def _database_url(url: str) -> str:
+def check_database_url(url: str) -> str:
+    """``url`` when SQLAlchemy can parse it and has its driver here, else ValueError saying why."""
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -86,7 +87,7 @@ HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 #: an optional Redis URL setting
 RedisUrl = Annotated[str | None, AfterValidator(_redis_url)]
 #: an SQLAlchemy database URL setting
-DatabaseUrl = Annotated[str, AfterValidator(_database_url)]
+DatabaseUrl = Annotated[str, AfterValidator(check_database_url)]
 
 
 def describe_settings(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:

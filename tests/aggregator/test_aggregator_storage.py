@@ -346,6 +346,30 @@ def test_postgres_vacuums_the_tables_the_pass_frees(
     assert min(vacuumed.values()) >= 1, vacuumed
 
 
+@pytest.mark.postgres
+def test_postgres_stores_the_blobs_uncompressed(postgres_url: str) -> None:
+    """Float tensors do not compress: the blob columns are EXTERNAL (out of line, no pglz
+    attempt on every insert); a downgrade gives them PostgreSQL's default back."""
+    query = text(
+        "SELECT c.relname || '.' || a.attname, a.attstorage FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid WHERE a.atttypid = 'bytea'::regtype "
+        "AND c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace"
+    )
+    with alembic_connection(postgres_url) as (conn, cfg):
+        command.upgrade(cfg, "head")
+        storage = dict(conn.execute(query).tuples().all())
+        command.downgrade(cfg, "0007")
+        downgraded = dict(conn.execute(query).tuples().all())
+    # every bytea column of the schema, none missed
+    assert storage == {
+        "update_blobs.blob": "e",
+        "version_blobs.blob": "e",
+        "secagg_messages.body": "e",
+        "secagg_totals.total": "e",
+    }, storage
+    assert set(downgraded.values()) == {"x"}, downgraded
+
+
 def test_closes_in_quick_succession_share_one_background_pass(tmp_path: Path) -> None:
     """Each pass costs queries whatever it frees: the thread runs at most one per gap, and
     stopping it does not wait the gap out."""

@@ -243,6 +243,24 @@ def test_a_worker_count_past_what_one_machine_holds_is_refused_before_starting(
     assert not workdir.exists()  # nothing was started
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [("not a url", "not a database URL"), ("mysql+nodriver://h/db", "no database driver")],
+)
+def test_a_database_url_that_cannot_be_used_is_refused_before_starting(
+    tmp_path: Path, url: str, why: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from services.cli import app
+
+    workdir = tmp_path / "up"
+    r = CliRunner().invoke(app, ["up", "--database-url", url, "--workdir", str(workdir)])
+    assert r.exit_code == 2, r.output
+    assert f"--database-url: {why}" in r.output
+    assert not workdir.exists()  # nothing was started
+
+
 def test_clearing_a_work_directory_removes_only_the_launchers_own_files(tmp_path: Path) -> None:
     from services.supervise import clear_workdir
 
