@@ -9,8 +9,9 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from services.aggregator.auth import Credentials, Unauthorized
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
+from services.aggregator.auth import Credentials
+from services.aggregator.errors import Unauthorized
 from tests.aggregator.started_run import start_run
 from tests.support.aggregator import bearer
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
+from harness.aggregator import AggregatorFactory
 from services.aggregator import evaluation_repository
 from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.repository import Repository
-from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import bearer, operator_headers, register, report_sums
 
 N = 2400  # two credentials of 1200 clients: each report spans two IN lists of 1000

@@ -24,9 +24,9 @@ from sqlalchemy import select
 from fedrecgel.strategy import scaled
 from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_model, decode_state, encode_updates
+from harness.aggregator import AggregatorFactory
 from services.aggregator.models import OPTIMIZER_STATE, Round
 from services.aggregator.repository import Repository
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.scenarios import TRAIN, small_split, start_run
 from tests.support.aggregator import (
     FederatedDriver,

@@ -18,7 +18,7 @@ from safetensors.torch import save as st_save
 from fedrecgel.strategy import combine_partials, make_strategy, partial_loss
 from fedrecgel.uploads import PartialSum
 from fedrecgel.wire import decode_model, encode_partial
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
 from tests.aggregator.started_run import MODEL, RUN, make_updates
 from tests.support.aggregator import bearer, operator_headers, register, upload_headers
 

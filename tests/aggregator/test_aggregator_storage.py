@@ -17,10 +17,10 @@ from sqlalchemy import text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import decode_model, encode_updates
+from harness.aggregator import AggregatorFactory
 from services.aggregator.db import Database
 from services.aggregator.settings import Settings
 from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeeper
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.migrating import alembic_connection, at_revision
 from tests.support.aggregator import (
     bearer,

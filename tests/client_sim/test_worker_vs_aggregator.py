@@ -4,6 +4,7 @@ process) and reproduce the in-process simulator."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from services.client_sim.loop import follow_rounds
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
+from tests.client_sim.conftest import LiveAggregator
 from tests.client_sim.worker_run import run_body, train_config
 from tests.support.aggregator import ENROLMENT_SECRET, OPERATOR_TOKEN
 
@@ -24,7 +26,7 @@ N_USERS = 60
 
 
 @pytest.fixture()
-def aggregator(live_aggregator):
+def aggregator(live_aggregator: LiveAggregator):
     with live_aggregator(population=N_USERS, deadline_poll_s=0.2) as url:
         yield url
 
@@ -43,7 +45,9 @@ WIDER = {
 
 
 @pytest.mark.parametrize("extra", [{}, WIDER], ids=["paper", "wider-settings"])
-def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggregator, extra):
+def test_two_workers_three_rounds_over_http_match_the_simulator(
+    tmp_path: Path, aggregator, extra
+) -> None:
     split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
     workers = [
         Worker(

@@ -42,7 +42,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / max(float(want.norm()), 1e-30))
 
 
-def test_layout_chunk_weights_and_pairs():
+def test_layout_chunk_weights_and_pairs() -> None:
     _, _, _, _, samples = _cohort("ncf")
     lay = make_layout(samples, 70, chunk_size=16)
     for c, (a, b) in enumerate(lay.spans()):
@@ -55,7 +55,7 @@ def test_layout_chunk_weights_and_pairs():
 
 
 @pytest.mark.parametrize("kind", ["ncf", "mf"])
-def test_forward_gives_the_models_logits(kind):
+def test_forward_gives_the_models_logits(kind: str) -> None:
     cfg, shared, _, state, samples = _cohort(kind)
     lay = make_layout(samples, cfg.n_items, 128)
     ig = shared["item_gmf"][lay.items]
@@ -77,7 +77,7 @@ def test_forward_gives_the_models_logits(kind):
 @pytest.mark.parametrize("rho", [(0.02, 0.02), (0.0, 0.05), (0.3, 0.0)])
 @pytest.mark.parametrize("weighting", ["mean", "samples"])
 @pytest.mark.parametrize("group", [1 << 15, 40])
-def test_aggregate_path_equals_the_sum_of_uploads(kind, rho, weighting, group):
+def test_aggregate_path_equals_the_sum_of_uploads(kind: str, rho, weighting: str, group) -> None:
     cfg, shared, users, state, samples = _cohort(kind)
     hp = SAMConfig(rho_sh=rho[0], rho_ns=rho[1], chunk_size=16, max_batch_samples=group)
     per_client = cohort_step(cfg, shared, users, state, samples, hp)
@@ -96,7 +96,7 @@ def test_aggregate_path_equals_the_sum_of_uploads(kind, rho, weighting, group):
     np.testing.assert_allclose(fused.losses, per_client.losses, rtol=1e-6)
 
 
-def test_simulator_paths_agree_and_bit_identity_stays_selectable():
+def test_simulator_paths_agree_and_bit_identity_stays_selectable() -> None:
     split = synthetic_split(n_users=60, n_items=150, interactions_per_user=12.0, seed=4)
     cfg = TrainConfig(rounds=1, fraction=0.5, factor=8, layers=2, eval_every=0)
     fast = Simulator(split, cfg)
@@ -105,7 +105,7 @@ def test_simulator_paths_agree_and_bit_identity_stays_selectable():
     for sim in (fast, exact):
         inner = sim.strategy.apply
 
-        def spy(params, grads, *rest, inner=inner):
+        def spy(params, grads, *rest, inner=inner) -> None:
             seen.append({k: v.clone() for k, v in grads.items()})
             inner(params, grads, *rest)
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
-from services.launcher import Proc
+from services.restarts import Proc
 from services.supervise import Stopped, locked_workdir, stop_on_signals
 from tests.support.loopback import bindable, free_port
 

@@ -386,7 +386,9 @@ def test_a_port_outside_tcp_is_a_settings_error(port: int) -> None:
         Settings(environment="development", port=port, workers=1)
 
 
-def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> None:
+def test_the_server_refuses_a_placeholder_token_with_a_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import subprocess
     import sys
 
@@ -402,7 +404,7 @@ def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> N
     assert "Traceback" not in r.stderr
 
 
-def test_candidate_stage_settings_reach_the_ranking(monkeypatch) -> None:
+def test_candidate_stage_settings_reach_the_ranking(monkeypatch: pytest.MonkeyPatch) -> None:
     from services.recommend_api.app import holder_from_settings
 
     monkeypatch.setenv("FEDREC_REC_ANN_INDEX", "ivf")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -142,7 +144,7 @@ def test_failed_load_keeps_the_old_model_and_counts() -> None:
     assert holder.load_bytes(encode_model(cfg, shared, 2)) and holder.version == 2
 
 
-def test_labels_file_is_read_in_index_order(tmp_path) -> None:
+def test_labels_file_is_read_in_index_order(tmp_path: Path) -> None:
     path = tmp_path / "items.txt"
     path.write_text("x9\ny7\nz5\n", encoding="utf-8")
     assert read_labels_file(path) == ["x9", "y7", "z5"]
@@ -187,7 +189,9 @@ def test_shortlist_then_rerank_recalls_exact_top_10() -> None:
 
 
 @pytest.mark.parametrize("index", ["flat", "scan"])
-def test_exact_option_ranks_the_whole_catalogue_past_the_index(monkeypatch, index) -> None:
+def test_exact_option_ranks_the_whole_catalogue_past_the_index(
+    monkeypatch: pytest.MonkeyPatch, index: str
+) -> None:
     if index == "flat" and not faiss_available():
         pytest.skip("faiss-cpu is not installed")
     cfg, shared = _model(3_000, scale=30.0)
@@ -218,7 +222,9 @@ def test_exact_option_ranks_the_whole_catalogue_past_the_index(monkeypatch, inde
 
 
 @pytest.mark.parametrize("index", ["flat", "scan"])
-def test_a_new_version_swaps_in_with_its_index_complete(monkeypatch, index) -> None:
+def test_a_new_version_swaps_in_with_its_index_complete(
+    monkeypatch: pytest.MonkeyPatch, index: str
+) -> None:
     """While a new version's index is being built (held half-way here), every request is
     answered by the old version with its complete index; then the new one serves, whole."""
     import threading
@@ -254,7 +260,7 @@ def test_a_new_version_swaps_in_with_its_index_complete(monkeypatch, index) -> N
 
     monkeypatch.setattr(ranking, "top_k", spy_top_k)
     building, release = threading.Event(), threading.Event()
-    real_build = ranking.build_shortlist
+    real_build = build_shortlist
 
     def slow_build(scorer, config):
         index = real_build(scorer, config)
@@ -313,7 +319,9 @@ def test_candidate_stage_follows_catalogue_size_and_setting() -> None:
     assert holder.snapshot.shortlist.min_candidates == 123
 
 
-def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(monkeypatch) -> None:
+def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cfg, shared = _model(3_000, scale=30.0)
     holder = _holder(
         cfg, shared, ann_threshold=0, ann_shortlist=100, ann_index="scan", ann_scan_candidates=200
