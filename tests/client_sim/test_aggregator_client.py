@@ -223,7 +223,8 @@ def test_register_keeps_the_token_for_later_calls() -> None:
         httpx.Response(200, json={"state": "idle"}),
     )
     client = AggregatorClient("http://agg", transport=httpx.MockTransport(rec))
-    assert client.register(np.array([1, 3]), "enrol-token") == "secret"
+    # numpy ids (as a worker holds them) go out as plain JSON integers
+    assert client.register(np.array([1, 3]), "enrol-token") == "secret"  # type: ignore[arg-type]
     assert rec.requests[0].headers["Authorization"] == "Bearer enrol-token"
     assert json.loads(rec.bodies[0]) == {"client_ids": [1, 3]}
     client.current_round()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from fedrecgel.data import Split
 from services.client_sim.cli import settings_from_args
@@ -37,7 +38,7 @@ def test_the_device_api_listens_on_loopback_unless_told_and_then_needs_a_token(
     for host in ("0.0.0.0", "10.1.2.3", "worker-0"):
         with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
             WorkerSettings(http_port=8710, http_host=host)
-    s = WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
+    s = WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=SecretStr(DEVICE_TOKEN))
     assert s.device_token is not None and s.device_token.get_secret_value() == DEVICE_TOKEN
     (tmp_path / "device_token").write_text(DEVICE_TOKEN + "\n")
     flags = ["--http-port", "8710", "--http-host", "0.0.0.0"]
@@ -48,7 +49,7 @@ def test_the_device_api_listens_on_loopback_unless_told_and_then_needs_a_token(
 @pytest.mark.parametrize("token", ["REPLACE_ME", "changethis", "short"])
 def test_a_placeholder_device_token_is_refused(tmp_path: Path, token: str) -> None:
     with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
-        WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=token)
+        WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=SecretStr(token))
     (tmp_path / "t").write_text(token)
     with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
         WorkerSettings(device_token_file=tmp_path / "t")

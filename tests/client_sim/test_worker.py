@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import SecretStr
 
 from fedrecgel.data import Split
 from fedrecgel.metrics import means
@@ -61,7 +62,7 @@ def _worker(
     s = WorkerSettings(
         shard=shard,
         shards=shards,
-        enrolment_token=enrolment_for(shard, shards),
+        enrolment_token=SecretStr(enrolment_for(shard, shards)),
         dataset="synthetic",
         store=str(tmp_path / f"w{shard}.db"),
         **settings,

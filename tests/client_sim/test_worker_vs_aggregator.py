@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from pydantic import SecretStr
 
 from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
@@ -55,7 +56,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
                 aggregator=aggregator,
                 shard=i,
                 shards=2,
-                enrolment_token=enrolment_token(ENROLMENT_SECRET, i, 2),
+                enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
                 dataset="synthetic",
                 store=str(tmp_path / f"worker-{i}.db"),
                 poll_min_s=0.01,

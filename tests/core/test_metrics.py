@@ -14,7 +14,7 @@ from fedrecgel.metrics import (
     per_user_metrics,
     rank_of_positive,
 )
-from fedrecgel.model import ModelConfig, Scorer, init_private, init_shared
+from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_private, init_shared
 
 
 def test_rank_counts_negatives_scored_at_least_as_high() -> None:
@@ -61,7 +61,7 @@ def test_metric_sums_over_a_tiny_mf_model() -> None:
     ],
 )
 def test_fast_evaluation_gives_the_reference_logits_and_metrics(
-    kind: str, n_users: int, batch: int, layers: int
+    kind: ModelKind, n_users: int, batch: int, layers: int
 ) -> None:
     """The evaluation path (:func:`candidate_logits` in chunks of users, metric_sums in
     batches) against the reference: :meth:`Scorer.score` over all users at once, ranks and

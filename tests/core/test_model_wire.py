@@ -1,6 +1,7 @@
 """Model initialisation, scoring paths that must agree, and the safetensors codec."""
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_private, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
+from fedrecgel.uploads import Update
 from fedrecgel.wire import (
     WireError,
     decode_model,
@@ -67,12 +69,12 @@ def test_model_round_trip_through_safetensors() -> None:
     assert all(torch.equal(back[k], shared[k]) for k in shared)
 
 
-def _updates(n: int = 2):
+def _updates(n: int = 2) -> list[Update]:
     shared = init_shared(CFG, 0)
     users = np.arange(n)
     state = PrivateState.fresh(CFG, 0, users)
     samples = [
-        client_samples(np.array([1, 2, 3]), CFG.n_items, 4, client_rng(0, 1, u)) for u in users
+        client_samples(np.array([1, 2, 3]), CFG.n_items, 4, client_rng(0, 1, int(u))) for u in users
     ]
     return cohort_step(CFG, shared, users, state, samples, SAMConfig()).uploads
 
@@ -88,7 +90,11 @@ def test_updates_round_trip_and_digest_is_stable() -> None:
     assert update_digest(6, ups[0]) != dec.digests[0]
 
 
-def _tamper(body: bytes, fn) -> bytes:
+#: changes the tensors and the metadata of a decoded body in place
+Mutation = Callable[[dict[str, torch.Tensor], dict[str, str]], object]
+
+
+def _tamper(body: bytes, fn: Mutation) -> bytes:
     from safetensors.torch import load, save
 
     header_len = int.from_bytes(body[:8], "little")
@@ -125,7 +131,7 @@ def _tamper(body: bytes, fn) -> bytes:
         ),
     ],
 )
-def test_bad_updates_are_refused_with_a_reason(mutate, message) -> None:
+def test_bad_updates_are_refused_with_a_reason(mutate: Mutation, message: str) -> None:
     body = _tamper(encode_updates(1, _updates(1)), mutate)
     with pytest.raises(WireError, match=message):
         decode_updates(body, CFG)
@@ -154,7 +160,7 @@ def _with_updates_meta(text: str) -> bytes:
         ('{"n_samples": 5}', "needs client_id"),
     ],
 )
-def test_update_metadata_is_read_strictly(entry, message) -> None:
+def test_update_metadata_is_read_strictly(entry: str, message: str) -> None:
     # a lenient reading would crash on infinity or take 0.7, true or "0" for client 0
     with pytest.raises(WireError, match=message):
         decode_updates(_with_updates_meta(f"[{entry}]"), CFG)
@@ -167,7 +173,7 @@ def test_deeply_nested_metadata_is_refused_not_a_crash() -> None:
 
 
 @pytest.mark.parametrize("text", ["-1", "01", " 1", "1.0", "2147483648", "9" * 5000, "x"])
-def test_the_round_of_a_body_is_a_plain_bounded_integer(text) -> None:
+def test_the_round_of_a_body_is_a_plain_bounded_integer(text: str) -> None:
     body = _tamper(encode_updates(1, _updates(1)), lambda t, m: m.__setitem__("round", text))
     with pytest.raises(WireError, match="round must be a decimal integer"):
         decode_updates(body, CFG)

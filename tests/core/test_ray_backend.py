@@ -87,7 +87,7 @@ def _assert_checkpoints_hold(folder: Path, want: Simulator, rounds: int) -> None
 
 
 def test_the_ray_run_is_the_simulators_bit_for_bit(
-    local_ray: Any, reference, tmp_path: Path
+    local_ray: Any, reference: tuple[Simulator, RunResult], tmp_path: Path
 ) -> None:
     from fedrecgel.ray_backend import RaySimulator
 
@@ -103,7 +103,7 @@ def test_the_ray_run_is_the_simulators_bit_for_bit(
 
 
 def test_actors_killed_mid_run_restart_from_their_checkpoints_and_end_the_same(
-    local_ray: Any, reference, tmp_path: Path
+    local_ray: Any, reference: tuple[Simulator, RunResult], tmp_path: Path
 ) -> None:
     """Shard 0's process dies in round 2 after computing its partial sum, shard 1's in round 3
     with its new checkpoint written but not renamed; shard 0's actor is ended by ``ray.kill``

@@ -26,7 +26,15 @@ from fedrecgel.strategy import (
 from fedrecgel.uploads import Update
 
 
-def _mf_single(rho_sh: float, rho_ns: float):
+def _mf_single(
+    rho_sh: float, rho_ns: float
+) -> tuple[
+    ModelConfig,
+    dict[str, torch.Tensor],
+    PrivateState,
+    list[tuple[np.ndarray, np.ndarray]],
+    SAMConfig,
+]:
     """MF with one user, 3 items, one positive (item 1) and one negative (item 2)."""
     cfg = ModelConfig(n_items=3, kind="mf", factor=2)
     shared = {"item_gmf": torch.tensor([[0.0, 0.0], [0.5, -1.0], [1.0, 2.0]])}
@@ -37,7 +45,7 @@ def _mf_single(rho_sh: float, rho_ns: float):
     return cfg, shared, state, samples, hp
 
 
-def _mf_grads(u: torch.Tensor, v: torch.Tensor):
+def _mf_grads(u: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Analytic gradients of mean BCE over (item 1, label 1), (item 2, label 0) for MF."""
     s1, s2 = torch.sigmoid(u @ v[1]), torch.sigmoid(u @ v[2])
     # loss = 0.5 * (bce(s1, 1) + bce(s2, 0)); d/dlogit = (s - y) / 2
@@ -120,7 +128,9 @@ def test_client_samples_put_negatives_after_each_positive_and_avoid_seen_items()
     assert (again == items).all()
 
 
-def _plain_client_samples(positives, n_items, n_negatives, rng):
+def _plain_client_samples(
+    positives: np.ndarray, n_items: int, n_negatives: int, rng: np.random.Generator
+) -> np.ndarray:
     """The sampling rule written plainly: redraw every negative that is a seen item or
     repeats an earlier negative of its row, until none does."""
     pos = rng.permutation(np.asarray(positives, dtype=np.int64))
@@ -262,7 +272,7 @@ def test_server_adam_matches_torch_adam() -> None:
 
 def test_server_sgd_and_adaptive_optimizers_take_effect() -> None:
     for name in ("sgd", "fedadam", "fedyogi", "fedadagrad"):
-        s = make_strategy(name, lr=0.1)  # type: ignore[arg-type]
+        s = make_strategy(name, lr=0.1)
         params = {"item_gmf": torch.zeros(4, 1), "predict.bias": torch.zeros(1)}
         s.round(params, [_update(1, [0], [[1.0]], -1.0)])
         assert float(params["item_gmf"][0, 0]) < 0 and float(params["predict.bias"][0]) > 0, name

@@ -1,12 +1,14 @@
 """The simulator: reproducible, equal to the per-client loop reference, options take effect."""
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from fedrecgel.cohort import select_cohort
+from fedrecgel.config import UploadGrouping
 from fedrecgel.data import load_split
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.reference import reference_client_step
@@ -91,7 +93,7 @@ def test_cohort_is_seeded_sorted_and_sized() -> None:
         {"server_weight_decay": 3.0},
     ],
 )
-def test_every_option_takes_effect(change) -> None:
+def test_every_option_takes_effect(change: dict[str, Any]) -> None:
     # three rounds: Adam's first step does not depend on its betas
     base = Simulator(SPLIT, replace(SMALL, rounds=3)).run()
     other = Simulator(SPLIT, replace(SMALL, rounds=3, **change)).run()
@@ -126,7 +128,7 @@ def test_training_learns_filmtrust_far_beyond_a_random_ranking() -> None:
 def test_bad_options_are_refused() -> None:
     for bad in ({"fraction": 0.0}, {"rounds": 0}, {"rho_sh": -1.0}, {"method": "nope"}):
         with pytest.raises(ValueError):
-            Simulator(SPLIT, replace(SMALL, **bad))  # type: ignore[arg-type]
+            Simulator(SPLIT, replace(SMALL, **bad))
 
 
 def test_best_test_and_validation_selected_figures() -> None:
@@ -182,7 +184,9 @@ def test_sharded_simulator_computes_the_same_maths() -> None:
 
 
 @pytest.mark.parametrize("grouping", ["client", "worker"])
-def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(grouping: str) -> None:
+def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(
+    grouping: UploadGrouping,
+) -> None:
     """Poisson sampling may draw nobody (documented); the weighted sum inside the backward
     divided by zero clients, and the partial sums had none to combine."""
     cfg = replace(SMALL, sampling="poisson", fraction=1e-6, rounds=2, upload_grouping=grouping)

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 import torch
+from pydantic import SecretStr
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.wire import encode_model
@@ -363,11 +364,15 @@ def test_a_placeholder_aggregator_token_is_refused_unless_in_development(token: 
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN"):
-        Settings(aggregator_token=token, workers=1)  # production is the default
+        Settings(aggregator_token=SecretStr(token), workers=1)  # production is the default
     with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN"):
-        Settings(environment="test", aggregator_token=token, workers=1)
-    assert Settings(environment="development", aggregator_token=token, workers=1).aggregator_token
-    assert Settings(aggregator_token="a-real-reader-token-0123456789", workers=1).aggregator_token
+        Settings(environment="test", aggregator_token=SecretStr(token), workers=1)
+    assert Settings(
+        environment="development", aggregator_token=SecretStr(token), workers=1
+    ).aggregator_token
+    assert Settings(
+        aggregator_token=SecretStr("a-real-reader-token-0123456789"), workers=1
+    ).aggregator_token
 
 
 def test_a_mistyped_redis_url_is_a_settings_error() -> None:
