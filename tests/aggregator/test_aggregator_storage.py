@@ -332,7 +332,7 @@ def test_postgres_vacuums_the_tables_the_pass_frees(
     service.storage.free()
     service.storage.compactor.run()
     with service.db.read() as s:
-        vacuumed = dict(
+        vacuumed: dict[str, int] = dict(
             s.execute(
                 text(
                     "SELECT relname, vacuum_count FROM pg_stat_user_tables WHERE relname IN "
@@ -353,7 +353,12 @@ def test_closes_in_quick_succession_share_one_background_pass(tmp_path: Path) ->
     db.migrate()
     keeper = StorageKeeper(db, RetentionPolicy(), compact_interval_s=3600)
     passes = threading.Semaphore(0)
-    keeper.maintain = lambda: bool(passes.release())  # type: ignore[method-assign]
+
+    def counted_pass() -> bool:
+        passes.release()
+        return False
+
+    keeper.maintain = counted_pass  # type: ignore[method-assign]
     keeper.start(poll_s=3600, min_gap_s=3600)
     assert passes.acquire(timeout=10)  # the first pass, at start
     for _ in range(20):  # rounds closing during the gap

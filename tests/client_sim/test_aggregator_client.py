@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from fedrecgel import wire
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
+from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_updates, encode_model, update_digest
 from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
 from services.retry import RetryPolicy
@@ -35,7 +38,9 @@ class Recorder:
         return answer
 
 
-def _client(handler, **kw) -> tuple[AggregatorClient, list[float]]:
+def _client(
+    handler: Callable[[httpx.Request], httpx.Response], **kw: Any
+) -> tuple[AggregatorClient, list[float]]:
     waits: list[float] = []
     retry = RetryPolicy(
         retries=kw.pop("retries", 3), backoff_s=0.1, max_backoff_s=0.25, sleep=waits.append
@@ -46,7 +51,7 @@ def _client(handler, **kw) -> tuple[AggregatorClient, list[float]]:
     return client, waits
 
 
-def _updates(n: int = 6):
+def _updates(n: int = 6) -> list[Update]:
     shared = init_shared(CFG, 0)
     users = np.arange(n)
     hp = SAMConfig(chunk_size=8)
@@ -56,7 +61,7 @@ def _updates(n: int = 6):
             rng.choice(50, size=int(rng.integers(3, 12)), replace=False),
             50,
             hp.n_negatives,
-            client_rng(0, 1, u),
+            client_rng(0, 1, int(u)),
         )
         for u in range(n)
     ]

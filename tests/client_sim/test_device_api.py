@@ -4,6 +4,7 @@ answers and how it refuses."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -48,7 +49,10 @@ def test_recommendations_are_recommend_api_answer_for_the_users_own_vector(
         [LABELS[i] for i in train],
     )
     assert body["model_version"] == 4
-    assert [(it["item"], pytest.approx(it["score"])) for it in body["items"]] == expected.items
+    got: list[tuple[str, object]] = [
+        (it["item"], pytest.approx(it["score"])) for it in body["items"]
+    ]
+    assert got == expected.items
     assert not {it["item"] for it in body["items"]} & {LABELS[i] for i in train}
     assert set(body) == {"model_version", "items"}  # never the user vector
 
@@ -112,7 +116,7 @@ def test_unreachable_or_refusing_recommend_api_is_502(tmp_path: Path, split: Spl
     def refuses(request: httpx.Request) -> httpx.Response:
         return httpx.Response(422, json={"error": "unknown_items", "detail": "'film-1'"})
 
-    async def go(handler) -> httpx.Response:
+    async def go(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.Response:
         async with worker_api(settings_for(tmp_path), store, httpx.MockTransport(handler)) as c:
             return await c.get("/v1/users/0/recommendations")
 

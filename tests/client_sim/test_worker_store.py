@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,7 @@ def test_interactions_round_trip(tmp_path: Path, split: Split) -> None:
     assert np.array_equal(data.test_items, split.test_items[users])
     assert np.array_equal(data.test_negatives, split.test_negatives[users])
     assert data.val_items is not None and data.val_negatives is not None
+    assert split.val_items is not None and split.val_negatives is not None
     assert np.array_equal(data.val_items, split.val_items[users])
     assert np.array_equal(data.val_negatives, split.val_negatives[users])
 
@@ -213,10 +215,10 @@ def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
     store.save_states([1, 4], _random_state(2, seed=7), None, None)
     newer = _random_state(2, seed=8)
     read_done, save_done = threading.Event(), threading.Event()
-    builder_reads = []
+    builder_reads: list[Sequence[int]] = []
     real_read, real_saved = store._load_from_db, store._mirror_saved
 
-    def read_then_let_the_save_in(user_ids):
+    def read_then_let_the_save_in(user_ids: Sequence[int]) -> PrivateState:
         state = real_read(user_ids)
         if threading.current_thread().name == "builder" and not builder_reads:
             builder_reads.append(user_ids)
@@ -226,7 +228,7 @@ def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
             save_done.wait(timeout=1.0)
         return state
 
-    def saved(user_ids, state) -> None:
+    def saved(user_ids: Sequence[int], state: PrivateState) -> None:
         real_saved(user_ids, state)
         save_done.set()
 
@@ -380,7 +382,7 @@ def test_a_reset_of_every_owned_user_is_the_mirror_without_a_read(
     store.reset_states([1, 4, 7], fresh)
     real_read = store._load_from_db
 
-    def no_read(user_ids) -> None:
+    def no_read(user_ids: Sequence[int]) -> None:
         raise AssertionError("read from the file")
 
     monkeypatch.setattr(store, "_load_from_db", no_read)

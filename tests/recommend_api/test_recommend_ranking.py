@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from fedrecgel.model import ModelConfig, forward_batched, init_shared
+from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_shared
 from fedrecgel.wire import encode_model
 from services.recommend_api.errors import InvalidRequest, InvalidUserVector, NoModel, UnknownItems
-from services.recommend_api.ranking import ModelHolder, RankingConfig, read_labels_file
+from services.recommend_api.ranking import ModelHolder, RankingConfig, Snapshot, read_labels_file
 from services.recommend_api.shortlist import (
     ProxyShortlist,
     ScanShortlist,
+    Shortlist,
     ShortlistConfig,
     build_shortlist,
     faiss_available,
 )
 
 
-def _model(n_items: int, seed: int = 0, scale: float = 1.0) -> tuple[ModelConfig, dict]:
+def _model(
+    n_items: int, seed: int = 0, scale: float = 1.0
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     cfg = ModelConfig(n_items=n_items, factor=8, layers=3)
     shared = init_shared(cfg, seed)
     shared["item_gmf"] *= scale
@@ -36,7 +40,9 @@ def _user(cfg: ModelConfig, seed: int, scale: float = 1.0) -> dict[str, list[flo
     }
 
 
-def _brute_force(cfg: ModelConfig, shared: dict, user: dict[str, list[float]]) -> np.ndarray:
+def _brute_force(
+    cfg: ModelConfig, shared: dict[str, torch.Tensor], user: dict[str, list[float]]
+) -> np.ndarray:
     """Logits of every item with the training forward pass (no precomputation)."""
     private = {n: torch.tensor(v)[None, :] for n, v in user.items()}
     rows = {t: shared[t][None, :, :] for t in cfg.item_tables()}
@@ -45,7 +51,9 @@ def _brute_force(cfg: ModelConfig, shared: dict, user: dict[str, list[float]]) -
         return forward_batched(cfg, private, rows, dense, per_client_dense=False)[0].numpy()
 
 
-def _holder(cfg: ModelConfig, shared: dict, version: int = 3, **kw) -> ModelHolder:
+def _holder(
+    cfg: ModelConfig, shared: dict[str, torch.Tensor], version: int = 3, **kw: Any
+) -> ModelHolder:
     holder = ModelHolder(RankingConfig(**kw), labels=kw.pop("labels", None))
     holder.swap(holder.build(cfg, shared, version))
     return holder
@@ -200,11 +208,14 @@ def test_exact_option_ranks_the_whole_catalogue_past_the_index(
     )
     snap = holder.snapshot
     assert snap is not None and snap.shortlist is not None
-    searches = []
+    searches: list[int] = []
     real_search = snap.shortlist.search
-    monkeypatch.setattr(
-        snap.shortlist, "search", lambda p, n: searches.append(n) or real_search(p, n)
-    )
+
+    def counted_search(p: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+        searches.append(n)
+        return real_search(p, n)
+
+    monkeypatch.setattr(snap.shortlist, "search", counted_search)
     for seed in range(3):
         user = _user(cfg, seed, scale=0.3)
         ref = _brute_force(cfg, shared, user)
@@ -246,15 +257,17 @@ def test_a_new_version_swaps_in_with_its_index_complete(
     seen: list[tuple[int, int]] = []  # (version, items in that snapshot's index) per request
     real_top_k = ranking.top_k
 
-    def spy_top_k(snap, *args, **kw):
+    def spy_top_k(snap: Snapshot, *args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
         assert snap.shortlist is not None
         assert snap.shortlist.kind == index
+        shortlist = snap.shortlist
+        assert isinstance(shortlist, ProxyShortlist | ScanShortlist)  # flat or scan
         # the items the candidate stage covers: a flat index's vectors, a scan's tables
-        covered = (
-            snap.shortlist.index.ntotal
-            if index == "flat"
-            else len(snap.shortlist.scorer.item_first)
-        )
+        if isinstance(shortlist, ProxyShortlist):
+            covered = shortlist.index.ntotal
+        else:
+            assert shortlist.scorer.item_first is not None  # NCF
+            covered = len(shortlist.scorer.item_first)
         seen.append((snap.version, covered))
         return real_top_k(snap, *args, **kw)
 
@@ -262,7 +275,7 @@ def test_a_new_version_swaps_in_with_its_index_complete(
     building, release = threading.Event(), threading.Event()
     real_build = build_shortlist
 
-    def slow_build(scorer, config):
+    def slow_build(scorer: Scorer, config: ShortlistConfig | None) -> Shortlist | None:
         index = real_build(scorer, config)
         building.set()
         assert release.wait(30)
@@ -330,7 +343,12 @@ def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(
     assert snap is not None and isinstance(snap.shortlist, ScanShortlist)
     asked: list[int] = []
     real_search = snap.shortlist.search
-    monkeypatch.setattr(snap.shortlist, "search", lambda p, n: asked.append(n) or real_search(p, n))
+
+    def counted_search(p: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+        asked.append(n)
+        return real_search(p, n)
+
+    monkeypatch.setattr(snap.shortlist, "search", counted_search)
     user = _user(cfg, 4, scale=0.3)
     ranked = holder.recommend(user["user_gmf"], user["user_mlp"], k=10, exclude=["5", "9"])
     assert asked == [202]  # the scan's candidates plus the excluded items
