@@ -76,7 +76,8 @@ def test_known_answers_without_the_database_or_says_it_cannot(
     creds = _credentials(ctx.client)
     with pytest.raises(Unauthorized):
         creds.known(None)
-    assert creds.known(ctx.client.app.state.service.settings.operator_token).operator  # type: ignore[attr-defined]
+    caller = creds.known(ctx.client.app.state.service.settings.operator_token)  # type: ignore[attr-defined]
+    assert caller is not None and caller.operator
     with creds._lock:
         creds._tokens.clear()
     assert creds.known(ctx.token) is None  # only the database knows it now

@@ -244,7 +244,7 @@ def test_the_operator_releases_the_users_of_a_worker_that_lost_its_store(
     assert r.status_code == 404 and r.json()["error"] == "not_registered"
     assert r.json()["detail"] == f"3 client ids are not registered: 6, 8, {2**70}"
     assert client.get("/v1/rounds/current", headers=bearer(lost)).status_code == 200
-    body: dict[str, list[object]]
+    body: dict[str, Any]
     for body in (
         {"client_ids": []},
         {"client_ids": [0, 0]},

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -45,7 +48,7 @@ def _start(fake: FakeAggregator, split: Split, rounds: int = 3) -> None:
 
 
 def _running(
-    tmp_path: Path, split: Split, shards: int = 1, rounds: int = 3, **settings
+    tmp_path: Path, split: Split, shards: int = 1, rounds: int = 3, **settings: Any
 ) -> tuple[FakeAggregator, list[Worker]]:
     """A fake aggregator with a started run and a registered worker for each of ``shards``."""
     fake = FakeAggregator()
@@ -57,7 +60,7 @@ def _running(
 
 
 def _worker(
-    tmp_path: Path, fake: FakeAggregator, split: Split, shard: int, shards: int, **settings
+    tmp_path: Path, fake: FakeAggregator, split: Split, shard: int, shards: int, **settings: Any
 ) -> Worker:
     s = WorkerSettings(
         shard=shard,
@@ -125,8 +128,8 @@ def test_two_workers_three_rounds_match_the_simulator(
     # the private state in the stores equals the simulator's
     for w in workers:
         state = w.store.load_states(w.users.tolist())
-        for k, v in sim.store.params(w.users).items():
-            torch.testing.assert_close(state.params[k], v, rtol=1e-5, atol=1e-6)
+        for k, t in sim.store.params(w.users).items():
+            torch.testing.assert_close(state.params[k], t, rtol=1e-5, atol=1e-6)
 
 
 def test_crash_after_upload_before_commit_reuploads_identical_update(
@@ -137,7 +140,13 @@ def test_crash_after_upload_before_commit_reuploads_identical_update(
 
     real_save = crashing.store.save_states
 
-    def crash(user_ids, state, round_id, attempt, meta=None):
+    def crash(
+        user_ids: Sequence[int],
+        state: PrivateState,
+        round_id: int | None,
+        attempt: int | None,
+        meta: Mapping[str, str | int | None] | None = None,
+    ) -> None:
         if round_id is None:  # the fresh states of a new run
             return real_save(user_ids, state, round_id, attempt, meta)
         raise RuntimeError("killed before commit")
@@ -249,9 +258,9 @@ def test_nothing_private_leaves_the_worker(tmp_path: Path, split: Split) -> None
 
 def test_refused_second_body_commits_only_the_accepted_users(tmp_path: Path, split: Split) -> None:
     fake, (w,) = _running(tmp_path, split, rounds=1, max_body_bytes=4000)
-    uploads_seen = []
+    uploads_seen: list[httpx.Request] = []
 
-    def second_upload(request) -> bool:
+    def second_upload(request: httpx.Request) -> bool:
         if request.url.path.endswith("/updates"):
             uploads_seen.append(request)
             return len(uploads_seen) == 2
@@ -300,7 +309,13 @@ def test_crash_after_the_upload_that_closed_the_round_is_recovered(
     fake, (w,) = _running(tmp_path, split)
     real_save = w.store.save_states
 
-    def crash(user_ids, state, round_id, attempt, meta=None):
+    def crash(
+        user_ids: Sequence[int],
+        state: PrivateState,
+        round_id: int | None,
+        attempt: int | None,
+        meta: Mapping[str, str | int | None] | None = None,
+    ) -> None:
         if round_id is None:
             return real_save(user_ids, state, round_id, attempt, meta)
         raise RuntimeError("killed before commit")

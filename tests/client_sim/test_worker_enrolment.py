@@ -113,10 +113,10 @@ def test_a_refused_registration_is_a_message_and_exit_status_1(
     tmp_path: Path,
     live_aggregator: LiveAggregator,
     caplog: pytest.LogCaptureFixture,
-    overrides,
-    token_secret,
-    status,
-    hint,
+    overrides: dict[str, int | None],
+    token_secret: str,
+    status: str,
+    hint: str,
 ) -> None:
     """The real aggregator refuses; `fedrec worker` logs why and what to change, and exits 1."""
     token = enrolment_token(token_secret, 1, 2)
@@ -145,7 +145,7 @@ def test_a_worker_that_died_before_keeping_its_token_registers_again(
         crashed = Worker(settings, split=split)
         real_set_meta = crashed.store.set_meta
 
-        def die_on_token(**values) -> None:
+        def die_on_token(**values: str | int | None) -> None:
             if "token" in values:
                 raise RuntimeError("killed before the token reached the store")
             real_set_meta(**values)

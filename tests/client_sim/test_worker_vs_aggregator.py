@@ -4,7 +4,9 @@ process) and reproduce the in-process simulator."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -27,7 +29,7 @@ N_USERS = 60
 
 
 @pytest.fixture()
-def aggregator(live_aggregator: LiveAggregator):
+def aggregator(live_aggregator: LiveAggregator) -> Iterator[str]:
     with live_aggregator(population=N_USERS, deadline_poll_s=0.2) as url:
         yield url
 
@@ -47,7 +49,7 @@ WIDER = {
 
 @pytest.mark.parametrize("extra", [{}, WIDER], ids=["paper", "wider-settings"])
 def test_two_workers_three_rounds_over_http_match_the_simulator(
-    tmp_path: Path, aggregator, extra
+    tmp_path: Path, aggregator: str, extra: dict[str, Any]
 ) -> None:
     split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
     workers = [
@@ -91,8 +93,8 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
     result = sim.run()
     _, shared, version = decode_model(blob.content)
     assert version == ROUNDS
-    for name, t in sim.shared.items():
-        torch.testing.assert_close(shared[name], t, rtol=1e-5, atol=1e-6)
+    for name, param in sim.shared.items():
+        torch.testing.assert_close(shared[name], param, rtol=1e-5, atol=1e-6)
     rounds = history["rounds"]
     assert [r["model_version"] for r in rounds] == [1, 2, 3]
     for rec, row in zip(result.rounds, rounds, strict=True):

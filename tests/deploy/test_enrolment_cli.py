@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from services.cli import app
 from services.enrolment import verify_enrolment_token
@@ -13,7 +13,7 @@ from services.enrolment import verify_enrolment_token
 SECRET = "deployment-enrolment-secret-0123456789"
 
 
-def _run(*args: str, env: dict[str, str] | None = None):
+def _run(*args: str, env: dict[str, str] | None = None) -> Result:
     base = {"FEDREC_AGG_ENROLMENT_SECRET": "", "FEDREC_AGG_ENROLMENT_SECRET_FILE": ""}
     return CliRunner().invoke(app, ["enrolment-token", *args], env={**base, **(env or {})})
 
@@ -44,7 +44,9 @@ def test_prints_the_token_the_aggregator_verifies_from_env_or_file(tmp_path: Pat
         ),
     ],
 )
-def test_unusable_input_is_a_message_and_exit_status_2(args, env, message) -> None:
+def test_unusable_input_is_a_message_and_exit_status_2(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
     r = _run(*args, env=env)
     assert r.exit_code == 2 and message in r.output, r.output
     assert "Traceback" not in r.output
