@@ -119,7 +119,7 @@ def test_kustomize_renders_every_listed_file_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize("version", KUBERNETES)
-def test_every_core_object_passes_kubernetes_validate_strict(version) -> None:
+def test_every_core_object_passes_kubernetes_validate_strict(version: str) -> None:
     objects = _rendered() + _apart()
     kinds = {d["kind"] for d in objects}
     assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "PersistentVolumeClaim"} <= kinds
@@ -131,7 +131,7 @@ def test_every_core_object_passes_kubernetes_validate_strict(version) -> None:
 
 
 @pytest.mark.parametrize("version", KUBERNETES)
-def test_every_pod_template_of_the_rayjob_passes_kubernetes_validate_strict(version) -> None:
+def test_every_pod_template_of_the_rayjob_passes_kubernetes_validate_strict(version: str) -> None:
     for where, template in _ray_pod_templates(_rayjob()).items():
         wrapped = {
             "apiVersion": "v1",

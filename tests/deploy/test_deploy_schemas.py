@@ -3,6 +3,8 @@ are; the schemas are not vacuous; every piece of the deployment is there."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import jsonschema
 import pytest
 
@@ -32,7 +34,7 @@ def test_compose_schema_rejects_what_it_should() -> None:
     k8s_docs(),
     ids=[f"{f}:{d.get('kind')}/{d.get('metadata', {}).get('name', '')}" for f, d in k8s_docs()],
 )
-def test_k8s_manifest_matches_the_schema_of_its_kind(file, doc) -> None:
+def test_k8s_manifest_matches_the_schema_of_its_kind(file: str, doc: dict[str, Any]) -> None:
     assert doc.get("kind") in K8S_SCHEMAS, f"{file}: no schema for kind {doc.get('kind')}"
     jsonschema.validate(doc, K8S_SCHEMAS[doc["kind"]])
 

@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -195,7 +196,9 @@ def test_following_a_run_reads_the_history_a_page_at_a_time(
     total, limit = 5, 2
     asked: list[str] = []
 
-    def fake_request(url, token=None, data=None, timeout_s=10.0):
+    def fake_request(
+        url: str, token: Any = None, data: Any = None, timeout_s: float = 10.0
+    ) -> tuple[int, Any]:
         parts = urlsplit(url)
         if parts.path == "/v1/rounds/current":
             return 200, {"run_id": 1, "state": "open", "config": {"rounds": total}}

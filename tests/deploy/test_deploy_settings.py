@@ -64,7 +64,7 @@ def _k8s_fedrec_vars() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("where", "var"), _compose_fedrec_vars() + _k8s_fedrec_vars())
-def test_every_fedrec_variable_is_a_settings_field(where, var) -> None:
+def test_every_fedrec_variable_is_a_settings_field(where: str, var: str) -> None:
     prefix = next((p for p in SETTINGS if var.startswith(p)), None)
     assert prefix is not None, f"{where}: {var} has no known settings prefix"
     field = var.removeprefix(prefix).lower()
@@ -158,7 +158,7 @@ def _settings_from(
 
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
 def test_compose_environment_validates_into_the_settings(
-    module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    module: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Each service's whole environment (secret files in place) builds its settings class."""
     services = compose_services_running(module)
@@ -171,7 +171,7 @@ def test_compose_environment_validates_into_the_settings(
 
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
 def test_k8s_environment_validates_into_the_settings(
-    module, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    module: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The same for k8s containers (ConfigMap + Secret with a real value in place)."""
     found = [(w, c) for w, c in containers() if command_module(c.get("command", [])) == module]
@@ -210,7 +210,9 @@ def test_the_committed_operator_token_placeholder_is_refused_in_production() -> 
         ("services.dashboard.settings", {"timeout_s": float("inf")}, "timeout_s"),
     ],
 )
-def test_unusable_intervals_and_urls_are_settings_errors(module, values, field) -> None:
+def test_unusable_intervals_and_urls_are_settings_errors(
+    module: str, values: dict[str, Any], field: str
+) -> None:
     """Each was accepted: an infinite interval ended in an OverflowError in a background
     thread or a loop that never woke (rounds never closed at their deadline), and a URL
     without its scheme in a service that started and then failed every call."""
