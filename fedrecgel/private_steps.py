@@ -7,6 +7,7 @@ the shared parameters held fixed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,7 +57,7 @@ class PrivateState:
             step=torch.zeros(len(user_ids), dtype=torch.int64),
         )
 
-    def select(self, rows: Tensor | np.ndarray | slice) -> PrivateState:
+    def select(self, rows: Tensor | np.ndarray | Sequence[int] | slice) -> PrivateState:
         """The state of a subset of the C users (copies)."""
         idx = torch.as_tensor(rows) if not isinstance(rows, slice) else rows
         return PrivateState(

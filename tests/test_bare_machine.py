@@ -93,15 +93,17 @@ def test_a_marked_test_is_skipped_for_the_binary_it_misses(
     monkeypatch.setenv("PATH", str(_binaries(tmp_path / "bin", "initdb", "pg_ctl", "chromium")))
     monkeypatch.setenv(BINDIR_VARIABLE, str(tmp_path / "bin"))
     monkeypatch.delenv("FEDREC_CHROMIUM", raising=False)
-    assert missing_binaries(_Item((), None, "redis")) == REDIS_MISSING
-    assert missing_binaries(_Item((), None, "postgres")) is None
-    assert missing_binaries(_Item((), None, "slow")) is None
+    # a stand-in for pytest.Item, as above
+    assert missing_binaries(_Item((), None, "redis")) == REDIS_MISSING  # type: ignore[arg-type]
+    assert missing_binaries(_Item((), None, "postgres")) is None  # type: ignore[arg-type]
+    assert missing_binaries(_Item((), None, "slow")) is None  # type: ignore[arg-type]
     _binaries(tmp_path / "bin", "redis-server")
-    assert missing_binaries(_Item((), None, "redis")) is None
+    assert missing_binaries(_Item((), None, "redis")) is None  # type: ignore[arg-type]
     monkeypatch.setenv(BINDIR_VARIABLE, "")
-    assert missing_binaries(_Item((), None, "redis", "postgres")) == POSTGRES_MISSING
+    assert missing_binaries(_Item((), None, "redis", "postgres")) == POSTGRES_MISSING  # type: ignore[arg-type]
     (tmp_path / "bin" / "chromium").unlink()
-    assert missing_binaries(_Item((), None, "browser")) in (
+    missing = missing_binaries(_Item((), None, "browser"))  # type: ignore[arg-type]
+    assert missing is not None and missing in (
         browser.CHROMIUM_MISSING,
         browser.PLAYWRIGHT_MISSING,
     )

@@ -13,7 +13,7 @@ from bench.cpu_accounting import CpuWatch, process_cpu_seconds
 _BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
 
 
-def test_a_reaped_process_keeps_its_last_reading():
+def test_a_reaped_process_keeps_its_last_reading() -> None:
     proc = subprocess.Popen([sys.executable, "-c", _BURN])
     watch = CpuWatch({"burner": proc.pid}, interval_s=0.02)
     proc.wait(timeout=60)  # reaped: its /proc entry is gone

@@ -76,7 +76,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_project_has_no_import_cycle():
+def test_the_project_has_no_import_cycle() -> None:
     modules = project_modules()
     assert "services.client_sim.worker" in modules and "fedrecgel.sam" in modules
     cycle = find_cycle(import_graph(modules))
@@ -102,7 +102,7 @@ def sys_path_edits(tree: ast.AST) -> list[int]:
     return lines
 
 
-def test_bench_and_harness_import_nothing_of_the_tests_and_leave_sys_path_alone():
+def test_bench_and_harness_import_nothing_of_the_tests_and_leave_sys_path_alone() -> None:
     """The benchmarks run as ``python -m bench.NAME`` from the repository's root: what they share
     with the tests is in ``harness``, not in ``tests`` (whose conftest and test modules they
     imported), and nothing edits ``sys.path`` to reach a sibling module by its bare name."""
@@ -119,13 +119,13 @@ def test_bench_and_harness_import_nothing_of_the_tests_and_leave_sys_path_alone(
     assert offenders == []
 
 
-def test_the_check_sees_an_import_of_the_tests_and_a_sys_path_edit():
+def test_the_check_sees_an_import_of_the_tests_and_a_sys_path_edit() -> None:
     tree = ast.parse("import sys\nsys.path.insert(0, 'x')\nfrom tests.support import loopback\n")
     assert sys_path_edits(tree) == [2]
     assert "tests.support.loopback" in imported_names(tree, "bench.x", False)
 
 
-def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path):
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
     pkg = tmp_path / "services"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")

@@ -26,7 +26,7 @@ def long_modules(paths: list[Path], limit: int = MAX_LINES) -> dict[str, int]:
     return {name: n for name, n in counts.items() if n > limit}
 
 
-def test_the_check_sees_the_repository_and_flags_a_long_file(tmp_path):
+def test_the_check_sees_the_repository_and_flags_a_long_file(tmp_path: Path) -> None:
     names = {p.relative_to(ROOT).as_posix() for p in project_modules()}
     assert "fedrecgel/strategy.py" in names and "tests/test_module_size.py" in names
     assert not any("/migrations/" in name for name in names)
@@ -37,5 +37,5 @@ def test_the_check_sees_the_repository_and_flags_a_long_file(tmp_path):
     assert long_modules([long, short]) == {str(long): MAX_LINES + 1}
 
 
-def test_no_module_is_over_500_lines():
+def test_no_module_is_over_500_lines() -> None:
     assert long_modules(project_modules()) == {}

@@ -46,7 +46,8 @@ class Ctx:
         path_round: int | None = None,
     ) -> httpx.Response:
         tok = token or self.owner(updates[0].client_id)
-        return post_updates(self.client, tok, round_id, updates, path_round)
+        response: httpx.Response = post_updates(self.client, tok, round_id, updates, path_round)
+        return response
 
     def latest(self) -> tuple[int, bytes]:
         r = self.client.get("/v1/models/latest", headers=bearer(self.token))

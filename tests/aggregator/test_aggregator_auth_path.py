@@ -9,8 +9,9 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from services.aggregator.auth import Credentials, Unauthorized
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
+from services.aggregator.auth import Credentials
+from services.aggregator.errors import Unauthorized
 from tests.aggregator.started_run import start_run
 from tests.support.aggregator import bearer
 
@@ -75,7 +76,8 @@ def test_known_answers_without_the_database_or_says_it_cannot(
     creds = _credentials(ctx.client)
     with pytest.raises(Unauthorized):
         creds.known(None)
-    assert creds.known(ctx.client.app.state.service.settings.operator_token).operator  # type: ignore[attr-defined]
+    caller = creds.known(ctx.client.app.state.service.settings.operator_token)  # type: ignore[attr-defined]
+    assert caller is not None and caller.operator
     with creds._lock:
         creds._tokens.clear()
     assert creds.known(ctx.token) is None  # only the database knows it now

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 
 from fedrecgel import wire
 from fedrecgel.metrics import METRIC_NAMES
-from fedrecgel.model import ModelConfig
+from fedrecgel.model import ModelConfig, init_shared
+from harness.aggregator import AggregatorFactory
 from services.aggregator import runs as runs_module
 from services.aggregator.settings import Population, Settings, resolve_population
 from services.launcher import Cluster, UpOptions
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.junk import junk_reports, junk_uploads
 from tests.support.aggregator import (
     bearer,
@@ -175,7 +175,7 @@ def test_no_model_is_built_while_a_run_is_active(
     """Regression: POST /v1/runs built the model before finding the active run (with a huge
     model: 21 GB, then OOM)."""
     built: list[object] = []
-    real = runs_module.init_shared
+    real = init_shared
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         built.append(args)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fedrecgel.model import ModelConfig
+from harness.aggregator import AggregatorFactory
 from services.aggregator.__main__ import configure_process
-from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     bearer,
     current_cohort,

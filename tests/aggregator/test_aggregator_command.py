@@ -67,7 +67,12 @@ def test_a_usable_database_is_migrated_and_served(
     monkeypatch.setenv("FEDREC_AGG_DATABASE_URL", f"sqlite:///{tmp_path}/a.db")
     migrations: list[Database] = []
     migrate = Database.migrate
-    monkeypatch.setattr(Database, "migrate", lambda db: migrations.append(db) or migrate(db))
+
+    def counted(db: Database) -> None:
+        migrations.append(db)
+        migrate(db)
+
+    monkeypatch.setattr(Database, "migrate", counted)
     command.main([])
     assert len(started) == 1 and (tmp_path / "a.db").exists()
     with TestClient(started[0]) as client:  # the served app's start: no second migration

@@ -13,8 +13,8 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from harness.aggregator import AggregatorFactory
 from services.aggregator.db import Database
-from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     bearer,
     current_cohort,

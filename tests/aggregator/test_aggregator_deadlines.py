@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
 from tests.support.aggregator import (
     FakeClock,
     current_cohort,

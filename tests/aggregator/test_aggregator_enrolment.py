@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
+from harness.aggregator import AggregatorFactory
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig
 from services.enrolment import enrolment_token
-from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     ENROLMENT_SECRET,
     OPERATOR_TOKEN,
@@ -30,7 +31,14 @@ from tests.support.aggregator import (
 
 #: the most variables one SQLite statement may bind, in this build of SQLite
 SQLITE_VARIABLES = sqlite3.connect(":memory:").getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-RUN = {"n_items": 30, "factor": 4, "layers": 2, "rounds": 2, "fraction": 1.0, "seed": 1}
+RUN: dict[str, Any] = {
+    "n_items": 30,
+    "factor": 4,
+    "layers": 2,
+    "rounds": 2,
+    "fraction": 1.0,
+    "seed": 1,
+}
 RELEASE = "/v1/clients/release"
 #: a client token a registrant chose (43 URL-safe characters, as secrets.token_urlsafe(32))
 CHOSEN = "worker-chosen-token-0123456789abcdefghijklm"
@@ -236,6 +244,7 @@ def test_the_operator_releases_the_users_of_a_worker_that_lost_its_store(
     assert r.status_code == 404 and r.json()["error"] == "not_registered"
     assert r.json()["detail"] == f"3 client ids are not registered: 6, 8, {2**70}"
     assert client.get("/v1/rounds/current", headers=bearer(lost)).status_code == 200
+    body: dict[str, Any]
     for body in (
         {"client_ids": []},
         {"client_ids": [0, 0]},

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import event
 
+from harness.aggregator import AggregatorFactory
 from services.aggregator import evaluation_repository
 from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.repository import Repository
-from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import bearer, operator_headers, register, report_sums
 
 N = 2400  # two credentials of 1200 clients: each report spans two IN lists of 1000
@@ -131,4 +131,5 @@ def test_a_complete_versions_coverage_is_dropped_and_its_reports_ignored(
     assert again.json() == {"model_version": 0, "accepted": 0, "ignored": 7, "complete": True}
     with service.db.read() as s:
         assert EvaluationRepository(s).count_evaluated(run_id, 0) == 0
-        assert Repository(s).version_meta(run_id, 0).metrics == pytest.approx(report_sums(0.3))
+        meta = Repository(s).version_meta(run_id, 0)
+        assert meta is not None and meta.metrics == pytest.approx(report_sums(0.3))

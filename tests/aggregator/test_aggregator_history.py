@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from services.aggregator.schemas import DEFAULT_HISTORY_LIMIT, MAX_HISTORY_LIMIT
@@ -27,7 +29,7 @@ def _evaluate(ctx: Ctx, version: int, hr: float) -> None:
         assert r.status_code == 202, r.text
 
 
-def _page(ctx: Ctx, query: str) -> tuple[list[int], int | None, dict]:
+def _page(ctx: Ctx, query: str) -> tuple[list[int], int | None, dict[str, Any]]:
     r = ctx.client.get(f"/v1/runs/current/history{query}")
     assert r.status_code == 200, r.text
     body = r.json()
@@ -71,7 +73,12 @@ def test_an_unpaged_read_is_one_bounded_page(ctx: Ctx, monkeypatch: pytest.Monke
     reads = ctx.client.app.state.service.reads  # type: ignore[attr-defined]
     asked: list[tuple[int, int]] = []
     real = reads.history
-    monkeypatch.setattr(reads, "history", lambda a, n: asked.append((a, n)) or real(a, n))
+
+    def counted(a: int, n: int) -> Any:
+        asked.append((a, n))
+        return real(a, n)
+
+    monkeypatch.setattr(reads, "history", counted)
     assert ctx.client.get("/v1/runs/current/history").status_code == 200
     assert asked == [(0, DEFAULT_HISTORY_LIMIT)] and DEFAULT_HISTORY_LIMIT <= MAX_HISTORY_LIMIT
 

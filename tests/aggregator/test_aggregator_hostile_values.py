@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +25,9 @@ from sqlalchemy import select
 from fedrecgel.strategy import scaled
 from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_model, decode_state, encode_updates
+from harness.aggregator import AggregatorFactory
 from services.aggregator.models import OPTIMIZER_STATE, Round
 from services.aggregator.repository import Repository
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.scenarios import TRAIN, small_split, start_run
 from tests.support.aggregator import (
     FederatedDriver,
@@ -94,7 +95,9 @@ def _run(
 
 
 def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    return float(torch.sqrt(sum(((a[k] - b[k]).double() ** 2).sum() for k in a)))
+    squares = sum(((a[k] - b[k]).double() ** 2).sum() for k in a)
+    assert isinstance(squares, torch.Tensor)  # not the empty sum's 0
+    return float(torch.sqrt(squares))
 
 
 def test_values_whose_square_overflows_are_refused(aggregator: AggregatorFactory) -> None:
@@ -122,7 +125,7 @@ def test_a_hostile_upload_is_bounded_and_the_model_keeps_learning(
 ) -> None:
     population = small_split().n_users
     honest, _ = _run(aggregator(population=population), attack=None)
-    settings = {} if factor == "default" else {"upload_screen_factor": factor}
+    settings: dict[str, Any] = {} if factor == "default" else {"upload_screen_factor": factor}
     client = aggregator(population=population, **settings)
     attacked, hostile = _run(client, attack=lambda u: _hostile(u, 1.0e17))
     # the damage of an honest-sized attack: the same clients upload their gradient reversed

@@ -17,11 +17,11 @@ from sqlalchemy import text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
+from harness.aggregator import AggregatorFactory
 from services.aggregator.errors import AggregatorError, Conflict, Forbidden
 from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.schemas import UploadResult
 from services.aggregator.service import AggregatorService, Caller
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.migrating import at_revision
 from tests.support.aggregator import (
     FakeClock,

@@ -13,10 +13,10 @@ from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 
 from fedrecgel.wire import encode_updates
+from harness.aggregator import AggregatorFactory
 from services.aggregator.db import make_engine
 from services.aggregator.models import Base
 from services.aggregator.settings import Settings
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.started_run import MODEL, RUN
 from tests.support.aggregator import bearer, operator_headers, random_update, register, service_of
 

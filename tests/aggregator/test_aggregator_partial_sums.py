@@ -8,6 +8,7 @@ acknowledged across a restart, and aggregates exactly :func:`fedrecgel.strategy.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from safetensors.torch import save as st_save
 from fedrecgel.strategy import combine_partials, make_strategy, partial_loss
 from fedrecgel.uploads import PartialSum
 from fedrecgel.wire import decode_model, encode_partial
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
 from tests.aggregator.started_run import MODEL, RUN, make_updates
 from tests.support.aggregator import bearer, operator_headers, register, upload_headers
 
@@ -54,8 +55,8 @@ class Grouped:
             assert r.status_code == 201, r.text
         self.cohort: list[int] = self.current()["cohort"] if start else []
 
-    def current(self) -> dict[str, object]:
-        body: dict[str, object] = self.client.get(
+    def current(self) -> dict[str, Any]:
+        body: dict[str, Any] = self.client.get(
             "/v1/rounds/current", headers=operator_headers()
         ).json()
         return body
@@ -217,7 +218,7 @@ def test_the_grouping_of_the_body_must_be_the_runs(
     assert r.status_code == 422 and r.json()["error"] == "wrong_upload_grouping", r.text
     plain = Grouped(aggregator(), start=False)
     assert plain.client.post("/v1/runs", json=RUN, headers=operator_headers()).status_code == 201
-    plain.cohort = plain.current()["cohort"]  # type: ignore[assignment]
+    plain.cohort = plain.current()["cohort"]
     mine = plain.mine(plain.a) or plain.mine(plain.b)
     token = plain.a if plain.mine(plain.a) else plain.b
     r = plain.send(make_partial(mine), token)

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,14 +16,23 @@ import pytest
 from fedrecgel.accountant import plan_privacy
 from fedrecgel.config import RunParams
 from fedrecgel.model import ModelConfig
-from fedrecgel.privacy import clip_update, scaled, update_norm
+from fedrecgel.privacy import clip_update
+from fedrecgel.strategy import scaled, update_norm
 from fedrecgel.wire import encode_updates
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
 from tests.support.aggregator import operator_headers, random_update, register, upload_headers
 
 MODEL = ModelConfig(n_items=30, kind="ncf", factor=4, layers=2)
 DP = {"dp_noise": 1.0, "dp_clip": 0.5}
-RUN = {"n_items": 30, "factor": 4, "layers": 2, "rounds": 6, "fraction": 1.0, "seed": 1, **DP}
+RUN: dict[str, Any] = {
+    "n_items": 30,
+    "factor": 4,
+    "layers": 2,
+    "rounds": 6,
+    "fraction": 1.0,
+    "seed": 1,
+    **DP,
+}
 IDS = [0, 1, 2, 3]
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import redis
 
+from harness.aggregator import AggregatorFactory
 from services.aggregator.events import (
     CREDENTIALS_CHANNEL,
     VERSIONS_CHANNEL,
@@ -22,7 +23,6 @@ from services.aggregator.events import (
     close_lock_name,
 )
 from services.aggregator.settings import Settings
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.races import start_race_run, two_instances_close_once, upload_whole_cohort
 from tests.support.aggregator import (
     FakeClock,

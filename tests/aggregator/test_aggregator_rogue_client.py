@@ -11,7 +11,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from fedrecgel.wire import decode_model, encode_updates
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
 from tests.aggregator.junk import junk_reports, junk_uploads
 from tests.aggregator.scenarios import TRAIN, small_split, start_run
 from tests.support.aggregator import (

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from fedrecgel.cohort import select_cohort
 from fedrecgel.model import ModelConfig
-from tests.aggregator.conftest import AggregatorFactory
+from harness.aggregator import AggregatorFactory
 from tests.aggregator.scenarios import (
     federated_matches_simulator,
     restart_mid_round_matches_simulator,

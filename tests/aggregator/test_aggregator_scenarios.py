@@ -4,8 +4,8 @@ two instances on one database close a round once (without Redis)."""
 
 from __future__ import annotations
 
+from harness.aggregator import AggregatorFactory
 from services.aggregator.rounds import CloseOutcome
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.races import two_instances_close_once
 from tests.aggregator.scenarios import (
     federated_matches_simulator,

@@ -19,8 +19,8 @@ from fedrecgel.secagg.layout import flatten
 from fedrecgel.secagg.protocol import Client, Keys, Shares
 from fedrecgel.strategy import make_strategy
 from fedrecgel.wire import decode_model, encode_updates
+from harness.aggregator import AggregatorFactory
 from services.contract import RunConfig
-from tests.aggregator.conftest import AggregatorFactory
 from tests.support.aggregator import (
     FakeClock,
     bearer,

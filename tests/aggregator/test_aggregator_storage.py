@@ -17,10 +17,10 @@ from sqlalchemy import text
 
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import decode_model, encode_updates
+from harness.aggregator import AggregatorFactory
 from services.aggregator.db import Database
 from services.aggregator.settings import Settings
 from services.aggregator.storage import Compactor, RetentionPolicy, StorageKeeper
-from tests.aggregator.conftest import AggregatorFactory
 from tests.aggregator.migrating import alembic_connection, at_revision
 from tests.support.aggregator import (
     bearer,
@@ -332,7 +332,7 @@ def test_postgres_vacuums_the_tables_the_pass_frees(
     service.storage.free()
     service.storage.compactor.run()
     with service.db.read() as s:
-        vacuumed = dict(
+        vacuumed: dict[str, int] = dict(
             s.execute(
                 text(
                     "SELECT relname, vacuum_count FROM pg_stat_user_tables WHERE relname IN "
@@ -377,7 +377,12 @@ def test_closes_in_quick_succession_share_one_background_pass(tmp_path: Path) ->
     db.migrate()
     keeper = StorageKeeper(db, RetentionPolicy(), compact_interval_s=3600)
     passes = threading.Semaphore(0)
-    keeper.maintain = lambda: bool(passes.release())  # type: ignore[method-assign]
+
+    def counted_pass() -> bool:
+        passes.release()
+        return False
+
+    keeper.maintain = counted_pass  # type: ignore[method-assign]
     keeper.start(poll_s=3600, min_gap_s=3600)
     assert passes.acquire(timeout=10)  # the first pass, at start
     for _ in range(20):  # rounds closing during the gap

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from fedrecgel import wire
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
+from fedrecgel.uploads import Update
 from fedrecgel.wire import decode_updates, encode_model, update_digest
 from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
 from services.retry import RetryPolicy
@@ -35,7 +38,9 @@ class Recorder:
         return answer
 
 
-def _client(handler, **kw) -> tuple[AggregatorClient, list[float]]:
+def _client(
+    handler: Callable[[httpx.Request], httpx.Response], **kw: Any
+) -> tuple[AggregatorClient, list[float]]:
     waits: list[float] = []
     retry = RetryPolicy(
         retries=kw.pop("retries", 3), backoff_s=0.1, max_backoff_s=0.25, sleep=waits.append
@@ -46,7 +51,7 @@ def _client(handler, **kw) -> tuple[AggregatorClient, list[float]]:
     return client, waits
 
 
-def _updates(n: int = 6):
+def _updates(n: int = 6) -> list[Update]:
     shared = init_shared(CFG, 0)
     users = np.arange(n)
     hp = SAMConfig(chunk_size=8)
@@ -56,7 +61,7 @@ def _updates(n: int = 6):
             rng.choice(50, size=int(rng.integers(3, 12)), replace=False),
             50,
             hp.n_negatives,
-            client_rng(0, 1, u),
+            client_rng(0, 1, int(u)),
         )
         for u in range(n)
     ]
@@ -73,7 +78,7 @@ def _ok_results(request: httpx.Request) -> httpx.Response:
     )
 
 
-def test_model_download_uses_the_etag_cache():
+def test_model_download_uses_the_etag_cache() -> None:
     blob = encode_model(CFG, init_shared(CFG, 0), 7)
     rec = Recorder(
         httpx.Response(200, content=blob, headers={"ETag": '"abc"', "X-Model-Version": "7"}),
@@ -89,7 +94,7 @@ def test_model_download_uses_the_etag_cache():
     assert rec.requests[0].headers["Authorization"] == "Bearer t0"
 
 
-def test_model_download_refuses_a_version_other_than_asked():
+def test_model_download_refuses_a_version_other_than_asked() -> None:
     blob = encode_model(CFG, init_shared(CFG, 0), 3)
     client, _ = _client(Recorder(httpx.Response(200, content=blob)))
     with pytest.raises(AggregatorCallError, match="version_mismatch"):
@@ -97,7 +102,7 @@ def test_model_download_refuses_a_version_other_than_asked():
     assert client.download_model("latest").version == 3
 
 
-def test_5xx_and_connection_errors_are_retried_with_backoff():
+def test_5xx_and_connection_errors_are_retried_with_backoff() -> None:
     rec = Recorder(
         httpx.ConnectError("refused"),
         httpx.Response(503),
@@ -112,7 +117,7 @@ def test_5xx_and_connection_errors_are_retried_with_backoff():
         assert base <= wait <= 1.5 * base
 
 
-def test_retry_after_of_a_503_is_waited_out():
+def test_retry_after_of_a_503_is_waited_out() -> None:
     rec = Recorder(
         httpx.Response(
             503,
@@ -126,7 +131,7 @@ def test_retry_after_of_a_503_is_waited_out():
     assert len(waits) == 1 and 5.0 <= waits[0] <= 7.5
 
 
-def test_retries_give_up_with_the_last_error():
+def test_retries_give_up_with_the_last_error() -> None:
     client, waits = _client(
         Recorder(httpx.Response(503, json={"error": "busy", "detail": "x"})), retries=2
     )
@@ -136,7 +141,7 @@ def test_retries_give_up_with_the_last_error():
     assert len(waits) == 2
 
 
-def test_unreachable_server_is_a_retryable_error_with_status_0():
+def test_unreachable_server_is_a_retryable_error_with_status_0() -> None:
     client, _ = _client(Recorder(httpx.ConnectTimeout("slow")), retries=1)
     with pytest.raises(AggregatorCallError) as info:
         client.current_round()
@@ -144,7 +149,7 @@ def test_unreachable_server_is_a_retryable_error_with_status_0():
 
 
 @pytest.mark.parametrize("status", [401, 403, 409, 413, 422])
-def test_4xx_is_not_retried_and_carries_the_server_error(status):
+def test_4xx_is_not_retried_and_carries_the_server_error(status: int) -> None:
     rec = Recorder(httpx.Response(status, json={"error": "nope", "detail": "because"}))
     client, waits = _client(rec)
     with pytest.raises(AggregatorCallError) as info:
@@ -154,14 +159,14 @@ def test_4xx_is_not_retried_and_carries_the_server_error(status):
     assert not err.retryable and waits == [] and len(rec.requests) == 1
 
 
-def test_error_without_json_body_keeps_the_text():
+def test_error_without_json_body_keeps_the_text() -> None:
     client, _ = _client(Recorder(httpx.Response(400, text="plain failure")))
     with pytest.raises(AggregatorCallError) as info:
         client.current_round()
     assert info.value.detail == "plain failure" and info.value.code == "http_error"
 
 
-def test_upload_retry_resends_the_same_bytes():
+def test_upload_retry_resends_the_same_bytes() -> None:
     calls = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -180,7 +185,7 @@ def test_upload_retry_resends_the_same_bytes():
     assert decoded.digests == [update_digest(5, u) for u in updates]
 
 
-def test_upload_splits_bodies_to_the_byte_budget():
+def test_upload_splits_bodies_to_the_byte_budget() -> None:
     updates = _updates(6)
     whole = AggregatorClient("http://x").split_bodies(1, updates)[0][1]
     budget = len(whole) // 3
@@ -192,7 +197,9 @@ def test_upload_splits_bodies_to_the_byte_budget():
     assert client.upload(1, updates) == dict.fromkeys(range(6), "accepted")
 
 
-def test_upload_splits_bodies_to_the_aggregators_header_limit(monkeypatch):
+def test_upload_splits_bodies_to_the_aggregators_header_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Many updates of a small model make a body that is mostly header: it is split to the
     header limit the aggregator enforces, whatever the byte budget allows."""
     updates = _updates(6)
@@ -206,7 +213,7 @@ def test_upload_splits_bodies_to_the_aggregators_header_limit(monkeypatch):
     assert [c for ids, _ in bodies for c in ids] == list(range(6))
 
 
-def test_upload_content_type_and_path():
+def test_upload_content_type_and_path() -> None:
     rec = Recorder(httpx.Response(200, json={"results": [{"client_id": 0, "status": "duplicate"}]}))
     client, _ = _client(rec)
     assert client.upload(2, _updates(1)) == {0: "duplicate"}
@@ -215,20 +222,21 @@ def test_upload_content_type_and_path():
     assert req.headers["Content-Type"] == "application/octet-stream"
 
 
-def test_register_keeps_the_token_for_later_calls():
+def test_register_keeps_the_token_for_later_calls() -> None:
     rec = Recorder(
         httpx.Response(201, json={"token": "secret", "client_ids": [1, 3]}),
         httpx.Response(200, json={"state": "idle"}),
     )
     client = AggregatorClient("http://agg", transport=httpx.MockTransport(rec))
-    assert client.register(np.array([1, 3]), "enrol-token") == "secret"
+    # numpy ids (as a worker holds them) go out as plain JSON integers
+    assert client.register(np.array([1, 3]), "enrol-token") == "secret"  # type: ignore[arg-type]
     assert rec.requests[0].headers["Authorization"] == "Bearer enrol-token"
     assert json.loads(rec.bodies[0]) == {"client_ids": [1, 3]}
     client.current_round()
     assert rec.requests[1].headers["Authorization"] == "Bearer secret"
 
 
-def test_register_sends_the_chosen_token_and_checks_the_answer():
+def test_register_sends_the_chosen_token_and_checks_the_answer() -> None:
     chosen = "c" * 43
     rec = Recorder(
         httpx.Response(201, json={"token": chosen, "client_ids": [1]}),
@@ -242,7 +250,7 @@ def test_register_sends_the_chosen_token_and_checks_the_answer():
     assert err.value.code == "token_mismatch" and not err.value.retryable
 
 
-def test_report_evaluation_sends_only_sums_count_and_ids():
+def test_report_evaluation_sends_only_sums_count_and_ids() -> None:
     rec = Recorder(httpx.Response(202, json={}))
     client, _ = _client(rec)
     client.report_evaluation(4, {"hr@10": 3.0, "ndcg@10": 1.5, "count": 9.0}, 9, [0, 2])
@@ -254,7 +262,7 @@ def test_report_evaluation_sends_only_sums_count_and_ids():
     }
 
 
-def test_current_round_parses_the_run_config():
+def test_current_round_parses_the_run_config() -> None:
     body = {
         "run_id": 3,
         "round_id": 2,

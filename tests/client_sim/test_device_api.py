@@ -4,11 +4,14 @@ answers and how it refuses."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+from fedrecgel.data import Split
 from fedrecgel.sam import PrivateState
 from services.client_sim.routes import device_request
 from tests.client_sim.device_api import (
@@ -26,11 +29,13 @@ from tests.client_sim.device_api import (
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> Split:
     return device_split()
 
 
-def test_recommendations_are_recommend_api_answer_for_the_users_own_vector(tmp_path, split):
+def test_recommendations_are_recommend_api_answer_for_the_users_own_vector(
+    tmp_path: Path, split: Split
+) -> None:
     store, holder, user = shard_store(tmp_path, split), model_holder(4), 4
     r = get(settings_for(tmp_path), store, holder, f"/v1/users/{user}/recommendations", k=5)
     assert r.status_code == 200, r.text
@@ -44,12 +49,15 @@ def test_recommendations_are_recommend_api_answer_for_the_users_own_vector(tmp_p
         [LABELS[i] for i in train],
     )
     assert body["model_version"] == 4
-    assert [(it["item"], pytest.approx(it["score"])) for it in body["items"]] == expected.items
+    got: list[tuple[str, object]] = [
+        (it["item"], pytest.approx(it["score"])) for it in body["items"]
+    ]
+    assert got == expected.items
     assert not {it["item"] for it in body["items"]} & {LABELS[i] for i in train}
     assert set(body) == {"model_version", "items"}  # never the user vector
 
 
-def test_device_request_excludes_training_items_once_by_label(tmp_path, split):
+def test_device_request_excludes_training_items_once_by_label(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
     body = device_request(store, LABELS, 2, 10)
     train = sorted({int(i) for i in split.user_train(2)})
@@ -58,7 +66,7 @@ def test_device_request_excludes_training_items_once_by_label(tmp_path, split):
     assert device_request(store, None, 2, 3)["exclude"] == [str(i) for i in train]
 
 
-def test_user_of_another_shard_is_404(tmp_path, split):
+def test_user_of_another_shard_is_404(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
 
     async def go() -> list[httpx.Response]:
@@ -74,32 +82,32 @@ def test_user_of_another_shard_is_404(tmp_path, split):
 
 
 @pytest.mark.parametrize("k", ["0", "-1", "1001", "ten"])
-def test_bad_k_is_422(tmp_path, split, k):
+def test_bad_k_is_422(tmp_path: Path, split: Split, k: str) -> None:
     store = shard_store(tmp_path, split)
     r = get(settings_for(tmp_path), store, model_holder(), "/v1/users/0/recommendations", k=k)
     assert r.status_code == 422
     assert r.json()["error"] == "validation_error" and "k" in r.json()["detail"]
 
 
-def test_non_integer_user_is_422(tmp_path, split):
+def test_non_integer_user_is_422(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
     r = get(settings_for(tmp_path), store, model_holder(), "/v1/users/abc/recommendations")
     assert r.status_code == 422
 
 
-def test_user_without_private_state_is_503(tmp_path, split):
+def test_user_without_private_state_is_503(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split, with_state=False)
     r = get(settings_for(tmp_path), store, model_holder(), "/v1/users/0/recommendations")
     assert r.status_code == 503 and r.json()["error"] == "no_private_state"
 
 
-def test_recommend_api_without_a_model_passes_its_503_through(tmp_path, split):
+def test_recommend_api_without_a_model_passes_its_503_through(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
     r = get(settings_for(tmp_path), store, model_holder(None), "/v1/users/0/recommendations")
     assert r.status_code == 503 and r.json()["error"] == "no_model"
 
 
-def test_unreachable_or_refusing_recommend_api_is_502(tmp_path, split):
+def test_unreachable_or_refusing_recommend_api_is_502(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
 
     def down(request: httpx.Request) -> httpx.Response:
@@ -108,7 +116,7 @@ def test_unreachable_or_refusing_recommend_api_is_502(tmp_path, split):
     def refuses(request: httpx.Request) -> httpx.Response:
         return httpx.Response(422, json={"error": "unknown_items", "detail": "'film-1'"})
 
-    async def go(handler) -> httpx.Response:
+    async def go(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.Response:
         async with worker_api(settings_for(tmp_path), store, httpx.MockTransport(handler)) as c:
             return await c.get("/v1/users/0/recommendations")
 
@@ -118,7 +126,7 @@ def test_unreachable_or_refusing_recommend_api_is_502(tmp_path, split):
     assert r.status_code == 502 and "unknown_items" in r.json()["detail"]
 
 
-def test_healthz_reports_the_shard(tmp_path, split):
+def test_healthz_reports_the_shard(tmp_path: Path, split: Split) -> None:
     store, settings, holder = shard_store(tmp_path, split), settings_for(tmp_path), model_holder()
     r = get(settings, store, holder, "/healthz")
     assert r.status_code == 200
@@ -147,14 +155,16 @@ def test_healthz_reports_the_shard(tmp_path, split):
         "/v1/users/1_0/recommendations",
     ],
 )
-def test_integers_in_paths_and_queries_are_plain_decimal(tmp_path, split, path):
+def test_integers_in_paths_and_queries_are_plain_decimal(
+    tmp_path: Path, split: Split, path: str
+) -> None:
     store = shard_store(tmp_path, split)
     r = get(settings_for(tmp_path), store, model_holder(), path)
     assert r.status_code == 422, r.text
     assert r.json()["error"] == "validation_error"
 
 
-def test_an_id_of_too_many_digits_is_told_the_limit(tmp_path, split):
+def test_an_id_of_too_many_digits_is_told_the_limit(tmp_path: Path, split: Split) -> None:
     """It was told it was not 'in decimal digits', which it was."""
     store = shard_store(tmp_path, split)
     r = get(
@@ -163,7 +173,7 @@ def test_an_id_of_too_many_digits_is_told_the_limit(tmp_path, split):
     assert r.status_code == 422 and "at most 19 digits" in r.json()["detail"], r.text
 
 
-def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path, split):
+def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
 
     async def go() -> list[httpx.Response]:
@@ -181,7 +191,9 @@ def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path, split):
     assert too_large.status_code == 413 and too_large.json()["error"] == "body_too_large"
 
 
-def test_the_device_reads_its_own_training_items_and_may_rank_them_too(tmp_path, split):
+def test_the_device_reads_its_own_training_items_and_may_rank_them_too(
+    tmp_path: Path, split: Split
+) -> None:
     store, holder, user = shard_store(tmp_path, split, with_state=False), model_holder(4), 2
     train = [LABELS[i] for i in sorted({int(i) for i in split.user_train(user)})]
 

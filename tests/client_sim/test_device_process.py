@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+from fedrecgel.data import Split
 from services.client_sim.loop import follow_rounds
 from services.client_sim.server import DeviceApiServer, create_app
 from services.client_sim.worker import Worker
@@ -26,11 +28,11 @@ from tests.support.loopback import free_port
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> Split:
     return device_split()
 
 
-def test_http_server_thread_serves_and_stops(tmp_path, split):
+def test_http_server_thread_serves_and_stops(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
     app = create_app(settings_for(tmp_path), store, LABELS)
     server = DeviceApiServer(app, "127.0.0.1", 0, "warning")
@@ -44,7 +46,9 @@ def test_http_server_thread_serves_and_stops(tmp_path, split):
         httpx.get(f"http://127.0.0.1:{server.port}/healthz", timeout=1.0)
 
 
-def test_without_a_device_token_only_requests_addressed_to_loopback_are_answered(tmp_path, split):
+def test_without_a_device_token_only_requests_addressed_to_loopback_are_answered(
+    tmp_path: Path, split: Split
+) -> None:
     # a web page that points a DNS name at 127.0.0.1 (DNS rebinding) reaches the server, but
     # its requests carry that name in Host: they must not read a user's training items
     store = shard_store(tmp_path, split)
@@ -63,7 +67,7 @@ def test_without_a_device_token_only_requests_addressed_to_loopback_are_answered
         server.stop()
 
 
-def test_worker_waits_for_an_aggregator_that_is_not_up_yet(tmp_path, split):
+def test_worker_waits_for_an_aggregator_that_is_not_up_yet(tmp_path: Path, split: Split) -> None:
     fake = FakeAggregator()
     waits: list[float] = []
     settings = settings_for(tmp_path, shards=1, retries=0, max_rounds=1)
@@ -87,7 +91,9 @@ def test_worker_waits_for_an_aggregator_that_is_not_up_yet(tmp_path, split):
     assert w.evaluated_version() == 1
 
 
-def test_worker_process_serves_while_waiting_for_the_aggregator_and_stops_on_sigterm(tmp_path):
+def test_worker_process_serves_while_waiting_for_the_aggregator_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
     """`python -m services.client_sim --http-port`: /healthz answers before the aggregator is
     up (registration waits), and SIGTERM ends the process promptly (as `docker stop` sends)."""
     port = free_port()

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
+from fedrecgel.data import Split
 from services.client_sim.cli import settings_from_args
 from services.client_sim.settings import WorkerSettings
 from tests.client_sim.device_api import (
@@ -23,17 +26,19 @@ from tests.client_sim.device_api import (
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> Split:
     return device_split()
 
 
-def test_the_device_api_listens_on_loopback_unless_told_and_then_needs_a_token(tmp_path):
+def test_the_device_api_listens_on_loopback_unless_told_and_then_needs_a_token(
+    tmp_path: Path,
+) -> None:
     assert WorkerSettings(http_port=8710).http_host == "127.0.0.1"
     assert WorkerSettings(http_port=8710, http_host="::1").device_token is None
     for host in ("0.0.0.0", "10.1.2.3", "worker-0"):
         with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
             WorkerSettings(http_port=8710, http_host=host)
-    s = WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
+    s = WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=SecretStr(DEVICE_TOKEN))
     assert s.device_token is not None and s.device_token.get_secret_value() == DEVICE_TOKEN
     (tmp_path / "device_token").write_text(DEVICE_TOKEN + "\n")
     flags = ["--http-port", "8710", "--http-host", "0.0.0.0"]
@@ -42,15 +47,17 @@ def test_the_device_api_listens_on_loopback_unless_told_and_then_needs_a_token(t
 
 
 @pytest.mark.parametrize("token", ["REPLACE_ME", "changethis", "short"])
-def test_a_placeholder_device_token_is_refused(tmp_path, token):
+def test_a_placeholder_device_token_is_refused(tmp_path: Path, token: str) -> None:
     with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
-        WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=token)
+        WorkerSettings(http_port=8710, http_host="0.0.0.0", device_token=SecretStr(token))
     (tmp_path / "t").write_text(token)
     with pytest.raises(ValueError, match="FEDREC_WORKER_DEVICE_TOKEN"):
         WorkerSettings(device_token_file=tmp_path / "t")
 
 
-def test_with_a_device_token_every_request_but_healthz_needs_it(tmp_path, split):
+def test_with_a_device_token_every_request_but_healthz_needs_it(
+    tmp_path: Path, split: Split
+) -> None:
     store = shard_store(tmp_path, split)
     settings = settings_for(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
     good = {"Authorization": f"Bearer {DEVICE_TOKEN}"}
@@ -73,7 +80,7 @@ def test_with_a_device_token_every_request_but_healthz_needs_it(tmp_path, split)
     assert health.status_code == 200 and ok.status_code == 200, ok.text
 
 
-def test_training_items_need_the_device_token_when_one_is_set(tmp_path, split):
+def test_training_items_need_the_device_token_when_one_is_set(tmp_path: Path, split: Split) -> None:
     store = shard_store(tmp_path, split)
     settings = settings_for(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
 
@@ -94,7 +101,9 @@ def test_training_items_need_the_device_token_when_one_is_set(tmp_path, split):
     assert ok.status_code == 200 and ok.json()["user_id"] == 0
 
 
-def test_a_worker_process_bound_beyond_loopback_without_a_token_exits_with_a_message(tmp_path):
+def test_a_worker_process_bound_beyond_loopback_without_a_token_exits_with_a_message(
+    tmp_path: Path,
+) -> None:
     flags = ["--http-port", "0", "--http-host", "0.0.0.0", "--store", str(tmp_path / "w.db")]
     r = subprocess.run(
         [sys.executable, "-m", "services.client_sim", *flags],

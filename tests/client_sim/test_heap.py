@@ -35,11 +35,11 @@ def _run(code: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_the_worker_entry_freezes_its_imports():
+def test_the_worker_entry_freezes_its_imports() -> None:
     assert int(_run(_ENTRY)) > 50_000
 
 
-def test_later_passes_walk_only_new_objects_and_still_free_cycles():
+def test_later_passes_walk_only_new_objects_and_still_free_cycles() -> None:
     frozen, walked, collected = map(int, _run(_AFTER).split())
     assert frozen > 50_000
     assert walked < frozen // 10

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import torch
+from pydantic import SecretStr
 
+from fedrecgel.data import Split
 from fedrecgel.metrics import means
 from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
 from fedrecgel.simulate import RunResult, Simulator
@@ -27,23 +32,23 @@ SEED = 3
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> Split:
     return synthetic_split(n_users=60, n_items=80, seed=5, n_test_negatives=20)
 
 
 @pytest.fixture(scope="module")
-def sim3(split) -> tuple[Simulator, RunResult]:
+def sim3(split: Split) -> tuple[Simulator, RunResult]:
     """The in-process simulator after 3 rounds (what every federated run must reproduce)."""
     sim = Simulator(split, train_config(SEED))
     return sim, sim.run()
 
 
-def _start(fake: FakeAggregator, split, rounds: int = 3) -> None:
+def _start(fake: FakeAggregator, split: Split, rounds: int = 3) -> None:
     fake.start_run(**run_body(split.n_items, SEED, rounds))
 
 
 def _running(
-    tmp_path: Path, split, shards: int = 1, rounds: int = 3, **settings
+    tmp_path: Path, split: Split, shards: int = 1, rounds: int = 3, **settings: Any
 ) -> tuple[FakeAggregator, list[Worker]]:
     """A fake aggregator with a started run and a registered worker for each of ``shards``."""
     fake = FakeAggregator()
@@ -55,12 +60,12 @@ def _running(
 
 
 def _worker(
-    tmp_path: Path, fake: FakeAggregator, split, shard: int, shards: int, **settings
+    tmp_path: Path, fake: FakeAggregator, split: Split, shard: int, shards: int, **settings: Any
 ) -> Worker:
     s = WorkerSettings(
         shard=shard,
         shards=shards,
-        enrolment_token=enrolment_for(shard, shards),
+        enrolment_token=SecretStr(enrolment_for(shard, shards)),
         dataset="synthetic",
         store=str(tmp_path / f"w{shard}.db"),
         **settings,
@@ -78,7 +83,7 @@ def _drive(workers: list[Worker], fake: FakeAggregator, max_steps: int = 100) ->
     raise AssertionError("run did not finish")
 
 
-def test_uploads_equal_cohort_step_computed_directly(tmp_path, split):
+def test_uploads_equal_cohort_step_computed_directly(tmp_path: Path, split: Split) -> None:
     fake = FakeAggregator()
     w = _worker(tmp_path, fake, split, shard=1, shards=2)
     w.register()
@@ -102,7 +107,9 @@ def test_uploads_equal_cohort_step_computed_directly(tmp_path, split):
         assert g.client_id == e.client_id and g.n_samples == e.n_samples
 
 
-def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
+def test_two_workers_three_rounds_match_the_simulator(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     fake, workers = _running(tmp_path, split, shards=2)
     _drive(workers, fake)
 
@@ -121,17 +128,25 @@ def test_two_workers_three_rounds_match_the_simulator(tmp_path, split, sim3):
     # the private state in the stores equals the simulator's
     for w in workers:
         state = w.store.load_states(w.users.tolist())
-        for k, v in sim.store.params(w.users).items():
-            torch.testing.assert_close(state.params[k], v, rtol=1e-5, atol=1e-6)
+        for k, t in sim.store.params(w.users).items():
+            torch.testing.assert_close(state.params[k], t, rtol=1e-5, atol=1e-6)
 
 
-def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, split, sim3):
+def test_crash_after_upload_before_commit_reuploads_identical_update(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     fake, workers = _running(tmp_path, split, shards=2)
     crashing = workers[0]
 
     real_save = crashing.store.save_states
 
-    def crash(user_ids, state, round_id, attempt, meta=None):
+    def crash(
+        user_ids: Sequence[int],
+        state: PrivateState,
+        round_id: int | None,
+        attempt: int | None,
+        meta: Mapping[str, str | int | None] | None = None,
+    ) -> None:
         if round_id is None:  # the fresh states of a new run
             return real_save(user_ids, state, round_id, attempt, meta)
         raise RuntimeError("killed before commit")
@@ -157,7 +172,9 @@ def test_crash_after_upload_before_commit_reuploads_identical_update(tmp_path, s
         torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
 
 
-def test_restarted_worker_resumes_without_retraining(tmp_path, split, sim3):
+def test_restarted_worker_resumes_without_retraining(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     fake, (w,) = _running(tmp_path, split)
     w.step()  # trains round 1 (the whole cohort: the round closes)
     assert fake.version == 1
@@ -175,7 +192,7 @@ def test_restarted_worker_resumes_without_retraining(tmp_path, split, sim3):
         torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
 
 
-def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
+def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path: Path, split: Split) -> None:
     fake, (w,) = _running(tmp_path, split, rounds=1, max_body_bytes=4000)
     w.step()
     assert len(fake.uploads) > 1
@@ -187,7 +204,7 @@ def test_small_body_budget_splits_uploads_and_changes_nothing(tmp_path, split):
         torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
 
 
-def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
+def test_run_loop_finishes_and_survives_an_outage(tmp_path: Path, split: Split) -> None:
     fake, (w,) = _running(tmp_path, split, retries=1, backoff_s=0.0)
     fake.failures = [503, 503, 503, 500]
     follow_rounds(w)
@@ -196,13 +213,13 @@ def test_run_loop_finishes_and_survives_an_outage(tmp_path, split):
     w.close()
 
 
-def test_max_rounds_stops_early(tmp_path, split):
+def test_max_rounds_stops_early(tmp_path: Path, split: Split) -> None:
     fake, (w,) = _running(tmp_path, split, rounds=5, max_rounds=2)
     follow_rounds(w)
     assert w.evaluated_version() == 2 and fake.state == "open"
 
 
-def test_run_on_another_dataset_is_refused(tmp_path, split):
+def test_run_on_another_dataset_is_refused(tmp_path: Path, split: Split) -> None:
     fake = FakeAggregator()
     w = _worker(tmp_path, fake, split, shard=0, shards=1)
     w.register()
@@ -211,7 +228,7 @@ def test_run_on_another_dataset_is_refused(tmp_path, split):
         w.step()
 
 
-def test_store_of_another_shard_is_refused(tmp_path, split):
+def test_store_of_another_shard_is_refused(tmp_path: Path, split: Split) -> None:
     WorkerStore(tmp_path / "w0.db").close()
     fake = FakeAggregator()
     _worker(tmp_path, fake, split, shard=0, shards=2).close()
@@ -219,7 +236,7 @@ def test_store_of_another_shard_is_refused(tmp_path, split):
         _worker(tmp_path, fake, split, shard=0, shards=3)
 
 
-def test_nothing_private_leaves_the_worker(tmp_path, split):
+def test_nothing_private_leaves_the_worker(tmp_path: Path, split: Split) -> None:
     fake, workers = _running(tmp_path, split, shards=2, rounds=2)
     _drive(workers, fake)
     cfg = fake.model_cfg()
@@ -239,11 +256,11 @@ def test_nothing_private_leaves_the_worker(tmp_path, split):
             assert req.body == b""
 
 
-def test_refused_second_body_commits_only_the_accepted_users(tmp_path, split):
+def test_refused_second_body_commits_only_the_accepted_users(tmp_path: Path, split: Split) -> None:
     fake, (w,) = _running(tmp_path, split, rounds=1, max_body_bytes=4000)
-    uploads_seen = []
+    uploads_seen: list[httpx.Request] = []
 
-    def second_upload(request) -> bool:
+    def second_upload(request: httpx.Request) -> bool:
         if request.url.path.endswith("/updates"):
             uploads_seen.append(request)
             return len(uploads_seen) == 2
@@ -260,7 +277,7 @@ def test_refused_second_body_commits_only_the_accepted_users(tmp_path, split):
     assert not any(r.path.endswith("/updates") for r in fake.requests[n:])
 
 
-def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path):
+def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path: Path) -> None:
     vsplit = synthetic_split(n_users=30, n_items=60, seed=8, n_test_negatives=15, validation=True)
     fake, (w,) = _running(tmp_path, vsplit, rounds=1)
     _drive([w], fake)
@@ -274,7 +291,7 @@ def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path):
         assert got[f"val/{k}"] == pytest.approx(v, abs=1e-9)
 
 
-def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path, split):
+def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path: Path, split: Split) -> None:
     fake = FakeAggregator(run_id=1)
     w = _worker(tmp_path, fake, split, shard=0, shards=1)
     w.register()
@@ -286,11 +303,19 @@ def test_a_finished_run_the_worker_never_joined_is_ignored(tmp_path, split):
     assert w.step() is True and fake.version == 1
 
 
-def test_crash_after_the_upload_that_closed_the_round_is_recovered(tmp_path, split, sim3):
+def test_crash_after_the_upload_that_closed_the_round_is_recovered(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     fake, (w,) = _running(tmp_path, split)
     real_save = w.store.save_states
 
-    def crash(user_ids, state, round_id, attempt, meta=None):
+    def crash(
+        user_ids: Sequence[int],
+        state: PrivateState,
+        round_id: int | None,
+        attempt: int | None,
+        meta: Mapping[str, str | int | None] | None = None,
+    ) -> None:
         if round_id is None:
             return real_save(user_ids, state, round_id, attempt, meta)
         raise RuntimeError("killed before commit")
@@ -317,7 +342,9 @@ def test_crash_after_the_upload_that_closed_the_round_is_recovered(tmp_path, spl
         torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
-def test_the_upload_that_closes_a_round_answers_the_next_one_without_a_poll(tmp_path, split, sim3):
+def test_the_upload_that_closes_a_round_answers_the_next_one_without_a_poll(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     """A lone worker closes every round with its upload: it polls once, at the start, and
     takes each next round (and the end of the run) from its last upload's answer."""
     fake, (w,) = _running(tmp_path, split)
@@ -330,7 +357,9 @@ def test_the_upload_that_closes_a_round_answers_the_next_one_without_a_poll(tmp_
         torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
 
 
-def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(tmp_path, split, sim3):
+def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     """Version 1 is scored while round 2's upload is in flight and kept in the store with
     round 2's states (one transaction); a worker that dies before delivering the report delivers
     it once restarted (the same sums, scored with the states after round 1)."""
@@ -354,7 +383,9 @@ def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(tmp_pat
         assert got[k] == pytest.approx(v, abs=1e-9)
 
 
-def test_a_round_commits_states_scores_and_note_in_one_transaction(tmp_path, split):
+def test_a_round_commits_states_scores_and_note_in_one_transaction(
+    tmp_path: Path, split: Split
+) -> None:
     """Each store commit is an fsync: a trained round writes its upload note, then the new
     states with the scores kept and the note cleared in one transaction (and the delivered
     report's removal), not a transaction for each."""
@@ -372,7 +403,9 @@ def test_a_round_commits_states_scores_and_note_in_one_transaction(tmp_path, spl
     assert len(commits) == 3, len(commits)  # note, states + scores + note cleared, delivery
 
 
-def test_a_report_waits_for_the_end_of_the_round_its_upload_left_open(tmp_path, split, sim3):
+def test_a_report_waits_for_the_end_of_the_round_its_upload_left_open(
+    tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
+) -> None:
     """A report posted while the aggregator takes the other workers' uploads and closes the
     round slows that close: the worker whose upload left the round open delivers it once
     the round is over; the one whose upload closed it delivers at once."""

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +15,7 @@ from services.client_sim.settings import WorkerSettings
 from services.client_sim.waiters import RedisWaiter
 
 
-def test_flags_override_the_environment(monkeypatch):
+def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDREC_WORKER_SHARDS", "4")
     monkeypatch.setenv("FEDREC_WORKER_STORE", "from-env.db")
     monkeypatch.setenv("FEDREC_WORKER_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -34,12 +35,12 @@ def test_flags_override_the_environment(monkeypatch):
     assert s.dataset == "filmtrust" and s.validation is False
 
 
-def test_bad_shard_is_a_usage_error(capsys):
+def test_bad_shard_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--shard", "2", "--shards", "2"]) == 2
     assert "shard" in capsys.readouterr().err
 
 
-def test_module_entry_point_prints_help():
+def test_module_entry_point_prints_help() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "services.client_sim", "--help"],
         capture_output=True,
@@ -50,13 +51,13 @@ def test_module_entry_point_prints_help():
         assert flag in out
 
 
-def test_settings_validate_poll_intervals():
+def test_settings_validate_poll_intervals() -> None:
     with pytest.raises(ValueError, match="poll"):
         WorkerSettings(poll_min_s=2.0, poll_max_s=1.0)
 
 
 @pytest.mark.redis
-def test_redis_waiter_wakes_up_on_a_version_event(redis_url: str):
+def test_redis_waiter_wakes_up_on_a_version_event(redis_url: str) -> None:
     import redis
 
     r = redis.Redis.from_url(redis_url)
@@ -77,7 +78,9 @@ def test_redis_waiter_wakes_up_on_a_version_event(redis_url: str):
         r.close()
 
 
-def test_an_unusable_store_or_dataset_is_an_error_line_not_a_traceback(tmp_path, caplog):
+def test_an_unusable_store_or_dataset_is_an_error_line_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     base = ["--aggregator", "http://127.0.0.1:9", "--shard", "0", "--shards", "2"]
@@ -95,7 +98,7 @@ def test_an_unusable_store_or_dataset_is_an_error_line_not_a_traceback(tmp_path,
     assert blocker.read_text() == "not a folder"
 
 
-def test_a_mistyped_redis_url_is_a_usage_error(capsys):
+def test_a_mistyped_redis_url_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["--shard", "0", "--shards", "1", "--redis-url", "localhost:6379"]
     assert main(args) == 2
     assert "a Redis URL starts with redis://" in capsys.readouterr().err
@@ -116,8 +119,8 @@ def test_a_mistyped_redis_url_is_a_usage_error(capsys):
     ],
 )
 def test_unusable_flag_values_are_usage_errors_not_tracebacks_or_endless_retries(
-    capsys, flag, value, message
-):
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
     """Each of these was taken as given: a traceback at the first request or wait
     (negative timeout, NaN poll, negative retries), or retries without end (a URL without
     its scheme)."""
@@ -125,7 +128,7 @@ def test_unusable_flag_values_are_usage_errors_not_tracebacks_or_endless_retries
     assert message in capsys.readouterr().err
 
 
-def test_the_help_shows_the_settings_defaults_and_shards_get_their_own_store():
+def test_the_help_shows_the_settings_defaults_and_shards_get_their_own_store() -> None:
     """The help's defaults were typed by hand beside the settings'; the default store was
     worker-0.db for every shard, so a second worker started without --store met the first's
     store (refused: it holds shard=0)."""

@@ -14,11 +14,13 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from fedrecgel.data import Split
 from fedrecgel.synthetic import synthetic_split
 from services.client_sim.cli import main as worker_main
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
+from tests.client_sim.conftest import LiveAggregator
 from tests.fake_aggregator import FakeAggregator, enrolment_for, worker_settings
 from tests.support.aggregator import ENROLMENT_SECRET, OPERATOR_TOKEN
 
@@ -26,7 +28,7 @@ N_USERS = 12
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> Split:
     return synthetic_split(n_users=N_USERS, n_items=30, seed=3, n_test_negatives=10)
 
 
@@ -34,7 +36,7 @@ def _settings(tmp_path: Path, **kw: Any) -> WorkerSettings:
     return worker_settings(tmp_path, enrol=False, **{"shard": 1, "retries": 0, **kw})
 
 
-def test_the_token_must_name_the_workers_own_shard(tmp_path):
+def test_the_token_must_name_the_workers_own_shard(tmp_path: Path) -> None:
     ok = _settings(tmp_path, enrolment_token=enrolment_for(1, 2))
     assert ok.enrolment_token is not None
     for shard, shards in ((0, 2), (1, 3)):
@@ -44,7 +46,7 @@ def test_the_token_must_name_the_workers_own_shard(tmp_path):
         _settings(tmp_path, enrolment_token="REPLACE_ME")
 
 
-def test_the_token_file_may_name_the_shard(tmp_path, monkeypatch):
+def test_the_token_file_may_name_the_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for i in range(2):
         (tmp_path / f"shard-{i}.token").write_text(enrolment_for(i, 2) + "\n")
     monkeypatch.setattr("socket.gethostname", lambda: "worker-1")  # a StatefulSet pod
@@ -57,7 +59,7 @@ def test_the_token_file_may_name_the_shard(tmp_path, monkeypatch):
     assert s.enrolment_token.get_secret_value() == enrolment_for(1, 2)
 
 
-def test_a_token_of_another_shard_ends_the_worker_with_a_message(tmp_path):
+def test_a_token_of_another_shard_ends_the_worker_with_a_message(tmp_path: Path) -> None:
     env = {"PATH": "/usr/bin:/bin", "FEDREC_WORKER_ENROLMENT_TOKEN": enrolment_for(0, 2)}
     flags = ["--shard", "1", "--shards", "2", "--store", str(tmp_path / "w.db")]
     r = subprocess.run(
@@ -72,7 +74,9 @@ def test_a_token_of_another_shard_ends_the_worker_with_a_message(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_registration_sends_the_enrolment_token_and_keeps_the_client_token(tmp_path, split):
+def test_registration_sends_the_enrolment_token_and_keeps_the_client_token(
+    tmp_path: Path, split: Split
+) -> None:
     fake = FakeAggregator()
     w = Worker(
         _settings(tmp_path, enrolment_token=enrolment_for(1, 2)),
@@ -88,7 +92,7 @@ def test_registration_sends_the_enrolment_token_and_keeps_the_client_token(tmp_p
     w.close()
 
 
-def test_without_a_token_registration_is_not_tried(tmp_path, split):
+def test_without_a_token_registration_is_not_tried(tmp_path: Path, split: Split) -> None:
     fake = FakeAggregator()
     w = Worker(_settings(tmp_path), split=split, transport=fake.transport())
     with pytest.raises(WorkerError, match="FEDREC_WORKER_ENROLMENT_TOKEN"):
@@ -106,8 +110,14 @@ def test_without_a_token_registration_is_not_tried(tmp_path, split):
     ],
 )
 def test_a_refused_registration_is_a_message_and_exit_status_1(
-    tmp_path, live_aggregator, caplog, overrides, token_secret, status, hint
-):
+    tmp_path: Path,
+    live_aggregator: LiveAggregator,
+    caplog: pytest.LogCaptureFixture,
+    overrides: dict[str, int | None],
+    token_secret: str,
+    status: str,
+    hint: str,
+) -> None:
     """The real aggregator refuses; `fedrec worker` logs why and what to change, and exits 1."""
     token = enrolment_token(token_secret, 1, 2)
     with live_aggregator(**overrides) as url:
@@ -125,8 +135,8 @@ def test_a_refused_registration_is_a_message_and_exit_status_1(
 
 
 def test_a_worker_that_died_before_keeping_its_token_registers_again(
-    tmp_path, live_aggregator, split
-):
+    tmp_path: Path, live_aggregator: LiveAggregator, split: Split
+) -> None:
     """The aggregator registered the users, the worker died before the answer reached its
     store: restarted, it asks again with the token it chose and kept, and gets it back."""
     with live_aggregator(population=N_USERS) as url:
@@ -135,7 +145,7 @@ def test_a_worker_that_died_before_keeping_its_token_registers_again(
         crashed = Worker(settings, split=split)
         real_set_meta = crashed.store.set_meta
 
-        def die_on_token(**values):
+        def die_on_token(**values: str | int | None) -> None:
             if "token" in values:
                 raise RuntimeError("killed before the token reached the store")
             real_set_meta(**values)
@@ -161,7 +171,9 @@ def test_a_worker_that_died_before_keeping_its_token_registers_again(
         again.close()
 
 
-def test_a_second_worker_of_the_shard_cannot_take_the_users(tmp_path, live_aggregator, split):
+def test_a_second_worker_of_the_shard_cannot_take_the_users(
+    tmp_path: Path, live_aggregator: LiveAggregator, split: Split
+) -> None:
     """A worker of the same shard on another store (or anyone holding the shard's enrolment
     token) is refused with a message; the running worker keeps its users. Once the operator
     releases them (the first worker's store is lost), a worker registers them again."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -89,7 +90,9 @@ class OutageOnFirstUpload(httpx.BaseTransport):
         self.inner.close()
 
 
-def test_the_upload_waits_out_a_database_outage_longer_than_3_s(tmp_path, postgres_url):
+def test_the_upload_waits_out_a_database_outage_longer_than_3_s(
+    tmp_path: Path, postgres_url: str
+) -> None:
     split = synthetic_split(n_users=N_USERS, n_items=60, seed=3, n_test_negatives=20)
     settings = make_settings(postgres_url, population=N_USERS, deadline_poll_s=0.2)
     outage = DatabaseOutage(postgres_url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from sqlalchemy.orm.exc import StaleDataError
 import services.client_sim.aggregator_client as client_module
 import services.client_sim.store as store_module
 import services.client_sim.worker as worker_module
+from fedrecgel.data import Split
 from fedrecgel.model import ModelConfig
 from fedrecgel.sam import PrivateState
 from fedrecgel.synthetic import synthetic_split
@@ -30,7 +32,7 @@ from services.client_sim.store import (
 
 
 @pytest.fixture(scope="module")
-def split():
+def split() -> Split:
     return synthetic_split(n_users=12, n_items=40, seed=2, n_test_negatives=10, validation=True)
 
 
@@ -55,13 +57,13 @@ def _assert_state_equal(a: PrivateState, b: PrivateState) -> None:
     assert torch.equal(a.step, b.step)
 
 
-def _store(tmp_path: Path, split) -> WorkerStore:
+def _store(tmp_path: Path, split: Split) -> WorkerStore:
     s = WorkerStore(tmp_path / "w.db")
     s.add_users(split, [1, 4, 7, 10])
     return s
 
 
-def test_state_round_trip_is_bit_exact_in_any_order(tmp_path, split):
+def test_state_round_trip_is_bit_exact_in_any_order(tmp_path: Path, split: Split) -> None:
     store = _store(tmp_path, split)
     state = _random_state(4)
     store.save_states([1, 4, 7, 10], state, round_id=3, attempt=1)
@@ -71,7 +73,7 @@ def test_state_round_trip_is_bit_exact_in_any_order(tmp_path, split):
     assert progress[1].last_round == 3 and progress[10].last_attempt == 1
 
 
-def test_state_survives_reopening_the_file(tmp_path, split):
+def test_state_survives_reopening_the_file(tmp_path: Path, split: Split) -> None:
     store = _store(tmp_path, split)
     state = _random_state(4, seed=9)
     store.save_states([1, 4, 7, 10], state, round_id=2, attempt=0)
@@ -83,7 +85,7 @@ def test_state_survives_reopening_the_file(tmp_path, split):
     assert again.user_ids().tolist() == [1, 4, 7, 10]
 
 
-def test_saving_some_users_leaves_the_others_untouched(tmp_path, split):
+def test_saving_some_users_leaves_the_others_untouched(tmp_path: Path, split: Split) -> None:
     store = _store(tmp_path, split)
     before = _random_state(4, seed=1)
     store.save_states([1, 4, 7, 10], before, None, None)
@@ -92,7 +94,7 @@ def test_saving_some_users_leaves_the_others_untouched(tmp_path, split):
     assert store.progress([4])[4].last_round is None
 
 
-def test_interactions_round_trip(tmp_path, split):
+def test_interactions_round_trip(tmp_path: Path, split: Split) -> None:
     store = _store(tmp_path, split)
     data = store.load_data()
     users = [1, 4, 7, 10]
@@ -102,11 +104,12 @@ def test_interactions_round_trip(tmp_path, split):
     assert np.array_equal(data.test_items, split.test_items[users])
     assert np.array_equal(data.test_negatives, split.test_negatives[users])
     assert data.val_items is not None and data.val_negatives is not None
+    assert split.val_items is not None and split.val_negatives is not None
     assert np.array_equal(data.val_items, split.val_items[users])
     assert np.array_equal(data.val_negatives, split.val_negatives[users])
 
 
-def test_blobs_on_disk_are_safetensors_not_pickle(tmp_path, split):
+def test_blobs_on_disk_are_safetensors_not_pickle(tmp_path: Path, split: Split) -> None:
     store = _store(tmp_path, split)
     store.save_states([1, 4, 7, 10], _random_state(4), 1, 0)
     with store.engine.connect() as conn:
@@ -118,7 +121,7 @@ def test_blobs_on_disk_are_safetensors_not_pickle(tmp_path, split):
             assert tensors
 
 
-def test_private_blob_codec_checks_its_format():
+def test_private_blob_codec_checks_its_format() -> None:
     state = _random_state(2)
     blobs = [encode_private(state, i) for i in range(2)]
     _assert_state_equal(decode_private(blobs, state.step.tolist()), state)
@@ -128,7 +131,7 @@ def test_private_blob_codec_checks_its_format():
         decode_private([encode_state({"x": torch.zeros(1)})], [0])
 
 
-def test_rows_encoded_together_are_the_bytes_of_each_row_encoded_alone():
+def test_rows_encoded_together_are_the_bytes_of_each_row_encoded_alone() -> None:
     state = _random_state(5, seed=7)
     state.step[:] = torch.tensor([3, 10, 3, 0, 123456])  # header lengths differ by step
     state.params["user_gmf"][1, 0] = -0.0
@@ -138,7 +141,7 @@ def test_rows_encoded_together_are_the_bytes_of_each_row_encoded_alone():
     assert encode_private_rows(state, 2) == alone[:2]
 
 
-def test_loading_a_user_without_state_fails_clearly(tmp_path, split):
+def test_loading_a_user_without_state_fails_clearly(tmp_path: Path, split: Split) -> None:
     store = _store(tmp_path, split)
     with pytest.raises(store_module.StoreError, match="no private state"):
         store.load_states([1])
@@ -147,7 +150,7 @@ def test_loading_a_user_without_state_fails_clearly(tmp_path, split):
         store.load_states([2])
 
 
-def test_a_mirrored_store_loads_what_the_file_holds(tmp_path, split):
+def test_a_mirrored_store_loads_what_the_file_holds(tmp_path: Path, split: Split) -> None:
     """The in-memory mirror serves the committed states bit for bit: after saves of some
     users, whatever the order asked, and as a plain store on the same file reads them."""
     store = WorkerStore(tmp_path / "w.db", mirror=True)
@@ -169,7 +172,9 @@ def test_a_mirrored_store_loads_what_the_file_holds(tmp_path, split):
     store.close()
 
 
-def test_a_new_run_of_another_model_shape_replaces_the_mirrored_states(tmp_path, split):
+def test_a_new_run_of_another_model_shape_replaces_the_mirrored_states(
+    tmp_path: Path, split: Split
+) -> None:
     """Regression: a run with another factor (or kind) than the previous one crashed every
     mirroring worker (the mirror of the old widths could not take the new states)."""
     store = WorkerStore(tmp_path / "w.db", mirror=True)
@@ -186,7 +191,7 @@ def test_a_new_run_of_another_model_shape_replaces_the_mirrored_states(tmp_path,
     store.close()
 
 
-def test_a_failed_save_leaves_the_mirror_as_the_file(tmp_path, split):
+def test_a_failed_save_leaves_the_mirror_as_the_file(tmp_path: Path, split: Split) -> None:
     store = WorkerStore(tmp_path / "w.db", mirror=True)
     store.add_users(split, [1, 4])
     before = _random_state(2, seed=5)
@@ -199,8 +204,8 @@ def test_a_failed_save_leaves_the_mirror_as_the_file(tmp_path, split):
 
 
 def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
-    tmp_path, split, monkeypatch
-):
+    tmp_path: Path, split: Split, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The device API's thread builds the mirror while the worker's thread saves: the save
     commits after the build read the file and before it set the mirror. Its states must be
     in the mirror (the build holds the lock from its read to the assignment, so the save
@@ -210,10 +215,10 @@ def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
     store.save_states([1, 4], _random_state(2, seed=7), None, None)
     newer = _random_state(2, seed=8)
     read_done, save_done = threading.Event(), threading.Event()
-    builder_reads = []
+    builder_reads: list[Sequence[int]] = []
     real_read, real_saved = store._load_from_db, store._mirror_saved
 
-    def read_then_let_the_save_in(user_ids):
+    def read_then_let_the_save_in(user_ids: Sequence[int]) -> PrivateState:
         state = real_read(user_ids)
         if threading.current_thread().name == "builder" and not builder_reads:
             builder_reads.append(user_ids)
@@ -223,7 +228,7 @@ def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
             save_done.wait(timeout=1.0)
         return state
 
-    def saved(user_ids, state):
+    def saved(user_ids: Sequence[int], state: PrivateState) -> None:
         real_saved(user_ids, state)
         save_done.set()
 
@@ -242,7 +247,7 @@ def test_a_save_committing_while_the_mirror_is_built_reaches_the_mirror(
     store.close()
 
 
-def test_a_mirrored_store_answers_progress_from_memory(tmp_path, split):
+def test_a_mirrored_store_answers_progress_from_memory(tmp_path: Path, split: Split) -> None:
     """Each round's cohort check reads the members' committed (round, attempt): a mirroring
     store reads the file once, then answers without a query, as the file says after saves
     and resets (a failed save changes nothing)."""
@@ -275,13 +280,13 @@ def test_a_mirrored_store_answers_progress_from_memory(tmp_path, split):
     store.close()
 
 
-def test_worker_modules_never_pickle_or_torch_load():
+def test_worker_modules_never_pickle_or_torch_load() -> None:
     for mod in (store_module, client_module, worker_module):
         src = inspect.getsource(mod)
         assert "import pickle" not in src and "torch.load" not in src, mod.__name__
 
 
-def test_aggregator_client_takes_no_private_state():
+def test_aggregator_client_takes_no_private_state() -> None:
     """The client's public surface has no parameter that could carry private state."""
     client_cls = client_module.AggregatorClient
     for name, fn in inspect.getmembers(client_cls, inspect.isfunction):
@@ -296,7 +301,7 @@ def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
 
-def test_the_store_and_its_sqlite_files_are_private(tmp_path, split):
+def test_the_store_and_its_sqlite_files_are_private(tmp_path: Path, split: Split) -> None:
     import os
 
     old = os.umask(0o022)  # the usual umask: files 0644 unless created otherwise
@@ -319,7 +324,7 @@ def test_the_store_and_its_sqlite_files_are_private(tmp_path, split):
         os.umask(old)
 
 
-def test_another_services_database_is_refused_and_left_as_it_was(tmp_path):
+def test_another_services_database_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
     # e.g. --store pointed at the aggregator's database by mistake: no table is added to it
     from sqlalchemy import create_engine
     from sqlalchemy import inspect as sql_inspect
@@ -339,7 +344,9 @@ def test_another_services_database_is_refused_and_left_as_it_was(tmp_path):
     engine.dispose()
 
 
-def test_a_mirroring_store_reads_its_meta_from_memory_and_writes_it_through(tmp_path, split):
+def test_a_mirroring_store_reads_its_meta_from_memory_and_writes_it_through(
+    tmp_path: Path, split: Split
+) -> None:
     """The worker's store (``mirror=True``) loads the meta table once; reads then cost no
     query, writes still commit first, and the file holds what the copy says."""
     store = WorkerStore(tmp_path / "w.db", mirror=True)
@@ -362,7 +369,9 @@ def test_a_mirroring_store_reads_its_meta_from_memory_and_writes_it_through(tmp_
     assert again.meta_like("report/") == {"report/5": "{}"}
 
 
-def test_a_reset_of_every_owned_user_is_the_mirror_without_a_read(tmp_path, split, monkeypatch):
+def test_a_reset_of_every_owned_user_is_the_mirror_without_a_read(
+    tmp_path: Path, split: Split, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A new run's reset of all owned users (in id order) fills the mirror from the committed
     states themselves: no blob is decoded to serve them, and they are what the file holds. A
     reset of some users only leaves the mirror to be rebuilt from the file."""
@@ -373,7 +382,7 @@ def test_a_reset_of_every_owned_user_is_the_mirror_without_a_read(tmp_path, spli
     store.reset_states([1, 4, 7], fresh)
     real_read = store._load_from_db
 
-    def no_read(user_ids):
+    def no_read(user_ids: Sequence[int]) -> None:
         raise AssertionError("read from the file")
 
     monkeypatch.setattr(store, "_load_from_db", no_read)

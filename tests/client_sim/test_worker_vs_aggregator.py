@@ -4,10 +4,14 @@ process) and reproduce the in-process simulator."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import torch
+from pydantic import SecretStr
 
 from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
@@ -16,6 +20,7 @@ from services.client_sim.loop import follow_rounds
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
 from services.enrolment import enrolment_token
+from tests.client_sim.conftest import LiveAggregator
 from tests.client_sim.worker_run import run_body, train_config
 from tests.support.aggregator import ENROLMENT_SECRET, OPERATOR_TOKEN
 
@@ -24,7 +29,7 @@ N_USERS = 60
 
 
 @pytest.fixture()
-def aggregator(live_aggregator):
+def aggregator(live_aggregator: LiveAggregator) -> Iterator[str]:
     with live_aggregator(population=N_USERS, deadline_poll_s=0.2) as url:
         yield url
 
@@ -43,7 +48,9 @@ WIDER = {
 
 
 @pytest.mark.parametrize("extra", [{}, WIDER], ids=["paper", "wider-settings"])
-def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggregator, extra):
+def test_two_workers_three_rounds_over_http_match_the_simulator(
+    tmp_path: Path, aggregator: str, extra: dict[str, Any]
+) -> None:
     split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
     workers = [
         Worker(
@@ -51,7 +58,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
                 aggregator=aggregator,
                 shard=i,
                 shards=2,
-                enrolment_token=enrolment_token(ENROLMENT_SECRET, i, 2),
+                enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
                 dataset="synthetic",
                 store=str(tmp_path / f"worker-{i}.db"),
                 poll_min_s=0.01,
@@ -86,8 +93,8 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(tmp_path, aggreg
     result = sim.run()
     _, shared, version = decode_model(blob.content)
     assert version == ROUNDS
-    for name, t in sim.shared.items():
-        torch.testing.assert_close(shared[name], t, rtol=1e-5, atol=1e-6)
+    for name, param in sim.shared.items():
+        torch.testing.assert_close(shared[name], param, rtol=1e-5, atol=1e-6)
     rounds = history["rounds"]
     assert [r["model_version"] for r in rounds] == [1, 2, 3]
     for rec, row in zip(result.rounds, rounds, strict=True):

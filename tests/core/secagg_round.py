@@ -32,5 +32,5 @@ def first_round(split: Split, config: TrainConfig) -> FirstRound:
     uploads = sim.clients.step(
         sim.shared, 1, cohort, split.user_train, sim.store.get(cohort)
     ).uploads
-    spec = round_spec(sim.model_cfg, sim.params, 1, cohort)
+    spec = round_spec(sim.model_cfg, sim.params, 1, cohort.tolist())
     return FirstRound(sim, uploads, spec, Server(spec), {u: Client(spec, u) for u in spec.cohort})

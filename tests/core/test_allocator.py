@@ -39,7 +39,8 @@ def _faults(mode: str) -> list[int]:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    faults: list[int] = json.loads(out.stdout.strip().splitlines()[-1])
+    return faults
 
 
 def test_memory_freed_after_a_step_is_reused_without_faults() -> None:

@@ -15,6 +15,7 @@ from fedrecgel.baselines import (
 )
 from fedrecgel.data import Interactions, Split, apply_protocol
 from fedrecgel.model import ModelConfig
+from fedrecgel.simulate import RoundRecord
 
 
 def _popular_split(validation: bool = True) -> Split:
@@ -41,7 +42,8 @@ def test_popularity_counts_training_users_and_finds_popular_test_items() -> None
             assert pop[i] >= 1
     res = popularity(split)
     # every held-out item is one of the ten popular items; the negatives are long-tail
-    assert res.best_test() is not None and res.best_test()["hr@10"] == pytest.approx(1.0)
+    best = res.best_test()
+    assert best is not None and best["hr@10"] == pytest.approx(1.0)
 
 
 def test_random_ranking_is_seeded_and_near_chance() -> None:
@@ -55,7 +57,7 @@ def test_random_ranking_is_seeded_and_near_chance() -> None:
 def test_central_learns_beyond_chance_and_reports_epochs() -> None:
     split = _popular_split()
     cfg = CentralConfig(ModelConfig(n_items=split.n_items, factor=8), epochs=6, lr=0.01)
-    seen = []
+    seen: list[RoundRecord] = []
     res = central(split, cfg, on_epoch=seen.append)
     assert [r.round for r in res.rounds] == list(range(1, 7)) and seen == res.rounds
     assert res.rounds[-1].loss < res.rounds[0].loss

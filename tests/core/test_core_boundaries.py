@@ -45,7 +45,7 @@ def package_imports(package: Path) -> list[tuple[str, int, str]]:
     return out
 
 
-def test_no_core_module_imports_the_services_or_their_dependencies_even_lazily():
+def test_no_core_module_imports_the_services_or_their_dependencies_even_lazily() -> None:
     found = package_imports(ROOT / "fedrecgel")
     bad = [
         f"{file}:{line}: {name}"
@@ -58,7 +58,7 @@ def test_no_core_module_imports_the_services_or_their_dependencies_even_lazily()
     assert len({f for f, _, _ in found}) >= 10
 
 
-def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path):
+def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "core"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -75,7 +75,7 @@ def test_the_scan_sees_lazy_and_relative_imports(tmp_path: Path):
     ]
 
 
-def test_importing_every_core_module_pulls_in_no_service_dependency():
+def test_importing_every_core_module_pulls_in_no_service_dependency() -> None:
     mods = [
         m.name
         for m in pkgutil.walk_packages(fedrecgel.__path__, "fedrecgel.")
@@ -92,7 +92,7 @@ def test_importing_every_core_module_pulls_in_no_service_dependency():
     assert "fedrecgel.cli" in mods and "fedrecgel.sam" in mods
 
 
-def test_no_pickle_or_torch_load_anywhere_in_the_project():
+def test_no_pickle_or_torch_load_anywhere_in_the_project() -> None:
     root = ROOT
     hits = []
     for path in [

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedrecgel.data import Split
 from fedrecgel.landscape import (
     TrainingLoss,
     filter_normalise,
@@ -16,7 +17,7 @@ from fedrecgel.landscape import (
     slice_2d,
     top_hessian_eigenvalue,
 )
-from fedrecgel.model import ModelConfig, forward_batched, init_private, init_shared
+from fedrecgel.model import ModelConfig, ModelKind, forward_batched, init_private, init_shared
 from fedrecgel.synthetic import synthetic_split
 
 
@@ -61,9 +62,11 @@ def test_moved_adds_the_scaled_directions_without_touching_the_input() -> None:
     assert float(p["w"].abs().sum()) == 0.0
 
 
-def _loss_setup(kind: str = "ncf"):
+def _loss_setup(
+    kind: ModelKind = "ncf",
+) -> tuple[Split, ModelConfig, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     split = synthetic_split(40, 60, interactions_per_user=8.0, seed=1, n_test_negatives=20)
-    cfg = ModelConfig(n_items=split.n_items, kind=kind, factor=4, layers=2)  # type: ignore[arg-type]
+    cfg = ModelConfig(n_items=split.n_items, kind=kind, factor=4, layers=2)
     shared = _trained_like(cfg)
     private = init_private(cfg, 0, np.arange(split.n_users))
     private = {k: v * 30 for k, v in private.items()}
@@ -71,7 +74,7 @@ def _loss_setup(kind: str = "ncf"):
 
 
 @pytest.mark.parametrize("kind", ["ncf", "mf"])
-def test_slice_at_zero_is_the_models_training_loss(kind: str) -> None:
+def test_slice_at_zero_is_the_models_training_loss(kind: ModelKind) -> None:
     split, cfg, shared, private = _loss_setup(kind)
     loss = TrainingLoss(cfg, split, private, n_negatives=3, seed=0, chunk=50)
     assert loss.n_samples == split.n_train * 4

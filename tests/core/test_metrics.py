@@ -14,22 +14,22 @@ from fedrecgel.metrics import (
     per_user_metrics,
     rank_of_positive,
 )
-from fedrecgel.model import ModelConfig, Scorer, init_private, init_shared
+from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_private, init_shared
 
 
-def test_rank_counts_negatives_scored_at_least_as_high():
+def test_rank_counts_negatives_scored_at_least_as_high() -> None:
     pos = torch.tensor([0.9, 0.5, 0.1])
     neg = torch.tensor([[0.1, 0.2, 0.3], [0.5, 0.6, 0.1], [0.2, 0.3, 0.4]])
     assert rank_of_positive(pos, neg).tolist() == [0, 2, 3]
 
 
-def test_ties_never_favour_the_test_item():
+def test_ties_never_favour_the_test_item() -> None:
     pos = torch.tensor([1.0])
     neg = torch.ones(1, 99)  # every candidate scores the same
     assert rank_of_positive(pos, neg).tolist() == [99]
 
 
-def test_hr_and_ndcg_by_hand():
+def test_hr_and_ndcg_by_hand() -> None:
     m = per_user_metrics(torch.tensor([0, 4, 5, 12]), ks=(5, 10))
     assert m["hr@5"].tolist() == [1, 1, 0, 0]
     assert m["hr@10"].tolist() == [1, 1, 1, 0]
@@ -37,7 +37,7 @@ def test_hr_and_ndcg_by_hand():
     assert m["ndcg@10"].tolist() == pytest.approx([1.0, 1 / math.log2(6), 1 / math.log2(7), 0])
 
 
-def test_metric_sums_over_a_tiny_mf_model():
+def test_metric_sums_over_a_tiny_mf_model() -> None:
     cfg = ModelConfig(n_items=4, kind="mf", factor=1)
     shared = {"item_gmf": torch.tensor([[1.0], [2.0], [3.0], [4.0]])}
     private = {"user_gmf": torch.tensor([[1.0], [-1.0]])}
@@ -60,7 +60,9 @@ def test_metric_sums_over_a_tiny_mf_model():
         ("ncf", 45, 30, 2),
     ],
 )
-def test_fast_evaluation_gives_the_reference_logits_and_metrics(kind, n_users, batch, layers):
+def test_fast_evaluation_gives_the_reference_logits_and_metrics(
+    kind: ModelKind, n_users: int, batch: int, layers: int
+) -> None:
     """The evaluation path (:func:`candidate_logits` in chunks of users, metric_sums in
     batches) against the reference: :meth:`Scorer.score` over all users at once, ranks and
     HR/NDCG computed from those. Fewer users than a chunk, batches that end inside a chunk,

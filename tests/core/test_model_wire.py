@@ -1,6 +1,7 @@
 """Model initialisation, scoring paths that must agree, and the safetensors codec."""
 
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_private, init_shared
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
+from fedrecgel.uploads import Update
 from fedrecgel.wire import (
     WireError,
     decode_model,
@@ -20,7 +22,7 @@ from fedrecgel.wire import (
 CFG = ModelConfig(n_items=30, factor=4, layers=3)
 
 
-def test_shapes_follow_the_reference_architecture():
+def test_shapes_follow_the_reference_architecture() -> None:
     cfg = ModelConfig(n_items=10)
     shapes = cfg.shared_shapes()
     assert shapes["item_mlp"] == (10, 128)
@@ -29,7 +31,7 @@ def test_shapes_follow_the_reference_architecture():
     assert cfg.private_dims() == {"user_gmf": 32, "user_mlp": 128}
 
 
-def test_init_is_seeded_and_biases_are_zero():
+def test_init_is_seeded_and_biases_are_zero() -> None:
     a, b = init_shared(CFG, 3), init_shared(CFG, 3)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["item_gmf"], init_shared(CFG, 4)["item_gmf"])
@@ -37,14 +39,14 @@ def test_init_is_seeded_and_biases_are_zero():
     assert float(a["item_gmf"].std()) == pytest.approx(0.01, rel=0.3)
 
 
-def test_private_init_of_a_shard_equals_the_whole_population():
+def test_private_init_of_a_shard_equals_the_whole_population() -> None:
     whole = init_private(CFG, 7, np.arange(10))
     shard = init_private(CFG, 7, np.array([3, 8]))
     for k in whole:
         assert torch.equal(whole[k][[3, 8]], shard[k])
 
 
-def test_scorer_agrees_with_the_training_forward():
+def test_scorer_agrees_with_the_training_forward() -> None:
     shared = init_shared(CFG, 0)
     for k in shared:  # make the tower non-trivial
         shared[k] = shared[k] + 0.1 * torch.randn_like(shared[k])
@@ -60,24 +62,24 @@ def test_scorer_agrees_with_the_training_forward():
     torch.testing.assert_close(full.gather(1, items), want, atol=1e-5, rtol=1e-5)
 
 
-def test_model_round_trip_through_safetensors():
+def test_model_round_trip_through_safetensors() -> None:
     shared = init_shared(CFG, 1)
     cfg, back, version = decode_model(encode_model(CFG, shared, 12))
     assert cfg == CFG and version == 12
     assert all(torch.equal(back[k], shared[k]) for k in shared)
 
 
-def _updates(n: int = 2):
+def _updates(n: int = 2) -> list[Update]:
     shared = init_shared(CFG, 0)
     users = np.arange(n)
     state = PrivateState.fresh(CFG, 0, users)
     samples = [
-        client_samples(np.array([1, 2, 3]), CFG.n_items, 4, client_rng(0, 1, u)) for u in users
+        client_samples(np.array([1, 2, 3]), CFG.n_items, 4, client_rng(0, 1, int(u))) for u in users
     ]
     return cohort_step(CFG, shared, users, state, samples, SAMConfig()).uploads
 
 
-def test_updates_round_trip_and_digest_is_stable():
+def test_updates_round_trip_and_digest_is_stable() -> None:
     ups = _updates()
     dec = decode_updates(encode_updates(5, ups), CFG)
     assert dec.round_id == 5 and [u.client_id for u in dec.updates] == [0, 1]
@@ -88,7 +90,11 @@ def test_updates_round_trip_and_digest_is_stable():
     assert update_digest(6, ups[0]) != dec.digests[0]
 
 
-def _tamper(body: bytes, fn) -> bytes:
+#: changes the tensors and the metadata of a decoded body in place
+Mutation = Callable[[dict[str, torch.Tensor], dict[str, str]], object]
+
+
+def _tamper(body: bytes, fn: Mutation) -> bytes:
     from safetensors.torch import load, save
 
     header_len = int.from_bytes(body[:8], "little")
@@ -125,13 +131,13 @@ def _tamper(body: bytes, fn) -> bytes:
         ),
     ],
 )
-def test_bad_updates_are_refused_with_a_reason(mutate, message):
+def test_bad_updates_are_refused_with_a_reason(mutate: Mutation, message: str) -> None:
     body = _tamper(encode_updates(1, _updates(1)), mutate)
     with pytest.raises(WireError, match=message):
         decode_updates(body, CFG)
 
 
-def test_garbage_is_not_a_safetensors_blob():
+def test_garbage_is_not_a_safetensors_blob() -> None:
     for body in (b"", b"12345678", b"\xff" * 64):
         with pytest.raises(WireError):
             decode_updates(body, CFG)
@@ -154,20 +160,20 @@ def _with_updates_meta(text: str) -> bytes:
         ('{"n_samples": 5}', "needs client_id"),
     ],
 )
-def test_update_metadata_is_read_strictly(entry, message):
+def test_update_metadata_is_read_strictly(entry: str, message: str) -> None:
     # a lenient reading would crash on infinity or take 0.7, true or "0" for client 0
     with pytest.raises(WireError, match=message):
         decode_updates(_with_updates_meta(f"[{entry}]"), CFG)
 
 
-def test_deeply_nested_metadata_is_refused_not_a_crash():
+def test_deeply_nested_metadata_is_refused_not_a_crash() -> None:
     deep = "[" * 100_000 + "]" * 100_000
     with pytest.raises(WireError, match="nested too deeply"):
         decode_updates(_with_updates_meta(deep), CFG)
 
 
 @pytest.mark.parametrize("text", ["-1", "01", " 1", "1.0", "2147483648", "9" * 5000, "x"])
-def test_the_round_of_a_body_is_a_plain_bounded_integer(text):
+def test_the_round_of_a_body_is_a_plain_bounded_integer(text: str) -> None:
     body = _tamper(encode_updates(1, _updates(1)), lambda t, m: m.__setitem__("round", text))
     with pytest.raises(WireError, match="round must be a decimal integer"):
         decode_updates(body, CFG)

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ import torch
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.native import NativeSettingError, check, mode
 from fedrecgel.native import ops as native
-from fedrecgel.passes import make_layout
+from fedrecgel.passes import Layout, SharedGrads, make_layout
 from fedrecgel.sam import (
     PrivateState,
     SAMConfig,
@@ -27,9 +29,19 @@ from fedrecgel.sam import (
 
 REL = 1e-5  # against each tensor's norm: float32 sums in another order
 
+#: the layout, the weighted upload, the private gradients and the losses of one group step
+Step = tuple[Layout, dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]
+Group = tuple[
+    ModelConfig,
+    dict[str, torch.Tensor],
+    np.ndarray,
+    PrivateState,
+    list[tuple[np.ndarray, np.ndarray]],
+]
+
 
 @pytest.fixture(scope="module")
-def ops():
+def ops() -> Any:
     k = native.kernels()
     if k is None:
         if os.environ.get("FEDREC_NATIVE") == "1":
@@ -38,7 +50,14 @@ def ops():
     return k
 
 
-def _group(layers=3, factor=8, n_users=13, n_items=60, empty=(), seed=5):
+def _group(
+    layers: int = 3,
+    factor: int = 8,
+    n_users: int = 13,
+    n_items: int = 60,
+    empty: tuple[int, ...] = (),
+    seed: int = 5,
+) -> Group:
     """A group of clients with repeated items (several samples per (client, item) pair) and,
     for the indices in ``empty``, clients without samples."""
     cfg = ModelConfig(n_items=n_items, kind="ncf", factor=factor, layers=layers)
@@ -56,18 +75,30 @@ def _group(layers=3, factor=8, n_users=13, n_items=60, empty=(), seed=5):
     return cfg, shared, users, state, samples
 
 
-def _rel(got, want):
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / max(float(want.norm()), 1e-30))
 
 
-def _both(ops, cfg, shared, state, samples, hp, weights):
-    out = []
+def _both(
+    ops: Any,
+    cfg: ModelConfig,
+    shared: dict[str, torch.Tensor],
+    state: PrivateState,
+    samples: list[tuple[np.ndarray, np.ndarray]],
+    hp: SAMConfig,
+    weights: torch.Tensor,
+) -> list[Step]:
+    out: list[Step] = []
     for step in (None, ops):
         shapes = cfg.shared_shapes()
         tables = {t: torch.zeros(shapes[t]) for t in cfg.item_tables()}
         with torch.no_grad():
             if step is None:
-                out.append(_group_step(cfg, shared, state.params, samples, hp, weights, tables))
+                lay, up, priv, loss = _group_step(
+                    cfg, shared, state.params, samples, hp, weights, tables
+                )
+                assert not isinstance(up, SharedGrads)  # weights given: their weighted sum
+                out.append((lay, up, priv, loss))
             else:
                 rho = (hp.rho_sh, hp.rho_ns)
                 out.append(
@@ -90,7 +121,9 @@ def _both(ops, cfg, shared, state, samples, hp, weights):
     ("layers", "factor", "rho_ns", "empty"),
     [(3, 8, 0.02, ()), (3, 8, 0.0, ()), (1, 4, 0.02, ()), (2, 16, 0.5, (0, 6)), (4, 4, 0.02, ())],
 )
-def test_group_step_matches_the_torch_passes(ops, layers, factor, rho_ns, empty):
+def test_group_step_matches_the_torch_passes(
+    ops: Any, layers: int, factor: int, rho_ns: float, empty: tuple[int, ...]
+) -> None:
     cfg, shared, users, state, samples = _group(layers, factor, empty=empty)
     lay_n = sum(len(s[0]) for s in samples)
     hp = SAMConfig(rho_sh=0.3, rho_ns=rho_ns)
@@ -112,7 +145,7 @@ def test_group_step_matches_the_torch_passes(ops, layers, factor, rho_ns, empty)
         assert not priv_n["user_gmf"][i].any() and not priv_n["user_mlp"][i].any()
 
 
-def test_a_large_perturbation_changes_the_upload(ops):
+def test_a_large_perturbation_changes_the_upload(ops: Any) -> None:
     """The comparison above would pass for a kernel that ignored pass 2's perturbation only if
     the perturbation did not matter: here it does."""
     cfg, shared, users, state, samples = _group()
@@ -122,12 +155,12 @@ def test_a_large_perturbation_changes_the_upload(ops):
     assert _rel(large["tower.0.weight"], small["tower.0.weight"]) > 1e-2
 
 
-def test_the_bytes_do_not_depend_on_the_thread_count(ops):
+def test_the_bytes_do_not_depend_on_the_thread_count(ops: Any) -> None:
     cfg, shared, users, state, samples = _group(n_users=40)
     w = torch.full((len(users),), 1.0 / len(users))
     hp = SAMConfig()
     threads = torch.get_num_threads()
-    runs = []
+    runs: list[list[Step]] = []
     try:
         for t in (1, 2, 2):
             torch.set_num_threads(t)
@@ -144,11 +177,18 @@ def test_the_bytes_do_not_depend_on_the_thread_count(ops):
         assert _rel(up_1[k], up_t[k]) < REL, k
 
 
-def test_cohort_step_uses_the_kernels_and_off_turns_them_off(ops, monkeypatch):
+def test_cohort_step_uses_the_kernels_and_off_turns_them_off(
+    ops: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg, shared, users, state, samples = _group()
-    calls = []
+    calls: list[int] = []
     real = native.group_step
-    monkeypatch.setattr(native, "group_step", lambda *a: calls.append(1) or real(*a))
+
+    def counted(*a: Any) -> Any:
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(native, "group_step", counted)
     w = np.full(len(users), 1.0 / len(users))
     hp = SAMConfig(max_batch_samples=200)  # several groups
     got = cohort_step(cfg, shared, users, state, samples, hp, w)
@@ -168,7 +208,7 @@ def test_cohort_step_uses_the_kernels_and_off_turns_them_off(ops, monkeypatch):
     assert len(calls) == n_native
 
 
-def test_wrong_tensors_are_refused_with_a_message(ops):
+def test_wrong_tensors_are_refused_with_a_message(ops: Any) -> None:
     cfg, shared, users, state, samples = _group()
     bad = dict(shared)
     bad["item_gmf"] = shared["item_gmf"].double()
@@ -178,7 +218,7 @@ def test_wrong_tensors_are_refused_with_a_message(ops):
         native.group_step(ops, cfg, bad, state.params, samples, (0.1, 0.1), 128, w, tables)
 
 
-def test_the_mode_variable_is_checked(monkeypatch):
+def test_the_mode_variable_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FEDREC_NATIVE", "yes")
     with pytest.raises(NativeSettingError, match="FEDREC_NATIVE must be one of auto, 0, 1"):
         mode()
@@ -187,7 +227,7 @@ def test_the_mode_variable_is_checked(monkeypatch):
     assert check() is None
 
 
-def _fresh(tmp_path, mode, path):
+def _fresh(tmp_path: Path, mode: str, path: str) -> subprocess.CompletedProcess[str]:
     """kernels() in a fresh process with an empty build folder and the given PATH."""
     env = {
         **os.environ,
@@ -201,7 +241,7 @@ def _fresh(tmp_path, mode, path):
     )
 
 
-def test_without_a_compiler_auto_falls_back_and_1_is_an_error(tmp_path):
+def test_without_a_compiler_auto_falls_back_and_1_is_an_error(tmp_path: Path) -> None:
     empty = tmp_path / "bin"
     empty.mkdir()
     r = _fresh(tmp_path / "build", "auto", str(empty))
@@ -213,7 +253,9 @@ def test_without_a_compiler_auto_falls_back_and_1_is_an_error(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr
 
 
-def test_commands_refuse_a_bad_setting_with_a_message(monkeypatch, capsys):
+def test_commands_refuse_a_bad_setting_with_a_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = {**os.environ, "FEDREC_NATIVE": "fast"}
     r = subprocess.run(
         [sys.executable, "-m", "services.cli", "train", "--rounds", "1"],
@@ -232,7 +274,7 @@ def test_commands_refuse_a_bad_setting_with_a_message(monkeypatch, capsys):
     assert "FEDREC_NATIVE must be one of" in capsys.readouterr().err
 
 
-def test_a_layout_with_an_index_out_of_range_is_refused_before_any_write(ops):
+def test_a_layout_with_an_index_out_of_range_is_refused_before_any_write(ops: Any) -> None:
     cfg, shared, _, state, samples = _group()
     lay = make_layout(samples, cfg.n_items, 128)
     c, n = lay.n_clients, len(lay.items)
@@ -241,7 +283,7 @@ def test_a_layout_with_an_index_out_of_range_is_refused_before_any_write(ops):
     acc_b = [torch.zeros_like(shared[f"tower.{k}.bias"]) for k in layers]
     row_gmf = torch.zeros(n, cfg.factor)
 
-    def call(items, sample_pair):
+    def call(items: torch.Tensor, sample_pair: torch.Tensor) -> None:
         ops.ncf_group_step(
             torch.from_numpy(lay.offsets),
             torch.from_numpy(np.asarray(lay.pair_offsets, dtype=np.int64)),
@@ -285,7 +327,7 @@ def test_a_layout_with_an_index_out_of_range_is_refused_before_any_write(ops):
     assert row_gmf.any() and all(t.any() for t in acc_w)
 
 
-def test_a_failed_build_is_not_tried_again_by_auto(tmp_path):
+def test_a_failed_build_is_not_tried_again_by_auto(tmp_path: Path) -> None:
     """In a fresh build folder, a build that fails leaves its note; ``auto`` then uses the
     torch code at once in later processes instead of compiling again in each."""
     code = (
@@ -312,7 +354,7 @@ def test_a_failed_build_is_not_tried_again_by_auto(tmp_path):
     assert "compiler exploded" in note.read_text()
 
 
-def test_a_library_left_by_a_killed_build_is_built_again_not_loaded(tmp_path):
+def test_a_library_left_by_a_killed_build_is_built_again_not_loaded(tmp_path: Path) -> None:
     """A build killed while linking leaves a library file but no note that it finished: the
     next process builds again instead of loading the broken file."""
     code = (

@@ -44,6 +44,7 @@ def test_a_partial_sum_is_the_weighted_sum_of_its_clients_uploads(weighting: str
         touched = sorted({int(i) for u in per_client.uploads for i in u.rows[t][0]})
         assert idx.tolist() == touched
         want = sum(float(wc) * d[t] for wc, d in zip(w, dense, strict=True))
+        assert isinstance(want, torch.Tensor)  # not the empty sum's 0
         torch.testing.assert_close(vals, want[idx], atol=1e-6, rtol=1e-4)
     for n, g in partial.dense.items():
         want = sum(float(wc) * d[n] for wc, d in zip(w, dense, strict=True))
@@ -72,7 +73,7 @@ def test_partial_sums_follow_the_per_client_run(weighting: str) -> None:
 def test_partial_sums_refuse_what_needs_per_client_updates() -> None:
     for bad in ({"clip": 1.0}, {"dp_noise": 1.0}, {"secure_aggregation": "dense"}):
         with pytest.raises(ValueError, match="upload_grouping"):
-            RunParams(upload_grouping="worker", **bad)  # type: ignore[arg-type]
+            RunParams(upload_grouping="worker", **bad)
     with pytest.raises(ValueError, match="upload_grouping"):
         Simulator(SPLIT, replace(SMALL, upload_grouping="worker", clip=1.0))
 

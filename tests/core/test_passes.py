@@ -1,12 +1,14 @@
 """The hand-written passes: the model's logits, and the aggregate path against the sum of the
 per-client uploads (equal up to float rounding, measured against each tensor's norm)."""
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from fedrecgel.config import Weighting
 from fedrecgel.model import ModelConfig, ModelKind, forward_batched, init_shared
 from fedrecgel.passes import forward, make_layout
 from fedrecgel.sam import (
@@ -25,7 +27,15 @@ from fedrecgel.synthetic import synthetic_split
 REL = 1e-5
 
 
-def _cohort(kind: ModelKind, n_users: int = 9, n_items: int = 70, seed: int = 3):
+def _cohort(
+    kind: ModelKind, n_users: int = 9, n_items: int = 70, seed: int = 3
+) -> tuple[
+    ModelConfig,
+    dict[str, torch.Tensor],
+    np.ndarray,
+    PrivateState,
+    list[tuple[np.ndarray, np.ndarray]],
+]:
     cfg = ModelConfig(n_items=n_items, kind=kind, factor=8, layers=3)
     shared = init_shared(cfg, seed=1)
     users = np.arange(10, 10 + n_users)
@@ -42,7 +52,7 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / max(float(want.norm()), 1e-30))
 
 
-def test_layout_chunk_weights_and_pairs():
+def test_layout_chunk_weights_and_pairs() -> None:
     _, _, _, _, samples = _cohort("ncf")
     lay = make_layout(samples, 70, chunk_size=16)
     for c, (a, b) in enumerate(lay.spans()):
@@ -55,7 +65,7 @@ def test_layout_chunk_weights_and_pairs():
 
 
 @pytest.mark.parametrize("kind", ["ncf", "mf"])
-def test_forward_gives_the_models_logits(kind):
+def test_forward_gives_the_models_logits(kind: ModelKind) -> None:
     cfg, shared, _, state, samples = _cohort(kind)
     lay = make_layout(samples, cfg.n_items, 128)
     ig = shared["item_gmf"][lay.items]
@@ -77,7 +87,9 @@ def test_forward_gives_the_models_logits(kind):
 @pytest.mark.parametrize("rho", [(0.02, 0.02), (0.0, 0.05), (0.3, 0.0)])
 @pytest.mark.parametrize("weighting", ["mean", "samples"])
 @pytest.mark.parametrize("group", [1 << 15, 40])
-def test_aggregate_path_equals_the_sum_of_uploads(kind, rho, weighting, group):
+def test_aggregate_path_equals_the_sum_of_uploads(
+    kind: ModelKind, rho: tuple[float, float], weighting: Weighting, group: int
+) -> None:
     cfg, shared, users, state, samples = _cohort(kind)
     hp = SAMConfig(rho_sh=rho[0], rho_ns=rho[1], chunk_size=16, max_batch_samples=group)
     per_client = cohort_step(cfg, shared, users, state, samples, hp)
@@ -96,7 +108,7 @@ def test_aggregate_path_equals_the_sum_of_uploads(kind, rho, weighting, group):
     np.testing.assert_allclose(fused.losses, per_client.losses, rtol=1e-6)
 
 
-def test_simulator_paths_agree_and_bit_identity_stays_selectable():
+def test_simulator_paths_agree_and_bit_identity_stays_selectable() -> None:
     split = synthetic_split(n_users=60, n_items=150, interactions_per_user=12.0, seed=4)
     cfg = TrainConfig(rounds=1, fraction=0.5, factor=8, layers=2, eval_every=0)
     fast = Simulator(split, cfg)
@@ -105,9 +117,14 @@ def test_simulator_paths_agree_and_bit_identity_stays_selectable():
     for sim in (fast, exact):
         inner = sim.strategy.apply
 
-        def spy(params, grads, *rest, inner=inner):
+        def spy(
+            params: dict[str, torch.Tensor],
+            grads: dict[str, torch.Tensor],
+            rows: dict[str, torch.Tensor] | None = None,
+            inner: Callable[..., None] = inner,
+        ) -> None:
             seen.append({k: v.clone() for k, v in grads.items()})
-            inner(params, grads, *rest)
+            inner(params, grads, rows)
 
         sim.strategy.apply = spy  # type: ignore[method-assign]
         sim.run()

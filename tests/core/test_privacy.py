@@ -28,11 +28,10 @@ from fedrecgel.privacy import (
     noisy_mean,
     norm_bound,
     sum_updates,
-    update_norm,
     with_privacy,
 )
 from fedrecgel.simulate import Simulator, TrainConfig
-from fedrecgel.strategy import make_strategy
+from fedrecgel.strategy import make_strategy, update_norm
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.uploads import Update
 

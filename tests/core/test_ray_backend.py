@@ -86,7 +86,9 @@ def _assert_checkpoints_hold(folder: Path, want: Simulator, rounds: int) -> None
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]  # no temp files
 
 
-def test_the_ray_run_is_the_simulators_bit_for_bit(local_ray, reference, tmp_path) -> None:
+def test_the_ray_run_is_the_simulators_bit_for_bit(
+    local_ray: Any, reference: tuple[Simulator, RunResult], tmp_path: Path
+) -> None:
     from fedrecgel.ray_backend import RaySimulator
 
     with RaySimulator(SPLIT, CFG, tmp_path) as sim:
@@ -101,7 +103,7 @@ def test_the_ray_run_is_the_simulators_bit_for_bit(local_ray, reference, tmp_pat
 
 
 def test_actors_killed_mid_run_restart_from_their_checkpoints_and_end_the_same(
-    local_ray, reference, tmp_path
+    local_ray: Any, reference: tuple[Simulator, RunResult], tmp_path: Path
 ) -> None:
     """Shard 0's process dies in round 2 after computing its partial sum, shard 1's in round 3
     with its new checkpoint written but not renamed; shard 0's actor is ended by ``ray.kill``
@@ -128,7 +130,7 @@ def test_actors_killed_mid_run_restart_from_their_checkpoints_and_end_the_same(
 
 
 def test_a_shard_actor_that_keeps_dying_ends_the_run_with_a_clear_error(
-    local_ray, tmp_path
+    local_ray: Any, tmp_path: Path
 ) -> None:
     import ray
 
@@ -152,7 +154,7 @@ def test_a_shard_actor_that_keeps_dying_ends_the_run_with_a_clear_error(
         sim.run(spoil)
 
 
-def test_what_the_ray_backend_refuses(local_ray, tmp_path) -> None:
+def test_what_the_ray_backend_refuses(local_ray: Any, tmp_path: Path) -> None:
     from fedrecgel.ray_backend import RaySimulator
 
     client = replace(CFG, upload_grouping="client", weighting="mean")

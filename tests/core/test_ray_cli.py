@@ -174,7 +174,7 @@ def two_nodes() -> Any:
         cluster.add_node(num_cpus=1)
         yield cluster.address
     finally:
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]  # ray: unannotated
 
 
 @needs_ray

@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedrecgel.model import ModelConfig, init_shared
+from fedrecgel.model import ModelConfig, ModelKind, init_shared
 from fedrecgel.reference import reference_client_step
 from fedrecgel.sam import PrivateState, SAMConfig, client_rng, client_samples, cohort_step
 
 
-def _setup(kind: str, n_users: int = 7, n_items: int = 60):
+def _setup(
+    kind: ModelKind, n_users: int = 7, n_items: int = 60
+) -> tuple[ModelConfig, dict[str, torch.Tensor], np.ndarray, list[np.ndarray]]:
     cfg = ModelConfig(n_items=n_items, kind=kind, factor=8, layers=3)
     shared = init_shared(cfg, seed=1)
     users = np.arange(n_users)
@@ -20,7 +22,7 @@ def _setup(kind: str, n_users: int = 7, n_items: int = 60):
 
 @pytest.mark.parametrize("kind", ["ncf", "mf"])
 @pytest.mark.parametrize("rho", [(0.02, 0.02), (0.0, 0.0), (0.05, 0.0), (0.0, 0.3)])
-def test_batched_step_matches_per_client_loop(kind, rho):
+def test_batched_step_matches_per_client_loop(kind: ModelKind, rho: tuple[float, float]) -> None:
     cfg, shared, users, positives = _setup(kind)
     hp = SAMConfig(rho_sh=rho[0], rho_ns=rho[1], chunk_size=16)
     state = PrivateState.fresh(cfg, 0, users)
@@ -49,7 +51,7 @@ def test_batched_step_matches_per_client_loop(kind, rho):
 
 @pytest.mark.parametrize("kind", ["ncf", "mf"])
 @pytest.mark.parametrize("rho", [(0.02, 0.02), (0.0, 0.0)])
-def test_local_steps_match_the_per_client_loop(kind, rho):
+def test_local_steps_match_the_per_client_loop(kind: ModelKind, rho: tuple[float, float]) -> None:
     """Private steps before the SAM step: the uploads and the private state are the plain
     loop's (Adam steps on the user's embeddings alone, then the three passes), per client and
     summed inside the backward (the simulator's aggregate path, native kernels where built)."""
@@ -89,7 +91,7 @@ def test_local_steps_match_the_per_client_loop(kind, rho):
         state = res.state
 
 
-def test_local_steps_change_the_step():
+def test_local_steps_change_the_step() -> None:
     cfg, shared, users, positives = _setup("ncf")
     samples = [client_samples(positives[u], cfg.n_items, 4, client_rng(0, 0, u)) for u in users]
     state = PrivateState.fresh(cfg, 0, users)

@@ -26,7 +26,15 @@ from fedrecgel.strategy import (
 from fedrecgel.uploads import Update
 
 
-def _mf_single(rho_sh: float, rho_ns: float):
+def _mf_single(
+    rho_sh: float, rho_ns: float
+) -> tuple[
+    ModelConfig,
+    dict[str, torch.Tensor],
+    PrivateState,
+    list[tuple[np.ndarray, np.ndarray]],
+    SAMConfig,
+]:
     """MF with one user, 3 items, one positive (item 1) and one negative (item 2)."""
     cfg = ModelConfig(n_items=3, kind="mf", factor=2)
     shared = {"item_gmf": torch.tensor([[0.0, 0.0], [0.5, -1.0], [1.0, 2.0]])}
@@ -37,7 +45,7 @@ def _mf_single(rho_sh: float, rho_ns: float):
     return cfg, shared, state, samples, hp
 
 
-def _mf_grads(u: torch.Tensor, v: torch.Tensor):
+def _mf_grads(u: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Analytic gradients of mean BCE over (item 1, label 1), (item 2, label 0) for MF."""
     s1, s2 = torch.sigmoid(u @ v[1]), torch.sigmoid(u @ v[2])
     # loss = 0.5 * (bce(s1, 1) + bce(s2, 0)); d/dlogit = (s - y) / 2
@@ -48,7 +56,7 @@ def _mf_grads(u: torch.Tensor, v: torch.Tensor):
     return gu, gv
 
 
-def test_rho_zero_uploads_the_plain_gradient_and_steps_adam_on_it():
+def test_rho_zero_uploads_the_plain_gradient_and_steps_adam_on_it() -> None:
     cfg, shared, state, samples, hp = _mf_single(0.0, 0.0)
     res = cohort_step(cfg, shared, np.array([0]), state, samples, hp)
     u = state.params["user_gmf"][0]
@@ -61,7 +69,7 @@ def test_rho_zero_uploads_the_plain_gradient_and_steps_adam_on_it():
     torch.testing.assert_close(step, -0.1 * torch.sign(gu), atol=1e-6, rtol=1e-4)
 
 
-def test_shared_sam_upload_is_the_gradient_at_the_perturbed_point():
+def test_shared_sam_upload_is_the_gradient_at_the_perturbed_point() -> None:
     rho = 0.3
     cfg, shared, state, samples, hp = _mf_single(rho, 0.0)
     res = cohort_step(cfg, shared, np.array([0]), state, samples, hp)
@@ -73,7 +81,7 @@ def test_shared_sam_upload_is_the_gradient_at_the_perturbed_point():
     torch.testing.assert_close(res.uploads[0].rows["item_gmf"][1], gv_sam[1:], atol=1e-6, rtol=1e-5)
 
 
-def test_private_sam_uses_the_gradient_at_the_perturbed_user():
+def test_private_sam_uses_the_gradient_at_the_perturbed_user() -> None:
     rho = 0.5
     cfg, shared, state, samples, hp = _mf_single(0.0, rho)
     res = cohort_step(cfg, shared, np.array([0]), state, samples, hp)
@@ -88,7 +96,7 @@ def test_private_sam_uses_the_gradient_at_the_perturbed_user():
     torch.testing.assert_close(res.uploads[0].rows["item_gmf"][1], gv[1:], atol=1e-6, rtol=1e-5)
 
 
-def test_upload_holds_only_shared_gradients_of_touched_rows():
+def test_upload_holds_only_shared_gradients_of_touched_rows() -> None:
     cfg = ModelConfig(n_items=50, factor=4, layers=2)
     shared = init_shared(cfg, 0)
     users = np.array([3, 7])
@@ -106,7 +114,7 @@ def test_upload_holds_only_shared_gradients_of_touched_rows():
     assert res.uploads[0].client_id == 3 and res.uploads[1].client_id == 7
 
 
-def test_client_samples_put_negatives_after_each_positive_and_avoid_seen_items():
+def test_client_samples_put_negatives_after_each_positive_and_avoid_seen_items() -> None:
     rng = client_rng(1, 2, 3)
     pos = np.array([0, 5, 9, 9])  # a repeated interaction stays two positives
     items, labels = client_samples(pos, 12, 4, rng)
@@ -120,7 +128,9 @@ def test_client_samples_put_negatives_after_each_positive_and_avoid_seen_items()
     assert (again == items).all()
 
 
-def _plain_client_samples(positives, n_items, n_negatives, rng):
+def _plain_client_samples(
+    positives: np.ndarray, n_items: int, n_negatives: int, rng: np.random.Generator
+) -> np.ndarray:
     """The sampling rule written plainly: redraw every negative that is a seen item or
     repeats an earlier negative of its row, until none does."""
     pos = rng.permutation(np.asarray(positives, dtype=np.int64))
@@ -135,7 +145,7 @@ def _plain_client_samples(positives, n_items, n_negatives, rng):
     return np.concatenate([pos[:, None], negs], axis=1).reshape(-1)
 
 
-def test_client_samples_draw_what_the_plain_rule_draws():
+def test_client_samples_draw_what_the_plain_rule_draws() -> None:
     """Same draws from the same stream, redraws included (small catalogues force many)."""
     gen = np.random.default_rng(0)
     for t in range(300):
@@ -150,7 +160,7 @@ def test_client_samples_draw_what_the_plain_rule_draws():
         )
 
 
-def test_cohort_samples_draw_what_each_client_draws_alone():
+def test_cohort_samples_draw_what_each_client_draws_alone() -> None:
     """A cohort drawn together gives every client the draws of its own stream alone, including
     clients with no positives, repeated positives and small catalogues (many redraws)."""
     gen = np.random.default_rng(1)
@@ -166,7 +176,7 @@ def test_cohort_samples_draw_what_each_client_draws_alone():
         cohort_samples([np.array([1]), np.array([0, 1, 2])], 5, 4, [client_rng(0, 0, 0)] * 2)
 
 
-def test_repeats_in_wide_rows_are_found_by_sorting_as_by_comparing_every_pair():
+def test_repeats_in_wide_rows_are_found_by_sorting_as_by_comparing_every_pair() -> None:
     gen = np.random.default_rng(2)
     for width in (33, 64, 200):
         negs = gen.integers(0, width // 2, size=(50, width))
@@ -175,7 +185,7 @@ def test_repeats_in_wide_rows_are_found_by_sorting_as_by_comparing_every_pair():
         assert np.array_equal(repeated_in_row(negs), want)
 
 
-def test_a_thousand_negatives_take_memory_in_proportion_to_the_samples():
+def test_a_thousand_negatives_take_memory_in_proportion_to_the_samples() -> None:
     """The pairwise test of 1,000 negatives took (rows, 1000, 1000) booleans: 30 GiB for a
     FilmTrust cohort at fraction 1; the draws are the same as one client's alone."""
     import tracemalloc
@@ -194,12 +204,12 @@ def test_a_thousand_negatives_take_memory_in_proportion_to_the_samples():
     assert np.array_equal(got[1][0], want[0])
 
 
-def test_client_samples_refuses_when_too_few_negatives_exist():
+def test_client_samples_refuses_when_too_few_negatives_exist() -> None:
     with pytest.raises(ValueError, match="cannot draw"):
         client_samples(np.array([0, 1, 2]), 5, 4, client_rng(0, 0, 0))
 
 
-def test_chunk_weights_make_a_sum_of_chunk_means():
+def test_chunk_weights_make_a_sum_of_chunk_means() -> None:
     w = chunk_weights(300, 128)
     assert w[:256].tolist() == [1 / 128] * 256
     assert w[256:] == pytest.approx([1 / 44] * 44)
@@ -218,20 +228,20 @@ def _update(cid: int, rows: list[int], vals: list[list[float]], dense: float, n:
 SHAPES = {"item_gmf": (4, 1), "predict.bias": (1,)}
 
 
-def test_aggregation_is_the_plain_mean_over_reporting_clients():
+def test_aggregation_is_the_plain_mean_over_reporting_clients() -> None:
     ups = [_update(2, [0, 3], [[1.0], [2.0]], 3.0), _update(1, [3], [[4.0]], 1.0)]
     g = aggregate_gradients(ups, SHAPES)
     torch.testing.assert_close(g["item_gmf"], torch.tensor([[0.5], [0.0], [0.0], [3.0]]))
     torch.testing.assert_close(g["predict.bias"], torch.tensor([2.0]))
 
 
-def test_sample_weighting_weights_by_sample_count():
+def test_sample_weighting_weights_by_sample_count() -> None:
     ups = [_update(1, [0], [[1.0]], 0.0, n=1), _update(2, [0], [[4.0]], 0.0, n=3)]
     g = aggregate_gradients(ups, SHAPES, weighting="samples")
     assert float(g["item_gmf"][0, 0]) == pytest.approx(0.25 * 1 + 0.75 * 4)
 
 
-def test_aggregation_does_not_depend_on_arrival_order():
+def test_aggregation_does_not_depend_on_arrival_order() -> None:
     rng = np.random.default_rng(0)
     ups = [
         _update(i, [int(rng.integers(4))], [[float(rng.normal())]], float(rng.normal()))
@@ -242,12 +252,12 @@ def test_aggregation_does_not_depend_on_arrival_order():
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_empty_round_cannot_be_aggregated():
+def test_empty_round_cannot_be_aggregated() -> None:
     with pytest.raises(ValueError):
         aggregate_gradients([], SHAPES)
 
 
-def test_server_adam_matches_torch_adam():
+def test_server_adam_matches_torch_adam() -> None:
     p = {"w": torch.tensor([1.0, -2.0, 0.5])}
     ref = torch.nn.Parameter(p["w"].clone())
     opt = torch.optim.Adam([ref], lr=0.001)
@@ -260,9 +270,9 @@ def test_server_adam_matches_torch_adam():
     torch.testing.assert_close(p["w"], ref.detach(), atol=1e-7, rtol=0)
 
 
-def test_server_sgd_and_adaptive_optimizers_take_effect():
+def test_server_sgd_and_adaptive_optimizers_take_effect() -> None:
     for name in ("sgd", "fedadam", "fedyogi", "fedadagrad"):
-        s = make_strategy(name, lr=0.1)  # type: ignore[arg-type]
+        s = make_strategy(name, lr=0.1)
         params = {"item_gmf": torch.zeros(4, 1), "predict.bias": torch.zeros(1)}
         s.round(params, [_update(1, [0], [[1.0]], -1.0)])
         assert float(params["item_gmf"][0, 0]) < 0 and float(params["predict.bias"][0]) > 0, name
@@ -271,7 +281,7 @@ def test_server_sgd_and_adaptive_optimizers_take_effect():
     assert float(params["item_gmf"][0, 0]) == pytest.approx(-0.5)
 
 
-def test_strategy_state_round_trips():
+def test_strategy_state_round_trips() -> None:
     s1 = FedAvgGradients()
     p1 = {"item_gmf": torch.zeros(4, 1), "predict.bias": torch.zeros(1)}
     s1.round(p1, [_update(1, [0], [[1.0]], 1.0)])
@@ -284,7 +294,7 @@ def test_strategy_state_round_trips():
     assert all(torch.equal(p1[k], p2[k]) for k in p1)
 
 
-def test_clipping_wrapper_bounds_each_update():
+def test_clipping_wrapper_bounds_each_update() -> None:
     s = ClipUpdates(FedAvgGradients(ServerOptConfig(name="sgd", lr=1.0)), max_norm=1.0)
     g = s.aggregate([_update(1, [0], [[3.0]], 4.0)], SHAPES)
     assert float(torch.sqrt(g["item_gmf"].pow(2).sum() + g["predict.bias"].pow(2).sum())) == (

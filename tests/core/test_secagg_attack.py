@@ -5,6 +5,8 @@ single client's update can be unmasked."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -27,7 +29,7 @@ def round_one():  # type: ignore[no-untyped-def]
     split = load_split("filmtrust")
     sim, uploads, spec, server, clients = first_round(split, CONFIG)
     cfg = sim.model_cfg
-    seen: dict[str, list] = {"keys": [], "shares": [], "masked": [], "reveals": []}
+    seen: dict[str, list[Any]] = {"keys": [], "shares": [], "masked": [], "reveals": []}
     for u in spec.cohort:
         seen["keys"].append(clients[u].advertise())
         server.add_keys(seen["keys"][-1])

@@ -1,12 +1,14 @@
 """The simulator: reproducible, equal to the per-client loop reference, options take effect."""
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from fedrecgel.cohort import select_cohort
+from fedrecgel.config import UploadGrouping
 from fedrecgel.data import load_split
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.reference import reference_client_step
@@ -25,7 +27,7 @@ def _params(sim: Simulator) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in sim.shared.items()}
 
 
-def test_same_seed_same_numbers():
+def test_same_seed_same_numbers() -> None:
     a, b = Simulator(SPLIT, SMALL).run(), Simulator(SPLIT, SMALL).run()
     assert [r.test for r in a.rounds] == [r.test for r in b.rounds]
     assert [r.loss for r in a.rounds] == [r.loss for r in b.rounds]
@@ -33,7 +35,7 @@ def test_same_seed_same_numbers():
     assert [r.loss for r in a.rounds] != [r.loss for r in c.rounds]
 
 
-def test_simulator_matches_the_per_client_loop_after_several_rounds():
+def test_simulator_matches_the_per_client_loop_after_several_rounds() -> None:
     cfg = SMALL
     sim = Simulator(SPLIT, cfg)
     ref_shared = _params(sim)
@@ -60,7 +62,7 @@ def test_simulator_matches_the_per_client_loop_after_several_rounds():
             torch.testing.assert_close(got[k][u], ref_state[u].params[k][0], atol=1e-5, rtol=1e-4)
 
 
-def test_cohort_is_seeded_sorted_and_sized():
+def test_cohort_is_seeded_sorted_and_sized() -> None:
     ids = np.arange(100)
     c = select_cohort(ids, 0.1, 0, 1)
     assert len(c) == 10 and list(c) == sorted(c)
@@ -91,14 +93,14 @@ def test_cohort_is_seeded_sorted_and_sized():
         {"server_weight_decay": 3.0},
     ],
 )
-def test_every_option_takes_effect(change):
+def test_every_option_takes_effect(change: dict[str, Any]) -> None:
     # three rounds: Adam's first step does not depend on its betas
     base = Simulator(SPLIT, replace(SMALL, rounds=3)).run()
     other = Simulator(SPLIT, replace(SMALL, rounds=3, **change)).run()
     assert [r.loss for r in base.rounds] != [r.loss for r in other.rounds]
 
 
-def test_methods_map_to_their_ablations():
+def test_methods_map_to_their_ablations() -> None:
     assert TrainConfig(method="fedncf").effective_rho() == (0.0, 0.0)
     assert TrainConfig(method="fedrecgel-no-shared-sam", rho_ns=0.3).effective_rho() == (0.0, 0.3)
     assert TrainConfig(method="fedrecgel-no-private-sam", rho_sh=0.3).effective_rho() == (0.3, 0.0)
@@ -110,7 +112,7 @@ def test_methods_map_to_their_ablations():
 
 
 @pytest.mark.slow
-def test_training_learns_filmtrust_far_beyond_a_random_ranking():
+def test_training_learns_filmtrust_far_beyond_a_random_ranking() -> None:
     """Five rounds on FilmTrust take HR@10 from a random ranking's (about 0.10: the held-out
     item among 100 candidates) to far above it. Measured with this config (fraction 0.05, one
     evaluation at the end): seed 0 0.884, seed 1 0.745; untrained 0.073 and 0.064."""
@@ -123,13 +125,13 @@ def test_training_learns_filmtrust_far_beyond_a_random_ranking():
     assert trained["hr@10"] > 0.5
 
 
-def test_bad_options_are_refused():
+def test_bad_options_are_refused() -> None:
     for bad in ({"fraction": 0.0}, {"rounds": 0}, {"rho_sh": -1.0}, {"method": "nope"}):
         with pytest.raises(ValueError):
-            Simulator(SPLIT, replace(SMALL, **bad))  # type: ignore[arg-type]
+            Simulator(SPLIT, replace(SMALL, **bad))
 
 
-def test_best_test_and_validation_selected_figures():
+def test_best_test_and_validation_selected_figures() -> None:
     res = Simulator(SPLIT, SMALL).run()
     best, sel = res.best_test(), res.selected()
     assert best is not None and sel is not None
@@ -138,7 +140,7 @@ def test_best_test_and_validation_selected_figures():
     assert sel["round"] == chosen.round and sel["hr@10"] == chosen.test["hr@10"]
 
 
-def test_private_store_is_lazy_and_keyed_by_user():
+def test_private_store_is_lazy_and_keyed_by_user() -> None:
     from fedrecgel.model import ModelConfig, init_private
 
     cfg = ModelConfig(n_items=10, factor=2, layers=1)
@@ -149,7 +151,7 @@ def test_private_store_is_lazy_and_keyed_by_user():
     assert store.data.step.shape[0] < 10_000
 
 
-def test_aggregate_of_simulator_uploads_is_densified_mean():
+def test_aggregate_of_simulator_uploads_is_densified_mean() -> None:
     sim = Simulator(SPLIT, SMALL)
     cohort = select_cohort(np.arange(SPLIT.n_users), 0.2, 0, 1)
     from fedrecgel.sam import cohort_step
@@ -166,7 +168,7 @@ def test_aggregate_of_simulator_uploads_is_densified_mean():
         )
 
 
-def test_sharded_simulator_computes_the_same_maths():
+def test_sharded_simulator_computes_the_same_maths() -> None:
     one = Simulator(SPLIT, replace(SMALL, rounds=2))
     two = Simulator(SPLIT, replace(SMALL, rounds=2, shards=2))
     a, b = one.run(), two.run()
@@ -182,7 +184,9 @@ def test_sharded_simulator_computes_the_same_maths():
 
 
 @pytest.mark.parametrize("grouping", ["client", "worker"])
-def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(grouping: str) -> None:
+def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(
+    grouping: UploadGrouping,
+) -> None:
     """Poisson sampling may draw nobody (documented); the weighted sum inside the backward
     divided by zero clients, and the partial sums had none to combine."""
     cfg = replace(SMALL, sampling="poisson", fraction=1e-6, rounds=2, upload_grouping=grouping)
@@ -194,7 +198,7 @@ def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(grouping:
     assert all(torch.equal(before[k], v) for k, v in sim.shared.items())
 
 
-def test_server_schedule_warms_up_then_decays_on_a_cosine():
+def test_server_schedule_warms_up_then_decays_on_a_cosine() -> None:
     from fedrecgel.strategy import ServerOptConfig
 
     cfg = ServerOptConfig(lr=1.0, warmup=2, decay="cosine", total=6)
@@ -205,7 +209,7 @@ def test_server_schedule_warms_up_then_decays_on_a_cosine():
     assert ServerOptConfig(lr=0.3).lr_at(50) == 0.3
 
 
-def test_server_sgd_momentum_accumulates():
+def test_server_sgd_momentum_accumulates() -> None:
     from fedrecgel.strategy import ServerOptConfig, ServerOptimizer
 
     opt = ServerOptimizer(ServerOptConfig(name="sgd", lr=0.1, momentum=0.9))
@@ -215,7 +219,7 @@ def test_server_sgd_momentum_accumulates():
     torch.testing.assert_close(p["w"], torch.tensor([-0.1 * (1 + 1.9)]))
 
 
-def test_run_settings_reach_the_server_strategy():
+def test_run_settings_reach_the_server_strategy() -> None:
     from fedrecgel.strategy import FedAvgGradients
 
     cfg = replace(SMALL, server_beta1=0.5, server_beta2=0.9, server_warmup=3, server_decay="cosine")

@@ -19,7 +19,7 @@ def _params() -> dict[str, torch.Tensor]:
     }
 
 
-def test_adam_with_weight_decay_is_torchs_adamw_on_the_score_networks_weights_only():
+def test_adam_with_weight_decay_is_torchs_adamw_on_the_score_networks_weights_only() -> None:
     params = _params()
     ours = {k: v.clone() for k, v in params.items()}
     weight = torch.nn.Parameter(params["tower.0.weight"].clone())
@@ -41,7 +41,7 @@ def test_adam_with_weight_decay_is_torchs_adamw_on_the_score_networks_weights_on
     torch.testing.assert_close(ours["tower.0.bias"], rest[1].detach(), rtol=1e-6, atol=1e-7)
 
 
-def test_weight_decay_shrinks_the_weight_matrices_and_leaves_biases_and_item_rows():
+def test_weight_decay_shrinks_the_weight_matrices_and_leaves_biases_and_item_rows() -> None:
     params = _params()
     before = {k: v.clone() for k, v in params.items()}
     opt = ServerOptimizer(ServerOptConfig(name="sgd", lr=0.1, weight_decay=2.0))
@@ -51,7 +51,7 @@ def test_weight_decay_shrinks_the_weight_matrices_and_leaves_biases_and_item_row
     assert torch.equal(params["tower.0.bias"], before["tower.0.bias"])
 
 
-def test_the_run_setting_reaches_the_server_optimizer():
+def test_the_run_setting_reaches_the_server_optimizer() -> None:
     strategy = strategy_of(RunParams(server_weight_decay=3.0))
     assert strategy.optimizer.cfg.weight_decay == 3.0  # type: ignore[attr-defined]
     assert strategy_of(RunParams()).optimizer.cfg.weight_decay == 0.0  # type: ignore[attr-defined]

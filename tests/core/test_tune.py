@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from fedrecgel import presets
+from fedrecgel.data import Split
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.tune import (
@@ -28,7 +29,7 @@ from fedrecgel.tune import (
 )
 
 
-def _split():  # type: ignore[no-untyped-def]
+def _split() -> Split:
     return synthetic_split(
         60, 80, interactions_per_user=8, seed=1, n_test_negatives=20, validation=True
     )
@@ -47,6 +48,7 @@ def test_tuning_never_touches_the_test_candidates(tmp_path: Path) -> None:
     assert finished(study) == 2
     assert 0.0 <= study.best_value <= 1.0
     tuned = validation_only(split)
+    assert split.val_items is not None
     assert tuned.val_items is None and np.array_equal(tuned.test_items, split.val_items)
     with pytest.raises(ValueError, match="validation"):
         validation_only(synthetic_split(30, 40, seed=1, n_test_negatives=5))

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from fedrecgel.run_config import RunConfig
 from services.aggregator.app import create_app as create_aggregator
@@ -240,9 +241,9 @@ def test_swagger_ui_is_served_locally(agg: TestClient) -> None:
 
 def test_settings_refuse_weak_tokens_and_read_lists() -> None:
     with pytest.raises(ValueError, match="placeholder"):
-        DashboardSettings(aggregator_token="changethis")
+        DashboardSettings(aggregator_token=SecretStr("changethis"))
     with pytest.raises(ValueError, match="shorter"):
-        DashboardSettings(worker_token="short")
+        DashboardSettings(worker_token=SecretStr("short"))
     s = DashboardSettings(worker_urls=" http://a:1/ ,http://b:2", recommend_url="")
     assert s.workers == ["http://a:1", "http://b:2"] and s.recommend_url is None
 

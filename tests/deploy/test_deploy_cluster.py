@@ -96,7 +96,7 @@ def _validate_strict(obj: dict[str, Any], version: str) -> None:
 # ---------------------------------------------------------------- rendering
 
 
-def test_kustomize_renders_every_listed_file_and_nothing_else():
+def test_kustomize_renders_every_listed_file_and_nothing_else() -> None:
     """kustomization.yaml lists every manifest but those applied apart, and kubectl's render
     (where kubectl is on PATH) is exactly their objects: the render the other tests read."""
     (kust,) = k8s_objects("Kustomization")
@@ -119,7 +119,7 @@ def test_kustomize_renders_every_listed_file_and_nothing_else():
 
 
 @pytest.mark.parametrize("version", KUBERNETES)
-def test_every_core_object_passes_kubernetes_validate_strict(version):
+def test_every_core_object_passes_kubernetes_validate_strict(version: str) -> None:
     objects = _rendered() + _apart()
     kinds = {d["kind"] for d in objects}
     assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "PersistentVolumeClaim"} <= kinds
@@ -131,7 +131,7 @@ def test_every_core_object_passes_kubernetes_validate_strict(version):
 
 
 @pytest.mark.parametrize("version", KUBERNETES)
-def test_every_pod_template_of_the_rayjob_passes_kubernetes_validate_strict(version):
+def test_every_pod_template_of_the_rayjob_passes_kubernetes_validate_strict(version: str) -> None:
     for where, template in _ray_pod_templates(_rayjob()).items():
         wrapped = {
             "apiVersion": "v1",
@@ -145,7 +145,7 @@ def test_every_pod_template_of_the_rayjob_passes_kubernetes_validate_strict(vers
             pytest.fail(f"RayJob {where}'s pod (Kubernetes {version}): {err.message}")
 
 
-def test_strict_validation_refuses_what_it_should():
+def test_strict_validation_refuses_what_it_should() -> None:
     """Not vacuous: a misspelt key, a wrong type, a missing required field and a CRD fail."""
     hpa = copy.deepcopy(k8s_one("HorizontalPodAutoscaler", "recommend-api"))
     hpa["spec"]["maxReplica"] = 8
@@ -160,7 +160,7 @@ def test_strict_validation_refuses_what_it_should():
         _validate_strict(_rayjob(), KUBERNETES[-1])  # hence the RayJob's own schema
 
 
-def test_the_rayjob_schema_refuses_what_it_should():
+def test_the_rayjob_schema_refuses_what_it_should() -> None:
     job = _rayjob()
     jsonschema.validate(job, K8S_SCHEMAS["RayJob"])
     bad_cases = []
@@ -194,7 +194,7 @@ def _pod_labels(kind: str, name: str) -> dict[str, str]:
     return labels
 
 
-def test_the_recommendation_api_is_autoscaled_and_kept_available():
+def test_the_recommendation_api_is_autoscaled_and_kept_available() -> None:
     hpa = k8s_one("HorizontalPodAutoscaler", "recommend-api")
     target = hpa["spec"]["scaleTargetRef"]
     dep = k8s_one(target["kind"], target["name"])
@@ -219,7 +219,7 @@ def test_the_recommendation_api_is_autoscaled_and_kept_available():
     assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
 
 
-def test_the_aggregator_runs_three_replicas_over_postgres_and_redis():
+def test_the_aggregator_runs_three_replicas_over_postgres_and_redis() -> None:
     dep = k8s_one("Deployment", "aggregator")
     replicas = dep["spec"]["replicas"]
     default = COMPOSE_DEFAULT.match(
@@ -256,7 +256,7 @@ def _entrypoint() -> tuple[list[str], dict[str, Any]]:
     return argv, ctx.params
 
 
-def test_the_rayjob_runs_fedrec_train_on_the_ray_cluster_it_creates():
+def test_the_rayjob_runs_fedrec_train_on_the_ray_cluster_it_creates() -> None:
     argv, params = _entrypoint()
     assert params["backend"] == "ray" and params["address"] == "auto"
     cluster = _rayjob()["spec"]["rayClusterSpec"]
@@ -300,13 +300,13 @@ def test_the_rayjob_runs_fedrec_train_on_the_ray_cluster_it_creates():
     assert "--overwrite" not in argv
 
 
-def test_the_rayjob_command_line_check_can_fail():
+def test_the_rayjob_command_line_check_can_fail() -> None:
     train = typer.main.get_command(fedrec_cli).commands["train"]  # type: ignore[attr-defined]
     with pytest.raises(Exception, match="No such option: --shard"):
         train.make_context("train", ["--backend", "ray", "--shard", "4"])
 
 
-def test_the_ray_image_is_the_project_image_with_the_ray_cluster_extra(tmp_path: Path):
+def test_the_ray_image_is_the_project_image_with_the_ray_cluster_extra(tmp_path: Path) -> None:
     """The Dockerfile's EXTRAS build argument adds optional-dependency groups to the image's
     requirements; the RayJob's image is built with EXTRAS=ray-cluster, Ray with its dashboard
     (KubeRay submits through its job API), and without it the image is unchanged."""
@@ -336,7 +336,7 @@ def test_the_ray_image_is_the_project_image_with_the_ray_cluster_extra(tmp_path:
     assert f"--build-arg EXTRAS={RAY_EXTRA} -t {RAY_IMAGE} ." in readme
 
 
-def test_every_manifest_document_is_checked():
+def test_every_manifest_document_is_checked() -> None:
     """Each document of each file is either in the render or applied apart, and each kind has
     its schema subset (test_deploy_schemas) besides kubernetes-validate."""
     seen = {_name(d) for d in _rendered()} | {_name(d) for d in _apart()} | {_name(_rayjob())}

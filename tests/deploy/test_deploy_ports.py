@@ -4,6 +4,7 @@ settings and the routes of the apps the containers run."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from services.recommend_api.app import create_app as create_recommend_app
 from services.recommend_api.settings import Settings as RecommendSettings
@@ -39,7 +40,7 @@ def _healthcheck_url(test: list[str]) -> str | None:
     return None
 
 
-def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path):
+def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path: Path) -> None:
     routes = {m: get_routes(m, tmp_path) for m in MODULE_PREFIX}
     checked = 0
     for name, svc in compose()["services"].items():
@@ -60,7 +61,9 @@ def test_compose_ports_and_healthchecks_match_the_settings_and_routes(tmp_path):
     assert checked == 5  # aggregator, two workers, recommend-api, dashboard
 
 
-def test_the_balancer_sends_to_the_aggregator_replicas_and_checks_their_health(tmp_path):
+def test_the_balancer_sends_to_the_aggregator_replicas_and_checks_their_health(
+    tmp_path: Path,
+) -> None:
     """``aggregator`` is haproxy (deploy/balancer) in front of ``aggregator-replica``: its
     servers are that service's replicas on the port they listen on, health-checked on a real
     route of the aggregator; the host and the other services reach it on its bind port, and
@@ -88,7 +91,7 @@ def test_the_balancer_sends_to_the_aggregator_replicas_and_checks_their_health(t
     assert balancer["healthcheck"]["test"][:3] == ["CMD", "bash", "/healthcheck.sh"]
 
 
-def test_compose_healthchecks_use_the_image_probe():
+def test_compose_healthchecks_use_the_image_probe() -> None:
     for name, svc in compose()["services"].items():
         test = svc.get("healthcheck", {}).get("test")
         if test and svc.get("image") == IMAGE:
@@ -96,7 +99,7 @@ def test_compose_healthchecks_use_the_image_probe():
             assert "healthcheck.sh" in dockerfile_app_files()
 
 
-def test_recommend_api_is_live_but_not_ready_before_the_first_model():
+def test_recommend_api_is_live_but_not_ready_before_the_first_model() -> None:
     """The compose healthcheck route answers 200 while no run has published a model, so the
     container is healthy; the readiness route (k8s) still says 503 no_model."""
     from fastapi.testclient import TestClient
@@ -107,7 +110,7 @@ def test_recommend_api_is_live_but_not_ready_before_the_first_model():
     assert ready.status_code == 503 and ready.json()["status"] == "no_model"
 
 
-def test_compose_service_urls_point_at_real_services_and_ports():
+def test_compose_service_urls_point_at_real_services_and_ports() -> None:
     services = compose()["services"]
     ports = {n: compose_service_port(n, s) for n, s in services.items()}
     ports.update({"postgres": 5432, "redis": 6379})
@@ -125,7 +128,7 @@ def test_compose_service_urls_point_at_real_services_and_ports():
         assert port == ports[host], f"{name}.{var}: port {port}, {host} listens on {ports[host]}"
 
 
-def test_k8s_ports_probes_and_service_urls_agree(tmp_path):
+def test_k8s_ports_probes_and_service_urls_agree(tmp_path: Path) -> None:
     routes = {m: get_routes(m, tmp_path) for m in MODULE_PREFIX}
     services = {s["metadata"]["name"]: s for s in k8s_objects("Service")}
     listening: dict[str, int] = {}
@@ -174,7 +177,7 @@ PATIENT = {("worker-0", "aggregator"), ("worker-1", "aggregator"), ("demo", "rec
 PATIENT |= {("dashboard", "aggregator"), ("aggregator", "aggregator-replica")}
 
 
-def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
+def test_depends_on_waits_for_health_where_there_is_a_healthcheck() -> None:
     services = compose()["services"]
     edges = 0
     for name, svc in services.items():
@@ -204,7 +207,7 @@ def test_depends_on_waits_for_health_where_there_is_a_healthcheck():
 # ---------------------------------------------------------------- shards
 
 
-def test_compose_workers_cover_every_shard_with_their_own_store():
+def test_compose_workers_cover_every_shard_with_their_own_store() -> None:
     services = compose()["services"]
     workers = dict(compose_services_running("services.client_sim"))
     shards = {int(w["environment"]["FEDREC_WORKER_SHARDS"]) for w in workers.values()}
@@ -223,7 +226,7 @@ def test_compose_workers_cover_every_shard_with_their_own_store():
     assert [url_path_port(u)[0] for u in urls] == [owner[i] for i in range(n)]
 
 
-def test_k8s_worker_ordinals_are_the_shards():
+def test_k8s_worker_ordinals_are_the_shards() -> None:
     sts = k8s_one("StatefulSet", "worker")
     env = k8s_one("ConfigMap", "worker-config")["data"]
     replicas = sts["spec"]["replicas"]

@@ -32,7 +32,7 @@ def _dockerfile_final_stage() -> list[str]:
     return lines[last_from:]
 
 
-def test_dockerfile_builds_the_project_on_cpu_torch_and_runs_unprivileged():
+def test_dockerfile_builds_the_project_on_cpu_torch_and_runs_unprivileged() -> None:
     text = DOCKERFILE.read_text()
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
     assert re.search(r"pip install --index-url \S+ torch==2\.13\.0", text)
@@ -50,7 +50,7 @@ def test_dockerfile_builds_the_project_on_cpu_torch_and_runs_unprivileged():
     assert not re.search(r"\bcurl\b|\bwget\b", "\n".join(final))
 
 
-def test_dockerignore_keeps_secrets_and_local_state_out():
+def test_dockerignore_keeps_secrets_and_local_state_out() -> None:
     lines = [
         ln.strip()
         for ln in (ROOT / ".dockerignore").read_text().splitlines()
@@ -65,7 +65,7 @@ def test_dockerignore_keeps_secrets_and_local_state_out():
     assert copied and copied <= allowed
 
 
-def test_no_container_runs_as_root():
+def test_no_container_runs_as_root() -> None:
     for name, svc in compose()["services"].items():
         assert svc.get("user", "") not in ("root", "0"), name
     for name, pod in pod_specs():
@@ -90,7 +90,7 @@ def _is_secret_free(value: str) -> bool:
     return stripped != value
 
 
-def test_no_secret_literal_is_committed():  # noqa: C901  # one pass over every place a secret could sit
+def test_no_secret_literal_is_committed() -> None:  # noqa: C901  # one pass over every place a secret could sit
     data = compose()
     checked = 0
     for name, svc in data["services"].items():
@@ -130,7 +130,7 @@ def test_no_secret_literal_is_committed():  # noqa: C901  # one pass over every 
     assert not re.search(r"(TOKEN|PASSWORD)\s*=\s*\S", DOCKERFILE.read_text())
 
 
-def test_secret_check_can_fail():
+def test_secret_check_can_fail() -> None:
     assert _is_secret_free("${FEDREC_AGG_OPERATOR_TOKEN:?set it}")
     assert _is_secret_free("postgresql+psycopg://fedrec:$(POSTGRES_PASSWORD)@postgres:5432/x")
     assert _is_secret_free("postgresql+psycopg://fedrec@postgres:5432/fedrec")

@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -26,7 +27,7 @@ def _read(d: Path) -> dict[str, str]:
     return {p.name: p.read_text().strip() for p in sorted(d.iterdir())}
 
 
-def test_first_start_generates_every_secret_and_a_restart_keeps_them(tmp_path):
+def test_first_start_generates_every_secret_and_a_restart_keeps_them(tmp_path: Path) -> None:
     report = init_secrets.ensure_secrets(tmp_path, {})
     first = _read(tmp_path)
     generated = set(init_secrets.SECRETS)
@@ -59,7 +60,7 @@ def test_first_start_generates_every_secret_and_a_restart_keeps_them(tmp_path):
     assert set(_read(other).values()).isdisjoint(first.values())
 
 
-def test_values_from_the_environment_replace_the_generated_ones(tmp_path):
+def test_values_from_the_environment_replace_the_generated_ones(tmp_path: Path) -> None:
     init_secrets.ensure_secrets(tmp_path, {})
     before = _read(tmp_path)
     token = "a-real-operator-token-0123456789"
@@ -80,14 +81,14 @@ def test_values_from_the_environment_replace_the_generated_ones(tmp_path):
     ],
 )
 def test_placeholders_and_unusable_values_are_refused_and_nothing_is_written(
-    tmp_path, var, value, why
-):
+    tmp_path: Path, var: str, value: str, why: str
+) -> None:
     with pytest.raises(ValueError, match=why):
         init_secrets.ensure_secrets(tmp_path, {var: value})
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_script_exits_1_with_a_message_and_never_prints_a_secret(tmp_path):
+def test_the_script_exits_1_with_a_message_and_never_prints_a_secret(tmp_path: Path) -> None:
     env = {"SECRETS_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     bad = subprocess.run(
         [sys.executable, str(DEPLOY / "init_secrets.py")],
@@ -104,7 +105,7 @@ def test_the_script_exits_1_with_a_message_and_never_prints_a_secret(tmp_path):
         assert secret not in ok.stdout + ok.stderr
 
 
-def test_aggregator_reads_its_secrets_from_files(tmp_path):
+def test_aggregator_reads_its_secrets_from_files(tmp_path: Path) -> None:
     init_secrets.ensure_secrets(tmp_path, {})
     s = _read(tmp_path)
     settings = AggregatorSettings(
@@ -121,7 +122,7 @@ def test_aggregator_reads_its_secrets_from_files(tmp_path):
     )
 
 
-def test_aggregator_secret_files_that_cannot_be_used_are_refused(tmp_path):
+def test_aggregator_secret_files_that_cannot_be_used_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="FEDREC_AGG_OPERATOR_TOKEN_FILE: cannot read"):
         AggregatorSettings(operator_token_file=tmp_path / "missing")
     (tmp_path / "empty").write_text("\n")
@@ -136,7 +137,9 @@ def test_aggregator_secret_files_that_cannot_be_used_are_refused(tmp_path):
         AggregatorSettings(environment="production", operator_token_file=tmp_path / "placeholder")
 
 
-def test_aggregator_secret_files_come_from_the_environment(tmp_path, monkeypatch):
+def test_aggregator_secret_files_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "t").write_text("env-file-token-0123456789\n")
     monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN_FILE", str(tmp_path / "t"))
     monkeypatch.delenv("FEDREC_AGG_OPERATOR_TOKEN", raising=False)
@@ -145,7 +148,7 @@ def test_aggregator_secret_files_come_from_the_environment(tmp_path, monkeypatch
     )
 
 
-def test_recommend_api_reads_its_token_from_a_file(tmp_path):
+def test_recommend_api_reads_its_token_from_a_file(tmp_path: Path) -> None:
     (tmp_path / "reader").write_text("reader-token-0123456789\n")
     settings = RecommendSettings(aggregator_token_file=tmp_path / "reader", workers=1)
     assert settings.aggregator_token is not None
@@ -154,7 +157,9 @@ def test_recommend_api_reads_its_token_from_a_file(tmp_path):
         RecommendSettings(aggregator_token_file=tmp_path / "missing", workers=1)
 
 
-def test_demo_reads_the_operator_token_file_and_run_settings(tmp_path, monkeypatch):
+def test_demo_reads_the_operator_token_file_and_run_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "op").write_text("operator-token-0123456789\n")
     monkeypatch.delenv("FEDREC_AGG_OPERATOR_TOKEN", raising=False)
     monkeypatch.setenv("FEDREC_AGG_OPERATOR_TOKEN_FILE", str(tmp_path / "op"))
@@ -181,7 +186,9 @@ def test_demo_reads_the_operator_token_file_and_run_settings(tmp_path, monkeypat
         start_run.operator_token()
 
 
-def test_following_a_run_reads_the_history_a_page_at_a_time(monkeypatch):
+def test_following_a_run_reads_the_history_a_page_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The compose demo's follower pages the history: a run longer than one page completes,
     and a poll reads only the rounds after the newest one it holds."""
     from urllib.parse import parse_qs, urlsplit
@@ -189,7 +196,9 @@ def test_following_a_run_reads_the_history_a_page_at_a_time(monkeypatch):
     total, limit = 5, 2
     asked: list[str] = []
 
-    def fake_request(url, token=None, data=None, timeout_s=10.0):
+    def fake_request(
+        url: str, token: Any = None, data: Any = None, timeout_s: float = 10.0
+    ) -> tuple[int, Any]:
         parts = urlsplit(url)
         if parts.path == "/v1/rounds/current":
             return 200, {"run_id": 1, "state": "open", "config": {"rounds": total}}

@@ -64,19 +64,19 @@ def _k8s_fedrec_vars() -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("where", "var"), _compose_fedrec_vars() + _k8s_fedrec_vars())
-def test_every_fedrec_variable_is_a_settings_field(where, var):
+def test_every_fedrec_variable_is_a_settings_field(where: str, var: str) -> None:
     prefix = next((p for p in SETTINGS if var.startswith(p)), None)
     assert prefix is not None, f"{where}: {var} has no known settings prefix"
     field = var.removeprefix(prefix).lower()
     assert field in SETTINGS[prefix].model_fields, f"{where}: {var} is not a field of {prefix}*"
 
 
-def test_fedrec_variables_are_found_at_all():
+def test_fedrec_variables_are_found_at_all() -> None:
     """Guard for the parametrized check above: it really sees the variables."""
     assert len(_compose_fedrec_vars()) > 20 and len(_k8s_fedrec_vars()) > 15
 
 
-def test_every_command_is_a_real_entry_point():
+def test_every_command_is_a_real_entry_point() -> None:
     commands = [svc["command"] for svc in compose()["services"].values() if "command" in svc]
     commands = [c for c in commands if c[0] not in ("redis-server", "postgres")]
     commands += [c["command"] for _, c in containers() if c["image"] == IMAGE]
@@ -85,7 +85,7 @@ def test_every_command_is_a_real_entry_point():
         assert command_is_real(command), command
 
 
-def test_command_check_can_fail():
+def test_command_check_can_fail() -> None:
     assert command_is_real(["fedrec", "worker"]) and command_is_real(["fedrec", "aggregator"])
     assert not command_is_real(["fedrec", "no-such-command"])
     assert not command_is_real(["python", "-m", "services.no_such_service"])
@@ -157,7 +157,9 @@ def _settings_from(
 
 
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
-def test_compose_environment_validates_into_the_settings(module, monkeypatch, tmp_path):
+def test_compose_environment_validates_into_the_settings(
+    module: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Each service's whole environment (secret files in place) builds its settings class."""
     services = compose_services_running(module)
     assert services
@@ -168,7 +170,9 @@ def test_compose_environment_validates_into_the_settings(module, monkeypatch, tm
 
 
 @pytest.mark.parametrize("module", sorted(MODULE_PREFIX))
-def test_k8s_environment_validates_into_the_settings(module, monkeypatch, tmp_path):
+def test_k8s_environment_validates_into_the_settings(
+    module: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The same for k8s containers (ConfigMap + Secret with a real value in place)."""
     found = [(w, c) for w, c in containers() if command_module(c.get("command", [])) == module]
     assert found
@@ -183,7 +187,7 @@ def test_k8s_environment_validates_into_the_settings(module, monkeypatch, tmp_pa
         _settings_from(env, module, workload, monkeypatch)
 
 
-def test_the_committed_operator_token_placeholder_is_refused_in_production():
+def test_the_committed_operator_token_placeholder_is_refused_in_production() -> None:
     """A Secret applied without replacing the token cannot start the aggregator."""
     token = k8s_one("Secret", "fedrec-secrets")["stringData"]["FEDREC_AGG_OPERATOR_TOKEN"]
     env = k8s_one("ConfigMap", "aggregator-config")["data"]
@@ -206,7 +210,9 @@ def test_the_committed_operator_token_placeholder_is_refused_in_production():
         ("services.dashboard.settings", {"timeout_s": float("inf")}, "timeout_s"),
     ],
 )
-def test_unusable_intervals_and_urls_are_settings_errors(module, values, field):
+def test_unusable_intervals_and_urls_are_settings_errors(
+    module: str, values: dict[str, Any], field: str
+) -> None:
     """Each was accepted: an infinite interval ended in an OverflowError in a background
     thread or a loop that never woke (rounds never closed at their deadline), and a URL
     without its scheme in a service that started and then failed every call."""

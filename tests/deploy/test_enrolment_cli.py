@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from services.cli import app
 from services.enrolment import verify_enrolment_token
@@ -11,12 +13,12 @@ from services.enrolment import verify_enrolment_token
 SECRET = "deployment-enrolment-secret-0123456789"
 
 
-def _run(*args: str, env: dict[str, str] | None = None):
+def _run(*args: str, env: dict[str, str] | None = None) -> Result:
     base = {"FEDREC_AGG_ENROLMENT_SECRET": "", "FEDREC_AGG_ENROLMENT_SECRET_FILE": ""}
     return CliRunner().invoke(app, ["enrolment-token", *args], env={**base, **(env or {})})
 
 
-def test_prints_the_token_the_aggregator_verifies_from_env_or_file(tmp_path):
+def test_prints_the_token_the_aggregator_verifies_from_env_or_file(tmp_path: Path) -> None:
     r = _run("--shard", "1", "--shards", "3", env={"FEDREC_AGG_ENROLMENT_SECRET": SECRET})
     assert r.exit_code == 0, r.output
     token = r.output.strip()
@@ -42,14 +44,18 @@ def test_prints_the_token_the_aggregator_verifies_from_env_or_file(tmp_path):
         ),
     ],
 )
-def test_unusable_input_is_a_message_and_exit_status_2(args, env, message):
+def test_unusable_input_is_a_message_and_exit_status_2(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
     r = _run(*args, env=env)
     assert r.exit_code == 2 and message in r.output, r.output
     assert "Traceback" not in r.output
 
 
 @pytest.mark.parametrize("name", ["/dev/zero", "big"])
-def test_a_huge_or_endless_secret_file_is_refused_without_reading_it_whole(tmp_path, name):
+def test_a_huge_or_endless_secret_file_is_refused_without_reading_it_whole(
+    tmp_path: Path, name: str
+) -> None:
     path = name if name.startswith("/") else str(tmp_path / name)
     if not name.startswith("/"):
         (tmp_path / name).write_bytes(b"x" * (1 << 20))

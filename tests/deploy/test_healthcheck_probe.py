@@ -46,17 +46,17 @@ def _probe(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 
 @pytest.mark.parametrize(("path", "healthy"), [("/healthz", True), ("/livez", True)])
-def test_2xx_is_healthy(server, path, healthy):
+def test_2xx_is_healthy(server: str, path: str, healthy: bool) -> None:
     assert (_probe(f"{server}{path}").returncode == 0) is healthy
 
 
 @pytest.mark.parametrize(("path", "code"), [("/down", "503"), ("/missing", "404"), ("", "404")])
-def test_other_answers_are_unhealthy_and_say_why(server, path, code):
+def test_other_answers_are_unhealthy_and_say_why(server: str, path: str, code: str) -> None:
     out = _probe(f"{server}{path}")
     assert out.returncode == 1 and f"answered {code}" in out.stderr
 
 
-def test_no_server_and_bad_urls_are_unhealthy(server):
+def test_no_server_and_bad_urls_are_unhealthy(server: str) -> None:
     port = int(server.rsplit(":", 1)[1])
     with _closed_port() as closed:
         assert closed != port
@@ -66,7 +66,7 @@ def test_no_server_and_bad_urls_are_unhealthy(server):
     assert out.returncode == 1 and "not an http:// URL" in out.stderr
 
 
-def test_the_url_defaults_to_the_environment(server):
+def test_the_url_defaults_to_the_environment(server: str) -> None:
     out = _probe(env={"HEALTHCHECK_URL": f"{server}/healthz", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     out = _probe(env={"HEALTHCHECK_URL": f"{server}/down", "PATH": "/usr/bin:/bin"})

@@ -129,7 +129,7 @@ def test_the_follower_stops_waiting_for_an_evaluation_a_gone_worker_holds(
     """Both rounds closed, round 2's evaluation never comes (a worker that never returns does
     not report): the follower returns after its wait with round 2 unevaluated, not never."""
     metrics = {"hr@10": 0.5, "ndcg@10": 0.3}
-    rounds = [
+    rounds: list[dict[str, Any]] = [
         {"round_id": 1, "n_updates": 10, "loss": 0.5, "seconds": 1.0, "metrics": metrics},
         {"round_id": 2, "n_updates": 5, "loss": 0.5, "seconds": 1.0, "metrics": None},
     ]

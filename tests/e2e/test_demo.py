@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedrecgel.data import load_split
-from fedrecgel.model import Scorer
+from fedrecgel.model import ModelConfig, Scorer
 from fedrecgel.wire import decode_model
 from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 from services.client_sim.store import WorkerStore
@@ -98,7 +98,7 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
             assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _model_from_db(path: Path, version: int) -> tuple:
+def _model_from_db(path: Path, version: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Read a stored model version straight from the aggregator's SQLite file."""
     import sqlite3
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -69,7 +70,8 @@ def test_http_run_matches_simulator(
     server the run uses, ``option`` the aggregator setting it goes into, ``healthy`` the part
     of /healthz that must then say ok."""
     url: str = request.getfixturevalue(server)
-    with services(tmp_path, ROUNDS, **{option: url}) as c:
+    server_url: dict[str, Any] = {option: url}  # redis_url or database_url
+    with services(tmp_path, ROUNDS, **server_url) as c:
         health = httpx.get(f"{c.agg_url}/healthz", timeout=10).json()
         assert health[healthy] == "ok", health
         start_training(c, split)

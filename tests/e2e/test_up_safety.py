@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
-from services.launcher import Proc
+from services.restarts import Proc
 from services.supervise import Stopped, locked_workdir, stop_on_signals
 from tests.support.loopback import bindable, free_port
 
@@ -100,7 +100,8 @@ def test_a_service_that_exits_is_reported_with_the_line_that_says_why(tmp_path: 
         "\n"
         "ERROR:    Application startup failed. Exiting.\n"
     )
-    with spawned([sys.executable, "-c", "raise SystemExit(3)"], None) as popen:
+    # no log file: None leaves the output on the test's own (subprocess.Popen takes it)
+    with spawned([sys.executable, "-c", "raise SystemExit(3)"], None) as popen:  # type: ignore[arg-type]
         code = popen.wait(60)
         error = str(Proc("aggregator", popen, log).exited(code))
     assert error == (

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from pydantic import SecretStr
 
 from fedrecgel.data import Split
 from harness.recording import RecordingTransport
@@ -56,7 +57,7 @@ def test_no_private_state_or_interactions_on_the_wire(
                     aggregator=c.agg_url,
                     shard=i,
                     shards=2,
-                    enrolment_token=c.enrolment_token(i),
+                    enrolment_token=SecretStr(c.enrolment_token(i)),
                     dataset=DATASET,
                     store=str(c.worker_store(i)),
                 ),

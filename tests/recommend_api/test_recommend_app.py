@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 import torch
+from pydantic import SecretStr
 
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.wire import encode_model
@@ -363,11 +364,15 @@ def test_a_placeholder_aggregator_token_is_refused_unless_in_development(token: 
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN"):
-        Settings(aggregator_token=token, workers=1)  # production is the default
+        Settings(aggregator_token=SecretStr(token), workers=1)  # production is the default
     with pytest.raises(ValidationError, match="FEDREC_REC_AGGREGATOR_TOKEN"):
-        Settings(environment="test", aggregator_token=token, workers=1)
-    assert Settings(environment="development", aggregator_token=token, workers=1).aggregator_token
-    assert Settings(aggregator_token="a-real-reader-token-0123456789", workers=1).aggregator_token
+        Settings(environment="test", aggregator_token=SecretStr(token), workers=1)
+    assert Settings(
+        environment="development", aggregator_token=SecretStr(token), workers=1
+    ).aggregator_token
+    assert Settings(
+        aggregator_token=SecretStr("a-real-reader-token-0123456789"), workers=1
+    ).aggregator_token
 
 
 def test_a_mistyped_redis_url_is_a_settings_error() -> None:
@@ -386,7 +391,9 @@ def test_a_port_outside_tcp_is_a_settings_error(port: int) -> None:
         Settings(environment="development", port=port, workers=1)
 
 
-def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> None:
+def test_the_server_refuses_a_placeholder_token_with_a_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import subprocess
     import sys
 
@@ -402,7 +409,7 @@ def test_the_server_refuses_a_placeholder_token_with_a_message(monkeypatch) -> N
     assert "Traceback" not in r.stderr
 
 
-def test_candidate_stage_settings_reach_the_ranking(monkeypatch) -> None:
+def test_candidate_stage_settings_reach_the_ranking(monkeypatch: pytest.MonkeyPatch) -> None:
     from services.recommend_api.app import holder_from_settings
 
     monkeypatch.setenv("FEDREC_REC_ANN_INDEX", "ivf")

@@ -4,6 +4,7 @@ before the server starts."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -85,7 +86,10 @@ def test_a_thread_count_beyond_any_machine_is_a_settings_error(
         command.main(NO_AGGREGATOR)
     assert stop.value.code not in (0, None)
     assert "less than or equal to 1024" in capsys.readouterr().err + str(stop.value.code)
-    token = {"operator_token": "op-token-0123456789abcdef", "environment": "development"}
+    token: dict[str, Any] = {
+        "operator_token": "op-token-0123456789abcdef",
+        "environment": "development",
+    }
     with pytest.raises(ValidationError, match="less than or equal to 1024"):
         AggregatorSettings(torch_threads=100000, **token)
     assert AggregatorSettings(torch_threads=1024, **token).torch_threads == 1024

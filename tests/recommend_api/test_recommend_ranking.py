@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 
-from fedrecgel.model import ModelConfig, forward_batched, init_shared
+from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_shared
 from fedrecgel.wire import encode_model
 from services.recommend_api.errors import InvalidRequest, InvalidUserVector, NoModel, UnknownItems
-from services.recommend_api.ranking import ModelHolder, RankingConfig, read_labels_file
+from services.recommend_api.ranking import ModelHolder, RankingConfig, Snapshot, read_labels_file
 from services.recommend_api.shortlist import (
     ProxyShortlist,
     ScanShortlist,
+    Shortlist,
     ShortlistConfig,
     build_shortlist,
     faiss_available,
 )
 
 
-def _model(n_items: int, seed: int = 0, scale: float = 1.0) -> tuple[ModelConfig, dict]:
+def _model(
+    n_items: int, seed: int = 0, scale: float = 1.0
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     cfg = ModelConfig(n_items=n_items, factor=8, layers=3)
     shared = init_shared(cfg, seed)
     shared["item_gmf"] *= scale
@@ -34,7 +40,9 @@ def _user(cfg: ModelConfig, seed: int, scale: float = 1.0) -> dict[str, list[flo
     }
 
 
-def _brute_force(cfg: ModelConfig, shared: dict, user: dict[str, list[float]]) -> np.ndarray:
+def _brute_force(
+    cfg: ModelConfig, shared: dict[str, torch.Tensor], user: dict[str, list[float]]
+) -> np.ndarray:
     """Logits of every item with the training forward pass (no precomputation)."""
     private = {n: torch.tensor(v)[None, :] for n, v in user.items()}
     rows = {t: shared[t][None, :, :] for t in cfg.item_tables()}
@@ -43,7 +51,9 @@ def _brute_force(cfg: ModelConfig, shared: dict, user: dict[str, list[float]]) -
         return forward_batched(cfg, private, rows, dense, per_client_dense=False)[0].numpy()
 
 
-def _holder(cfg: ModelConfig, shared: dict, version: int = 3, **kw) -> ModelHolder:
+def _holder(
+    cfg: ModelConfig, shared: dict[str, torch.Tensor], version: int = 3, **kw: Any
+) -> ModelHolder:
     holder = ModelHolder(RankingConfig(**kw), labels=kw.pop("labels", None))
     holder.swap(holder.build(cfg, shared, version))
     return holder
@@ -142,7 +152,7 @@ def test_failed_load_keeps_the_old_model_and_counts() -> None:
     assert holder.load_bytes(encode_model(cfg, shared, 2)) and holder.version == 2
 
 
-def test_labels_file_is_read_in_index_order(tmp_path) -> None:
+def test_labels_file_is_read_in_index_order(tmp_path: Path) -> None:
     path = tmp_path / "items.txt"
     path.write_text("x9\ny7\nz5\n", encoding="utf-8")
     assert read_labels_file(path) == ["x9", "y7", "z5"]
@@ -187,7 +197,9 @@ def test_shortlist_then_rerank_recalls_exact_top_10() -> None:
 
 
 @pytest.mark.parametrize("index", ["flat", "scan"])
-def test_exact_option_ranks_the_whole_catalogue_past_the_index(monkeypatch, index) -> None:
+def test_exact_option_ranks_the_whole_catalogue_past_the_index(
+    monkeypatch: pytest.MonkeyPatch, index: str
+) -> None:
     if index == "flat" and not faiss_available():
         pytest.skip("faiss-cpu is not installed")
     cfg, shared = _model(3_000, scale=30.0)
@@ -196,11 +208,14 @@ def test_exact_option_ranks_the_whole_catalogue_past_the_index(monkeypatch, inde
     )
     snap = holder.snapshot
     assert snap is not None and snap.shortlist is not None
-    searches = []
+    searches: list[int] = []
     real_search = snap.shortlist.search
-    monkeypatch.setattr(
-        snap.shortlist, "search", lambda p, n: searches.append(n) or real_search(p, n)
-    )
+
+    def counted_search(p: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+        searches.append(n)
+        return real_search(p, n)
+
+    monkeypatch.setattr(snap.shortlist, "search", counted_search)
     for seed in range(3):
         user = _user(cfg, seed, scale=0.3)
         ref = _brute_force(cfg, shared, user)
@@ -218,7 +233,9 @@ def test_exact_option_ranks_the_whole_catalogue_past_the_index(monkeypatch, inde
 
 
 @pytest.mark.parametrize("index", ["flat", "scan"])
-def test_a_new_version_swaps_in_with_its_index_complete(monkeypatch, index) -> None:
+def test_a_new_version_swaps_in_with_its_index_complete(
+    monkeypatch: pytest.MonkeyPatch, index: str
+) -> None:
     """While a new version's index is being built (held half-way here), every request is
     answered by the old version with its complete index; then the new one serves, whole."""
     import threading
@@ -240,23 +257,25 @@ def test_a_new_version_swaps_in_with_its_index_complete(monkeypatch, index) -> N
     seen: list[tuple[int, int]] = []  # (version, items in that snapshot's index) per request
     real_top_k = ranking.top_k
 
-    def spy_top_k(snap, *args, **kw):
+    def spy_top_k(snap: Snapshot, *args: Any, **kw: Any) -> tuple[torch.Tensor, torch.Tensor]:
         assert snap.shortlist is not None
         assert snap.shortlist.kind == index
+        shortlist = snap.shortlist
+        assert isinstance(shortlist, ProxyShortlist | ScanShortlist)  # flat or scan
         # the items the candidate stage covers: a flat index's vectors, a scan's tables
-        covered = (
-            snap.shortlist.index.ntotal
-            if index == "flat"
-            else len(snap.shortlist.scorer.item_first)
-        )
+        if isinstance(shortlist, ProxyShortlist):
+            covered = shortlist.index.ntotal
+        else:
+            assert shortlist.scorer.item_first is not None  # NCF
+            covered = len(shortlist.scorer.item_first)
         seen.append((snap.version, covered))
         return real_top_k(snap, *args, **kw)
 
     monkeypatch.setattr(ranking, "top_k", spy_top_k)
     building, release = threading.Event(), threading.Event()
-    real_build = ranking.build_shortlist
+    real_build = build_shortlist
 
-    def slow_build(scorer, config):
+    def slow_build(scorer: Scorer, config: ShortlistConfig | None) -> Shortlist | None:
         index = real_build(scorer, config)
         building.set()
         assert release.wait(30)
@@ -313,7 +332,9 @@ def test_candidate_stage_follows_catalogue_size_and_setting() -> None:
     assert holder.snapshot.shortlist.min_candidates == 123
 
 
-def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(monkeypatch) -> None:
+def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     cfg, shared = _model(3_000, scale=30.0)
     holder = _holder(
         cfg, shared, ann_threshold=0, ann_shortlist=100, ann_index="scan", ann_scan_candidates=200
@@ -322,7 +343,12 @@ def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(monkeypatch) -> 
     assert snap is not None and isinstance(snap.shortlist, ScanShortlist)
     asked: list[int] = []
     real_search = snap.shortlist.search
-    monkeypatch.setattr(snap.shortlist, "search", lambda p, n: asked.append(n) or real_search(p, n))
+
+    def counted_search(p: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+        asked.append(n)
+        return real_search(p, n)
+
+    monkeypatch.setattr(snap.shortlist, "search", counted_search)
     user = _user(cfg, 4, scale=0.3)
     ranked = holder.recommend(user["user_gmf"], user["user_mlp"], k=10, exclude=["5", "9"])
     assert asked == [202]  # the scan's candidates plus the excluded items

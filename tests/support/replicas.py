@@ -13,7 +13,8 @@ from pathlib import Path
 from harness.haproxy import Balancer, balancer
 from harness.loopback import free_port
 from harness.procs import FEDREC_MODULE
-from services.launcher import Cluster, Proc, UpOptions
+from services.launcher import Cluster, UpOptions
+from services.restarts import Proc
 
 #: a replica's log line for a round it closed (``services/aggregator/rounds.py``)
 _CLOSED = re.compile(r"round (\d+) closed: \d+/\d+ updates -> version (\d+)")
