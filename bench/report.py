@@ -238,7 +238,10 @@ def _compose_phases(data: dict[str, Any], one: dict[str, Any] | None) -> list[st
     kinds = {"compose": "compose", "loopback": "`fedrec up`"}
     phases: dict[str, dict[str, float]] = {}
     rounds = {"compose": data["compose_round_seconds"], "loopback": data["loopback_round_seconds"]}
-    for kind in ("compose", "loopback"):
+    if data["runs"].get("loopback_postgres"):
+        kinds["loopback_postgres"] = "`fedrec up` on PostgreSQL"
+        rounds["loopback_postgres"] = data["loopback_postgres_round_seconds"]
+    for kind in [k for k in kinds if k in data["runs"]]:
         runs = [r["worker_phases"] for r in data["runs"][kind] if r.get("worker_phases")]
         if not runs:
             return []
@@ -292,7 +295,41 @@ def _compose_phases(data: dict[str, Any], one: dict[str, Any] | None) -> list[st
         f"computing); the cohort step's CPU differs by {extra_compute:+.3f} s. Compose's "
         "aggregator writes to PostgreSQL behind the haproxy balancer, `fedrec up`'s to SQLite "
         "directly.",
+        *_aggregator_stages(data, kinds),
     ]
+    return lines
+
+
+def _aggregator_stages(data: dict[str, Any], kinds: dict[str, str]) -> list[str]:
+    """The aggregator's own stage times (its /metrics histograms) under each local arm that
+    recorded them: the database's share without containers or balancer."""
+    stages = ("validate", "commit", "aggregate", "close")
+    arms = {
+        k: [r["aggregator_stages"] for r in data["runs"][k] if r.get("aggregator_stages")]
+        for k in kinds
+        if k != "compose" and k in data["runs"]
+    }
+    arms = {k: v for k, v in arms.items() if v}
+    if not arms:
+        return []
+    lines = [
+        "",
+        "The aggregator's own account (mean seconds per upload body or per close, from its "
+        "`fedrec_agg_stage_seconds` and `fedrec_agg_round_close_seconds` histograms at the end "
+        "of each run, median over runs; *commit*: the upload batch's transaction, waiting "
+        "included; *close*: the whole close, *aggregate* included):",
+        "",
+        "| stage | " + " | ".join(kinds[k] for k in arms) + " |",
+        "|---|" + "---|" * len(arms),
+    ]
+    for stage in stages:
+        cells = [
+            f"{statistics.median(r[stage]['mean_seconds'] for r in runs if stage in r):.3f}"
+            if any(stage in r for r in runs)
+            else "-"
+            for runs in arms.values()
+        ]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
     return lines
 
 
