@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +102,8 @@ def configs(rounds: int) -> dict[str, TrainConfig]:
     base = TrainConfig(seed=SEED, rounds=rounds, eval_every=0)
     return {
         "paper": base,
-        "paper, server step 0.01": replace(base, server_lr=0.01),
-        "default": replace(base, **{**resolve("default", ""), "rounds": rounds}),
+        "paper, server step 0.01": base.replace(server_lr=0.01),
+        "default": base.replace(**{**resolve("default", ""), "rounds": rounds}),
     }
 
 
@@ -211,7 +211,7 @@ def measure(
         runs = {}
         for label, cfg in cfgs.items():
             print(f"{key} {label}", flush=True)
-            runs[label] = {"config": asdict(cfg), "rounds": instrument(split, cfg, args.every)}
+            runs[label] = {"config": cfg.model_dump(), "rounds": instrument(split, cfg, args.every)}
         result["datasets"][key] = runs
         args.out.write_text(json.dumps(result, indent=1))
 

@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from fedrecgel.config import current_names
 from fedrecgel.presets import PRESETS_FILE, stored
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ def _central_cells(entry: dict[str, Any] | None) -> list[str]:
 def _settings(runs: list[dict[str, Any]]) -> str:
     if not runs or "settings" not in runs[0]:
         return ""
-    s = runs[0]["settings"]
+    s = current_names(runs[0]["settings"])
     source = runs[0]["settings_from"]
     if runs[0].get("same_as"):
         source += f"; the {runs[0]['same_as']} runs"
@@ -94,7 +95,7 @@ def _settings(runs: list[dict[str, Any]]) -> str:
         source += ", a preset since withdrawn: not what `--preset tuned` gives now"
     local = f", {s['local_steps']} local steps" if s.get("local_steps") else ""
     return (
-        f"{s['server_optimizer']} {s['server_lr']:.3g}, client {s['client_lr']:.3g}{local}, "
+        f"{s['optimizer']} {s['server_lr']:.3g}, client {s['client_lr']:.3g}{local}, "
         f"rho {s['rho_sh']:.3g}/{s['rho_ns']:.3g}, {s['rounds']} rounds "
         f"({source})"
     )
@@ -176,7 +177,7 @@ def _earlier_faithful(key: str) -> str | None:
     if data is None:
         return None
     runs = data["runs"]
-    cfg = runs[0]["config"]
+    cfg = current_names(runs[0]["config"])
 
     def figs(pick: str, metric: str) -> str:
         return _pm([100 * r[pick][metric] for r in runs])
@@ -185,7 +186,7 @@ def _earlier_faithful(key: str) -> str | None:
         f"| faithful, earlier split numbering (`bench/reproduce.py`) | {len(runs)}/{SEEDS} | "
         f"{figs('selected_on_validation', 'hr@10')} | {figs('selected_on_validation', 'ndcg@10')} "
         f"| {figs('best_test', 'hr@10')} | {figs('best_test', 'ndcg@10')} | "
-        f"{cfg['server_optimizer']} {cfg['server_lr']:.3g}, client {cfg['client_lr']:.3g}, rho "
+        f"{cfg['optimizer']} {cfg['server_lr']:.3g}, client {cfg['client_lr']:.3g}, rho "
         f"{cfg['rho_sh']:.3g}/{cfg['rho_ns']:.3g}, {cfg['rounds']} rounds (paper) |"
     )
 

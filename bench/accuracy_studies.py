@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from bench.accuracy_report import ACC, DOCS, RES, cell, reproduction, shipped
+from fedrecgel.config import current_names
 
 
 def studies() -> list[str]:
@@ -112,7 +113,7 @@ def _study_plot(data: dict[str, Any]) -> str:
                 ys,
                 marker="o",
                 label=f"trial {t['number']} (server lr "
-                f"{t['params'].get('server_lr', 0):.3g}, {t['params'].get('server_optimizer')})",
+                f"{t['params'].get('server_lr', 0):.3g}, {current_names(t['params']).get('optimizer')})",
             )
     for i, ys in enumerate(_paper_curves(key)):
         ax.plot(

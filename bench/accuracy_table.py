@@ -35,7 +35,6 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ import torch
 from bench.accuracy_diagnosis import load
 from bench.bench_cli import default_data_dir
 from fedrecgel.baselines import popularity, random_ranking
+from fedrecgel.config import current_names
 from fedrecgel.data import Split
 from fedrecgel.presets import PRESETS_FILE, resolve, stored
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
@@ -70,8 +70,8 @@ def config_of(label: str, split: Split, eval_every: int) -> TrainConfig:
     """The run ``fedrec train --method M --preset X`` makes for this cell, with the shipped
     presets only (the table reports what ships, whatever a user saved)."""
     method, preset = FEDERATED[label]
-    base = TrainConfig(method=method, eval_every=eval_every)  # type: ignore[arg-type]
-    return replace(base, **resolve(preset, split.name, PRESETS_FILE))
+    settings = resolve(preset, split.name, PRESETS_FILE)
+    return TrainConfig(method=method, eval_every=eval_every, **settings)  # type: ignore[arg-type]
 
 
 def record(res: RunResult, seed: int) -> dict[str, Any]:
@@ -98,9 +98,9 @@ def same_settings(stored_config: dict[str, Any], cfg: TrainConfig) -> bool:
     """Whether a stored run's config trains what ``cfg`` trains. A setting the stored config
     lacks did not exist when it ran: the run had that setting's default, which is the
     paper's behaviour, as every added setting's default is."""
-    defaults = asdict(TrainConfig())
-    for name, want in asdict(cfg).items():
-        if name in EXECUTION_ONLY or name == "seed":
+    defaults, stored_config = TrainConfig().model_dump(), current_names(stored_config)
+    for name, want in cfg.model_dump().items():
+        if name in EXECUTION_ONLY or name in ("seed", "kind"):  # the kind is the method's
             continue
         have = stored_config.get(name, defaults[name])
         if isinstance(want, float) and isinstance(have, (int, float)):
@@ -147,9 +147,7 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
     folder = cell_dir(key, label)
     for seed in seeds:
         path = folder / f"seed-{seed}.json"
-        cfg = (
-            replace(config_of(label, split, eval_every), seed=seed) if label in FEDERATED else None
-        )
+        cfg = config_of(label, split, eval_every).replace(seed=seed) if label in FEDERATED else None
         if path.exists():
             if cfg is None or same_settings(json.loads(path.read_text())["config"], cfg):
                 continue
@@ -166,7 +164,7 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
             assert cfg is not None
             data["method"], data["preset"] = FEDERATED[label]
             data["settings_from"] = settings_from(label, split)
-            keys = ("rounds", "server_lr", "client_lr", "server_optimizer", "local_steps")
+            keys = ("rounds", "server_lr", "client_lr", "optimizer", "local_steps")
             data["settings"] = {k: getattr(cfg, k) for k in keys} | dict(
                 zip(("rho_sh", "rho_ns"), cfg.effective_rho(), strict=True)
             )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +116,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 def config(settings: dict[str, Any], seed: int) -> TrainConfig:
     """The candidate's TrainConfig: what ``fedrec train`` runs with these settings on a data set
     it knows nothing of (the default radii, not the authors' per-dataset ones)."""
-    return replace(TrainConfig(seed=seed, eval_every=10), **settings)
+    return TrainConfig(seed=seed, eval_every=10, **settings)
 
 
 def _curve(result: Any) -> list[dict[str, Any]]:
@@ -212,7 +211,7 @@ def check(data_dir: Path, datasets: tuple[str, ...]) -> None:
                     selected=res.selected(),
                     best_test=res.best_test(),
                     curve=_curve(res),
-                    config=asdict(res_config(res)),
+                    config=res_config(res).model_dump(),
                     seconds=res.wall_seconds,
                 )
             entry["popularity"] = popularity(split).selected()

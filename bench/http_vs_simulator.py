@@ -40,7 +40,6 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -236,7 +235,7 @@ def exact_reference(dataset: str, train: TrainConfig, workers: int) -> tuple[Sim
     before = torch.get_num_threads()
     torch.set_num_threads(worker_torch_threads(workers))
     try:
-        sim = Simulator(load_split(dataset), replace(train, per_client_uploads=True))
+        sim = Simulator(load_split(dataset), train.replace(per_client_uploads=True))
         return sim, sim.run()
     finally:
         torch.set_num_threads(before)
@@ -360,7 +359,7 @@ def main() -> None:
         for mode in modes:
             grouped = mode == "grouped"
             # the run (and the simulator it is timed against) with this mode's grouping
-            run = replace(train, upload_grouping="worker") if mode == "partial" else train
+            run = train.replace(upload_grouping="worker") if mode == "partial" else train
             with (
                 tempfile.TemporaryDirectory(prefix="fedrec-bench-") as tmp,
                 contextlib.ExitStack() as stack,
@@ -409,7 +408,7 @@ def main() -> None:
                 },
             }
             if rep == 0 and not args.no_agreement:
-                ref = replace(run, grouped_uploads=grouped)
+                ref = run.replace(grouped_uploads=grouped)
                 sim, exact = exact_reference(args.dataset, ref, args.workers)
                 row["agreement"] = agreement(http, sim, exact)
             out["repetitions"].append(row)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedrecgel.config import current_names
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "privacy_utility.json"
 DP_POPULARITY = ROOT / "bench" / "results" / "dp_popularity.json"
@@ -42,9 +44,9 @@ def section() -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in data.items():
-        st = entry["settings"]
+        st = current_names(entry["settings"])
         setting = (
-            f"server {st.get('server_optimizer', 'adam')} lr {st.get('server_lr', 0.001):g}, "
+            f"server {st.get('optimizer', 'adam')} lr {st.get('server_lr', 0.001):g}, "
             f"{st['rounds']} rounds, q {st['fraction']}, C {st['clip']}, "
             f"eval every {st['eval_every']}, {entry['n_users']} users"
         )

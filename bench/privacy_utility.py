@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_cli import default_data_dir, positive
+from fedrecgel.config import DEFAULTS, current_names
 from fedrecgel.data import load_split
 from fedrecgel.simulate import Simulator, TrainConfig
 
@@ -91,7 +92,7 @@ def measure(args: argparse.Namespace) -> None:
         "sampling": "poisson",
         "mode": "central",
         "validation": True,
-        "server_optimizer": args.server_optimizer,
+        "optimizer": args.optimizer,
         "server_lr": args.server_lr,
     }
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -105,7 +106,9 @@ def measure(args: argparse.Namespace) -> None:
                 key = f"{target}/{seed}"
                 data: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
                 done = data.get(key_of_entry, {})
-                if done.get("settings") == settings and key in done.get("runs", {}):
+                if current_names(done.get("settings", {})) == settings and key in done.get(
+                    "runs", {}
+                ):
                     continue
                 cfg = TrainConfig(
                     rounds=args.rounds,
@@ -113,7 +116,7 @@ def measure(args: argparse.Namespace) -> None:
                     eval_every=args.eval_every,
                     sampling="poisson",
                     seed=seed,
-                    server_optimizer=args.server_optimizer,
+                    optimizer=args.optimizer,
                     server_lr=args.server_lr,
                     dp_clip=args.clip,
                     target_epsilon=None if target == "none" else float(target),
@@ -125,10 +128,7 @@ def measure(args: argparse.Namespace) -> None:
 
 def entry_key(name: str, settings: dict[str, Any]) -> str:
     """One entry per dataset and training setting: ``filmtrust sgd 3, 50 rounds``."""
-    return (
-        f"{name} {settings['server_optimizer']} {settings['server_lr']:g}, "
-        f"{settings['rounds']} rounds"
-    )
+    return f"{name} {settings['optimizer']} {settings['server_lr']:g}, {settings['rounds']} rounds"
 
 
 def plot() -> None:
@@ -199,8 +199,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--server-optimizer", default=TrainConfig.server_optimizer)
-    ap.add_argument("--server-lr", type=float, default=TrainConfig.server_lr)
+    ap.add_argument("--optimizer", default=DEFAULTS.optimizer)
+    ap.add_argument("--server-lr", type=float, default=DEFAULTS.server_lr)
     ap.add_argument("--plot", action="store_true", help="Only draw the plot from the JSON.")
     args = ap.parse_args()
     if args.plot:

@@ -85,11 +85,9 @@ def _config(split: Any, clients: int | None, rounds: int, shards: int) -> Any:
     from fedrecgel.simulate import TrainConfig
 
     fraction = 1.0 if clients is None else clients / split.n_users
-    cfg = TrainConfig(
+    return TrainConfig(
         fraction=fraction, rounds=rounds, shards=shards, upload_grouping="worker", eval_every=0
     )
-    cfg.validate()
-    return cfg
 
 
 def _digest(shared: dict[str, Any]) -> str:

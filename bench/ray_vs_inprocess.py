@@ -62,7 +62,6 @@ def main() -> None:
     cfg = TrainConfig(
         rounds=args.rounds, fraction=args.fraction, shards=args.shards, upload_grouping="worker"
     )
-    cfg.validate()
 
     t0 = time.perf_counter()
     local = Simulator(split, cfg)

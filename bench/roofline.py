@@ -25,7 +25,6 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +200,7 @@ def bench(rounds: int, loop_rounds: int, fraction: float) -> dict[str, Any]:
     cfg = TrainConfig(eval_every=0, fraction=fraction)
     fast = Simulator(split, cfg)
     torch_ops = Simulator(split, cfg)  # the same aggregate path on torch ops, no native kernels
-    exact = Simulator(split, replace(cfg, per_client_uploads=True))
+    exact = Simulator(split, cfg.replace(per_client_uploads=True))
     loop_shared = {k: v.clone() for k, v in fast.shared.items()}
     loop_states: dict[int, PrivateState] = {}
     times: dict[str, list[float]] = {

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -57,10 +56,10 @@ BEFORE: _Preset = {"server_lr": 0.003, "local_steps": 5, "client_lr": 0.01}
 
 def configs(rounds: int, weight_decay: float) -> dict[str, TrainConfig]:
     """The two runs compared on a dataset."""
-    base = replace(TrainConfig(seed=SEED, rounds=rounds, eval_every=0), **BEFORE)
+    base = TrainConfig(seed=SEED, rounds=rounds, eval_every=0, **BEFORE)
     return {
         "no weight decay": base,
-        f"server weight decay {weight_decay:g}": replace(base, server_weight_decay=weight_decay),
+        f"server weight decay {weight_decay:g}": base.replace(server_weight_decay=weight_decay),
     }
 
 

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +51,8 @@ def speed_point(items: int, rounds: int) -> dict[str, Any]:
     base = TrainConfig(fraction=CLIENTS / USERS, eval_every=0, rounds=rounds)
     sims = {
         "dense": Simulator(split, base),
-        "lazy": Simulator(split, replace(base, server_update="lazy")),
-        "lazy-scan": Simulator(split, replace(base, server_update="lazy")),
+        "lazy": Simulator(split, base.replace(server_update="lazy")),
+        "lazy-scan": Simulator(split, base.replace(server_update="lazy")),
     }
     spent = dict.fromkeys(MODES, 0.0)
 

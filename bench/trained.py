@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,8 @@ def run_path(dataset: str, config: TrainConfig, cache: Path = CACHE) -> Path:
     parameters in ``<path>.safetensors`` (``shared.*``, ``private.*``), the run in
     ``<path>.json``, written last."""
     # only the settings away from their defaults: a new setting (at its default) keeps the key
-    default = asdict(TrainConfig())
-    own = {k: v for k, v in asdict(config).items() if v != default[k]}
+    default = TrainConfig().model_dump()
+    own = {k: v for k, v in config.model_dump().items() if v != default[k] and k != "kind"}
     blob = json.dumps(own, sort_keys=True).encode()
     return cache / dataset / f"{config.method}-{hashlib.sha256(blob).hexdigest()[:16]}.json"
 

@@ -16,7 +16,6 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
@@ -36,13 +35,7 @@ from fedrecgel.clitools import (
     parse_seeds,
     run_option_help,
 )
-from fedrecgel.config import (
-    DEFAULTS,
-    TRAIN_NAMES,
-    ConfigError,
-    RunParams,
-    check,
-)
+from fedrecgel.config import DEFAULTS, ConfigError, RunParams, check
 from fedrecgel.data import DATASETS, DataError, stats
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS
 from fedrecgel.runreport import final_line, plot_run, seed_line, summarize
@@ -180,13 +173,10 @@ def _apply_preset(
     """``base`` with the preset's settings, except those given on the command line."""
     if preset is None:
         return base
-    chosen = preset_choices(ctx, preset, dataset, presets_file)
-    cfg = replace(base, **{TRAIN_NAMES.get(k, k): v for k, v in chosen.items()})
     try:
-        cfg.validate()
+        return base.replace(**preset_choices(ctx, preset, dataset, presets_file))
     except ValueError as err:
         raise fail(f"preset {preset}: {err}") from None
-    return cfg
 
 
 @app.command()
@@ -314,11 +304,10 @@ def train(
     params = _checked_seeds(run, seed_list)
     federated = method not in BASELINE_METHODS
     _refuse_run_conflicts(ctx, run, method, federated, backend, shards, dp_max_items)
-    base = TrainConfig.from_params(
-        params, method=method if federated else "fedrecgel", eval_every=eval_every
-    )
     try:
-        base.validate()
+        base = TrainConfig.from_params(
+            params, method=method if federated else "fedrecgel", eval_every=eval_every
+        )
         split = load_data(dataset, data_dir, validation, protocol, split_dir)
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None

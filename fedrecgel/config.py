@@ -2,9 +2,10 @@
 
 :class:`RunParams` is what an operator chooses; :class:`RunConfig` adds the catalogue size and
 is the body of ``POST /v1/runs`` (the HTTP contract re-exports it, so the aggregator refuses an
-out-of-bound config with 422). The simulator's :class:`~fedrecgel.simulate.TrainConfig` and
-:class:`~fedrecgel.sam.SAMConfig` take their defaults from :data:`DEFAULTS`, and the command
-line builds its options from the fields (:func:`fedrecgel.cli.run_options`).
+out-of-bound config with 422). The simulator's :class:`~fedrecgel.simulate.TrainConfig` is
+RunParams with the simulator's own settings added, :class:`~fedrecgel.sam.SAMConfig` takes its
+defaults from :data:`DEFAULTS`, and the command line builds its options from the fields
+(:func:`fedrecgel.cli.run_options`).
 """
 
 from __future__ import annotations
@@ -306,9 +307,14 @@ class RunParams(BaseModel):
 #: the default of every field of :class:`RunParams`
 DEFAULTS = RunParams()
 
-#: the simulator's (:class:`~fedrecgel.simulate.TrainConfig`) names of RunParams fields it
-#: calls otherwise; every other shared field has the same name in both
-TRAIN_NAMES = {"optimizer": "server_optimizer"}
+#: settings that presets, tuning studies and run results stored under an older name, by their
+#: name now
+STORED_NAMES = {"server_optimizer": "optimizer"}
+
+
+def current_names(settings: dict[str, Any]) -> dict[str, Any]:
+    """Stored ``settings`` (a preset's, a study trial's, a run's config) by today's names."""
+    return {STORED_NAMES.get(k, k): v for k, v in settings.items()}
 
 
 class ConfigError(ValueError):

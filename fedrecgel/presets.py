@@ -29,7 +29,7 @@ from typing import Any
 
 import typer
 
-from fedrecgel.config import TRAIN_NAMES
+from fedrecgel.config import current_names
 
 #: the presets shipped with the package (read only)
 PRESETS_FILE = Path(__file__).with_name("presets.json")
@@ -43,32 +43,28 @@ PAPER_RHO: dict[str, tuple[float, float]] = {
 }
 
 
-#: ``TrainConfig`` fields a preset may set, and the option that sets each on the command line
-#: (the RunParams field's)
-PRESET_FIELDS = {
-    TRAIN_NAMES.get(option, option): option
-    for option in (
-        "server_lr",
-        "client_lr",
-        "rounds",
-        "optimizer",
-        "rho_sh",
-        "rho_ns",
-        "local_steps",
-        "client_weight_decay",
-        "server_beta1",
-        "server_beta2",
-        "server_momentum",
-        "server_warmup",
-        "server_decay",
-        "server_weight_decay",
-        "n_negatives",
-        "factor",
-        "layers",
-        "fraction",
-        "weighting",
-    )
-}
+#: the run settings (RunParams fields) a preset may set
+PRESET_FIELDS = (
+    "server_lr",
+    "client_lr",
+    "rounds",
+    "optimizer",
+    "rho_sh",
+    "rho_ns",
+    "local_steps",
+    "client_weight_decay",
+    "server_beta1",
+    "server_beta2",
+    "server_momentum",
+    "server_warmup",
+    "server_decay",
+    "server_weight_decay",
+    "n_negatives",
+    "factor",
+    "layers",
+    "fraction",
+    "weighting",
+)
 
 
 class PresetError(ValueError):
@@ -85,7 +81,8 @@ def user_presets_file() -> Path:
 def stored(*paths: Path) -> dict[str, dict[str, Any]]:
     """The presets saved by ``fedrec tune`` (name -> {"settings": ..., "study": ...}) in
     ``paths`` (default: the shipped ones, then the user's), a later file's winning over an
-    earlier one's of the same name; a missing file holds none."""
+    earlier one's of the same name; a missing file holds none. Settings saved under an older
+    name are read by their name now (:func:`fedrecgel.config.current_names`)."""
     out: dict[str, dict[str, Any]] = {}
     for path in paths or (PRESETS_FILE, user_presets_file()):
         if not path.exists():
@@ -100,7 +97,7 @@ def stored(*paths: Path) -> dict[str, dict[str, Any]]:
             raise PresetError(
                 f"{path} is not a presets file (an object of name -> {{'settings': {{...}}}})"
             )
-        out.update(data)
+        out.update({n: {**p, "settings": current_names(p["settings"])} for n, p in data.items()})
     return out
 
 
@@ -154,8 +151,7 @@ def learned_default(presets: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def resolve(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
-    """The TrainConfig settings of preset ``name`` for ``dataset``, from ``paths`` (see
-    :func:`stored`)."""
+    """The run settings of preset ``name`` for ``dataset``, from ``paths`` (see :func:`stored`)."""
     if name == "paper":
         rho = PAPER_RHO.get(dataset)
         return {"rho_sh": rho[0], "rho_ns": rho[1]} if rho else {}
@@ -172,9 +168,9 @@ def resolve(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
 
 
 def run_settings(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
-    """Preset ``name``'s settings for ``dataset`` by their run-setting names (RunParams
-    fields, what a run config over HTTP carries), from the shipped presets, the user's and
-    ``paths``; PresetError for an unknown preset or a setting a preset may not set."""
+    """Preset ``name``'s settings for ``dataset`` (RunParams fields, what a run config over
+    HTTP carries), from the shipped presets, the user's and ``paths``; PresetError for an
+    unknown preset or a setting a preset may not set."""
     files = (PRESETS_FILE, user_presets_file(), *paths)
     settings = resolve(name, dataset, *files)
     if unknown := sorted(set(settings) - set(PRESET_FIELDS)):
@@ -182,4 +178,4 @@ def run_settings(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
             f"preset {name}: unknown setting(s) {', '.join(unknown)}; a preset sets "
             f"{', '.join(PRESET_FIELDS)}"
         )
-    return {PRESET_FIELDS[k]: v for k, v in settings.items()}
+    return settings

@@ -10,42 +10,26 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
+from pydantic import Field, model_validator
 
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import cohort_size, select_cohort
-from fedrecgel.config import (
-    DEFAULTS,
-    TRAIN_NAMES,
-    DPMode,
-    LrDecay,
-    RunParams,
-    Sampling,
-    SecAggMode,
-    ServerMean,
-    ServerUpdate,
-    UploadGrouping,
-    check,
-)
+from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
-from fedrecgel.model import ModelConfig, ModelKind, Scorer, init_shared
+from fedrecgel.model import ModelConfig, Scorer, init_shared
 from fedrecgel.privacy import ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.server_strategy import strategy_of
-from fedrecgel.strategy import (
-    OptimizerName,
-    Strategy,
-    Weighting,
-    touched_rows,
-)
+from fedrecgel.strategy import Strategy, touched_rows
 from fedrecgel.upload_modes import RoundUploads, Upload, mode_of
 
 log = logging.getLogger(__name__)
@@ -53,72 +37,21 @@ log = logging.getLogger(__name__)
 Method = Literal[
     "fedrecgel", "fedrecgel-no-shared-sam", "fedrecgel-no-private-sam", "fedncf", "fedmf"
 ]
-METHODS: tuple[str, ...] = (
-    "fedrecgel",
-    "fedrecgel-no-shared-sam",
-    "fedrecgel-no-private-sam",
-    "fedncf",
-    "fedmf",
-)
+METHODS: tuple[str, ...] = get_args(Method)
 
 
-#: TrainConfig fields named otherwise in RunParams
-_RUN_NAMES = {train: run for run, train in TRAIN_NAMES.items()}
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines a simulated run. The settings a federated run shares take their
-    defaults and bounds from :mod:`fedrecgel.config`; ``method``, ``eval_every`` and
-    ``shards`` are the simulator's own."""
+class TrainConfig(RunParams):
+    """Everything that defines a simulated run: the settings of a federated run
+    (:class:`~fedrecgel.config.RunParams`, their defaults and bounds), and the simulator's own.
+    The model ``kind`` follows the ``method`` (given only a kind, the method follows it)."""
 
     method: Method = "fedrecgel"
-    rounds: int = DEFAULTS.rounds
-    fraction: float = DEFAULTS.fraction
-    rho_sh: float = DEFAULTS.rho_sh
-    rho_ns: float = DEFAULTS.rho_ns
-    client_lr: float = DEFAULTS.client_lr
-    server_lr: float = DEFAULTS.server_lr
-    server_optimizer: OptimizerName = DEFAULTS.optimizer
-    server_beta1: float | None = DEFAULTS.server_beta1
-    server_beta2: float | None = DEFAULTS.server_beta2
-    server_momentum: float = DEFAULTS.server_momentum
-    server_warmup: int = DEFAULTS.server_warmup
-    server_decay: LrDecay = DEFAULTS.server_decay
-    server_weight_decay: float = DEFAULTS.server_weight_decay
-    # ``lazy``: the server's Adam steps only the item rows a round touched (strategy.py)
-    server_update: ServerUpdate = DEFAULTS.server_update
-    weighting: Weighting = DEFAULTS.weighting
-    clip: float | None = DEFAULTS.clip
-    n_negatives: int = DEFAULTS.n_negatives
-    chunk_size: int = DEFAULTS.chunk_size
-    local_steps: int = DEFAULTS.local_steps
-    client_weight_decay: float = DEFAULTS.client_weight_decay
-    factor: int = DEFAULTS.factor
-    layers: int = DEFAULTS.layers
-    seed: int = DEFAULTS.seed
-    secure_aggregation: SecAggMode = DEFAULTS.secure_aggregation
-    secagg_neighbours: int = DEFAULTS.secagg_neighbours
-    secagg_dropout: float = DEFAULTS.secagg_dropout
-    secagg_range: float = DEFAULTS.secagg_range
-    secagg_scale_bits: int = DEFAULTS.secagg_scale_bits
-    sampling: Sampling = DEFAULTS.sampling
-    dp_clip: float = DEFAULTS.dp_clip
-    dp_noise: float | None = DEFAULTS.dp_noise
-    dp_mode: DPMode = DEFAULTS.dp_mode
-    dp_delta: float | None = DEFAULTS.dp_delta
-    target_epsilon: float | None = DEFAULTS.target_epsilon
-    # ``worker``: each shard's clients are summed into one partial sum (as a client worker
-    # does), and the shards' partial sums are combined as the aggregator combines them
-    upload_grouping: UploadGrouping = DEFAULTS.upload_grouping
-    # the server's aggregate: the mean, or a coordinate-wise robust one (fedrecgel/robust.py)
-    server_mean: ServerMean = DEFAULTS.server_mean
-    trim_fraction: float = DEFAULTS.trim_fraction
-    eval_every: int = 1
+    #: evaluate every this many rounds and after the last (0: never)
+    eval_every: int = Field(default=1, ge=0)
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a
     # batch, so set it to the worker count to reproduce a federated run bit for bit.
-    shards: int = 1
+    shards: int = Field(default=1, ge=1)
     # Build every client's upload and let the strategy aggregate them, as the aggregator does
     # (with ``shards`` = the worker count this is a federated run bit for bit). Otherwise, when
     # the strategy's aggregate is a weighted mean, the clients' gradients are summed inside
@@ -128,38 +61,34 @@ class TrainConfig:
     # started with ``grouped_uploads`` do (SAMConfig.grouped_uploads); otherwise one at a time.
     grouped_uploads: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_of_method(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            method = data.get("method") or ("fedmf" if data.get("kind") == "mf" else "fedrecgel")
+            data = {**data, "method": method, "kind": "mf" if method == "fedmf" else "ncf"}
+        return data
+
     @classmethod
     def from_params(cls, params: RunParams, **own: Any) -> TrainConfig:
-        """The simulator's config of a federated run's ``params`` (the method follows the
-        model kind; ``own``: method, eval_every, shards)."""
-        own.setdefault("method", "fedmf" if params.kind == "mf" else "fedrecgel")
-        shared = {
-            name: getattr(params, _RUN_NAMES.get(name, name))
-            for name in cls.__dataclass_fields__
-            if _RUN_NAMES.get(name, name) in RunParams.model_fields
-        }
-        return cls(**{**shared, **own})
+        """The simulator's config of a federated run's ``params`` (``own``: the simulator's
+        settings; the method follows the model kind)."""
+        return check({**params.model_dump(), **own}, cls)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """This config with ``changes`` (ConfigError naming the first bad one)."""
+        return check({**self.model_dump(), **changes}, TrainConfig)
 
     def run_params(self, **overrides: Any) -> RunParams:
-        """The federated run that computes what this simulation does (``overrides``: other
-        :class:`~fedrecgel.config.RunParams` fields, e.g. dataset, deadline_s)."""
+        """The federated run that computes what this simulation does (``overrides``: e.g.
+        dataset, deadline_s)."""
         rho_sh, rho_ns = self.effective_rho()
-        values: dict[str, Any] = {
-            _RUN_NAMES.get(name, name): getattr(self, name)
-            for name in self.__dataclass_fields__
-            if _RUN_NAMES.get(name, name) in RunParams.model_fields
-        }
-        values.update(kind=self.model_kind(), rho_sh=rho_sh, rho_ns=rho_ns)
-        values.update(overrides)
-        return check(values, RunParams)
+        values = self.model_dump(include=set(RunParams.model_fields))
+        return check({**values, "rho_sh": rho_sh, "rho_ns": rho_ns, **overrides}, RunParams)
 
     def run_config(self, n_items: int, **overrides: Any) -> RunConfig:
         """:meth:`run_params` over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
         return check({"n_items": n_items, **self.run_params(**overrides).model_dump()}, RunConfig)
-
-    def model_kind(self) -> ModelKind:
-        """NCF for every method except the MF baseline."""
-        return "mf" if self.method == "fedmf" else "ncf"
 
     def effective_rho(self) -> tuple[float, float]:
         """(rho_sh, rho_ns) after the method's ablations."""
@@ -187,27 +116,11 @@ class TrainConfig:
 
     def model(self, n_items: int) -> ModelConfig:
         """Model shape for a catalogue of ``n_items``."""
-        return ModelConfig(
-            n_items=n_items, kind=self.model_kind(), factor=self.factor, layers=self.layers
-        )
+        return ModelConfig(n_items=n_items, kind=self.kind, factor=self.factor, layers=self.layers)
 
     def strategy(self) -> Strategy:
         """The server strategy."""
         return strategy_of(self.run_params())
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad option (the shared ones against the bounds of
-        :class:`~fedrecgel.config.RunParams`)."""
-        checks = [
-            (self.method in METHODS, f"method must be one of {', '.join(METHODS)}"),
-            (self.eval_every >= 0, "eval_every must be >= 0"),
-            (self.shards >= 1, "shards must be >= 1"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
-        # the raw radii: an ablation zeroes them, but what was asked must be in bounds
-        self.run_params(rho_sh=self.rho_sh, rho_ns=self.rho_ns)
 
 
 @dataclass
@@ -276,7 +189,6 @@ class Simulator:
     """Runs FedRecGEL (or a baseline) over a :class:`Split`, all clients in this process."""
 
     def __init__(self, split: Split, config: TrainConfig) -> None:
-        config.validate()
         self.split = split
         self.config = config
         self.model_cfg = config.model(split.n_items)
@@ -444,7 +356,7 @@ class Simulator:
         finally:
             torch.set_grad_enabled(True)
         return RunResult(
-            config=asdict(self.config),
+            config=self.config.model_dump(),
             dataset=self.split.name,
             rounds=records,
             wall_seconds=time.perf_counter() - t0,
@@ -459,4 +371,4 @@ def _add(total: dict[str, float], sums: dict[str, float]) -> None:
 
 def with_seed(config: TrainConfig, seed: int) -> TrainConfig:
     """The same config with another seed."""
-    return replace(config, seed=seed)
+    return config.replace(seed=seed)

@@ -149,11 +149,11 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
             f"{p.noise:.4g}, {p.sampling} sampling (q {p.q:.4g}), {sim.total_rounds} "
             f"rounds -> epsilon {p.epsilon(sim.total_rounds):.3f} at delta {p.delta:.3g}"
         )
-        if cfg.server_optimizer != "sgd":
+        if cfg.optimizer != "sgd":
             console.print(
-                f"note: server {cfg.server_optimizer} scales each coordinate's step by its "
+                f"note: server {cfg.optimizer} scales each coordinate's step by its "
                 "own size, so DP noise moves every coordinate about as far as the signal; "
-                "server sgd keeps noise and signal in proportion (--server-optimizer sgd "
+                "server sgd keeps noise and signal in proportion (--optimizer sgd "
                 "--server-lr 3 on FilmTrust, see docs/RESULTS.md)"
             )
     with Progress(
@@ -183,8 +183,8 @@ def round_line(rec: RoundRecord) -> str:
 def with_backend(base: TrainConfig, backend: Backend, shards: int | None) -> TrainConfig:
     """``base`` with the backend's shards (and, for ray, its upload grouping)."""
     if backend.name == "ray":
-        return replace(base, shards=shards or RAY_SHARDS, upload_grouping="worker")
-    return replace(base, shards=shards or 1)
+        return base.replace(shards=shards or RAY_SHARDS, upload_grouping="worker")
+    return base.replace(shards=shards or 1)
 
 
 #: settings of the federated DP runs that DP popularity has no use for (it bounds each user's

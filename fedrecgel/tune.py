@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedrecgel.config import bounds
+from fedrecgel.config import bounds, current_names
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 
@@ -58,7 +58,7 @@ FACTORS: tuple[int, ...] = (16, 32, 64)
 CLIENT_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 0.1, 0.3, 1.0)
 #: the categorical settings and their choices
 CHOICES: dict[str, tuple[Any, ...]] = {
-    "server_optimizer": SERVER_OPTIMIZERS,
+    "optimizer": SERVER_OPTIMIZERS,
     "local_steps": LOCAL_STEPS,
     "server_decay": SERVER_DECAYS,
     "server_weight_decay": SERVER_WEIGHT_DECAYS,
@@ -121,7 +121,7 @@ class TuneSpec:
                     f"{self.round_choices}"
                 )
             try:
-                replace(self.base, **params).validate()
+                self.base.replace(**params)
             except ValueError as err:
                 raise ValueError(f"first trial: {err}") from None
 
@@ -152,7 +152,7 @@ def suggest(trial: optuna.Trial, base: TrainConfig, round_choices: Sequence[int]
     values["rounds"] = trial.suggest_categorical("rounds", list(round_choices))
     for name, choices in study_choices(base).items():
         values[name] = trial.suggest_categorical(name, list(choices))
-    return replace(base, **values)
+    return base.replace(**values)
 
 
 def study_choices(base: TrainConfig) -> dict[str, tuple[Any, ...]]:
@@ -172,7 +172,7 @@ def _objective(
     import optuna
 
     def run(trial: optuna.Trial) -> float:
-        cfg = replace(suggest(trial, spec.base, spec.round_choices), eval_every=spec.eval_every)
+        cfg = suggest(trial, spec.base, spec.round_choices).replace(eval_every=spec.eval_every)
         per_seed: list[float] = []
         for k, seed in enumerate(spec.seeds):
             best = 0.0
@@ -186,7 +186,7 @@ def _objective(
                     if trial.should_prune():
                         raise optuna.TrialPruned()
 
-            Simulator(tuning_split, replace(cfg, seed=seed)).run(on_round=seen)
+            Simulator(tuning_split, cfg.replace(seed=seed)).run(on_round=seen)
             per_seed.append(best)
         value = float(np.mean(per_seed))
         trial.set_user_attr("validation_per_seed", per_seed)
@@ -243,7 +243,6 @@ def tune(
 ) -> optuna.Study:
     """Run the study until ``spec.n_trials`` trials have finished (resuming a stored one)."""
     spec.validate()
-    spec.base.validate()
     import optuna
 
     study = open_study(spec)
@@ -255,5 +254,6 @@ def tune(
 
 
 def best_settings(study: optuna.Study) -> dict[str, Any]:
-    """The best trial's settings, as :class:`TrainConfig` field values."""
-    return dict(study.best_trial.params)
+    """The best trial's settings, as :class:`TrainConfig` field values (a study stored before
+    a setting was renamed: by its name now)."""
+    return current_names(study.best_trial.params)

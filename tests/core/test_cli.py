@@ -126,8 +126,8 @@ def _dp_train(tmp_path: Path, *extra: str) -> str:
 def test_a_dp_run_with_server_adam_is_told_what_the_noise_does(tmp_path: Path) -> None:
     out = _dp_train(tmp_path)
     assert "differential privacy (central)" in out
-    assert "note: server adam" in out and "--server-optimizer sgd" in out
-    out = _dp_train(tmp_path, "--server-optimizer", "sgd", "--server-lr", "3")
+    assert "note: server adam" in out and "--optimizer sgd" in out
+    out = _dp_train(tmp_path, "--optimizer", "sgd", "--server-lr", "3")
     assert "differential privacy (central)" in out and "note: server" not in out
 
 

@@ -4,7 +4,6 @@ whose process was killed in the middle of a trial."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -47,7 +46,7 @@ def test_fedrec_train_preset_gives_the_accuracy_tables_run(label: str, tmp_path:
     (cli_run,) = json.loads((out / "results.json").read_text())["runs"]
 
     split = load_data(str(csv), None, True)
-    cfg = replace(table.config_of(label, split, 10), seed=1)
+    cfg = table.config_of(label, split, 10).replace(seed=1)
     table_run = table.record(Simulator(split, cfg).run(), 1)
     assert cli_run["config"] == table_run["config"]
     assert cli_run["selected_on_validation"] == table_run["selected"]

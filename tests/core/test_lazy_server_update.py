@@ -5,7 +5,6 @@ moments and increment; everything when every row is touched each step) and what 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -171,13 +170,13 @@ LAZY = TrainConfig(rounds=3, fraction=0.1, factor=4, layers=2, eval_every=0, ser
     "cfg",
     [
         LAZY,
-        replace(LAZY, per_client_uploads=True),
-        replace(LAZY, upload_grouping="worker", shards=2),
+        LAZY.replace(per_client_uploads=True),
+        LAZY.replace(upload_grouping="worker", shards=2),
     ],
     ids=["aggregate", "per-client", "partial-sums"],
 )
 def test_the_simulator_steps_only_the_items_of_the_rounds_samples(cfg: TrainConfig) -> None:
-    sim, dense = Simulator(SPLIT, cfg), Simulator(SPLIT, replace(cfg, server_update="dense"))
+    sim, dense = Simulator(SPLIT, cfg), Simulator(SPLIT, cfg.replace(server_update="dense"))
     for r in range(1, 4):
         before = {k: sim.shared[k].clone() for k in ("item_gmf", "item_mlp")}
         dense_before = dense.shared["item_gmf"].clone()

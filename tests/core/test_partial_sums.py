@@ -59,9 +59,9 @@ def test_a_partial_sum_is_the_weighted_sum_of_its_clients_uploads(weighting: str
 
 @pytest.mark.parametrize("weighting", ["mean", "samples"])
 def test_partial_sums_follow_the_per_client_run(weighting: str) -> None:
-    base = replace(SMALL, weighting=weighting)  # type: ignore[arg-type]
-    per_client = Simulator(SPLIT, replace(base, per_client_uploads=True))
-    grouped = Simulator(SPLIT, replace(base, upload_grouping="worker"))
+    base = SMALL.replace(weighting=weighting)
+    per_client = Simulator(SPLIT, base.replace(per_client_uploads=True))
+    grouped = Simulator(SPLIT, base.replace(upload_grouping="worker"))
     a, b = per_client.run(), grouped.run()
     for k in per_client.shared:
         torch.testing.assert_close(grouped.shared[k], per_client.shared[k], atol=1e-5, rtol=1e-4)
@@ -75,7 +75,7 @@ def test_partial_sums_refuse_what_needs_per_client_updates() -> None:
         with pytest.raises(ValueError, match="upload_grouping"):
             RunParams(upload_grouping="worker", **bad)
     with pytest.raises(ValueError, match="upload_grouping"):
-        Simulator(SPLIT, replace(SMALL, upload_grouping="worker", clip=1.0))
+        Simulator(SPLIT, SMALL.replace(upload_grouping="worker", clip=1.0))
 
 
 def test_the_codec_refuses_a_partial_sum_with_a_client_listed_twice() -> None:

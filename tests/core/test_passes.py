@@ -2,7 +2,6 @@
 per-client uploads (equal up to float rounding, measured against each tensor's norm)."""
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -112,7 +111,7 @@ def test_simulator_paths_agree_and_bit_identity_stays_selectable() -> None:
     split = synthetic_split(n_users=60, n_items=150, interactions_per_user=12.0, seed=4)
     cfg = TrainConfig(rounds=1, fraction=0.5, factor=8, layers=2, eval_every=0)
     fast = Simulator(split, cfg)
-    exact = Simulator(split, replace(cfg, per_client_uploads=True))
+    exact = Simulator(split, cfg.replace(per_client_uploads=True))
     seen: list[dict[str, torch.Tensor]] = []
     for sim in (fast, exact):
         inner = sim.strategy.apply
@@ -136,6 +135,6 @@ def test_simulator_paths_agree_and_bit_identity_stays_selectable() -> None:
     for k in a:
         assert _rel(a[k], b[k]) < REL
     # a strategy that is not a weighted mean always gets the per-client uploads
-    clipped = Simulator(split, replace(cfg, clip=0.5))
+    clipped = Simulator(split, cfg.replace(clip=0.5))
     assert clipped.strategy.linear_weights(np.array([5, 10])) is None
     assert fast.strategy.linear_weights(np.array([5, 10])) == pytest.approx([0.5, 0.5])

@@ -32,7 +32,7 @@ FIELDS = list(RunParams.model_fields)
 # fields ``fedrec train`` takes otherwise: --method picks the model kind, --seeds several
 # seeds, --dataset also takes a CSV path; deadline and quorum only exist for rounds over HTTP
 TRAIN_OWN = {"kind", "seed", "dataset", "deadline_s", "quorum"}
-# fields the simulator does not have: they only exist for rounds over HTTP
+# fields the simulator does not use: they only matter for rounds over HTTP
 HTTP_ONLY = {"deadline_s", "quorum", "dataset"}
 
 

@@ -3,8 +3,6 @@ gives the plain aggregate, and the same model, to within the fixed-point error."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
@@ -21,7 +19,7 @@ from fedrecgel.synthetic import synthetic_split
 
 SPLIT = synthetic_split(n_users=80, n_items=120, interactions_per_user=12.0, seed=3)
 PLAIN = TrainConfig(rounds=3, fraction=0.2, factor=8, layers=2, eval_every=3)
-SECURE = replace(PLAIN, secure_aggregation="dense", secagg_neighbours=3)
+SECURE = PLAIN.replace(secure_aggregation="dense", secagg_neighbours=3)
 
 
 def _one_round_uploads(cfg: TrainConfig):  # type: ignore[no-untyped-def]
@@ -34,7 +32,7 @@ def _one_round_uploads(cfg: TrainConfig):  # type: ignore[no-untyped-def]
 def test_the_secure_mean_is_the_plain_mean_within_the_fixed_point_step(
     clip: float | None,
 ) -> None:
-    sim, uploads = _one_round_uploads(replace(SECURE, clip=clip))
+    sim, uploads = _one_round_uploads(SECURE.replace(clip=clip))
     shapes = sim.model_cfg.shared_shapes()
     clipped = [clip_update(u, clip) for u in uploads] if clip else uploads
     plain = aggregate_gradients(clipped, shapes, "mean")
@@ -78,7 +76,7 @@ def test_a_run_with_secure_aggregation_trains_the_same_model() -> None:
 
 def test_secure_aggregation_refuses_settings_it_cannot_honour() -> None:
     with pytest.raises(ConfigError, match="weighting"):
-        replace(SECURE, weighting="samples").run_params()
+        SECURE.replace(weighting="samples").run_params()
     with pytest.raises(ValueError, match="room"):
         RunParams(secure_aggregation="dense", secagg_range=1e6, secagg_scale_bits=48)
     RunParams(secagg_range=1e6, secagg_scale_bits=48)  # only checked when it is on
@@ -86,7 +84,7 @@ def test_secure_aggregation_refuses_settings_it_cannot_honour() -> None:
 
 def test_a_cohort_too_small_for_a_secret_sum_is_a_clear_cli_error() -> None:
     with pytest.raises(ValueError, match="at least 2 clients"):
-        Simulator(SPLIT, replace(SECURE, fraction=0.01))
+        Simulator(SPLIT, SECURE.replace(fraction=0.01))
     r = CliRunner().invoke(
         app, ["train", "--secure-aggregation", "dense", "--fraction", "0.0001", "--rounds", "1"]
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,7 +26,7 @@ class _Capture:
         _Capture.configs.append(config)
 
     def run(self, on_round: Any = None) -> RunResult:
-        return RunResult(dataclasses.asdict(self.config), "d", [], 0.0)
+        return RunResult(self.config.model_dump(), "d", [], 0.0)
 
 
 def _csv(tmp_path: Path) -> Path:
@@ -44,7 +43,7 @@ def test_fedrec_train_preset_resolves_to_the_shipped_settings(
     shipped = presets.stored(presets.PRESETS_FILE)
     assert name in shipped, f"{name} is not shipped in {presets.PRESETS_FILE}"
     settings = shipped[name]["settings"]
-    assert set(settings) >= {"server_lr", "client_lr", "rounds", "server_optimizer"}
+    assert set(settings) >= {"server_lr", "client_lr", "rounds", "optimizer"}
     monkeypatch.setattr(train_runs, "Simulator", _Capture)
     _Capture.configs.clear()
     args = ["train", "--dataset", str(_csv(tmp_path)), "--preset", name, "--quiet"]
@@ -97,5 +96,5 @@ def test_paper_preset_is_the_faithful_configuration(
     """``--preset paper`` is the reference code's behaviour, field for field (on a CSV the
     radii are the defaults'): no local steps, server Adam 0.001, client 0.1, 100 rounds."""
     cfg = _train_config(tmp_path, monkeypatch, "--preset", "paper")
-    assert dataclasses.replace(cfg, eval_every=1) == TrainConfig()
+    assert cfg.replace(eval_every=1) == TrainConfig()
     assert (cfg.local_steps, cfg.server_lr, cfg.client_lr, cfg.rounds) == (0, 0.001, 0.1, 100)

@@ -1,6 +1,5 @@
 """The simulator: reproducible, equal to the per-client loop reference, options take effect."""
 
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ def test_same_seed_same_numbers() -> None:
     a, b = Simulator(SPLIT, SMALL).run(), Simulator(SPLIT, SMALL).run()
     assert [r.test for r in a.rounds] == [r.test for r in b.rounds]
     assert [r.loss for r in a.rounds] == [r.loss for r in b.rounds]
-    c = Simulator(SPLIT, replace(SMALL, seed=1)).run()
+    c = Simulator(SPLIT, SMALL.replace(seed=1)).run()
     assert [r.loss for r in a.rounds] != [r.loss for r in c.rounds]
 
 
@@ -76,7 +75,7 @@ def test_cohort_is_seeded_sorted_and_sized() -> None:
     "change",
     [
         {"server_lr": 0.01},
-        {"server_optimizer": "sgd", "server_lr": 1.0},
+        {"optimizer": "sgd", "server_lr": 1.0},
         {"client_lr": 0.01},
         {"n_negatives": 2},
         {"chunk_size": 8},
@@ -95,8 +94,8 @@ def test_cohort_is_seeded_sorted_and_sized() -> None:
 )
 def test_every_option_takes_effect(change: dict[str, Any]) -> None:
     # three rounds: Adam's first step does not depend on its betas
-    base = Simulator(SPLIT, replace(SMALL, rounds=3)).run()
-    other = Simulator(SPLIT, replace(SMALL, rounds=3, **change)).run()
+    base = Simulator(SPLIT, SMALL.replace(rounds=3)).run()
+    other = Simulator(SPLIT, SMALL.replace(rounds=3, **change)).run()
     assert [r.loss for r in base.rounds] != [r.loss for r in other.rounds]
 
 
@@ -104,8 +103,8 @@ def test_methods_map_to_their_ablations() -> None:
     assert TrainConfig(method="fedncf").effective_rho() == (0.0, 0.0)
     assert TrainConfig(method="fedrecgel-no-shared-sam", rho_ns=0.3).effective_rho() == (0.0, 0.3)
     assert TrainConfig(method="fedrecgel-no-private-sam", rho_sh=0.3).effective_rho() == (0.3, 0.0)
-    assert TrainConfig(method="fedmf").model_kind() == "mf"
-    mf = Simulator(SPLIT, replace(SMALL, method="fedmf", rounds=2))
+    assert TrainConfig(method="fedmf").kind == "mf"
+    mf = Simulator(SPLIT, SMALL.replace(method="fedmf", rounds=2))
     assert mf.model_cfg.kind == "mf" and mf.hp.rho_sh == mf.hp.rho_ns == 0.0
     assert sorted(mf.shared) == ["item_gmf"]  # no MLP tower
     assert [r.round for r in mf.run().rounds] == [1, 2]
@@ -128,7 +127,7 @@ def test_training_learns_filmtrust_far_beyond_a_random_ranking() -> None:
 def test_bad_options_are_refused() -> None:
     for bad in ({"fraction": 0.0}, {"rounds": 0}, {"rho_sh": -1.0}, {"method": "nope"}):
         with pytest.raises(ValueError):
-            Simulator(SPLIT, replace(SMALL, **bad))
+            Simulator(SPLIT, SMALL.replace(**bad))
 
 
 def test_best_test_and_validation_selected_figures() -> None:
@@ -169,8 +168,8 @@ def test_aggregate_of_simulator_uploads_is_densified_mean() -> None:
 
 
 def test_sharded_simulator_computes_the_same_maths() -> None:
-    one = Simulator(SPLIT, replace(SMALL, rounds=2))
-    two = Simulator(SPLIT, replace(SMALL, rounds=2, shards=2))
+    one = Simulator(SPLIT, SMALL.replace(rounds=2))
+    two = Simulator(SPLIT, SMALL.replace(rounds=2, shards=2))
     a, b = one.run(), two.run()
     # the same cohorts, samples and updates: only float rounding may differ
     assert [r.n_clients for r in a.rounds] == [r.n_clients for r in b.rounds]
@@ -180,7 +179,7 @@ def test_sharded_simulator_computes_the_same_maths() -> None:
         assert r1.loss == pytest.approx(r2.loss, rel=1e-5)
         assert r1.test == pytest.approx(r2.test, abs=1e-9)
     with pytest.raises(ValueError, match="shards"):
-        Simulator(SPLIT, replace(SMALL, shards=0))
+        Simulator(SPLIT, SMALL.replace(shards=0))
 
 
 @pytest.mark.parametrize("grouping", ["client", "worker"])
@@ -189,7 +188,7 @@ def test_an_empty_poisson_cohort_is_a_round_without_a_step_not_a_crash(
 ) -> None:
     """Poisson sampling may draw nobody (documented); the weighted sum inside the backward
     divided by zero clients, and the partial sums had none to combine."""
-    cfg = replace(SMALL, sampling="poisson", fraction=1e-6, rounds=2, upload_grouping=grouping)
+    cfg = SMALL.replace(sampling="poisson", fraction=1e-6, rounds=2, upload_grouping=grouping)
     sim = Simulator(SPLIT, cfg)
     before = _params(sim)
     result = sim.run()
@@ -222,7 +221,7 @@ def test_server_sgd_momentum_accumulates() -> None:
 def test_run_settings_reach_the_server_strategy() -> None:
     from fedrecgel.strategy import FedAvgGradients
 
-    cfg = replace(SMALL, server_beta1=0.5, server_beta2=0.9, server_warmup=3, server_decay="cosine")
+    cfg = SMALL.replace(server_beta1=0.5, server_beta2=0.9, server_warmup=3, server_decay="cosine")
     strategy = Simulator(SPLIT, cfg).strategy
     assert isinstance(strategy, FedAvgGradients)
     opt = strategy.optimizer.cfg
@@ -231,4 +230,4 @@ def test_run_settings_reach_the_server_strategy() -> None:
 
 def test_a_fraction_that_selects_no_client_is_refused() -> None:
     with pytest.raises(ValueError, match=r"--fraction 1e-09 of \d+ users is .* clients a round"):
-        Simulator(SPLIT, replace(SMALL, fraction=1e-9))
+        Simulator(SPLIT, SMALL.replace(fraction=1e-9))

@@ -15,7 +15,7 @@ from fedrecgel.simulate import TrainConfig
 from tests.core.test_shipped_presets import _Capture, _csv
 
 runner = CliRunner()
-SETTINGS = {"server_lr": 0.02, "client_lr": 0.3, "rounds": 2, "server_optimizer": "adam"}
+SETTINGS = {"server_lr": 0.02, "client_lr": 0.3, "rounds": 2, "optimizer": "adam"}
 
 
 @pytest.fixture
