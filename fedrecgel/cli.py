@@ -8,16 +8,12 @@ The options of a run's settings are built from :class:`fedrecgel.config.RunParam
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import logging
 import sys
-import types
-import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,8 +22,10 @@ from rich.table import Table
 from fedrecgel import native
 from fedrecgel.clitools import (
     DatasetOption,
+    F,
     console,
     fail,
+    field_options,
     load_data,
     no_earlier_outputs,
     option_flag,
@@ -62,19 +60,6 @@ data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _option_type(annotation: Any) -> Any:
-    """The command-line type of a field: Literals are strings (checked by the model)."""
-    if get_origin(annotation) is Literal:
-        return str
-    if get_origin(annotation) in (typing.Union, types.UnionType):
-        inner = [a for a in get_args(annotation) if a is not type(None)]
-        return _option_type(inner[0]) | None
-    return annotation
-
-
 def run_options(
     exclude: tuple[str, ...] = (),
     defaults: dict[str, Any] | None = None,
@@ -84,40 +69,15 @@ def run_options(
     """Give a command one option per :class:`RunParams` field (but ``exclude``), with the
     field's default (or ``defaults``), help and bounds; the command receives their values as
     the dict ``run`` (to check with :func:`fedrecgel.config.check`)."""
-    names = [n for n in RunParams.model_fields if n not in exclude]
-
-    def decorate(func: F) -> F:
-        sig = inspect.signature(func, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != "run"]
-        added = []
-        for name in names:
-            field = RunParams.model_fields[name]
-            option = typer.Option(
-                option_flag(name),
-                *(aliases or {}).get(name, ()),
-                help=run_option_help(name, (helps or {}).get(name)),
-                rich_help_panel="Run settings",
-            )
-            added.append(
-                inspect.Parameter(
-                    name,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=(defaults or {}).get(name, field.default),
-                    annotation=Annotated[_option_type(field.annotation), option],
-                )
-            )
-
-        @functools.wraps(func)
-        def command(**kwargs: Any) -> Any:
-            run = {n: kwargs.pop(n) for n in names}
-            return func(run=run, **kwargs)
-
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added
-        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        return command  # type: ignore[return-value]
-
-    return decorate
+    return field_options(
+        RunParams,
+        [n for n in RunParams.model_fields if n not in exclude],
+        "run",
+        lambda name: (defaults or {}).get(name, RunParams.model_fields[name].default),
+        lambda name: run_option_help(name, (helps or {}).get(name)),
+        {n: (option_flag(n), *a) for n, a in (aliases or {}).items()},
+        panel="Run settings",
+    )
 
 
 def checked(values: dict[str, Any]) -> RunParams:

@@ -1,14 +1,20 @@
-"""What every ``fedrec`` command shares: the error exit, the console, loading a dataset or a
-ready split by what the user typed (and the --dataset option that names it), parsing seeds, and
-the flag and help of a run setting's option."""
+"""What the project's command lines share (``fedrec``'s and the services'): the error exit, the
+console, loading a dataset or a ready split by what the user typed (and the --dataset option
+that names it), parsing seeds, and options built from a pydantic model's fields (a run's
+settings, :func:`run_option_help`; a service's, :func:`settings_options`)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import typer
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from fedrecgel.config import RunParams, bounds
@@ -116,3 +122,109 @@ def run_option_help(name: str, text: str | None = None) -> str:
 def option_flag(name: str) -> str:
     """The command-line flag of a :class:`RunParams` field (``rho_sh`` -> ``--rho-sh``)."""
     return "--" + name.replace("_", "-")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option_type(annotation: Any) -> Any:
+    """The command-line type of a model field: X's (or None) for ``X | None``, the field's own
+    when typer knows it, else a string (a Literal, a secret: checked by the model)."""
+    if get_origin(annotation) in (Union, UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        return option_type(inner[0]) | None
+    if get_origin(annotation) is Annotated:  # a constrained type: the model checks it
+        return option_type(get_args(annotation)[0])
+    return annotation if annotation in (str, int, float, bool, Path) else str
+
+
+def field_options(
+    model: type[BaseModel],
+    names: Collection[str],
+    into: str,
+    default_of: Callable[[str], Any],
+    help_of: Callable[[str], str],
+    flags: Mapping[str, tuple[str, ...]] | None = None,
+    panel: str | None = None,
+    build: Callable[[dict[str, Any]], Any] = dict,
+) -> Callable[[F], F]:
+    """Give a command one option per field ``names`` of ``model`` (``--a-name``, ``--a-name/
+    --no-a-name`` for a bool, or ``flags``'), typed as the field, with ``default_of(name)`` and
+    ``help_of(name)``; the command receives ``build`` of their values' dict as ``into``."""
+
+    def decorate(func: F) -> F:
+        sig, keyword = inspect.signature(func, eval_str=True), inspect.Parameter.KEYWORD_ONLY
+        params = [p.replace(kind=keyword) for p in sig.parameters.values() if p.name != into]
+        for name in names:
+            field_type, flag = model.model_fields[name].annotation, option_flag(name)
+            if option_type(field_type) in (bool, bool | None):  # an on/off switch
+                flag += f"/--no-{flag[2:]}"
+            option = typer.Option(
+                *(flags or {}).get(name, (flag,)), help=help_of(name), rich_help_panel=panel
+            )
+            params.append(
+                inspect.Parameter(
+                    name,
+                    keyword,
+                    default=default_of(name),
+                    annotation=Annotated[option_type(field_type), option],
+                )
+            )
+
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            return func(**{into: build({n: kwargs.pop(n) for n in names})}, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def settings_options(
+    model: type[BaseModel],
+    what: str,
+    helps: Mapping[str, str],
+    flags: Mapping[str, tuple[str, ...]] | None = None,
+    code: int = 1,
+) -> Callable[[F], F]:
+    """Give a service's command one option per settings field in ``helps``: one not given leaves
+    the field's environment variable or default in force, and its help names both. The command
+    receives the settings as ``settings``; invalid ones end it with their errors and ``code``."""
+    prefix = str(model.model_config.get("env_prefix", ""))
+
+    def help_of(name: str) -> str:
+        field, note = model.model_fields[name], f"{prefix}{name.upper()}"
+        if get_origin(field.annotation) is Literal:
+            note = f"one of {', '.join(map(str, get_args(field.annotation)))}; {note}"
+        if field.default_factory is None and field.default not in (None, ""):
+            shown = field.default
+            note += f"; default {('on' if shown else 'off') if isinstance(shown, bool) else shown}"
+        return f"{helps[name]} ({note})"
+
+    def build(values: dict[str, Any]) -> BaseModel:
+        try:
+            return model(**{name: v for name, v in values.items() if v is not None})
+        except ValidationError as err:
+            typer.echo(f"invalid {what} settings:\n{err}", err=True)
+            raise typer.Exit(code) from None
+
+    return field_options(model, helps, "settings", lambda _: None, help_of, flags, build=build)
+
+
+def plain_app() -> typer.Typer:
+    """A service's one-command app: plain help and errors (its logs are not a terminal)."""
+    return typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+def run_app(app: typer.Typer, argv: Sequence[str] | None, prog_name: str) -> int:
+    """Run ``app`` on ``argv`` (None: the process's arguments) and return its exit status (a
+    usage error: 2, after its message); a ``SystemExit`` with a message passes through."""
+    try:
+        app(args=argv, prog_name=prog_name)
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            raise
+        return stop.code or 0
+    return 0

@@ -1,16 +1,14 @@
 """Checks of the connection URLs in the services' settings, so that a mistyped one is refused
 as an invalid setting, with its name, before a service starts (rather than as a traceback from
 the client library when the service first connects), the other setting types the services
-share (log level, thread counts), and the help of a service's options, which names each
-option's environment variable and the setting's default."""
+share (log level, thread counts)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Annotated
 
 import httpx
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, Field
 from redis.connection import parse_url
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -88,18 +86,3 @@ HttpUrl = Annotated[str, AfterValidator(check_http_url)]
 RedisUrl = Annotated[str | None, AfterValidator(_redis_url)]
 #: an SQLAlchemy database URL setting
 DatabaseUrl = Annotated[str, AfterValidator(check_database_url)]
-
-
-def describe_settings(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """Add to the help of each of ``parser``'s options that sets a field of ``model`` (its
-    ``dest``) the environment variable it overrides and the field's default, so that the help
-    never states a default of its own."""
-    prefix = str(model.model_config.get("env_prefix", ""))
-    for action in parser._actions:
-        field = model.model_fields.get(action.dest)
-        if field is None:
-            continue
-        note = f"{prefix}{action.dest.upper()}"
-        if field.default_factory is None and field.default not in (None, ""):
-            note += f"; default {field.default}".replace("%", "%%")
-        action.help = f"{action.help} ({note})" if action.help else note

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from fedrecgel.allocator import keep_freed_memory
+from fedrecgel.clitools import plain_app, run_app, settings_options
 from services.aggregator.app import create_app
 from services.aggregator.db import Database, ForeignDatabase
 from services.aggregator.settings import Settings, resolve_population
 from services.http_server import header_timeout_s, serve
-from services.url_settings import describe_settings
+
+app = plain_app()
 
 
 def configure_process(settings: Settings) -> None:
@@ -63,21 +64,10 @@ def check_database(settings: Settings) -> None:
         db.dispose()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse optional --host/--port overrides and run uvicorn."""
-    parser = argparse.ArgumentParser(
-        prog="python -m services.aggregator",
-        description="FedRecGEL aggregator (settings: FEDREC_AGG_* environment variables)",
-    )
-    parser.add_argument("--host", default=None, help="bind address")
-    parser.add_argument("--port", type=int, default=None, help="port")
-    describe_settings(parser, Settings)
-    args = parser.parse_args(argv)
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as err:
-        raise SystemExit(f"invalid aggregator settings:\n{err}") from None
+@app.command()
+@settings_options(Settings, "aggregator", {"host": "bind address", "port": "port"})
+def aggregator(settings: Settings) -> None:
+    """FedRecGEL aggregator (settings: FEDREC_AGG_* environment variables)."""
     # force: under ``fedrec aggregator`` the command line configured the root logger at
     # WARNING already, and the aggregator's own INFO lines (rounds closed) were lost
     logging.basicConfig(
@@ -100,6 +90,12 @@ def main(argv: list[str] | None = None) -> None:
         port=settings.port,
         log_level=settings.log_level.lower(),
     )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the aggregator with the options of ``argv`` over its settings."""
+    if code := run_app(app, argv, "python -m services.aggregator"):
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
-from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
 
 import torch
-from pydantic import ValidationError
+import typer
 
 from fedrecgel import native
+from fedrecgel.clitools import plain_app, run_app, settings_options
 from fedrecgel.data import DataError
 from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.loop import run_worker
@@ -25,11 +23,11 @@ log = logging.getLogger(__name__)
 
 
 #: the help of every option: ``--a-name`` sets the WorkerSettings field ``a_name`` and takes
-#: its type (an on/off switch for a bool, the choices of a Literal) and its default, which the
-#: help shows (:func:`_help`)
+#: its type (an on/off switch for a bool); the help adds its variable and default
+#: (:func:`fedrecgel.clitools.settings_options`)
 HELP: dict[str, str] = {
     "aggregator": "aggregator base URL",
-    "shard": "this worker's shard index I (owns u %% N == I)",
+    "shard": "this worker's shard index I (owns u % N == I)",
     "shards": "number of shards N",
     "enrolment_token_file": "file holding the shard's enrolment token ({shard} is replaced by "
     "the shard; or $FEDREC_WORKER_ENROLMENT_TOKEN)",
@@ -61,43 +59,13 @@ HELP: dict[str, str] = {
 }
 
 
-def _option(field: str) -> dict[str, Any]:
-    """``add_argument`` keywords of the option of a settings field, typed as the field is."""
-    kind = WorkerSettings.model_fields[field].annotation
-    if get_origin(kind) in (Union, UnionType):  # X | None: the flag takes an X
-        (kind,) = [a for a in get_args(kind) if a is not type(None)]
-    if kind is bool:
-        return {"action": argparse.BooleanOptionalAction}
-    if get_origin(kind) is Literal:
-        return {"choices": get_args(kind)}
-    return {"type": kind}
-
-
-def _help(field: str) -> str:
-    """The help of a field's option, with the field's default when it has one."""
-    default = WorkerSettings.model_fields[field].default
-    if default is None:
-        return HELP[field]
-    shown = ("on" if default else "off") if isinstance(default, bool) else str(default)
-    return f"{HELP[field]} (default {shown.replace('%', '%%')})"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The worker's argument parser (every flag defaults to the env / settings value)."""
-    p = argparse.ArgumentParser(
-        prog="fedrec worker",
-        description="Simulate the clients of one shard of users against an aggregator.",
-        argument_default=argparse.SUPPRESS,
-    )
-    for field in HELP:
-        p.add_argument("--" + field.replace("_", "-"), help=_help(field), **_option(field))
-    return p
+app = plain_app()
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     """Parse ``argv`` into settings (flags win over the environment)."""
-    args: dict[str, Any] = vars(build_parser().parse_args(argv))
-    return WorkerSettings(**args)
+    ctx = typer.main.get_command(app).make_context("fedrec worker", list(argv or []))
+    return WorkerSettings(**{k: v for k, v in ctx.params.items() if v is not None})
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -105,17 +73,14 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, configure logging, run the worker; returns the exit status."""
-    try:
-        settings = settings_from_args(argv)
-    except ValidationError as err:
-        sys.stderr.write(f"invalid worker settings:\n{err}\n")
-        return 2
+@app.command()
+@settings_options(WorkerSettings, "worker", HELP, code=2)
+def worker(settings: WorkerSettings) -> None:
+    """Simulate the clients of one shard of users against an aggregator."""
     problem = native.check()  # FEDREC_NATIVE: a bad value or a required build that failed
     if problem is not None:
         sys.stderr.write(f"error: {problem}\n")
-        return 2
+        raise typer.Exit(2)
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -132,14 +97,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_worker(settings)
     except (WorkerError, StoreError, DataError) as err:  # DataError: an unknown dataset
         log.error("%s", err)
-        return 1
+        raise typer.Exit(1) from None
     except AggregatorCallError as err:  # a refusal no retry can fix (e.g. an unknown token)
         log.error("the aggregator refused a request: %s", err)
-        return 1
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         log.info("interrupted")
-        return 130
+        raise typer.Exit(130) from None
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, configure logging, run the worker; returns the exit status."""
+    return run_app(app, argv, "fedrec worker")

@@ -2,66 +2,56 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Annotated
 
 import torch
-from pydantic import ValidationError
+import typer
 
+from fedrecgel.clitools import plain_app, run_app, settings_options
 from fedrecgel.data import DataError
 from services.http_server import header_timeout_s, serve
 from services.recommend_api.app import create_app, holder_from_settings
 from services.recommend_api.settings import Settings
-from services.url_settings import check_log_level, describe_settings
+from services.url_settings import check_log_level
+
+app = plain_app()
+
+#: the options of the settings: each overrides its ``FEDREC_REC_*`` environment variable
+OPTIONS = {
+    "host": "bind address",
+    "port": "port",
+    "aggregator_url": "aggregator base URL ('none': do not follow one)",
+    "aggregator_token": "the aggregator's reader token",
+    "redis_url": "follow model versions by Redis events too",
+    "poll_interval_s": "seconds between model polls",
+    "dataset": "dataset whose item ids label the catalogue",
+    "data_dir": "folder of the raw datasets",
+    "item_labels": "file of item ids, one per line",
+    "ann_threshold": "catalogue size from which candidates are shortlisted",
+    "ann_shortlist": "candidates re-ranked exactly",
+    "workers": "scoring threads (unset: one per core)",
+}
 
 
 def _log_level(value: str) -> str:
     try:
         return check_log_level(value)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise typer.BadParameter(str(err)) from None
 
 
-def parse_args(argv: list[str] | None = None) -> dict[str, Any]:
-    """Command-line options; each overrides its ``FEDREC_REC_*`` environment variable."""
-    p = argparse.ArgumentParser(prog="python -m services.recommend_api", description=__doc__)
-    p.add_argument("--host", help="bind address")
-    p.add_argument("--port", type=int, help="port")
-    p.add_argument("--aggregator-url", help="aggregator base URL ('none': do not follow one)")
-    p.add_argument("--aggregator-token", help="the aggregator's reader token")
-    p.add_argument("--redis-url", help="follow model versions by Redis events too")
-    p.add_argument(
-        "--poll-interval", dest="poll_interval_s", type=float, help="seconds between model polls"
-    )
-    p.add_argument("--dataset", help="dataset whose item ids label the catalogue")
-    p.add_argument("--data-dir", type=Path)
-    p.add_argument("--item-labels", type=Path, help="file of item ids, one per line")
-    p.add_argument(
-        "--ann-threshold", type=int, help="catalogue size from which candidates are shortlisted"
-    )
-    p.add_argument("--ann-shortlist", type=int, help="candidates re-ranked exactly")
-    p.add_argument("--workers", type=int, help="scoring threads (unset: one per core)")
-    p.add_argument("--log-level", default="info", type=_log_level, help="(default info)")
-    describe_settings(p, Settings)
-    args = vars(p.parse_args(argv))
-    return {k: v for k, v in args.items() if v is not None}
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Parse options, build the app and run it."""
-    opts = parse_args(argv)
-    level = opts.pop("log_level")
+@app.command()
+@settings_options(Settings, "recommend_api", OPTIONS, {"poll_interval_s": ("--poll-interval",)})
+def recommend(
+    settings: Settings,
+    log_level: Annotated[str, typer.Option(callback=_log_level, help="logging level")] = "info",
+) -> None:
+    """Serve recommendations with uvicorn; each option overrides its FEDREC_REC_* variable."""
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    if str(opts.get("aggregator_url", "")).lower() == "none":
-        opts["aggregator_url"] = None
-    try:
-        settings = Settings(**opts)
-    except ValidationError as err:
-        raise SystemExit(f"invalid recommend_api settings:\n{err}") from None
     # process-wide, so set here and not in create_app (tests build apps in a shared process)
     torch.set_num_threads(settings.torch_threads)
     try:  # the item labels: a file or dataset that cannot be read stops here, in one line
@@ -70,8 +60,14 @@ def main(argv: list[str] | None = None) -> None:
         what = "FEDREC_REC_ITEM_LABELS" if settings.item_labels else "FEDREC_REC_DATASET"
         raise SystemExit(f"{what}: {err}") from None
     header_timeout_s()  # a bound that is not a number stops here, in one line
-    app = create_app(settings, holder=holder)
-    serve(app, host=settings.host, port=settings.port, log_level=level)
+    api = create_app(settings, holder=holder)
+    serve(api, host=settings.host, port=settings.port, log_level=log_level)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the recommendation API with the options of ``argv`` over its settings."""
+    if code := run_app(app, argv, "python -m services.recommend_api"):
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

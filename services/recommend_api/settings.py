@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     environment: Literal["development", "test", "production"] = "production"
     host: str = "127.0.0.1"
     port: int = Field(default=RECOMMEND_PORT, ge=0, le=65535)
-    # None: do not follow an aggregator (the holder is fed by the caller, e.g. in tests).
+    # None ('none'): follow no aggregator (the holder is fed by the caller, e.g. in tests).
     aggregator_url: HttpUrl | None = AGGREGATOR_URL
     aggregator_token: SecretStr | None = None
     # the token read from a file instead (services/secret_files.py)
@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     torch_threads: Threads = 1
     # The largest request body accepted (bytes); a larger one is answered 413 unread.
     max_body_bytes: int = Field(default=DEFAULT_MAX_JSON_BYTES, ge=1024)
+
+    @field_validator("aggregator_url", mode="before")
+    @classmethod
+    def _none_is_none(cls, value: object) -> object:
+        return None if isinstance(value, str) and value.strip().lower() == "none" else value
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Settings:

@@ -128,17 +128,22 @@ def test_unusable_flag_values_are_usage_errors_not_tracebacks_or_endless_retries
     assert message in capsys.readouterr().err
 
 
-def test_the_help_shows_the_settings_defaults_and_shards_get_their_own_store() -> None:
+def test_the_help_shows_the_settings_defaults_and_shards_get_their_own_store(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The help's defaults were typed by hand beside the settings'; the default store was
     worker-0.db for every shard, so a second worker started without --store met the first's
     store (refused: it holds shard=0)."""
-    from services.client_sim.cli import HELP, build_parser
+    from services.client_sim.cli import HELP
 
-    shown = " ".join(build_parser().format_help().split())
+    assert main(["--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
     for field in HELP:
         default = WorkerSettings.model_fields[field].default
+        assert f"FEDREC_WORKER_{field.upper()}" in shown, field
         if default is not None and not isinstance(default, bool):
-            assert f"(default {default})" in shown, field
-    assert "(default worker-{shard}.db)" in shown
+            assert f"; default {default})" in shown, field
+    assert "(FEDREC_WORKER_STORE; default worker-{shard}.db)" in shown
+    assert "--validation / --no-validation" in shown
     stores = {WorkerSettings(shard=i, shards=2).store for i in range(2)}
     assert stores == {"worker-0.db", "worker-1.db"}
