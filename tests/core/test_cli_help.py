@@ -29,6 +29,15 @@ def _command(path: tuple[str, ...]) -> Any:
     return cmd
 
 
+@pytest.fixture(autouse=True)
+def wide_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Help as wide as it needs: typer reads TERMINAL_WIDTH once, when its rich_utils is first
+    imported (by whichever test of the session used a typer app first), so set its width."""
+    from typer import rich_utils
+
+    monkeypatch.setattr(rich_utils, "MAX_WIDTH", 4000)
+
+
 def _flat(text: str) -> str:
     return re.sub(r"[\s│]+", " ", text)
 
