@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 from sqlalchemy.engine import make_url
 
 from fedrecgel.config import MAX_MODEL_PARAMS
 from fedrecgel.robust import DEFAULT_FACTOR
 from services.ports import AGGREGATOR_PORT
 from services.secret_files import secret_from_file, weak_secret
+from services.service_settings import Environment, ServiceSettings
 from services.url_settings import DatabaseUrl, LogLevel, RedisUrl, Threads
 
 PLACEHOLDER_TOKEN = "changethis"
@@ -23,17 +23,13 @@ DEFAULT_MAX_REGISTER_PER_REQUEST = 10_000
 MAX_POPULATION = 100_000_000
 
 
-class Settings(BaseSettings):
+class Settings(ServiceSettings):
     """Everything the aggregator needs to start; nothing connects when this is built."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="FEDREC_AGG_",
-        extra="ignore",
-        hide_input_in_errors=True,  # never echo a secret
-    )
+    model_config = SettingsConfigDict(env_prefix="FEDREC_AGG_")
 
     # Production unless chosen otherwise: every secret is then checked for strength.
-    environment: Literal["development", "test", "production"] = "production"
+    environment: Environment = "production"
     database_url: DatabaseUrl = "sqlite:///./aggregator.db"
     redis_url: RedisUrl = None
     operator_token: str = PLACEHOLDER_TOKEN

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from fedrecgel.config import DEFAULTS
 from services.enrolment import EnrolmentTokenError, parse_enrolment_token
@@ -17,6 +17,7 @@ from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.host_check import is_loopback
 from services.ports import AGGREGATOR_URL, RECOMMEND_URL
 from services.secret_files import secret_from_file, weak_secret
+from services.service_settings import ServiceSettings
 from services.url_settings import HttpUrl, RedisUrl, Threads
 
 _ORDINAL = re.compile(r"-(\d+)$")
@@ -39,14 +40,10 @@ def hostname_ordinal(hostname: str) -> int:
     return int(match.group(1))
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(ServiceSettings):
     """Worker configuration; every field can be set from the env as ``FEDREC_WORKER_<NAME>``."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="FEDREC_WORKER_",
-        extra="ignore",
-        hide_input_in_errors=True,  # never echo a secret
-    )
+    model_config = SettingsConfigDict(env_prefix="FEDREC_WORKER_")
 
     aggregator: HttpUrl = AGGREGATOR_URL
     shard: int = 0

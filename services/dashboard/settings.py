@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.ports import AGGREGATOR_URL, DASHBOARD_PORT, RECOMMEND_URL
 from services.secret_files import secret_from_file, weak_secret
+from services.service_settings import Environment, ServiceSettings
 from services.url_settings import HttpUrl, LogLevel, check_http_url
 
 
-class DashboardSettings(BaseSettings):
+class DashboardSettings(ServiceSettings):
     """Where the dashboard reads from, and with which credentials.
 
     ``aggregator_token`` is the aggregator's *reader* token (the run's state, configuration
@@ -23,13 +23,9 @@ class DashboardSettings(BaseSettings):
     browser types it, and it travels with each operator action only.
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="FEDREC_DASH_",
-        extra="ignore",
-        hide_input_in_errors=True,  # never echo a secret
-    )
+    model_config = SettingsConfigDict(env_prefix="FEDREC_DASH_")
 
-    environment: Literal["development", "test", "production"] = "production"
+    environment: Environment = "production"
     host: str = "127.0.0.1"
     port: int = Field(default=DASHBOARD_PORT, ge=0, le=65535)
     aggregator_url: HttpUrl = AGGREGATOR_URL

@@ -7,29 +7,26 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.error_handlers import DEFAULT_MAX_JSON_BYTES
 from services.ports import AGGREGATOR_URL, RECOMMEND_PORT
 from services.recommend_api.ranking import RankingConfig
 from services.secret_files import secret_from_file, weak_secret
+from services.service_settings import Environment, ServiceSettings
 from services.url_settings import MAX_THREADS, HttpUrl, RedisUrl, Threads
 
 _RANKING = RankingConfig()  # the ranking defaults live there once
 
 
-class Settings(BaseSettings):
+class Settings(ServiceSettings):
     """Where the model comes from, how items are labelled, and how ranking is done."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="FEDREC_REC_",
-        extra="ignore",
-        hide_input_in_errors=True,  # never echo a secret
-    )
+    model_config = SettingsConfigDict(env_prefix="FEDREC_REC_")
 
     # production unless development is chosen explicitly: a placeholder or short aggregator
     # token is refused outside development
-    environment: Literal["development", "test", "production"] = "production"
+    environment: Environment = "production"
     host: str = "127.0.0.1"
     port: int = Field(default=RECOMMEND_PORT, ge=0, le=65535)
     # None ('none'): follow no aggregator (the holder is fed by the caller, e.g. in tests).
