@@ -357,9 +357,9 @@ def test_postgres_stores_the_blobs_uncompressed(postgres_url: str) -> None:
     )
     with alembic_connection(postgres_url) as (conn, cfg):
         command.upgrade(cfg, "head")
-        storage: dict[str, str] = dict(conn.execute(query).tuples().all())
+        storage: dict[str, str] = dict(tuple(row) for row in conn.execute(query))
         command.downgrade(cfg, "0007")
-        downgraded: dict[str, str] = dict(conn.execute(query).tuples().all())
+        downgraded: dict[str, str] = dict(tuple(row) for row in conn.execute(query))
     # every bytea column of the schema, none missed
     assert storage == {
         "update_blobs.blob": "e",
