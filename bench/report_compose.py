@@ -70,7 +70,11 @@ def _compose_phases(data: dict[str, Any], one: dict[str, Any] | None) -> list[st
         phases[kind] = _median_phases(runs)
     if one is not None and all(r.get("worker_phases") for r in one["runs"]["compose"]):
         replicas = one["config"].get("aggregator_replicas", 1)
-        kinds["one"] = f"compose, {replicas} replica (run {len(one['runs']['compose'])}x)"
+        kinds["one"] = f"compose, {replicas} replica (run {len(one['runs']['compose'])}x)" + (
+            ""
+            if "loopback_postgres" in one["runs"]
+            else ", measured before the PostgreSQL blob storage fix"
+        )
         phases["one"] = _median_phases([r["worker_phases"] for r in one["runs"]["compose"]])
         rounds["one"] = one["compose_round_seconds"]
     names = [
@@ -116,7 +120,15 @@ def _compose_phases(data: dict[str, Any], one: dict[str, Any] | None) -> list[st
         f"for {extra_cpu:+.3f} s of CPU (the worker waiting on the aggregator's answer, not "
         f"computing); the cohort step's CPU differs by {extra_compute:+.3f} s. Compose's "
         "aggregator writes to PostgreSQL behind the haproxy balancer, `fedrec up`'s to SQLite "
-        "directly.",
+        "directly."
+        + (
+            f" With `fedrec up`'s aggregator on PostgreSQL a round takes "
+            f"{rounds['loopback_postgres']:.2f} s ({rounds['loopback_postgres'] / rounds['loopback']:.2f}x "
+            f"SQLite's): compose is {rounds['compose'] / rounds['loopback_postgres']:.2f}x that, "
+            "the containers, the balancer and the replicas' share."
+            if "loopback_postgres" in rounds
+            else ""
+        ),
         *_aggregator_stages(data, kinds),
     ]
     return lines
