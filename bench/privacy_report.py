@@ -149,7 +149,7 @@ def dp_scale() -> list[str]:
             f" (chosen over {sorted(data['tuning']['best_validation_hr@10_by_lr'])} on seed "
             f"{data['tuning']['seed']}'s validation HR@10)"
             if data.get("tuning")
-            else ""
+            else " (the bench's default, from a probe on the tuning seed: its docstring)"
         )
         + f". Popularity on this split: {100 * data['popularity']['hr@10']:.2f}.",
         "",
@@ -169,4 +169,19 @@ def dp_scale() -> list[str]:
             f"{_pm(row['figures'], 'ndcg@10')} | {t['points_below_no_dp']:.2f} | "
             f"<= {t['allowed']} | {met} | {_pm(ref, 'hr@10')} ({ref['k']}) |"
         )
+    chosen = sorted({r["selected"]["round"] for row in rows.values() for r in row["runs"]})
+    last = st["rounds"]
+    lines += [
+        "",
+        f"Validation selected round(s) {', '.join(map(str, chosen))} of {last}"
+        + (
+            ": every run, the no-DP one too, was still rising at its last round. At about "
+            f"{st['rounds'] * st['fraction']:g} visit(s) per user the no-DP model is only "
+            f"{100 * nodp['hr@10.mean'] - 100 * data['popularity']['hr@10']:.2f} points above "
+            "popularity; the gap DP leaves is measured here against a model that has not "
+            "converged, and longer runs are the next measurement."
+            if chosen == [last]
+            else "."
+        ),
+    ]
     return lines
