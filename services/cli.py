@@ -144,13 +144,6 @@ def up(
         shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
         console.print(f"preset {preset}: {shown}", highlight=False)
     run = {**run, **chosen}
-    if database_url is not None:
-        from services.url_settings import check_database_url
-
-        try:
-            check_database_url(database_url)
-        except ValueError as err:
-            raise fail(f"--database-url: {err}") from None
     opts = UpOptions(
         run=checked(run),
         data_dir=data_dir,

@@ -48,6 +48,33 @@ def check_redis(url: str | None) -> None:
         client.close()
 
 
+def check_database(url: str | None) -> None:
+    """Raise LaunchError when ``url`` (``--database-url``) is not a database URL with its driver
+    here, or no database answers there: the aggregator would otherwise die on it at start, and
+    again at each restart."""
+    if url is None:
+        return
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from services.url_settings import check_database_url
+
+    try:
+        check_database_url(url)
+    except ValueError as err:
+        raise LaunchError(f"--database-url: {err}") from None
+    args = {"connect_timeout": 3} if url.startswith("postgresql") else {}
+    engine = create_engine(url, connect_args=args)
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as err:
+        first = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise LaunchError(f"--database-url: the database does not answer: {first}") from None
+    finally:
+        engine.dispose()
+
+
 def check_run(opts: UpOptions, n_users: int, n_items: int) -> None:
     """LaunchError, before anything starts, for run settings the aggregator would refuse once
     every service is up and every user registered (DP with secure aggregation, a cohort too
@@ -79,6 +106,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
     with stop_on_signals(), locked_workdir(opts.workdir):
         check_ports(opts)
         check_redis(opts.redis_url)
+        check_database(opts.database_url)
         split = load_split(opts.dataset, opts.data_dir, validation=opts.validation)
         check_run(opts, split.n_users, split.n_items)
         clear_workdir(opts.workdir)

@@ -245,21 +245,26 @@ def test_a_worker_count_past_what_one_machine_holds_is_refused_before_starting(
 
 
 @pytest.mark.parametrize(
-    ("url", "why"),
-    [("not a url", "not a database URL"), ("mysql+nodriver://h/db", "no database driver")],
+    ("url", "message"),
+    [
+        ("not a url", "--database-url: not a database URL"),
+        ("mysql+nodriver://h/db", "--database-url: no database driver for 'mysql+nodriver'"),
+        (
+            "postgresql+psycopg://fedrec@127.0.0.1:{port}/fedrec",
+            "--database-url: the database does not answer: ",
+        ),
+    ],
 )
-def test_a_database_url_that_cannot_be_used_is_refused_before_starting(
-    tmp_path: Path, url: str, why: str
+def test_a_database_url_that_cannot_be_used_is_named_before_anything_starts(
+    tmp_path: Path, url: str, message: str
 ) -> None:
-    from typer.testing import CliRunner
-
-    from services.cli import app
-
     workdir = tmp_path / "up"
-    r = CliRunner().invoke(app, ["up", "--database-url", url, "--workdir", str(workdir)])
-    assert r.exit_code == 2, r.output
-    assert f"--database-url: {why}" in r.output
-    assert not workdir.exists()  # nothing was started
+    args = fedrec_up_on(workdir, _ports(), "--database-url", url.format(port=free_port()))
+    code, out = _run(args, tmp_path / "up.log")
+    assert code == 2, out
+    assert message in out and "Traceback" not in out, out
+    # nothing was started: no log, no database
+    assert sorted(p.name for p in workdir.iterdir()) == ["fedrec-up.lock"]
 
 
 def test_clearing_a_work_directory_removes_only_the_launchers_own_files(tmp_path: Path) -> None:
