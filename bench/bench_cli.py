@@ -37,6 +37,28 @@ def positive(text: str) -> int:
     return value
 
 
+def int_list(text: str) -> list[int]:
+    """An ``argparse`` type: comma-separated integers, at least one."""
+    try:
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
+def float_list(text: str) -> list[float]:
+    """An ``argparse`` type: comma-separated numbers, at least one."""
+    try:
+        out = [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
 def writable_file(text: str) -> Path:
     """An ``argparse`` type: a file path whose folder exists (created if needed) and can be
     written, so that a benchmark does not run for minutes to fail at writing its result."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_cli import default_data_dir, run, writable_file
+from bench.bench_cli import default_data_dir, float_list, int_list, run, writable_file
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.data import Split, load_split
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS, dp_popularity, plan_release
@@ -37,26 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "dp_popularity.json"
 DATASETS = "filmtrust/paper,amazon-video/paper,lastfm-2k/clean"
 K_GRID = "1,2,5,10,20,50,100,200"
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        out = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not comma-separated integers: {text!r}") from None
-    if not out:
-        raise argparse.ArgumentTypeError("empty list")
-    return out
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        out = [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
-    if not out:
-        raise argparse.ArgumentTypeError("empty list")
-    return out
 
 
 def _figures(rows: list[dict[str, float]]) -> dict[str, Any]:
@@ -128,9 +108,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", type=Path, default=default_data_dir())
     ap.add_argument("--datasets", default=DATASETS, help="name/protocol, comma-separated")
-    ap.add_argument("--epsilons", type=_floats, default=_floats("1,3,8"))
-    ap.add_argument("--k-grid", type=_ints, default=_ints(K_GRID))
-    ap.add_argument("--seeds", type=_ints, default=_ints("0,1,2"))
+    ap.add_argument("--epsilons", type=float_list, default=float_list("1,3,8"))
+    ap.add_argument("--k-grid", type=int_list, default=int_list(K_GRID))
+    ap.add_argument("--seeds", type=int_list, default=int_list("0,1,2"))
     ap.add_argument("--tuning-seed", type=int, default=100)
     ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()

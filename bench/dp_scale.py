@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_cli import positive, run, writable_file
+from bench.bench_cli import float_list, int_list, positive, run, writable_file
 from fedrecgel.baselines import popularity
 from fedrecgel.data import Split
 from fedrecgel.dp_popularity import dp_popularity, plan_release
@@ -155,26 +155,18 @@ def _dp_popularity(split: Split, eps: float, args: argparse.Namespace) -> dict[s
     }
 
 
-def _floats(text: str) -> list[float]:
-    return [float(s) for s in text.split(",") if s.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(s) for s in text.split(",") if s.strip()]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--users", type=positive, default=100_000)
     ap.add_argument("--rounds", type=positive, default=100)
     ap.add_argument("--fraction", type=float, default=0.01)
     ap.add_argument("--eval-every", type=positive, default=10)
-    ap.add_argument("--epsilons", type=_floats, default=_floats("3,8"))
-    ap.add_argument("--seeds", type=_ints, default=_ints("0,1,2"))
+    ap.add_argument("--epsilons", type=float_list, default=float_list("3,8"))
+    ap.add_argument("--seeds", type=int_list, default=int_list("0,1,2"))
     ap.add_argument("--tuning-seed", type=int, default=100)
     ap.add_argument("--dp-clip", type=float, default=1.0)
     ap.add_argument("--dp-server-lr", type=float, default=3.0)
-    ap.add_argument("--lr-grid", type=_floats, default=[], help="tune the DP server step first")
+    ap.add_argument("--lr-grid", type=float_list, default=[], help="tune the DP server step first")
     ap.add_argument("--jobs", type=positive, default=2)
     ap.add_argument("--out", type=writable_file, default=OUT)
     args = ap.parse_args()
