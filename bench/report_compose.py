@@ -70,11 +70,7 @@ def _compose_phases(data: dict[str, Any], one: dict[str, Any] | None) -> list[st
         phases[kind] = _median_phases(runs)
     if one is not None and all(r.get("worker_phases") for r in one["runs"]["compose"]):
         replicas = one["config"].get("aggregator_replicas", 1)
-        kinds["one"] = f"compose, {replicas} replica (run {len(one['runs']['compose'])}x)" + (
-            ""
-            if "loopback_postgres" in one["runs"]
-            else ", measured before the PostgreSQL blob storage fix"
-        )
+        kinds["one"] = f"compose, {replicas} replica (run {len(one['runs']['compose'])}x)"
         phases["one"] = _median_phases([r["worker_phases"] for r in one["runs"]["compose"]])
         rounds["one"] = one["compose_round_seconds"]
     names = [
