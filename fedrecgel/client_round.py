@@ -29,6 +29,7 @@ from fedrecgel.sam import (
     StepResult,
     client_rng,
     cohort_step,
+    negative_pool,
 )
 from fedrecgel.sampling import cohort_samples
 from fedrecgel.strategy import partial_weights
@@ -54,12 +55,21 @@ class ClientRound:
         self, round_id: int, user_ids: Sequence[int] | np.ndarray, train_items: TrainItems
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each client's samples for ``round_id`` (keyed by seed, round and user; drawn
-        together, the same draws as :func:`fedrecgel.sam.client_samples` one by one)."""
+        together, the same draws as :func:`fedrecgel.sam.client_samples` one by one; the
+        negatives from the round's public pool when the run has one)."""
         return cohort_samples(
             [train_items(int(u)) for u in user_ids],
             self.model.n_items,
             self.hp.n_negatives,
             [client_rng(self.seed, round_id, int(u)) for u in user_ids],
+            self.pool(round_id),
+        )
+
+    def pool(self, round_id: int) -> np.ndarray | None:
+        """The round's public pool of negatives (sorted items; None: the whole catalogue)."""
+        size = self.hp.negative_pool
+        return (
+            None if size is None else negative_pool(self.seed, round_id, self.model.n_items, size)
         )
 
     def step(

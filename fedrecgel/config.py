@@ -20,7 +20,7 @@ from fedrecgel.fixedpoint import FixedPoint
 ModelKind = Literal["ncf", "mf"]
 Weighting = Literal["mean", "samples"]
 OptimizerName = Literal["adam", "sgd", "fedadam", "fedyogi", "fedadagrad"]
-SecAggMode = Literal["off", "dense"]
+SecAggMode = Literal["off", "dense", "sparse"]
 DPMode = Literal["central", "distributed"]
 Sampling = Literal["fixed", "poisson"]
 UploadGrouping = Literal["client", "worker"]
@@ -112,6 +112,14 @@ class RunParams(BaseModel):
     n_negatives: int = Field(
         default=4, ge=1, le=1000, description="Sampled negatives per positive."
     )
+    negative_pool: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ITEMS,
+        description="Negatives from a public pool: each round draws this many distinct items "
+        "(keyed by the seed and the round) and every client draws its negatives from them "
+        "(none: from the whole catalogue). Needed by secure_aggregation=sparse.",
+    )
     chunk_size: int = Field(
         default=128, ge=1, le=1 << 20, description="Samples per client mini-batch."
     )
@@ -148,7 +156,10 @@ class RunParams(BaseModel):
     secure_aggregation: SecAggMode = Field(
         default="off",
         description="Secure aggregation of uploads: off (plain sparse uploads, the server sees "
-        "each one) or dense (masked dense vectors: the server learns only the cohort's sum).",
+        "each one), dense (masked dense vectors: the server learns only the cohort's sum) or "
+        "sparse (needs negative_pool: a first masked round sums the clients' positive items, a "
+        "second masks only the rows of those items and the pool, in 32-bit words; the server "
+        "learns the sum and how many clients have each item). In-process simulator only.",
     )
     secagg_neighbours: int = Field(
         default=8,
@@ -173,6 +184,21 @@ class RunParams(BaseModel):
     secagg_scale_bits: int = Field(
         default=32, ge=8, le=48, description="Fixed-point step: 2^-bits (values mod 2^64)."
     )
+
+    @model_validator(mode="after")
+    def _pool_fits(self) -> RunParams:
+        pool = self.negative_pool
+        if pool is not None and pool < self.n_negatives:
+            raise ValueError(
+                f"negative_pool {pool} is smaller than n_negatives {self.n_negatives}: a client "
+                "draws that many distinct negatives from it"
+            )
+        if self.secure_aggregation == "sparse" and pool is None:
+            raise ValueError(
+                "secure_aggregation=sparse needs negative_pool: with negatives from the whole "
+                "catalogue a cohort touches nearly every item row"
+            )
+        return self
 
     @model_validator(mode="after")
     def _secagg_fits(self) -> RunParams:

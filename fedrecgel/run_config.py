@@ -6,7 +6,7 @@ catalogue size and the model shape and client hyperparameters the run implies.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from fedrecgel.config import MAX_ITEMS, RunParams
 from fedrecgel.model import ModelConfig
@@ -17,6 +17,14 @@ class RunConfig(RunParams):
     """A run over a catalogue of ``n_items``: the body of ``POST /v1/runs``."""
 
     n_items: int = Field(ge=1, le=MAX_ITEMS, description="Items in the catalogue.")
+
+    @model_validator(mode="after")
+    def _pool_in_catalogue(self) -> RunConfig:
+        if self.negative_pool is not None and self.negative_pool > self.n_items:
+            raise ValueError(
+                f"negative_pool {self.negative_pool} exceeds the catalogue of {self.n_items}"
+            )
+        return self
 
     def model(self) -> ModelConfig:
         """The model shape of this run."""
@@ -31,6 +39,7 @@ class RunConfig(RunParams):
             rho_ns=self.rho_ns,
             client_lr=self.client_lr,
             n_negatives=self.n_negatives,
+            negative_pool=self.negative_pool,
             chunk_size=self.chunk_size,
             local_steps=self.local_steps,
             weight_decay=self.client_weight_decay,

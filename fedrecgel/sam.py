@@ -64,6 +64,8 @@ class SAMConfig:
     # several times faster, but a client's float rounding then depends on which clients share
     # its group, so only the same group recomputes the same bytes. Off: one client at a time.
     grouped_uploads: bool = False
+    # Each round's negatives drawn from a public pool of this many items (None: the catalogue).
+    negative_pool: int | None = DEFAULTS.negative_pool
 
 
 def client_rng(seed: int, round_id: int, user_id: int) -> np.random.Generator:
@@ -92,23 +94,67 @@ def repeated_in_row(negs: np.ndarray) -> np.ndarray:
     return repeats_by_sorting(negs)
 
 
+#: the tag that keys a round's negative pool (public: every client and the server draw it)
+POOL_TAG = 0x9E6
+
+
+def negative_pool(seed: int, round_id: int, n_items: int, size: int) -> np.ndarray:
+    """Round ``round_id``'s public pool of ``size`` distinct items (sorted int64), drawn from a
+    generator keyed by the run's seed, the round and :data:`POOL_TAG` (four words, so no
+    client's ``client_rng(seed, round, user)`` stream is the pool's)."""
+    if not 1 <= size <= n_items:
+        raise ValueError(f"a negative pool of {size} items from a catalogue of {n_items}")
+    rng = np.random.default_rng([int(seed), int(round_id), POOL_TAG, 1])
+    return np.sort(rng.choice(n_items, size=size, replace=False).astype(np.int64))
+
+
+def check_drawable(
+    positives: np.ndarray, n_items: int, n_negatives: int, pool: np.ndarray | None
+) -> None:
+    """ValueError when a client with ``positives`` cannot draw ``n_negatives`` distinct
+    negatives from the catalogue (``pool`` None) or from the round's pool."""
+    if pool is None:
+        if n_items - len(positives) >= n_negatives:
+            return
+        left, where = n_items - len(np.unique(positives)), f"a catalogue of {n_items}"
+    else:
+        left = len(pool) - int(np.isin(pool, positives).sum())
+        where = f"the round's negative pool of {len(pool)}"
+    if left < n_negatives:
+        raise ValueError(
+            f"a client with {len(np.unique(positives))} items cannot draw {n_negatives} "
+            f"negatives from {where} ({left} of them are not its items)"
+        )
+
+
+def draw_items(
+    rng: np.random.Generator, n_items: int, pool: np.ndarray | None, size: int | tuple[int, int]
+) -> np.ndarray:
+    """Uniform items: from the whole catalogue, or from ``pool`` (one draw of ``rng`` each)."""
+    if pool is None:
+        return rng.integers(0, n_items, size=size)
+    picked: np.ndarray = pool[rng.integers(0, len(pool), size=size)]
+    return picked
+
+
 def client_samples(
-    positives: np.ndarray, n_items: int, n_negatives: int, rng: np.random.Generator
+    positives: np.ndarray,
+    n_items: int,
+    n_negatives: int,
+    rng: np.random.Generator,
+    pool: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One round's training samples of a client: its positives shuffled, each followed by
-    ``n_negatives`` distinct items it never interacted with (uniform).
+    ``n_negatives`` distinct items it never interacted with (uniform over the catalogue, or
+    over the round's public ``pool`` of items when given: :func:`negative_pool`).
 
     Returns (items (P*(1+n),) int64, labels (P*(1+n),) float32).
     """
     pos = rng.permutation(np.asarray(positives, dtype=np.int64))
     p = len(pos)
     seen = np.sort(pos)  # repeats do not matter to the membership test below
-    if n_items - p < n_negatives and n_items - len(np.unique(seen)) < n_negatives:
-        raise ValueError(
-            f"a client with {len(np.unique(seen))} items cannot draw {n_negatives} negatives "
-            f"from a catalogue of {n_items}"
-        )
-    negs = rng.integers(0, n_items, size=(p, n_negatives))
+    check_drawable(seen, n_items, n_negatives, pool)
+    negs = draw_items(rng, n_items, pool, (p, n_negatives))
     while True:
         # bad: a negative the client has seen, or equal to an earlier negative of its row
         # (membership by binary search in the sorted ``seen``: np.isin costs about 100 us a
@@ -122,7 +168,7 @@ def client_samples(
         n_bad = int(np.count_nonzero(bad))
         if n_bad == 0:
             break
-        negs[bad] = rng.integers(0, n_items, size=n_bad)
+        negs[bad] = draw_items(rng, n_items, pool, n_bad)
     items = np.concatenate([pos[:, None], negs], axis=1).reshape(-1)
     labels = np.zeros((p, 1 + n_negatives), dtype=np.float32)
     labels[:, 0] = 1.0

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedrecgel.sam import repeated_in_row
+from fedrecgel.sam import check_drawable, draw_items, repeated_in_row
 
 
 def cohort_samples(
@@ -22,9 +22,10 @@ def cohort_samples(
     n_items: int,
     n_negatives: int,
     rngs: Sequence[np.random.Generator],
+    pool: np.ndarray | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per client (items, labels), as ``client_samples(positives[c], n_items, n_negatives,
-    rngs[c])`` gives them."""
+    rngs[c], pool)`` gives them."""
     c = len(positives)
     pos = [
         rng.permutation(np.asarray(p, dtype=np.int64))
@@ -32,16 +33,12 @@ def cohort_samples(
     ]
     sizes = np.fromiter((len(p) for p in pos), dtype=np.int64, count=c)
     for p in pos:
-        if n_items - len(p) < n_negatives and n_items - len(np.unique(p)) < n_negatives:
-            raise ValueError(
-                f"a client with {len(np.unique(p))} items cannot draw {n_negatives} negatives "
-                f"from a catalogue of {n_items}"
-            )
+        check_drawable(p, n_items, n_negatives, pool)
     if c == 0:
         return []
     negs = np.concatenate(
         [
-            rng.integers(0, n_items, size=(len(p), n_negatives))
+            draw_items(rng, n_items, pool, (len(p), n_negatives))
             for p, rng in zip(pos, rngs, strict=True)
         ]
     )
@@ -62,7 +59,7 @@ def cohort_samples(
         for k in np.flatnonzero(n_bad).tolist():
             a, b = int(row_off[k]), int(row_off[k + 1])
             block = negs[a:b]
-            block[bad[a:b]] = rngs[k].integers(0, n_items, size=int(n_bad[k]))
+            block[bad[a:b]] = draw_items(rngs[k], n_items, pool, int(n_bad[k]))
     out = []
     labels_of: dict[int, np.ndarray] = {}
     for k, p in enumerate(pos):

@@ -108,6 +108,7 @@ class TrainConfig(RunParams):
             rho_ns=rho_ns,
             client_lr=self.client_lr,
             n_negatives=self.n_negatives,
+            negative_pool=self.negative_pool,
             chunk_size=self.chunk_size,
             local_steps=self.local_steps,
             weight_decay=self.client_weight_decay,
@@ -193,6 +194,11 @@ class Simulator:
         self.config = config
         self.model_cfg = config.model(split.n_items)
         self.hp = config.sam()
+        if config.negative_pool is not None and config.negative_pool > split.n_items:
+            raise ValueError(
+                f"--negative-pool {config.negative_pool} exceeds the catalogue of "
+                f"{split.n_items} items"
+            )
         self.shared = init_shared(self.model_cfg, config.seed)
         self.strategy = config.strategy()
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)

@@ -238,6 +238,8 @@ def mode_of(
     params: RunParams, model: ModelConfig, screen_factor: float | None = None
 ) -> UploadMode:
     """The upload mode of a run's settings (they allow at most one of them)."""
+    if params.secure_aggregation == "sparse":
+        raise ValueError("secure_aggregation=sparse is not built yet")
     if params.secure_aggregation != "off":
         return SecureDense(params, model, screen_factor)
     if params.upload_grouping == "worker":

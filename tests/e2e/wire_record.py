@@ -27,7 +27,7 @@ PARTIAL_ENTRY = {"client_id", "n_samples"}
 METRIC = r"(val/)?(hr|ndcg)@\d+"
 RUN_CONFIG = (
     "n_items|kind|factor|layers|rounds|fraction|seed|optimizer|server_lr|weighting|clip|"
-    "rho_sh|rho_ns|client_lr|n_negatives|chunk_size|deadline_s|quorum|dataset|sampling|"
+    "rho_sh|rho_ns|client_lr|n_negatives|negative_pool|chunk_size|deadline_s|quorum|dataset|sampling|"
     "dp_clip|dp_noise|dp_mode|dp_delta|target_epsilon|secure_aggregation|secagg_neighbours|"
     "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping|server_beta1|server_beta2|"
     "server_momentum|server_warmup|server_decay|client_weight_decay|local_steps|"
