@@ -64,15 +64,20 @@ def agree(
     return derive(shared, purpose, round_id, min(u, v), max(u, v))
 
 
-def prg_words(key: bytes, n: int) -> np.ndarray:
-    """``n`` pseudorandom uint64 words: the AES-256-CTR keystream of ``key`` from counter 0
-    (every key is derived for one pair, round and purpose only, so no keystream is reused).
-    AES-CTR is a PRG under the usual assumption that AES is a pseudorandom permutation; it is
-    the faster of the two stream ciphers ``cryptography`` offers here (AES-NI)."""
+def prg_words(key: bytes, n: int, word_bits: int = 64) -> np.ndarray:
+    """``n`` pseudorandom unsigned words of ``word_bits`` (64: uint64, or 32, 16, 8): the
+    AES-256-CTR keystream of ``key`` from counter 0, read little-endian (every key is derived
+    for one pair, round and purpose only, so no keystream is reused). AES-CTR is a PRG under
+    the usual assumption that AES is a pseudorandom permutation; it is the faster of the two
+    stream ciphers ``cryptography`` offers here (AES-NI)."""
+    size = word_bits // 8
     enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    out = bytearray(8 * n + 15)  # update_into wants room for a block
-    done = enc.update_into(bytes(8 * n), out)
-    return np.frombuffer(out, dtype="<u8", count=done // 8).astype(np.uint64, copy=False)
+    out = bytearray(size * n + 15)  # update_into wants room for a block
+    done = enc.update_into(bytes(size * n), out)
+    dtype = np.dtype(f"<u{size}")
+    return np.frombuffer(out, dtype=dtype, count=done // size).astype(
+        dtype.newbyteorder("="), copy=False
+    )
 
 
 def seal(key: bytes, plaintext: bytes, context: bytes) -> bytes:

@@ -2,7 +2,8 @@
 server in each step, for a transport to carry.
 
 Keys, shares and reveals are canonical JSON (bytes as base64, client ids as decimal strings);
-the masked vector is a safetensors blob holding one uint64 tensor ``y``. Every decoder
+the masked vector is a safetensors blob holding one tensor ``y`` of the round's words (uint64,
+or uint32 / uint16 / uint8 in a narrower ring). Every decoder
 checks types, lengths and the declared kind, and raises :class:`MessageError` on anything else.
 """
 
@@ -18,11 +19,14 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from fedrecgel.fixedpoint import WORDS
 from fedrecgel.secagg import shamir
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, Shares
 from fedrecgel.wire import WireError, header_length, load_json
 
 FORMAT = "fedrecgel-secagg"
+#: the word types a masked vector may hold (:data:`fedrecgel.fixedpoint.WORDS`)
+WORD_TYPES = {np.dtype(u) for u, _ in WORDS.values()}
 
 
 class MessageError(ValueError):
@@ -120,11 +124,17 @@ def encode_masked(m: Masked) -> bytes:
         "client_id": str(m.client_id),
         "complaints": json.dumps(list(m.complaints)),
     }
-    return st_save({"y": np.ascontiguousarray(m.y, dtype=np.uint64)}, metadata=meta)
+    y = np.asarray(m.y)
+    if y.dtype not in WORD_TYPES:
+        raise MessageError(f"masked vector of {y.dtype}: not a ring word")
+    return st_save({"y": np.ascontiguousarray(y)}, metadata=meta)
 
 
-def decode_masked(data: bytes, length: int) -> Masked:
-    """Inverse of :func:`encode_masked` (``length``: the round's vector length)."""
+def decode_masked(
+    data: bytes, length: int, word: type[np.unsignedinteger[Any]] = np.uint64
+) -> Masked:
+    """Inverse of :func:`encode_masked` (``length``: the round's vector length; ``word``: its
+    ring's word type)."""
     try:
         n = header_length(data)
         tensors = st_load(data)
@@ -137,8 +147,8 @@ def decode_masked(data: bytes, length: int) -> Masked:
     if meta.get("format") != FORMAT or meta.get("kind") != "masked" or set(tensors) != {"y"}:
         raise MessageError("not a masked-input message")
     y = tensors["y"]
-    if y.dtype != np.uint64 or y.shape != (length,):
-        raise MessageError(f"masked vector must be uint64 ({length},)")
+    if y.dtype != word or y.shape != (length,):
+        raise MessageError(f"masked vector must be {np.dtype(word).name} ({length},)")
     if not isinstance(complaints, list):
         raise MessageError("complaints must be a list")
     return Masked(_cid(meta.get("client_id")), y, tuple(_cid(c) for c in complaints))

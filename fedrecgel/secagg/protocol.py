@@ -19,7 +19,8 @@ Round (messages go through the server, which only routes them):
    share and to ``b``.
 2. **masked input**: each client decrypts (and checks against the commitments) the shares it
    received, then sends y = x + PRG(b) + sum_{v > u} PRG(s_uv) - sum_{v < u} PRG(s_uv)
-   (mod 2^64) over its neighbours v that took part in step 1.
+   (mod 2^w, the ring's word size: 64 bits, or fewer, :mod:`fedrecgel.fixedpoint`) over its
+   neighbours v that took part in step 1.
 3. **unmask**: the server names the survivors (whose y arrived) and the dropped; each
    responding client reveals its share of ``b_u`` for every surviving neighbour and of
    ``s_sk_v`` for every dropped one, never both for the same client. The server keeps the
@@ -131,7 +132,7 @@ class Masked:
     """Step 2: the masked vector, and the senders whose shares did not check out."""
 
     client_id: int
-    y: np.ndarray  # uint64 (length,)
+    y: np.ndarray  # words of the round's ring, uint64 by default (length,)
     complaints: tuple[int, ...] = ()
 
 
@@ -229,12 +230,15 @@ class Client:
         words, self.clipped = self.spec.fixed.encode(x)
         if len(words) != self.spec.length:
             raise ValueError(f"input has {len(words)} values, the round {self.spec.length}")
+        bits = self.spec.fixed.word_bits
         y = words + crypto.prg_words(
-            crypto.derive(self._b, "self", r, self.id, self.id), len(words)
+            crypto.derive(self._b, "self", r, self.id, self.id), len(words), bits
         )
         for v in partners:
             m = crypto.prg_words(
-                crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v), len(words)
+                crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v),
+                len(words),
+                bits,
             )
             y = y + m if _sign(self.id, v) > 0 else y - m
         return Masked(self.id, y, tuple(complaints))

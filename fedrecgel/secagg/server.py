@@ -42,7 +42,7 @@ class Server:
         self.keys: dict[int, Keys] = {}
         self.shares: dict[int, Shares] = {}
         self.arrived: dict[int, tuple[int, ...]] = {}  # client -> its complaints
-        self._total = np.zeros(spec.length, dtype=np.uint64)  # running sum of the y's
+        self._total = np.zeros(spec.length, dtype=spec.fixed.dtype)  # running sum of the y's
 
     @classmethod
     def restore(
@@ -60,8 +60,8 @@ class Server:
         server.shares = dict(shares)
         server.arrived = dict(arrived)
         t = np.asarray(total)
-        if t.dtype != np.uint64 or t.shape != (spec.length,):
-            raise ValueError(f"running sum must be uint64 ({spec.length},)")
+        if t.dtype != spec.fixed.dtype or t.shape != (spec.length,):
+            raise ValueError(f"running sum must be {spec.fixed.dtype.__name__} ({spec.length},)")
         server._total = t.copy()
         return server
 
@@ -102,8 +102,9 @@ class Server:
         if u not in self.shares or u in self.arrived:
             raise ValueError(f"client {u} did not share, or already sent its input")
         y = np.asarray(msg.y)
-        if y.dtype != np.uint64 or y.shape != (self.spec.length,):
-            raise ValueError(f"client {u}: masked vector must be uint64 ({self.spec.length},)")
+        if y.dtype != self.spec.fixed.dtype or y.shape != (self.spec.length,):
+            word = self.spec.fixed.dtype.__name__
+            raise ValueError(f"client {u}: masked vector must be {word} ({self.spec.length},)")
         self._total += y  # only the sum is kept
         self.arrived[u] = msg.complaints
 
@@ -120,7 +121,7 @@ class Server:
         alive, gone = self.survivors()
         if len(alive) < 2:
             raise RoundFailed(f"{len(alive)} masked inputs: a sum of fewer than 2 is no secret")
-        r, n = self.spec.round_id, self.spec.length
+        r, n, bits = self.spec.round_id, self.spec.length, self.spec.fixed.word_bits
         b_sh: dict[int, dict[int, int]] = {u: {} for u in alive}
         s_sh: dict[int, dict[int, int]] = {v: {} for v in gone}
         bad: dict[int, int] = {}
@@ -145,7 +146,7 @@ class Server:
             seed = self._recover(u, b_sh[u])
             if crypto.commit("seed", r, u, seed) != self.shares[u].b_commit:
                 raise RoundFailed(f"client {u}: recovered self-mask seed fails its commitment")
-            total -= crypto.prg_words(crypto.derive(seed, "self", r, u, u), n)
+            total -= crypto.prg_words(crypto.derive(seed, "self", r, u, u), n, bits)
         for v in gone:
             sk_bytes = self._recover(v, s_sh[v])
             try:
@@ -158,7 +159,8 @@ class Server:
                 if v not in self.shares[u].sealed or u not in self.shares[v].sealed:
                     # not mask partners (not neighbours, or one had no keys of the other)
                     continue
-                m = crypto.prg_words(crypto.agree(sk, self.keys[u].s_pk, "mask", r, u, v), n)
+                key = crypto.agree(sk, self.keys[u].s_pk, "mask", r, u, v)
+                m = crypto.prg_words(key, n, bits)
                 # u added sign(u, v) * m: take it out
                 total = total - m if _sign(u, v) > 0 else total + m
         return Outcome(
