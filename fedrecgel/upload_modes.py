@@ -10,6 +10,9 @@ and round closer call it instead of branching on the settings.
 * :class:`SecureDense` (``secure_aggregation=dense``): masked per-client updates whose mean
   alone the server learns: in process here, over HTTP in the aggregator's phases
   (``services/aggregator/secagg.py``, which yield the same :class:`Aggregate`).
+* :class:`SecureSparse` (``secure_aggregation=sparse``): the same over only the item rows of
+  the cohort's items and the round's negative pool, after a masked count of those items; in
+  process only (the aggregator and the Ray backend refuse it).
 
 An upload covers one client (an update) or several (a partial sum); the aggregator stores a
 row per covered client, the body under the first.
@@ -32,7 +35,12 @@ from fedrecgel.config import RunParams, UploadGrouping
 from fedrecgel.model import ModelConfig
 from fedrecgel.robust import screen
 from fedrecgel.sam import PrivateState, StepResult
-from fedrecgel.secagg.aggregate import secure_mean
+from fedrecgel.secagg.aggregate import (
+    counting_ring,
+    secure_mean,
+    secure_sparse_mean,
+    sparse_fixed_point,
+)
 from fedrecgel.strategy import Strategy, combine_partials, partial_loss, partial_rows
 from fedrecgel.uploads import PartialSum, Update
 from fedrecgel.wire import (
@@ -231,7 +239,29 @@ class SecureDense(UploadMode):
                 f"secure aggregation needs cohorts of at least 2 clients; fraction "
                 f"{self.params.fraction:g} of {n_clients} clients gives {m}"
             )
+        self.check_ring(largest)
+
+    def check_ring(self, largest: int) -> None:
+        """OverflowRefused when a cohort of ``largest`` could wrap the ring."""
         self.params.secagg_fixed_point().check_cohort(largest)
+
+
+@dataclass(frozen=True)
+class SecureSparse(SecureDense):
+    """``secure_aggregation=sparse``: masked counts of the clients' items, then masked updates
+    over those items' rows and the round's negative pool only
+    (:func:`~fedrecgel.secagg.aggregate.secure_sparse_mean`); in process only."""
+
+    what: ClassVar[str] = "masked item counts, then masked rows of those items and the pool"
+
+    def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
+        ups = _only(Update, got.uploads)
+        mean = secure_sparse_mean(self.model, self.params, got.round_id, ups).mean
+        return Aggregate(mean.grads, mean.loss, len(mean.survivors))
+
+    def check_ring(self, largest: int) -> None:
+        counting_ring(largest)
+        sparse_fixed_point(self.params, largest)
 
 
 def mode_of(
@@ -239,7 +269,7 @@ def mode_of(
 ) -> UploadMode:
     """The upload mode of a run's settings (they allow at most one of them)."""
     if params.secure_aggregation == "sparse":
-        raise ValueError("secure_aggregation=sparse is not built yet")
+        return SecureSparse(params, model, screen_factor)
     if params.secure_aggregation != "off":
         return SecureDense(params, model, screen_factor)
     if params.upload_grouping == "worker":
