@@ -57,7 +57,41 @@ def section() -> list[str]:
         "benchmark run checks that the unmasked sum equals the plain sum within the",
         "fixed-point step (`max_abs_error_of_sum` in the JSON).",
     ]
-    return lines + http_section() + rows_section()
+    return lines + sparse_section() + http_section() + rows_section()
+
+
+def sparse_section() -> list[str]:
+    """The rows of ``secure_aggregation=sparse`` (empty when they were not measured)."""
+    sparse: dict[str, dict[str, Any]] = json.loads(RES.read_text()).get("sparse", {})
+    if not sparse:
+        return []
+    lines = [
+        "",
+        "`secure_aggregation=sparse` (`--pools`: `.venv/bin/python -m bench.secagg_cost",
+        "--datasets NAME --pools 64,128,256`): negatives from a public pool of that many items a",
+        "round; instance A masks each client's 0/1 item indicator (outside the pool) in the",
+        "narrowest word that counts the cohort, instance B (fresh keys) masks the rows of the",
+        "union U (counted items and the pool) of both tables, the score network and the loss in",
+        "32-bit words. Against plain uploads with the *same* pool; U and the rings are the full",
+        "cohort's.",
+        "",
+        "| dataset | pool | U rows (share of items) | words A / B (scale) | plain upload / client (MB) | sparse upload / client (MB) | bytes ratio | per round: plain / sparse upload (MB) | client s ratio | sparse client s / training step | server s ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, by_pool in sparse.items():
+        for pool, d in sorted(by_pool.items(), key=lambda kv: int(kv[0])):
+            p, s, r = d["plain_same_pool"], d["sparse"], d["ratio"]
+            full = d["per_round_full_cohort"]
+            lines.append(
+                f"| {name} | {pool} | {d['union_rows']} ({d['union_share_of_items']:.0%}) | "
+                f"{d['counts_words']} / {d['update_words']} (2^-{d['update_scale_bits']}) | "
+                f"{_mb(p['upload_bytes_per_client'])} | {_mb(s['upload_bytes_per_client'])} | "
+                f"{r['upload_bytes']:.1f}x | "
+                f"{full['plain_upload_mb']:.0f} / {full['sparse_upload_mb']:.0f} | "
+                f"{r['client_s']:.0f}x | {r['client_s_vs_train_step']:.1f}x | "
+                f"{r['server_s']:.1f}x |"
+            )
+    return lines
 
 
 def http_section() -> list[str]:

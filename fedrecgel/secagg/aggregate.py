@@ -156,6 +156,35 @@ def row_gain(cfg: ModelConfig, union: np.ndarray) -> np.ndarray:
     return gain
 
 
+def item_indicator(cfg: ModelConfig, u: Update, pool: np.ndarray) -> np.ndarray:
+    """A's input of a client: 1 on the item rows its upload touches outside the pool."""
+    x = np.zeros(cfg.n_items, dtype=np.float64)
+    for idx, _ in u.rows.values():
+        x[idx.numpy()] = 1.0
+    x[pool] = 0.0
+    return x
+
+
+def counts_spec(
+    cfg: ModelConfig, params: RunParams, round_id: int, cohort: Sequence[int]
+) -> RoundSpec:
+    """Instance A's public parameters: the catalogue's indicators, counted exactly."""
+    return round_spec(cfg, params, round_id, cohort, cfg.n_items, counting_ring(len(cohort)))
+
+
+def update_spec(
+    cfg: ModelConfig, params: RunParams, round_id: int, cohort: Sequence[int], union: np.ndarray
+) -> RoundSpec:
+    """Instance B's public parameters: the rows of ``union``, 32-bit words."""
+    fixed = sparse_fixed_point(params, len(cohort))
+    return round_spec(cfg, params, round_id, cohort, vector_length(cfg, union), fixed)
+
+
+def sparse_input(cfg: ModelConfig, params: RunParams, u: Update, union: np.ndarray) -> np.ndarray:
+    """B's input of a client: its (clipped) update on the rows of ``union``, times the gain."""
+    return flatten(cfg, _clipped(params, u), union) * row_gain(cfg, union)
+
+
 def secure_sparse_mean(
     cfg: ModelConfig,
     params: RunParams,
@@ -170,26 +199,14 @@ def secure_sparse_mean(
         raise ValueError("sparse secure aggregation needs the run's negative_pool")
     by_id = {u.client_id: u for u in updates}
     pool = negative_pool(params.seed, round_id, cfg.n_items, params.negative_pool)
-
-    def indicator(cid: int) -> np.ndarray:
-        x = np.zeros(cfg.n_items, dtype=np.float64)
-        for idx, _ in by_id[cid].rows.values():
-            x[idx.numpy()] = 1.0
-        x[pool] = 0.0
-        return x
-
-    spec_a = round_spec(cfg, params, round_id, list(by_id), cfg.n_items, counting_ring(len(by_id)))
-    a = secure_sum(spec_a, indicator, faults_a).outcome
+    spec_a = counts_spec(cfg, params, round_id, list(by_id))
+    a = secure_sum(spec_a, lambda cid: item_indicator(cfg, by_id[cid], pool), faults_a).outcome
     counts = np.rint(a.total).astype(np.int64)
     union = np.union1d(np.flatnonzero(counts), pool)
-
-    fixed = sparse_fixed_point(params, len(a.survivors))
-    spec_b = round_spec(cfg, params, round_id, a.survivors, vector_length(cfg, union), fixed)
-    gain = row_gain(cfg, union)
-    r = secure_sum(
-        spec_b, lambda cid: flatten(cfg, _clipped(params, by_id[cid]), union) * gain, faults_b
-    )
+    spec_b = update_spec(cfg, params, round_id, a.survivors, union)
+    r = secure_sum(spec_b, lambda cid: sparse_input(cfg, params, by_id[cid], union), faults_b)
     out = r.outcome
-    grads, loss = unflatten(cfg, out.total / gain / len(out.survivors), union)
+    total = out.total / row_gain(cfg, union)
+    grads, loss = unflatten(cfg, total / len(out.survivors), union)
     mean = SecureMean(grads, loss, out.survivors, out.dropped, r.clipped)
     return SparseMean(mean, union, counts, a.survivors, (spec_a, spec_b))

@@ -38,6 +38,12 @@ active server could do: with no public-key infrastructure it could substitute ke
 (man-in-the-middle) or claim different survivor sets to different clients (the consistency
 check of the paper's round 3 addresses the latter), and so learn a single client's input;
 this implementation does not defend against that.
+
+Sparse secure aggregation (:func:`fedrecgel.secagg.aggregate.secure_sparse_mean`) runs two
+instances of this protocol a round, each with its own :class:`Client` objects (fresh keys, seeds
+and shares); the first reveals, as its sum, how many surviving clients hold each item outside
+the round's public negative pool: that per-item count is an aggregate the server learns on
+top of the sum of the updates.
 """
 
 from __future__ import annotations
