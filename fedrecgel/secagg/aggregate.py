@@ -182,7 +182,8 @@ def update_spec(
 
 def sparse_input(cfg: ModelConfig, params: RunParams, u: Update, union: np.ndarray) -> np.ndarray:
     """B's input of a client: its (clipped) update on the rows of ``union``, times the gain."""
-    return flatten(cfg, _clipped(params, u), union) * row_gain(cfg, union)
+    x: np.ndarray = flatten(cfg, _clipped(params, u), union) * row_gain(cfg, union)
+    return x
 
 
 def secure_sparse_mean(
