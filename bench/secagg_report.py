@@ -12,6 +12,7 @@ from bench.report_common import as_module
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.json"
 HTTP = RES.with_name("secagg_http.json")
 ROWS = RES.with_name("secagg_rows.json")
+POOL = RES.with_name("negative_pool.json")
 
 
 def _mb(b: float) -> str:
@@ -91,6 +92,30 @@ def sparse_section() -> list[str]:
                 f"{r['client_s']:.0f}x | {r['client_s_vs_train_step']:.1f}x | "
                 f"{r['server_s']:.1f}x |"
             )
+    return lines + pool_accuracy()
+
+
+def pool_accuracy() -> list[str]:
+    """What pool negatives cost in accuracy (bench/negative_pool.py; empty when not run)."""
+    if not POOL.exists():
+        return []
+    doc: dict[str, Any] = json.loads(POOL.read_text())
+    lines = [
+        "",
+        "Accuracy of pool negatives, plain uploads (`.venv/bin/python -m bench.negative_pool`:",
+        f"`fedrec train` on {doc['dataset']} at the defaults, {doc['rounds']} rounds, test HR@10 /",
+        "NDCG@10 at the round selected on validation, same seeds):",
+        "",
+        "| negatives | seeds | HR@10 per seed | mean HR@10 | mean NDCG@10 |",
+        "|---|---|---|---|---|",
+    ]
+    for p in doc["pools"]:
+        what = "uniform over the catalogue" if p["pool"] is None else f"pool of {p['pool']}"
+        seeds = ", ".join(str(r["seed"]) for r in p["runs"])
+        per = ", ".join(f"{r['hr@10']:.4f}" for r in p["runs"])
+        lines.append(
+            f"| {what} | {seeds} | {per} | {p['mean_hr@10']:.4f} | {p['mean_ndcg@10']:.4f} |"
+        )
     return lines
 
 
