@@ -44,6 +44,8 @@ def other_value(name: str) -> Any:
         value = next(v for v in get_args(ann) if v != default)
     elif ann is str:
         value = "other"
+    elif default is None and int in get_args(ann):  # an optional count
+        value = 64
     elif default is None:
         upper = bounds(name).get("lt", bounds(name).get("le", 2.0))
         value = 1.5 if upper > 1.5 else upper / 2
