@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "privacy_utility.json"
 DP_POPULARITY = ROOT / "bench" / "results" / "dp_popularity.json"
 DP_SCALE = ROOT / "bench" / "results" / "dp_scale.json"
+DP_SCALE_BEFORE = ROOT / "bench" / "results" / "dp_scale_before.json"
 
 
 def _pm(summary: dict[str, Any], key: str, scale: float = 100.0, digits: int = 2) -> str:
@@ -145,6 +146,7 @@ def dp_scale() -> list[str]:
         "default preset; *DP*: uploads clipped to C = "
         f"{st['dp_clip']:g}, noise calibrated to the epsilon over the run's rounds at delta = "
         f"1/users, server SGD step {st['dp_server_lr']:g}"
+        + (f" with momentum {st['dp_momentum']:g}" if st.get("dp_momentum") else "")
         + (
             f" (chosen over {sorted(data['tuning']['best_validation_hr@10_by_lr'])} on seed "
             f"{data['tuning']['seed']}'s validation HR@10)"
@@ -169,6 +171,7 @@ def dp_scale() -> list[str]:
             f"{_pm(row['figures'], 'ndcg@10')} | {t['points_below_no_dp']:.2f} | "
             f"<= {t['allowed']} | {met} | {_pm(ref, 'hr@10')} ({ref['k']}) |"
         )
+    lines += _dp_scale_before(rows)
     chosen = sorted({r["selected"]["round"] for row in rows.values() for r in row["runs"]})
     last = st["rounds"]
     lines += [
@@ -185,3 +188,25 @@ def dp_scale() -> list[str]:
         ),
     ]
     return lines
+
+
+def _dp_scale_before(rows: dict[str, Any]) -> list[str]:
+    """The same rows as first measured (``dp_scale_before.json``: C = 1, no momentum), when
+    kept: what the clip norm and the server's momentum changed."""
+    if not DP_SCALE_BEFORE.exists():
+        return []
+    old: dict[str, Any] = json.loads(DP_SCALE_BEFORE.read_text())
+    st = old["settings"]
+    how = (
+        f"C = {st['dp_clip']:g}, server SGD step {st['dp_server_lr']:g}, "
+        f"momentum {st.get('dp_momentum', 0.0):g}"
+    )
+    out = ["", f"Before (the same bench with {how}; test HR@10):", ""]
+    for eps, row in old["rows"].items():
+        if eps in rows:
+            name = "no DP" if eps == "no DP" else f"epsilon {eps}"
+            out.append(
+                f"* {name}: {_pm(row['figures'], 'hr@10')} then, "
+                f"{_pm(rows[eps]['figures'], 'hr@10')} now"
+            )
+    return out

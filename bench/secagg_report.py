@@ -178,8 +178,8 @@ def rows_section() -> list[str]:
         "",
         f"The uniform negatives spread a cohort over {min(shares):.0f}-{max(shares):.0f}% of the",
         "catalogue: a mask over the union of a round's rows is nearly the dense mask, so it",
-        "cannot bring a secure round's bytes near the plain round's. What could: negatives",
-        "drawn from a set shared by the round (the union then shrinks towards the positives'",
-        "union), or fewer bits per masked value; neither is built yet.",
+        "cannot bring a secure round's bytes near the plain round's. Hence",
+        "`secure_aggregation=sparse` above: negatives from a pool shared by the round (the",
+        "union shrinks towards the positives' union and the pool) and 32-bit words.",
     ]
     return lines
