@@ -141,18 +141,26 @@ def plain_cost(cfg: ModelConfig, uploads: list[Update]) -> dict[str, float]:
     }
 
 
-def measure(name: str, data_dir: Path, n_clients: int) -> dict[str, Any]:
+def _round_one(
+    name: str, data_dir: Path, n_clients: int, config: TrainConfig
+) -> tuple[Simulator, np.ndarray, np.ndarray, list[Update], float]:
+    """Round 1 of a run of ``config`` on ``name``: the simulator, the full cohort, its first
+    ``n_clients``, their uploads and the client step's seconds per client."""
     split = load_split(name, None if name == "filmtrust" else data_dir)
-    config = TrainConfig(rounds=1, secure_aggregation="dense", eval_every=0)
     sim = Simulator(split, config)
-    cfg = sim.model_cfg
     full = select_cohort(sim.users, config.fraction, config.seed, 1)
     cohort = full[:n_clients]
     t0 = time.perf_counter()
     uploads = sim.clients.step(
         sim.shared, 1, cohort, split.user_train, sim.store.get(cohort)
     ).uploads
-    train_s = (time.perf_counter() - t0) / len(cohort)
+    return sim, full, cohort, uploads, (time.perf_counter() - t0) / len(cohort)
+
+
+def measure(name: str, data_dir: Path, n_clients: int) -> dict[str, Any]:
+    config = TrainConfig(rounds=1, secure_aggregation="dense", eval_every=0)
+    sim, full, cohort, uploads, train_s = _round_one(name, data_dir, n_clients, config)
+    cfg = sim.model_cfg
 
     # (a) plain sparse uploads
     plain = plain_cost(cfg, uploads)
@@ -211,17 +219,9 @@ def measure_sparse(name: str, data_dir: Path, n_clients: int, pool: int) -> dict
     the same pool: the first ``n_clients`` of round 1's cohort go through both instances; the
     rings and the union U are those of the full cohort (U: its positives outside the pool, what
     A reveals over it, plus the pool), so the per-client figures are the full round's."""
-    split = load_split(name, None if name == "filmtrust" else data_dir)
     config = TrainConfig(rounds=1, secure_aggregation="sparse", negative_pool=pool, eval_every=0)
-    sim = Simulator(split, config)
-    cfg, params = sim.model_cfg, sim.params
-    full = select_cohort(sim.users, config.fraction, config.seed, 1)
-    cohort = full[:n_clients]
-    t0 = time.perf_counter()
-    uploads = sim.clients.step(
-        sim.shared, 1, cohort, split.user_train, sim.store.get(cohort)
-    ).uploads
-    train_s = (time.perf_counter() - t0) / len(cohort)
+    sim, full, cohort, uploads, train_s = _round_one(name, data_dir, n_clients, config)
+    cfg, params, split = sim.model_cfg, sim.params, sim.split
     plain = plain_cost(cfg, uploads)
     items = negative_pool(params.seed, 1, cfg.n_items, pool)
     counts = np.zeros(cfg.n_items, dtype=np.int64)
