@@ -86,7 +86,7 @@ SYNTHETIC_SETS: dict[str, tuple[dict[str, Any], int]] = {
 }
 
 
-def load(key: str, data_dir: Path) -> Split:
+def load(key: str, data_dir: Path | None) -> Split:
     """A dataset key ``name/protocol`` (a synthetic set's protocol is optional) as a
     validation split named after the data set."""
     name, _, protocol = key.partition("/")

@@ -48,7 +48,7 @@ LR_GRID = (0.001, 0.003)
 BATCH = 1024
 
 
-def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
+def _loaders(data_dir: Path | None) -> dict[str, tuple[Callable[[], Split], int]]:
     """Dataset key -> (split loader, epochs)."""
 
     def real(name: str, protocol: Protocol) -> Callable[[], Split]:

@@ -146,13 +146,13 @@ def all_grid() -> list[dict[str, Any]]:
     return [row for ds in DATASETS for row in _store(ds)["grid"].values()]
 
 
-def _split(dataset: str, data_dir: Path, cache: dict[str, Split]) -> Split:
+def _split(dataset: str, data_dir: Path | None, cache: dict[str, Split]) -> Split:
     if dataset not in cache:
         cache[dataset] = load(dataset, data_dir)
     return cache[dataset]
 
 
-def grid(data_dir: Path, datasets: tuple[str, ...]) -> None:
+def grid(data_dir: Path | None, datasets: tuple[str, ...]) -> None:
     """Every candidate on every dataset, tuning seed, validation only."""
     for ds in datasets:
         data = _store(ds)
@@ -189,7 +189,7 @@ def choose(rows: list[dict[str, Any]], left_out: str | None) -> str:
     )
 
 
-def check(data_dir: Path, datasets: tuple[str, ...]) -> None:
+def check(data_dir: Path | None, datasets: tuple[str, ...]) -> None:
     """Each dataset trained with the candidate the rule picks without it, reported seeds."""
     rows = all_grid()
     cache: dict[str, Split] = {}

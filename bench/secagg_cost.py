@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "secagg_cost.json"
 
 
-def measure(name: str, data_dir: Path, n_clients: int) -> dict[str, Any]:
+def measure(name: str, data_dir: Path | None, n_clients: int) -> dict[str, Any]:
     split = load_split(name, None if name == "filmtrust" else data_dir)
     config = TrainConfig(rounds=1, secure_aggregation="dense", eval_every=0)
     sim = Simulator(split, config)

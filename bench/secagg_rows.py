@@ -34,7 +34,7 @@ from fedrecgel.sampling import cohort_samples
 OUT = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_rows.json"
 
 
-def measure(key: str, data_dir: Path, rounds: int, seed: int = 0) -> dict[str, Any]:
+def measure(key: str, data_dir: Path | None, rounds: int, seed: int = 0) -> dict[str, Any]:
     """The row counts of ``rounds`` cohorts of data set ``key``."""
     split = load(key, data_dir)
     everyone = np.arange(split.n_users, dtype=np.int64)
