@@ -20,16 +20,15 @@ run again; ``--datasets`` splits the work between processes (``check`` needs eve
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from bench.accuracy_diagnosis import load
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import default_data_dir, one_of
 from fedrecgel.baselines import popularity
 from fedrecgel.data import Split
 from fedrecgel.presets import PRESETS_FILE, stored
@@ -250,21 +249,20 @@ def res_config(res: Any) -> Any:
     return TrainConfig(**res.config)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    step: Annotated[str, one_of(("grid", "check"), argument=True)],
+    datasets: str = ",".join(DATASETS + HOLDOUT),
+    data_dir: Path | None = default_data_dir(),
+) -> None:
     """Run the grid or the leave-one-dataset-out check (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=("grid", "check"))
-    ap.add_argument("--datasets", default=",".join(DATASETS + HOLDOUT))
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    datasets = tuple(args.datasets.split(","))
-    if unknown := [d for d in datasets if d not in DATASETS + HOLDOUT]:
+    keys = tuple(datasets.split(","))
+    if unknown := [d for d in keys if d not in DATASETS + HOLDOUT]:
         raise SystemExit(f"error: unknown dataset(s) {', '.join(unknown)}")
-    if args.step == "grid":
-        grid(args.data_dir, tuple(d for d in datasets if d not in HOLDOUT))
+    if step == "grid":
+        grid(data_dir, tuple(d for d in keys if d not in HOLDOUT))
     else:
-        check(args.data_dir, datasets)
+        check(data_dir, keys)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Writes bench/results/secagg_cost.json (partial results after each dataset).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -158,18 +157,17 @@ def measure(name: str, data_dir: Path | None, n_clients: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default="filmtrust,amazon-video")
-    ap.add_argument("--clients", type=int, default=24)
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    args = ap.parse_args()
+def main(
+    datasets: str = "filmtrust,amazon-video",
+    clients: int = 24,
+    data_dir: Path | None = default_data_dir(),
+) -> None:
     torch.set_num_threads(1)
     out: dict[str, Any] = {"datasets": {}}
     if OUT.exists():
         out = json.loads(OUT.read_text())
-    for name in args.datasets.split(","):
-        out["datasets"][name] = measure(name, args.data_dir, args.clients)
+    for name in datasets.split(","):
+        out["datasets"][name] = measure(name, data_dir, clients)
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(out, indent=2) + "\n")
         print(json.dumps(out["datasets"][name]["ratio"]), flush=True)
