@@ -27,7 +27,6 @@ Writes ``bench/results/diagnosis.json``; ``bench/report.py`` plots it.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import OutFile, Positive, default_data_dir
 from fedrecgel.baselines import item_popularity
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, candidate_logits, means, metric_sums
@@ -86,7 +85,7 @@ SYNTHETIC_SETS: dict[str, tuple[dict[str, Any], int]] = {
 }
 
 
-def load(key: str, data_dir: Path) -> Split:
+def load(key: str, data_dir: Path | None) -> Split:
     """A dataset key ``name/protocol`` (a synthetic set's protocol is optional) as a
     validation split named after the data set."""
     name, _, protocol = key.partition("/")
@@ -180,40 +179,41 @@ def instrument(split: Split, cfg: TrainConfig, every: int) -> list[dict[str, Any
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    datasets: str = "lastfm-2k/clean,filmtrust/paper,synthetic-tastes",
+    rounds: Positive = 200,
+    every: Positive = 10,
+    data_dir: Path | None = default_data_dir(),
+    out: OutFile = OUT,
+) -> None:
     """Measure and write the instruments (see the module docstring)."""
-    from bench.bench_cli import positive, writable_file
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--datasets", default="lastfm-2k/clean,filmtrust/paper,synthetic-tastes")
-    ap.add_argument("--rounds", type=positive, default=200)
-    ap.add_argument("--every", type=positive, default=10)
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args(argv)
-    measure(args, configs(args.rounds), instrument)
+    measure(datasets, rounds, every, data_dir, out, configs(rounds), instrument)
 
 
 def measure(
-    args: argparse.Namespace,
+    datasets: str,
+    rounds: int,
+    every: int,
+    data_dir: Path | None,
+    out: Path,
     cfgs: dict[str, TrainConfig],
     instrument: Callable[[Split, TrainConfig, int], list[dict[str, Any]]],
 ) -> None:
-    """Run every configuration on every dataset of ``args.datasets`` (validation items only),
-    ``instrument`` measuring along each run; written to ``args.out`` after each dataset (the
-    datasets of an earlier file are kept)."""
+    """Run every configuration on every dataset of ``datasets`` (validation items only),
+    ``instrument`` measuring every ``every`` rounds of each run; written to ``out`` after each
+    dataset (the datasets of an earlier file are kept)."""
     torch.set_num_threads(1)
-    result: dict[str, Any] = {"seed": SEED, "rounds": args.rounds, "datasets": {}}
-    if args.out.exists():
-        result = json.loads(args.out.read_text())
-    for key in args.datasets.split(","):
-        split = load(key, args.data_dir)  # only validation items are ranked
+    result: dict[str, Any] = {"seed": SEED, "rounds": rounds, "datasets": {}}
+    if out.exists():
+        result = json.loads(out.read_text())
+    for key in datasets.split(","):
+        split = load(key, data_dir)  # only validation items are ranked
         runs = {}
         for label, cfg in cfgs.items():
             print(f"{key} {label}", flush=True)
-            runs[label] = {"config": cfg.model_dump(), "rounds": instrument(split, cfg, args.every)}
+            runs[label] = {"config": cfg.model_dump(), "rounds": instrument(split, cfg, every)}
         result["datasets"][key] = runs
-        args.out.write_text(json.dumps(result, indent=1))
+        out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,18 +30,17 @@ docs/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from bench.accuracy_diagnosis import load
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import default_data_dir, opt
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.config import current_names
 from fedrecgel.data import Split
@@ -182,30 +181,29 @@ def run_cell(key: str, label: str, split: Split, seeds: list[int], eval_every: i
             break  # deterministic: one run stands for every seed
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument(
-        "--cells",
-        default=",".join(
-            f"{d}:{label}" for d in (*DATASETS, SYNTHETIC, TASTES) for label in LABELS
-        ),
-        help="comma-separated <dataset>/<protocol>:<label>, in the order to run",
-    )
-    args = ap.parse_args()
+#: every cell, in the order run
+CELLS = ",".join(f"{d}:{label}" for d in (*DATASETS, SYNTHETIC, TASTES) for label in LABELS)
+
+
+def main(
+    data_dir: Path | None = default_data_dir(),
+    seeds: str = "0,1,2",
+    eval_every: int = 10,
+    cells: Annotated[
+        str, opt("comma-separated <dataset>/<protocol>:<label>, in the order to run")
+    ] = CELLS,
+) -> None:
     torch.set_num_threads(int(os.environ.get("FEDREC_THREADS", "1")))
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seed_list = [int(s) for s in seeds.split(",")]
     splits: dict[str, Split] = {}
-    for cell in args.cells.split(","):
+    for cell in cells.split(","):
         key, label = cell.split(":")
         if label not in LABELS:
             raise SystemExit(f"unknown label {label!r}; one of {', '.join(LABELS)}")
         if key not in splits:
-            splits[key] = load(key, args.data_dir)
+            splits[key] = load(key, data_dir)
         try:
-            run_cell(key, label, splits[key], seeds, args.eval_every)
+            run_cell(key, label, splits[key], seed_list, eval_every)
         except ValueError as err:  # e.g. no tuned preset yet
             print(f"{key} {label}: skipped ({err})", flush=True)
 

@@ -13,7 +13,6 @@ step, persist a version) with 122 FilmTrust-size updates.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -23,13 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Annotated
 
 import httpx
 import numpy as np
 import torch
 from fastapi import FastAPI, Request
 
-from bench.bench_cli import child_command, writable_file
+from bench.bench_cli import OutFile, child_command, opt
 from fedrecgel.model import ModelConfig
 from fedrecgel.uploads import Update
 from fedrecgel.wire import encode_updates
@@ -190,26 +190,23 @@ def close_time(rounds: int = 5) -> dict[str, object]:
     }
 
 
-def main() -> None:
+def main(
+    uploads: int = 600,
+    concurrency: int = 32,
+    serve_noop: Annotated[int, opt(None, "--noop-server", hidden=True)] = 0,
+    out: OutFile = ROOT / "bench" / "results" / "aggregator_ingest.json",
+) -> None:
     """Run both servers, drive them, write the JSON."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--uploads", type=int, default=600)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--noop-server", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--out", type=writable_file, default=ROOT / "bench" / "results" / "aggregator_ingest.json"
-    )
-    args = ap.parse_args()
-    if args.noop_server:
-        noop_server(args.noop_server)
+    if serve_noop:
+        noop_server(serve_noop)
         return
     rng = np.random.default_rng(0)
-    n_clients = args.uploads + 100  # a cohort larger than the load, so the round stays open
-    bodies = [(c, encode_updates(1, [realistic_update(c, rng)])) for c in range(args.uploads)]
+    n_clients = uploads + 100  # a cohort larger than the load, so the round stays open
+    bodies = [(c, encode_updates(1, [realistic_update(c, rng)])) for c in range(uploads)]
     body_kb = statistics.mean(len(b) for _, b in bodies) / 1024
     results: dict[str, object] = {
-        "uploads": args.uploads,
-        "concurrency": args.concurrency,
+        "uploads": uploads,
+        "concurrency": concurrency,
         "mean_body_kb": body_kb,
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -248,8 +245,8 @@ def main() -> None:
                 f"{agg_url}/v1/runs", json=cfg, headers={"Authorization": f"Bearer {TOKEN}"}
             )
             assert r.status_code == 201, r.text
-            noop_res = asyncio.run(drive(noop_url, bodies, token, args.concurrency))
-            agg_res = asyncio.run(drive(agg_url, bodies, token, args.concurrency))
+            noop_res = asyncio.run(drive(noop_url, bodies, token, concurrency))
+            agg_res = asyncio.run(drive(agg_url, bodies, token, concurrency))
             stored = httpx.get(f"{agg_url}/v1/rounds/1").json()["updates_received"]
             agg_res["stored"] = stored
             agg_res["lost"] = int(agg_res["ok"]) - int(stored)
@@ -262,8 +259,8 @@ def main() -> None:
                 p.terminate()
                 p.wait(10)
     results["round_close"] = close_time()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
 
 

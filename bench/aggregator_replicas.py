@@ -22,7 +22,6 @@ bench/results/aggregator_replicas.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -35,13 +34,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import numpy as np
 
 from bench.aggregator_ingest import MODEL, drive, realistic_update
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, fail, opt, positive
 from fedrecgel.wire import encode_updates
 from harness.haproxy import HAPROXY_MISSING, Balancer, balancer
 from harness.loopback import REDIS_MISSING, free_port, redis_server
@@ -228,36 +227,31 @@ def trial(
     return {**res, "stored": stored, "lost": int(res["ok"]) - stored, **cpu, **locks.summary()}
 
 
-def main() -> None:
+def main(
+    uploads: Positive = 400,
+    concurrency: Positive = 32,
+    trials: Annotated[int, opt("trials of each set-up", parser=positive)] = 3,
+    replicas: Annotated[int, opt("replicas of the larger set-up", parser=positive)] = 3,
+    out: OutFile = ROOT / "bench" / "results" / "aggregator_replicas.json",
+) -> None:
     """Start everything, run the interleaved trials, write the JSON."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--uploads", type=positive, default=400)
-    ap.add_argument("--concurrency", type=positive, default=32)
-    ap.add_argument("--trials", type=positive, default=3, help="trials of each set-up")
-    ap.add_argument("--replicas", type=positive, default=3, help="replicas of the larger set-up")
-    ap.add_argument(
-        "--out",
-        type=writable_file,
-        default=ROOT / "bench" / "results" / "aggregator_replicas.json",
-    )
-    args = ap.parse_args()
-    if args.replicas < 2:
-        ap.error(f"--replicas: the larger set-up needs at least 2, got {args.replicas}")
+    if replicas < 2:
+        raise fail(f"--replicas: the larger set-up needs at least 2, got {replicas}")
     if (why := missing()) is not None:  # before anything is started
         print(f"error: this benchmark runs real services: {why}", file=sys.stderr)
         sys.exit(2)
     rng = np.random.default_rng(0)
-    n_clients = args.uploads + 100  # the cohort is every client: the round stays open
-    bodies = [(c, encode_updates(1, [realistic_update(c, rng)])) for c in range(args.uploads)]
+    n_clients = uploads + 100  # the cohort is every client: the round stays open
+    bodies = [(c, encode_updates(1, [realistic_update(c, rng)])) for c in range(uploads)]
     warmup = [(c, encode_updates(1, [realistic_update(c, rng)])) for c in range(WARMUP_UPLOADS)]
     operator_token, secret = secrets.token_hex(16), secrets.token_hex(32)
     operator = {"Authorization": f"Bearer {operator_token}"}
-    names = [f"aggregator-{i}" for i in range(args.replicas)]
+    names = [f"aggregator-{i}" for i in range(replicas)]
     results: dict[str, Any] = {
-        "uploads": args.uploads,
-        "concurrency": args.concurrency,
-        "trials": args.trials,
-        "replicas": args.replicas,
+        "uploads": uploads,
+        "concurrency": concurrency,
+        "trials": trials,
+        "replicas": replicas,
         "mean_body_kb": statistics.mean(len(b) for _, b in bodies) / 1024,
         "cpus": os.cpu_count(),
         "loadavg_before": os.getloadavg(),
@@ -288,7 +282,7 @@ def main() -> None:
         (tmp / "all").mkdir()
         setups = {
             1: stack.enter_context(balancer(tmp / "one", {names[0]: ports[names[0]]})),
-            args.replicas: stack.enter_context(balancer(tmp / "all", ports)),
+            replicas: stack.enter_context(balancer(tmp / "all", ports)),
         }
         for lb in setups.values():
             for name in lb.servers():
@@ -314,12 +308,12 @@ def main() -> None:
             }
         )
         for lb in setups.values():  # connections, caches, the first run's allocations
-            trial(lb, operator, token, warmup, args.concurrency, meter, pg.port)
+            trial(lb, operator, token, warmup, concurrency, meter, pg.port)
         runs = []
-        for t in range(args.trials):
+        for t in range(trials):
             order = list(setups) if t % 2 == 0 else list(setups)[::-1]
             for n in order:
-                res = trial(setups[n], operator, token, bodies, args.concurrency, meter, pg.port)
+                res = trial(setups[n], operator, token, bodies, concurrency, meter, pg.port)
                 runs.append({"replicas": n, "trial": t, **res})
                 print(
                     f"trial {t}, {n} replica(s): {res['per_s']:.0f} uploads/s, "
@@ -327,7 +321,7 @@ def main() -> None:
                     f"lock waits in {100 * res['pg_samples_with_a_lock_wait']:.0f}% of samples",
                     flush=True,
                 )
-        served = {name: int(row["stot"]) for name, row in setups[args.replicas].servers().items()}
+        served = {name: int(row["stot"]) for name, row in setups[replicas].servers().items()}
     results["runs"] = runs
     results["requests_per_replica_through_the_larger_balancer"] = served
     summary = {}
@@ -345,9 +339,9 @@ def main() -> None:
             ),
         }
     results["summary"] = summary
-    results["ratio"] = summary[str(args.replicas)]["median_per_s"] / summary["1"]["median_per_s"]
+    results["ratio"] = summary[str(replicas)]["median_per_s"] / summary["1"]["median_per_s"]
     results["loadavg_after"] = os.getloadavg()
-    args.out.write_text(json.dumps(results, indent=1))
+    out.write_text(json.dumps(results, indent=1))
     print(json.dumps({"summary": summary, "ratio": results["ratio"]}, indent=1))
 
 

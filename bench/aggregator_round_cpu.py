@@ -20,7 +20,6 @@ out: this is the service's own work.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,13 +32,13 @@ from collections.abc import Callable
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 from sqlalchemy import event
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, fail, one_of
 from fedrecgel.model import ModelConfig
 from fedrecgel.uploads import PartialSum
 from fedrecgel.wire import encode_partial
@@ -161,31 +160,30 @@ def measure(setting: tuple[str, int], rounds: int, warmup: int) -> dict[str, flo
     return per_round
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    rounds: Positive = 20,
+    warmup: int = 5,
+    repeats: Positive = 3,
+    compare: Annotated[str, one_of(sorted(COMPARISONS))] = "secure-delete",
+    out: OutFile = RESULTS,
+) -> None:
     """Measure both settings interleaved and write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=positive, default=3)
-    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="secure-delete")
-    parser.add_argument("--out", type=writable_file, default=RESULTS)
-    args = parser.parse_args(argv)
-    if min(args.rounds, args.repeats) < 1 or args.warmup < 0:
-        parser.error("--rounds and --repeats must be at least 1, --warmup at least 0")
+    if warmup < 0:
+        raise fail(f"--warmup must be at least 0, got {warmup}")
     torch.set_num_threads(1)
-    compared = COMPARISONS[args.compare]
+    compared = COMPARISONS[compare]
     settings = tuple(compared)
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in settings}
-    for rep in range(args.repeats):
+    for rep in range(repeats):
         for s in settings if rep % 2 == 0 else settings[::-1]:
-            runs[s].append(measure(compared[s], args.rounds, args.warmup))
-            print(f"[{rep}] {args.compare} {s}: {runs[s][-1]['total'] * 1e3:.1f} ms a round")
+            runs[s].append(measure(compared[s], rounds, warmup))
+            print(f"[{rep}] {compare} {s}: {runs[s][-1]['total'] * 1e3:.1f} ms a round")
     medians = {
         s: {k: statistics.median(r[k] for r in runs[s]) for k in (*KINDS, "total")}
         for s in settings
     }
-    out = {
-        "command": "python -m bench.aggregator_round_cpu " + " ".join(argv or sys.argv[1:]),
+    result = {
+        "command": "python -m bench.aggregator_round_cpu " + " ".join(sys.argv[1:]),
         "date": datetime.now().isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
@@ -197,10 +195,10 @@ def main(argv: list[str] | None = None) -> None:
             "population": POPULATION,
             "n_items": N_ITEMS,
             "rows_per_partial": ROWS,
-            "rounds": args.rounds,
-            "warmup": args.warmup,
-            "repeats": args.repeats,
-            "compare": args.compare,
+            "rounds": rounds,
+            "warmup": warmup,
+            "repeats": repeats,
+            "compare": compare,
             "settings": {
                 k: {"secure_delete": v[0], "page_size": v[1]} for k, v in compared.items()
             },
@@ -208,11 +206,11 @@ def main(argv: list[str] | None = None) -> None:
         "cpu_seconds_per_round_median": medians,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
     for s in settings:
         line = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in medians[s].items())
-        print(f"{args.compare} {s} (ms a round): {line}")
+        print(f"{compare} {s} (ms a round): {line}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ the warm-up (``flat``). ``--env`` sets the aggregator's environment (e.g.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -33,12 +32,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import numpy as np
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, fail, opt, positive
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_updates
@@ -179,31 +178,28 @@ def verdict(series: list[float], warmup: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    rounds: Positive = 1000,
+    warmup: Positive = 100,
+    cohort: Annotated[int, opt("clients a round, about", parser=positive)] = 60,
+    workers: Annotated[int, opt("workers uploading in parallel", parser=positive)] = 4,
+    seed: int = 0,
+    env: Annotated[list[str] | None, opt("aggregator env", metavar="NAME=VALUE")] = None,
+    out: OutFile = RESULTS,
+) -> None:
     """Run the soak and write its JSON."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=positive, default=1000)
-    p.add_argument("--warmup", type=positive, default=100)
-    p.add_argument("--cohort", type=positive, default=60, help="clients a round, about")
-    p.add_argument("--workers", type=positive, default=4, help="workers uploading in parallel")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE", help="aggregator env"
-    )
-    p.add_argument("--out", type=writable_file, default=RESULTS)
-    args = p.parse_args(argv)
-    if args.warmup >= args.rounds:
-        p.error("--warmup must be below --rounds")
-    extra = dict(e.split("=", 1) for e in args.env if "=" in e)
-    if len(extra) != len(args.env):
-        p.error("--env takes NAME=VALUE")
+    if warmup >= rounds:
+        raise fail("--warmup must be below --rounds")
+    extra = dict(e.split("=", 1) for e in env or [] if "=" in e)
+    if len(extra) != len(env or []):
+        raise fail("--env takes NAME=VALUE")
     cfg = ModelConfig(n_items=N_ITEMS)
     run_body = {
         "dataset": "filmtrust",
         "n_items": N_ITEMS,
-        "rounds": args.rounds,
-        "fraction": min(1.0, args.cohort / POPULATION),
-        "seed": args.seed,
+        "rounds": rounds,
+        "fraction": min(1.0, cohort / POPULATION),
+        "seed": seed,
         "deadline_s": 3600.0,
     }
     t0 = time.monotonic()
@@ -214,16 +210,16 @@ def main(argv: list[str] | None = None) -> None:
             base = f"http://127.0.0.1:{port}"
             http = httpx.Client(base_url=base, timeout=120)
             wait_healthy(http, proc, folder)
-            workers = [Worker(base, i, args.workers, cfg, args.seed) for i in range(args.workers)]
+            clients = [Worker(base, i, workers, cfg, seed) for i in range(workers)]
             operator = {"Authorization": f"Bearer {OPERATOR}"}
             checked(http.post("/v1/runs", json=run_body, headers=operator), 201)
-            pool = ThreadPoolExecutor(args.workers)
+            pool = ThreadPoolExecutor(workers)
             series: list[float] = []
             cohorts: list[int] = []
             seconds: list[float] = []
-            for r in range(args.rounds):
+            for r in range(rounds):
                 start = time.perf_counter()
-                size = one_round(pool, workers)
+                size = one_round(pool, clients)
                 seconds.append(time.perf_counter() - start)
                 cohorts.append(size)
                 series.append(round(rss_mb(proc.pid), 2))
@@ -231,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"round {r + 1}: RSS {series[-1]:.1f} MB", flush=True)
             final = checked(http.get("/v1/rounds/current", headers=operator), 200)
             pool.shutdown()
-            for w in [*workers]:
+            for w in clients:
                 w.http.close()
             http.close()
         finally:
@@ -243,25 +239,25 @@ def main(argv: list[str] | None = None) -> None:
                 proc.wait()
     result = {
         "when": datetime.now().isoformat(timespec="seconds"),
-        "rounds": args.rounds,
-        "warmup": args.warmup,
+        "rounds": rounds,
+        "warmup": warmup,
         "population": POPULATION,
         "n_items": N_ITEMS,
         "cohort_mean": round(statistics.fmean(cohorts), 1),
-        "workers": args.workers,
+        "workers": workers,
         "upload": {"rows_per_table": ROWS, "clients_per_body": PER_BODY},
         "aggregator_env": extra,
         "final_state": final.get("state"),
         "round_s_median": round(statistics.median(seconds), 4),
         "wall_s": round(time.monotonic() - t0, 1),
         "flat_within": FLAT_WITHIN,
-        **verdict(series, args.warmup),
+        **verdict(series, warmup),
         "rss_mb": series,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(
-        f"RSS {result['rss_first_mb']} -> {result['rss_at_warmup_mb']} (round {args.warmup}) "
+        f"RSS {result['rss_first_mb']} -> {result['rss_at_warmup_mb']} (round {warmup}) "
         f"-> peak {result['rss_peak_after_warmup_mb']} MB, end {result['rss_end_mb']} MB: "
         f"{'flat' if result['flat'] else 'grows'}; {result['wall_s']:.0f} s"
     )

@@ -14,7 +14,6 @@ to ``bench/results/aggregator_storage.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -22,12 +21,12 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from sqlalchemy import create_engine, text
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, one_of
 from fedrecgel.config import RunParams
 from fedrecgel.data import load_split
 from harness.loopback import free_port
@@ -38,6 +37,7 @@ from services.launcher import UpOptions, cluster
 
 RESULTS = Path(__file__).resolve().parent / "results" / "aggregator_storage.json"
 TARGET_MB = 150.0
+BACKENDS = ["sqlite", "postgres"]
 MB = 1024 * 1024
 
 
@@ -161,46 +161,44 @@ def federated_run(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark for every requested backend and write the JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=positive, default=100)
-    parser.add_argument(
-        "--backend", action="append", choices=["sqlite", "postgres"], dest="backends"
-    )
-    parser.add_argument("--out", type=writable_file, default=RESULTS)
-    args = parser.parse_args(argv)
-    backends = args.backends or ["sqlite", "postgres"]
+def main(
+    rounds: Positive = 100,
+    chosen: Annotated[list[str] | None, one_of(BACKENDS, "--backend")] = None,
+    out: OutFile = RESULTS,
+) -> None:
+    """Run the benchmark for every requested backend (``--backend``, repeated; default: both)
+    and write the JSON."""
+    backends = chosen or BACKENDS
     results: list[dict[str, Any]] = []
     # a run of some backends keeps the others' results of the same configuration
-    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    previous = json.loads(out.read_text()) if out.exists() else {}
     for backend in backends:
         with tempfile.TemporaryDirectory(prefix=f"fedrec-storage-{backend}-") as tmp:
             if backend == "sqlite":
-                res = federated_run(backend, args.rounds, Path(tmp), None)
+                res = federated_run(backend, rounds, Path(tmp), None)
             else:
                 with postgres_cluster() as pg:
-                    res = federated_run(backend, args.rounds, Path(tmp), pg.url())
+                    res = federated_run(backend, rounds, Path(tmp), pg.url())
         print(json.dumps({k: v for k, v in res.items() if k != "per_round_mb"}, indent=1))
         results.append(res)
     settings = {
         k: default(k) for k in ("keep_latest_versions", "keep_every_versions", "compact_interval_s")
     }
-    if previous.get("rounds") == args.rounds and previous.get("settings") == settings:
+    if previous.get("rounds") == rounds and previous.get("settings") == settings:
         results += [b for b in previous.get("backends", []) if b["backend"] not in backends]
     results.sort(key=lambda b: str(b["backend"]))
-    out = {
+    result = {
         "dataset": "filmtrust",
-        "rounds": args.rounds,
+        "rounds": rounds,
         "workers": 2,
         "target_mb": TARGET_MB,
         "settings": settings,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "backends": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

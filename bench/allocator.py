@@ -20,18 +20,18 @@ ratios. Writes bench/results/allocator.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from bench.bench_cli import child_command, positive, writable_file
+from bench.bench_cli import OutFile, Positive, child_command, one_of, opt
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "allocator.json"
+SIDES = ("default", "kept")
 
 
 def child(side: str, rounds: int) -> dict[str, Any]:
@@ -97,26 +97,25 @@ def _pair(order: tuple[str, str], rounds: int, together: bool) -> dict[str, dict
     return {side: _result(_start_child(side, rounds, None)) for side in order}
 
 
-def main() -> None:
+def main(
+    pairs: Positive = 4,
+    rounds: Positive = 10,
+    as_child: Annotated[str | None, one_of(SIDES, "--child")] = None,
+    core: Annotated[int | None, opt(hidden=True)] = None,
+    sequential: Annotated[bool, opt("one child at a time")] = False,
+    out: OutFile = OUT,
+) -> None:
     """Alternate the two sides and write the JSON."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=positive, default=4)
-    ap.add_argument("--rounds", type=positive, default=10)
-    ap.add_argument("--child", choices=("default", "kept"))
-    ap.add_argument("--core", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--sequential", action="store_true", help="one child at a time")
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
-    if args.child:
-        if args.core is not None:
-            os.sched_setaffinity(0, {args.core})
-        print(json.dumps(child(args.child, args.rounds)))
+    if as_child:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        print(json.dumps(child(as_child, rounds)))
         return
-    together = not args.sequential and len(os.sched_getaffinity(0)) >= 2
+    together = not sequential and len(os.sched_getaffinity(0)) >= 2
     runs: dict[str, list[dict[str, Any]]] = {"default": [], "kept": []}
-    for i in range(args.pairs):
+    for i in range(pairs):
         order = ("default", "kept") if i % 2 == 0 else ("kept", "default")
-        pair = _pair(order, args.rounds, together)
+        pair = _pair(order, rounds, together)
         for side in order:
             runs[side].append(pair[side])
             r = pair[side]
@@ -129,12 +128,11 @@ def main() -> None:
     ]
     result = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.allocator "
-        f"--pairs {args.pairs} --rounds {args.rounds}"
-        + (" --sequential" if args.sequential else ""),
+        f"--pairs {pairs} --rounds {rounds}" + (" --sequential" if sequential else ""),
         "load_avg": os.getloadavg(),
         "children_together": together,
-        "pairs": args.pairs,
-        "rounds": args.rounds,
+        "pairs": pairs,
+        "rounds": rounds,
         "runs": runs,
         "summary": {
             side: {
@@ -147,8 +145,8 @@ def main() -> None:
         "kept_over_default_cpu_ratios": ratios,
         "kept_over_default_cpu_ratio_median": med(ratios),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(
         json.dumps(result["summary"], indent=2),
         "ratio",

@@ -9,7 +9,6 @@ are reported at the validation-selected epoch (``selected``) and at the best tes
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import IntList, Ints, default_data_dir
 from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
 from fedrecgel.data import DATASETS, DataError, load_split
 from fedrecgel.model import ModelConfig
@@ -39,35 +38,31 @@ def _figures(runs: list[RunResult]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--central-epochs", type=int, default=0)
-    ap.add_argument("--seeds", default="0,1,2")
-    args = ap.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
+def main(
+    data_dir: Path | None = default_data_dir(),
+    central_epochs: int = 0,
+    seeds: IntList = Ints([0, 1, 2]),
+) -> None:
     results: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {}
     for name in DATASETS:
         for protocol in ("paper", "clean") if name == "lastfm-2k" else ("paper",):
             key = f"{name}/{protocol}"
             try:
-                split = load_split(name, args.data_dir, validation=True, protocol=protocol)
+                split = load_split(name, data_dir, validation=True, protocol=protocol)
             except DataError as err:
                 print(f"{key}: skipped ({err})")
                 continue
             row: dict[str, Any] = results.get(key, {})
             row["popularity"] = _figures([popularity(split)])
             row["random"] = _figures([random_ranking(split, seed=s) for s in seeds])
-            if args.central_epochs:
+            if central_epochs:
                 t0 = time.perf_counter()
                 cfg = [
-                    CentralConfig(
-                        ModelConfig(n_items=split.n_items), epochs=args.central_epochs, seed=s
-                    )
+                    CentralConfig(ModelConfig(n_items=split.n_items), epochs=central_epochs, seed=s)
                     for s in seeds
                 ]
                 row["central"] = _figures([central(split, c) for c in cfg])
-                row["central"]["epochs"] = args.central_epochs
+                row["central"]["epochs"] = central_epochs
                 row["central"]["seconds"] = time.perf_counter() - t0
             results[key] = row
             print(

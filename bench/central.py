@@ -21,19 +21,18 @@ on a shared, loaded 2-core machine two threads were ten times slower per step th
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
 from bench.accuracy_diagnosis import load
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import FloatList, Floats, Ints, default_data_dir, int_list, opt
 from fedrecgel.baselines import CentralConfig, central
 from fedrecgel.data import Split, load_split
 from fedrecgel.data.protocol import Protocol
@@ -48,7 +47,7 @@ LR_GRID = (0.001, 0.003)
 BATCH = 1024
 
 
-def _loaders(data_dir: Path) -> dict[str, tuple[Callable[[], Split], int]]:
+def _loaders(data_dir: Path | None) -> dict[str, tuple[Callable[[], Split], int]]:
     """Dataset key -> (split loader, epochs)."""
 
     def real(name: str, protocol: Protocol) -> Callable[[], Split]:
@@ -163,51 +162,48 @@ def _put_run(name: str, run: dict[str, Any]) -> Callable[[dict[str, Any]], None]
     return put
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--only", default="", help="comma-separated dataset keys (default: all)")
-    ap.add_argument("--lr-grid", default=",".join(str(x) for x in LR_GRID))
-    ap.add_argument("--seeds", default=",".join(str(x) for x in SEEDS), help="of 0,1,2 to run")
-    ap.add_argument(
-        "--epochs",
-        type=int,
-        default=0,
-        help="epochs of the reported seeds (default: the tuning runs'; e.g. just past the "
-        "tuning run's best validation epoch)",
-    )
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    loaders = _loaders(args.data_dir)
-    keys = [k for k in args.only.split(",") if k] or list(loaders)
+def main(
+    data_dir: Path | None = default_data_dir(),
+    only: Annotated[str, opt("comma-separated dataset keys (default: all)")] = "",
+    lr_grid: FloatList = Floats(list(LR_GRID)),
+    seeds: Annotated[Ints, opt("of 0,1,2 to run", parser=int_list, metavar="INTS")] = Ints(
+        list(SEEDS)
+    ),
+    reported_epochs: Annotated[
+        int,
+        opt(
+            "epochs of the reported seeds (default: the tuning runs'; e.g. just past the "
+            "tuning run's best validation epoch)",
+            "--epochs",
+        ),
+    ] = 0,
+    threads: int = 1,
+) -> None:
+    torch.set_num_threads(threads)
+    loaders = _loaders(data_dir)
+    keys = [k for k in only.split(",") if k] or list(loaders)
     unknown = [k for k in keys if k not in loaders]
     if unknown:
         raise SystemExit(f"unknown dataset keys {unknown}; known: {sorted(loaders)}")
-    try:
-        lrs = [float(x) for x in args.lr_grid.split(",")]
-        seeds = [int(x) for x in args.seeds.split(",")]
-    except ValueError as err:
-        raise SystemExit(f"bad --lr-grid or --seeds: {err}") from None
     for key in keys:
         load, epochs = loaders[key]
         split = load()
         print(f"{key}: {split.n_users} users, {split.n_items} items, {split.n_train} rows")
         tuning = validation_only(split)
-        for lr in lrs:
+        for lr in lr_grid:
             name = f"{key}|tune|lr={lr}"
             if name not in _update(lambda r: None)["runs"]:
                 run = _run(tuning, lr, TUNE_SEED, epochs)
                 _update(_put_run(name, run))
-        lr = _summary(key, epochs, lrs, _update(lambda r: None)["runs"])["lr"]
+        lr = _summary(key, epochs, lr_grid, _update(lambda r: None)["runs"])["lr"]
         for seed in seeds:
             name = f"{key}|seed={seed}|lr={lr}"
             if name not in _update(lambda r: None)["runs"]:
-                run = _run(split, lr, seed, args.epochs or epochs)
+                run = _run(split, lr, seed, reported_epochs or epochs)
                 _update(_put_run(name, run))
 
         def summarise(r: dict[str, Any], key: str = key, epochs: int = epochs) -> None:
-            r["datasets"][key] = _summary(key, args.epochs or epochs, lrs, r["runs"])
+            r["datasets"][key] = _summary(key, reported_epochs or epochs, lr_grid, r["runs"])
 
         s = _update(summarise)["datasets"][key]
         print(key, "lr", s["lr"], "selected", s.get("selected"), flush=True)

@@ -19,7 +19,6 @@ bench/results/compile_dynamic.json.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -27,11 +26,11 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, opt, positive
 from fedrecgel import sam
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -126,17 +125,16 @@ def bench(rounds: int, warmup: int, recompile_limit: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(
+    rounds: Annotated[int, opt("timed rounds after the warm-up", parser=positive)] = 6,
+    warmup: Annotated[int, opt("rounds timed apart (compiling)", parser=positive)] = 2,
+    recompile_limit: Annotated[int, opt("dynamo's, per frame", parser=positive)] = 64,
+    out: OutFile = OUT,
+) -> None:
     """Run the rounds and write the JSON."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=positive, default=6, help="timed rounds after the warm-up")
-    ap.add_argument("--warmup", type=positive, default=2, help="rounds timed apart (compiling)")
-    ap.add_argument("--recompile-limit", type=positive, default=64, help="dynamo's, per frame")
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
-    res = bench(args.rounds, args.warmup, args.recompile_limit)
+    res = bench(rounds, warmup, recompile_limit)
     res["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
-    args.out.write_text(json.dumps(res, indent=1))
+    out.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k != "s_per_round"}, indent=1))
 
 

@@ -36,7 +36,6 @@ health probes in Python every few seconds (now bash builtins), and the demo's po
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -54,7 +53,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive
 from harness.loopback import free_port, redis_server
 from harness.postgres import pg_bindir, postgres_cluster
 
@@ -306,27 +305,22 @@ def loopback_run(rounds: int, postgres: bool = False) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(rounds: Positive = 20, repeats: Positive = 1, out: OutFile = RESULTS) -> None:
     """Alternate compose and loopback runs; write medians and every run."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=positive, default=20)
-    parser.add_argument("--repeats", type=positive, default=1)
-    parser.add_argument("--out", type=writable_file, default=RESULTS)
-    args = parser.parse_args()
     threads = max(1, (os.cpu_count() or 1) // 2)  # what `fedrec up` gives each of 2 workers
     # fedrec up on PostgreSQL too where its binaries are here: the database's share
     kinds = ("compose", "loopback") + (("loopback_postgres",) if pg_bindir() else ())
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
-    for i in range(args.repeats):
+    for i in range(repeats):
         for kind in kinds:
             run = (
-                compose_run(args.rounds, threads)
+                compose_run(rounds, threads)
                 if kind == "compose"
-                else loopback_run(args.rounds, postgres=kind == "loopback_postgres")
+                else loopback_run(rounds, postgres=kind == "loopback_postgres")
             )
             runs[kind].append(run)
             print(
-                f"[{i + 1}/{args.repeats}] {kind}: {run['round_seconds']:.2f} s a round, "
+                f"[{i + 1}/{repeats}] {kind}: {run['round_seconds']:.2f} s a round, "
                 f"run {run['run_wall_seconds']:.1f} s"
                 + (
                     f", up -> first closed round {run['up_to_first_closed_round_seconds']:.1f} s"
@@ -350,10 +344,10 @@ def main() -> None:
     compose_version = subprocess.run(
         ["docker", "compose", "version", "--short"], capture_output=True, text=True
     ).stdout.strip()
-    out = {
+    result = {
         "dataset": "filmtrust",
         "config": {
-            "rounds": args.rounds,
+            "rounds": rounds,
             "fraction": 0.1,
             "seed": 0,
             "workers": 2,
@@ -381,11 +375,11 @@ def main() -> None:
         "up_to_first_closed_round_target_seconds": FIRST_ROUND_TARGET_S,
         "runs": runs,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"compose {compose_round:.2f} s a round, loopback {loop_round:.2f} s, ratio {ratio:.2f} "
-        f"(target <= {TARGET}); up -> first closed round {up_first:.1f} s -> {args.out}"
+        f"(target <= {TARGET}); up -> first closed round {up_first:.1f} s -> {out}"
     )
 
 

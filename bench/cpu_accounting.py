@@ -13,7 +13,6 @@ CPUs may be on its host), about once. Writes bench/results/parallel_capacity.jso
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive
 
 OUT = Path(__file__).resolve().parent / "results" / "parallel_capacity.json"
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -153,19 +152,14 @@ def parallel_capacity(repeats: int, seconds: float, n: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(repeats: Positive = 5, seconds: float = 2.0, out: OutFile = OUT) -> None:
     """Measure and write bench/results/parallel_capacity.json."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=positive, default=5)
-    ap.add_argument("--seconds", type=float, default=2.0)
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
     cpus = os.cpu_count() or 1
     load = os.getloadavg()[0]
     t0 = time.time()
     busy0 = machine_busy_seconds()
-    result = parallel_capacity(args.repeats, args.seconds, cpus)
-    out = {
+    result = parallel_capacity(repeats, seconds, cpus)
+    report = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.cpu_accounting",
         "machine": {"cpus": cpus, "python": platform.python_version()},
         "load_avg_1m_at_start": load,
@@ -173,12 +167,12 @@ def main() -> None:
         "machine_busy_fraction": (machine_busy_seconds() - busy0) / (time.time() - t0) / cpus,
         **result,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(
         f"one process alone {result['one_alone_gflops_median']:.0f} GFLOP/s, {cpus} together "
         f"{result['together_sum_gflops_median']:.0f} GFLOP/s in all: the CPUs do "
-        f"{result['capacity_in_cpus']:.2f}x one -> {args.out}"
+        f"{result['capacity_in_cpus']:.2f}x one -> {out}"
     )
 
 

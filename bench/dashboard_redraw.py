@@ -15,7 +15,6 @@ what changed counts too). Writes ``bench/results/dashboard_redraw.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,9 +22,9 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, opt
 from harness.browser import LAPTOP, chromium
 from harness.dashboard import FakeAggregator, round_row, served
 
@@ -96,28 +95,27 @@ def one(browser: Any, url: str, agg: FakeAggregator, script: str, updates: int) 
     return {"load_ms": load, "update_ms": times, "table_rows": rows, "chart_points": points}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=positive, default=100_000)
-    ap.add_argument("--updates", type=int, default=5)
-    ap.add_argument("--repeats", type=positive, default=2)
-    ap.add_argument("--before-rev", default="9b52d12", help="git revision of the 'before' script")
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
+def main(
+    rounds: Positive = 100_000,
+    updates: int = 5,
+    repeats: Positive = 2,
+    before_rev: Annotated[str, opt("git revision of the 'before' script")] = "9b52d12",
+    out: OutFile = OUT,
+) -> None:
     rel = SCRIPT.relative_to(ROOT)
     scripts = {
         "before": subprocess.run(
-            ["git", "show", f"{args.before_rev}:{rel}"], cwd=ROOT, check=True,
+            ["git", "show", f"{before_rev}:{rel}"], cwd=ROOT, check=True,
             capture_output=True, text=True,
         ).stdout,
         "after": SCRIPT.read_text(),
     }  # fmt: skip
-    agg = FakeAggregator(args.rounds)
+    agg = FakeAggregator(rounds)
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in scripts}
     with served(agg) as url, chromium() as browser:
-        for rep in range(args.repeats):
+        for rep in range(repeats):
             for name, script in scripts.items():
-                runs[name].append(one(browser, url, agg, script, args.updates))
+                runs[name].append(one(browser, url, agg, script, updates))
                 print(name, rep, json.dumps(runs[name][-1]), flush=True)
 
     def summary(name: str) -> dict[str, Any]:
@@ -132,11 +130,11 @@ def main() -> None:
         }
 
     before, after = summary("before"), summary("after")
-    out = {
-        "rounds": args.rounds,
-        "updates": args.updates,
-        "repeats": args.repeats,
-        "before_rev": args.before_rev,
+    result = {
+        "rounds": rounds,
+        "updates": updates,
+        "repeats": repeats,
+        "before_rev": before_rev,
         "before": before,
         "after": after,
         "update_speedup": before["update_ms_median"] / after["update_ms_median"],
@@ -144,9 +142,9 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "date": time.strftime("%Y-%m-%d"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if k not in ("before", "after")}))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in ("before", "after")}))
 
 
 if __name__ == "__main__":

@@ -20,16 +20,15 @@ run again; ``--datasets`` splits the work between processes (``check`` needs eve
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from bench.accuracy_diagnosis import load
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import default_data_dir, one_of
 from fedrecgel.baselines import popularity
 from fedrecgel.data import Split
 from fedrecgel.presets import PRESETS_FILE, stored
@@ -146,13 +145,13 @@ def all_grid() -> list[dict[str, Any]]:
     return [row for ds in DATASETS for row in _store(ds)["grid"].values()]
 
 
-def _split(dataset: str, data_dir: Path, cache: dict[str, Split]) -> Split:
+def _split(dataset: str, data_dir: Path | None, cache: dict[str, Split]) -> Split:
     if dataset not in cache:
         cache[dataset] = load(dataset, data_dir)
     return cache[dataset]
 
 
-def grid(data_dir: Path, datasets: tuple[str, ...]) -> None:
+def grid(data_dir: Path | None, datasets: tuple[str, ...]) -> None:
     """Every candidate on every dataset, tuning seed, validation only."""
     for ds in datasets:
         data = _store(ds)
@@ -189,7 +188,7 @@ def choose(rows: list[dict[str, Any]], left_out: str | None) -> str:
     )
 
 
-def check(data_dir: Path, datasets: tuple[str, ...]) -> None:
+def check(data_dir: Path | None, datasets: tuple[str, ...]) -> None:
     """Each dataset trained with the candidate the rule picks without it, reported seeds."""
     rows = all_grid()
     cache: dict[str, Split] = {}
@@ -250,21 +249,20 @@ def res_config(res: Any) -> Any:
     return TrainConfig(**res.config)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    step: Annotated[str, one_of(("grid", "check"), argument=True)],
+    datasets: str = ",".join(DATASETS + HOLDOUT),
+    data_dir: Path | None = default_data_dir(),
+) -> None:
     """Run the grid or the leave-one-dataset-out check (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("step", choices=("grid", "check"))
-    ap.add_argument("--datasets", default=",".join(DATASETS + HOLDOUT))
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    datasets = tuple(args.datasets.split(","))
-    if unknown := [d for d in datasets if d not in DATASETS + HOLDOUT]:
+    keys = tuple(datasets.split(","))
+    if unknown := [d for d in keys if d not in DATASETS + HOLDOUT]:
         raise SystemExit(f"error: unknown dataset(s) {', '.join(unknown)}")
-    if args.step == "grid":
-        grid(args.data_dir, tuple(d for d in datasets if d not in HOLDOUT))
+    if step == "grid":
+        grid(data_dir, tuple(d for d in keys if d not in HOLDOUT))
     else:
-        check(args.data_dir, datasets)
+        check(data_dir, keys)
 
 
 if __name__ == "__main__":

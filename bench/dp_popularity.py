@@ -20,15 +20,25 @@ runs is).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import numpy as np
 
-from bench.bench_cli import default_data_dir, float_list, int_list, run, writable_file
+from bench.bench_cli import (
+    FloatList,
+    IntList,
+    OutFile,
+    default_data_dir,
+    fail,
+    float_list,
+    int_list,
+    opt,
+    run,
+)
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.data import Split, load_split
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS, dp_popularity, plan_release
@@ -66,7 +76,7 @@ def _test(split: Split, eps: float, k: int, seeds: list[int]) -> dict[str, Any]:
     }
 
 
-def _dataset(split: Split, args: argparse.Namespace) -> dict[str, Any]:
+def _dataset(split: Split, args: SimpleNamespace) -> dict[str, Any]:
     plain = popularity(split)
     chance = [random_ranking(split, seed=s).selected() for s in args.seeds]
     entry: dict[str, Any] = {
@@ -104,20 +114,20 @@ def _default_choice(results: dict[str, Any], grid: list[int]) -> dict[str, Any]:
     return {"mean_validation_hr@10_by_k": mean, "k": max(grid, key=lambda k: (mean[k], -k))}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--datasets", default=DATASETS, help="name/protocol, comma-separated")
-    ap.add_argument("--epsilons", type=float_list, default=float_list("1,3,8"))
-    ap.add_argument("--k-grid", type=int_list, default=int_list(K_GRID))
-    ap.add_argument("--seeds", type=int_list, default=int_list("0,1,2"))
-    ap.add_argument("--tuning-seed", type=int, default=100)
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
+def main(
+    data_dir: Path | None = default_data_dir(),
+    datasets: Annotated[str, opt("name/protocol, comma-separated")] = DATASETS,
+    epsilons: FloatList = float_list("1,3,8"),
+    k_grid: IntList = int_list(K_GRID),
+    seeds: IntList = int_list("0,1,2"),
+    tuning_seed: int = 100,
+    out: OutFile = OUT,
+) -> None:
+    args = SimpleNamespace(**locals())
     if args.tuning_seed in args.seeds:
-        ap.error("--tuning-seed must be apart from the reported --seeds")
+        raise fail("--tuning-seed must be apart from the reported --seeds")
     if min(args.k_grid) < 1:
-        ap.error("--k-grid: every K must be at least 1")
+        raise fail("--k-grid: every K must be at least 1")
     t0 = time.perf_counter()
     results: dict[str, Any] = {}
     for key in args.datasets.split(","):

@@ -36,18 +36,30 @@ the no-DP run, at epsilon 8 within 1 point, and both above the DP popularity cou
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import numpy as np
 
-from bench.bench_cli import float_list, int_list, positive, run, writable_file
+from bench.bench_cli import (
+    FloatList,
+    Floats,
+    IntList,
+    OutFile,
+    Positive,
+    fail,
+    float_list,
+    int_list,
+    opt,
+    positive,
+    run,
+)
 from fedrecgel.baselines import popularity
 from fedrecgel.data import Split
 from fedrecgel.dp_popularity import dp_popularity, plan_release
@@ -84,7 +96,7 @@ def _split(users: int) -> Split:
     )
 
 
-def _config(args: argparse.Namespace, seed: int, epsilon: float | None, lr: float) -> TrainConfig:
+def _config(args: SimpleNamespace, seed: int, epsilon: float | None, lr: float) -> TrainConfig:
     common = {
         "rounds": args.rounds,
         "fraction": args.fraction,
@@ -113,7 +125,7 @@ def _config(args: argparse.Namespace, seed: int, epsilon: float | None, lr: floa
     )
 
 
-def _one(job: tuple[argparse.Namespace, int, float | None, float]) -> dict[str, Any]:
+def _one(job: tuple[SimpleNamespace, int, float | None, float]) -> dict[str, Any]:
     """One run (in a worker process): the validation-selected figures and the curve."""
     import torch
 
@@ -147,7 +159,7 @@ def _figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _dp_popularity(split: Split, eps: float, args: argparse.Namespace) -> dict[str, Any]:
+def _dp_popularity(split: Split, eps: float, args: SimpleNamespace) -> dict[str, Any]:
     val = {}
     for k in K_GRID:
         release = plan_release(split.n_users, k, target_epsilon=eps)
@@ -163,29 +175,31 @@ def _dp_popularity(split: Split, eps: float, args: argparse.Namespace) -> dict[s
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--users", type=positive, default=100_000)
-    ap.add_argument("--rounds", type=positive, default=100)
-    ap.add_argument("--fraction", type=float, default=0.01)
-    ap.add_argument("--eval-every", type=positive, default=10)
-    ap.add_argument("--epsilons", type=float_list, default=float_list("3,8"))
-    ap.add_argument("--seeds", type=int_list, default=int_list("0,1,2"))
-    ap.add_argument("--tuning-seed", type=int, default=100)
-    ap.add_argument("--dp-clip", type=float, default=0.25)
-    ap.add_argument("--dp-server-lr", type=float, default=1.2)
-    ap.add_argument("--dp-momentum", type=float, default=0.9)
-    ap.add_argument("--lr-grid", type=float_list, default=[], help="tune the DP server step first")
-    ap.add_argument("--jobs", type=positive, default=2)
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
+def main(
+    users: Positive = 100_000,
+    rounds: Positive = 100,
+    fraction: float = 0.01,
+    eval_every: Positive = 10,
+    epsilons: FloatList = float_list("3,8"),
+    seeds: IntList = int_list("0,1,2"),
+    tuning_seed: int = 100,
+    dp_clip: float = 0.25,
+    dp_server_lr: float = 1.2,
+    dp_momentum: float = 0.9,
+    lr_grid: Annotated[
+        Floats, opt("tune the DP server step first", parser=float_list, metavar="NUMBERS")
+    ] = Floats([]),
+    n_jobs: Annotated[int, opt(None, "--jobs", parser=positive)] = 2,
+    out: OutFile = OUT,
+) -> None:
+    args = SimpleNamespace(**locals())
     if args.tuning_seed in args.seeds:
-        ap.error("--tuning-seed must be apart from the reported --seeds")
+        raise fail("--tuning-seed must be apart from the reported --seeds")
     t0 = time.perf_counter()
     split = _split(args.users)
     tuning: dict[str, Any] = {}
     lr = args.dp_server_lr
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+    with ProcessPoolExecutor(max_workers=args.n_jobs) as pool:
         if args.lr_grid:
             eps = min(args.epsilons)
             jobs = [(args, args.tuning_seed, eps, g) for g in args.lr_grid]
@@ -221,9 +235,9 @@ def main() -> None:
             "met": None if most is None else 100 * (nodp - got) <= most,
             "above_dp_popularity": got > refs[f"{e:g}"]["hr@10.mean"],
         }
-    out = {
+    result = {
         "dataset": {"name": "synthetic-tastes", "users": split.n_users, **TASTES},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "jobs", "lr_grid")}
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "n_jobs", "lr_grid")}
         | {"dp_server_lr": lr, "default_preset": run_settings("default", "synthetic")},
         "tuning": tuning,
         "popularity": {"hr@10": pop.get("hr@10"), "ndcg@10": pop.get("ndcg@10")},
@@ -234,7 +248,7 @@ def main() -> None:
         "seconds": time.perf_counter() - t0,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     for name, row in rows.items():
         print(f"{name}: test HR@10 {100 * row['figures']['hr@10.mean']:.2f}", flush=True)
     print(f"targets: {targets} -> {args.out}")

@@ -22,20 +22,19 @@ evaluation (where the time goes).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
 from bench import trained_models
-from bench.bench_cli import positive
+from bench.bench_cli import Positive, opt
 from bench.roofline import matmul_rate
 from fedrecgel.metrics import (
     CHUNK_PAIRS,
@@ -148,14 +147,13 @@ def _timed(fn: Any) -> tuple[float, float]:
     return time.perf_counter() - w0, time.thread_time() - c0
 
 
-def main() -> None:
+def main(
+    reps: Positive = 5,
+    threads: Annotated[int, opt("torch threads (default: torch's)")] = 0,
+) -> None:
     """Time the three evaluations and write the JSON result."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=positive, default=5)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     data = trained_models.load("amazon-video")
     scorer = Scorer(data["cfg"], data["shared"])
     private = data["private"]
@@ -188,7 +186,7 @@ def main() -> None:
     wall: dict[str, list[float]] = {k: [] for k in runs}
     cpu: dict[str, list[float]] = {k: [] for k in runs}
     rates = []
-    for _ in range(args.reps):
+    for _ in range(reps):
         rates.append(matmul_rate())
         for name, fn in runs.items():
             w, c = _timed(fn)

@@ -9,12 +9,13 @@ Writes bench/results/accuracy/studies/<study>.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import optuna
+
+from bench.bench_cli import fail
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "accuracy" / "studies"
@@ -43,17 +44,13 @@ def export(db: Path, name: str | None = None) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("db", type=Path)
-    ap.add_argument("--study")
-    args = ap.parse_args()
-    if not args.db.is_file():  # opening it would create an empty database there
-        ap.error(f"{args.db}: no such file (a study's SQLite file, from fedrec tune)")
+def main(db: Path, study: str | None = None) -> None:
+    if not db.is_file():  # opening it would create an empty database there
+        raise fail(f"{db}: no such file (a study's SQLite file, from fedrec tune)")
     try:
-        data = export(args.db, args.study)
+        data = export(db, study)
     except LookupError as err:
-        ap.error(str(err))
+        raise fail(str(err)) from None
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{data['study']}.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"{data['study']}: {len(data['trials'])} trials")

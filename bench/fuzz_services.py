@@ -20,7 +20,6 @@ requests accepted, the requests without an answer (timeouts) and the findings (a
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -32,11 +31,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 
-from bench.bench_cli import writable_file
+from bench.bench_cli import OutFile, opt
 from fedrecgel.data import load_split
 from harness.fuzz import Tally, fuzz, load_schema
 from harness.fuzz_targets import (
@@ -196,22 +195,21 @@ def client_token(store: Path) -> str:
     return str(token)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    examples: Annotated[int, opt("per operation and mode")] = 50,
+    seed: int = int(time.time()) % 100_000,
+    quick: Annotated[bool, opt("10 examples (a smoke run)")] = False,
+    timeout_s: Annotated[float, opt("per request")] = 15.0,
+    out: OutFile = OUT,
+    keep: Annotated[bool, opt("keep the work directory (logs)")] = False,
+) -> None:
     """Start, train, fuzz, write the JSON."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--examples", type=int, default=50, help="per operation and mode")
-    p.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
-    p.add_argument("--quick", action="store_true", help="10 examples (a smoke run)")
-    p.add_argument("--timeout-s", type=float, default=15.0, help="per request")
-    p.add_argument("--out", type=writable_file, default=OUT)
-    p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
-    args = p.parse_args(argv)
-    examples = 10 if args.quick else args.examples
+    examples = 10 if quick else examples
     split = load_split(DATASET)
     started = time.monotonic()
     results: dict[str, dict[str, Tally]] = {}
-    common = {"max_examples": examples, "seed": args.seed, "timeout_s": args.timeout_s}
-    with work_dir(args.keep) as tmp, services(tmp, split.n_users) as urls:
+    common: dict[str, Any] = {"max_examples": examples, "seed": seed, "timeout_s": timeout_s}
+    with work_dir(keep) as tmp, services(tmp, split.n_users) as urls:
         config = train(urls, split.n_users, split.n_items, timeout_s=900)
         trained_s = time.monotonic() - started
         dims = RunConfig.model_validate(config).model().private_dims()
@@ -256,15 +254,15 @@ def main(argv: list[str] | None = None) -> None:
                 "worker": urls["worker_process"].poll() is None,
             }
         worker_log = _tail(tmp / "worker.log")
-        if args.keep:
+        if keep:
             print(f"logs kept in {tmp}")
         limit = urls["aggregator_address_space_limit"]
-    out = {
+    result = {
         "dataset": DATASET,
         "examples_per_operation_and_mode": examples,
         "modes": ["positive", "negative"],
-        "seed": args.seed,
-        "request_timeout_s": args.timeout_s,
+        "seed": seed,
+        "request_timeout_s": timeout_s,
         "schemathesis": _version("schemathesis"),
         "hypothesis": _version("hypothesis"),
         "aggregator_address_space_limit_gb": round(limit / 2**30, 2),
@@ -282,8 +280,8 @@ def main(argv: list[str] | None = None) -> None:
             for service, kinds in results.items()
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     for service, kinds in results.items():
         for kind, t in kinds.items():
             print(
@@ -293,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             if not t.clean:
                 print(t.report())
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
 
 
 @contextlib.contextmanager

@@ -30,7 +30,6 @@ simulator computing per-client uploads the way the workers did.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -42,12 +41,13 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import torch
+import typer
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, fail, opt
 from bench.cpu_accounting import CpuWatch, machine_busy_seconds
 from fedrecgel.data import load_split, raw_path
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
@@ -281,66 +281,66 @@ def merge(paths: list[Path], out: Path, label: str) -> None:
         print(f"{mode}: median ratio {s['ratio_median']:.2f} over {len(s['ratios'])} -> {out}")
 
 
-def main() -> None:
+def main(
+    dataset: str = "filmtrust",
+    rounds: Positive = 20,
+    workers: int = 2,
+    repeats: Positive = 3,
+    modes: Annotated[str, opt("comma-separated: " + ",".join(MODES))] = ",".join(MODES),
+    poll_max_s: Annotated[float, opt("workers' idle poll cap")] = 0.5,
+    watch_s: Annotated[
+        float,
+        opt(
+            "how often this script polls the history for the run's end (the time itself "
+            "comes from the aggregator's log)"
+        ),
+    ] = 0.5,
+    threads_text: Annotated[
+        str,
+        opt(
+            "torch threads to time the simulator with, comma-separated (default: torch's "
+            "default and 1; on a loaded machine more threads than free cores only slow it)",
+            "--sim-threads",
+        ),
+    ] = "",
+    check_agreement: Annotated[
+        bool, opt("check the runs' agreement (or skip it)", "--agreement/--no-agreement")
+    ] = True,
+    label: Annotated[str, opt("a note kept in the JSON (e.g. 'before')")] = "",
+    out: OutFile = RESULTS,
+    merging: Annotated[
+        bool, opt("run nothing: merge the JSON results of earlier runs given after it", "--merge")
+    ] = False,
+    files: Annotated[list[Path] | None, typer.Argument(metavar="[JSON]...")] = None,
+) -> None:
     """Run the repetitions, print the headline figures, write the JSON as it goes."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="filmtrust")
-    parser.add_argument("--rounds", type=positive, default=20)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--repeats", type=positive, default=3)
-    parser.add_argument(
-        "--modes", default=",".join(MODES), help="comma-separated: " + ",".join(MODES)
-    )
-    parser.add_argument("--poll-max-s", type=float, default=0.5, help="workers' idle poll cap")
-    parser.add_argument(
-        "--watch-s",
-        type=float,
-        default=0.5,
-        help="how often this script polls the history for the run's end (the time itself comes "
-        "from the aggregator's log)",
-    )
-    parser.add_argument(
-        "--sim-threads",
-        default="",
-        help="torch threads to time the simulator with, comma-separated (default: torch's "
-        "default and 1; on a loaded machine more threads than free cores only slow it)",
-    )
-    parser.add_argument("--no-agreement", action="store_true", help="skip the agreement check")
-    parser.add_argument("--label", default="", help="a note kept in the JSON (e.g. 'before')")
-    parser.add_argument("--out", type=writable_file, default=RESULTS)
-    parser.add_argument(
-        "--merge",
-        type=Path,
-        nargs="+",
-        metavar="JSON",
-        help="run nothing: merge these results of earlier runs into --out",
-    )
-    args = parser.parse_args()
-    if args.merge:
-        merge(args.merge, args.out, args.label)
+    if merging != bool(files):
+        raise fail("--merge takes the JSON files of earlier runs (and only it takes files)")
+    if merging:
+        merge(files or [], out, label)
         return
-    modes = [m for m in args.modes.split(",") if m]
-    if any(m not in MODES for m in modes):
-        parser.error(f"--modes takes {', '.join(MODES)}")
-    raw_path(args.dataset)  # an unknown dataset fails here, before any server starts
+    chosen = [m for m in modes.split(",") if m]
+    if any(m not in MODES for m in chosen):
+        raise fail(f"--modes takes {', '.join(MODES)}")
+    raw_path(dataset)  # an unknown dataset fails here, before any server starts
     if shutil.which("redis-server") is None:
         raise SystemExit("error: this benchmark runs a real Redis: apt-get install redis-server")
 
     sim_threads = sorted(
-        {int(t) for t in args.sim_threads.split(",") if t} or {torch.get_num_threads(), 1}
+        {int(t) for t in threads_text.split(",") if t} or {torch.get_num_threads(), 1}
     )
-    out: dict[str, Any] = {
-        "dataset": args.dataset,
-        "label": args.label,
+    result: dict[str, Any] = {
+        "dataset": dataset,
+        "label": label,
         "config": {
-            "rounds": args.rounds,
-            "workers": args.workers,
+            "rounds": rounds,
+            "workers": workers,
             "database": "sqlite",
             "redis": True,
-            "worker_poll_max_s": args.poll_max_s,
-            "watch_s": args.watch_s,
-            "worker_torch_threads": worker_torch_threads(args.workers),
-            "repeats": args.repeats,
+            "worker_poll_max_s": poll_max_s,
+            "watch_s": watch_s,
+            "worker_torch_threads": worker_torch_threads(workers),
+            "repeats": repeats,
             "load_avg_1m_at_start": os.getloadavg()[0],
             "simulator_threads": sim_threads,
         },
@@ -354,9 +354,9 @@ def main() -> None:
         "modes": {},
         "repetitions": [],
     }
-    train = TrainConfig(rounds=args.rounds, shards=args.workers)
-    for rep in range(args.repeats):
-        for mode in modes:
+    train = TrainConfig(rounds=rounds, shards=workers)
+    for rep in range(repeats):
+        for mode in chosen:
             grouped = mode == "grouped"
             # the run (and the simulator it is timed against) with this mode's grouping
             run = train.replace(upload_grouping="worker") if mode == "partial" else train
@@ -368,15 +368,15 @@ def main() -> None:
                 workdir = Path(tmp) / "up"
                 http = http_run(
                     run,
-                    args.dataset,
-                    args.workers,
-                    args.poll_max_s,
+                    dataset,
+                    workers,
+                    poll_max_s,
                     workdir,
                     redis_url,
                     grouped,
-                    args.watch_s,
+                    watch_s,
                 )
-            timed = {t: simulator_seconds(args.dataset, run, t) for t in sim_threads}
+            timed = {t: simulator_seconds(dataset, run, t) for t in sim_threads}
             sims = {t: w for t, (w, _) in timed.items()}
             best = min(sims.values())
             best_cpu = min(timed.values())[1]
@@ -407,14 +407,14 @@ def main() -> None:
                     / best_cpu,
                 },
             }
-            if rep == 0 and not args.no_agreement:
+            if rep == 0 and check_agreement:
                 ref = run.replace(grouped_uploads=grouped)
-                sim, exact = exact_reference(args.dataset, ref, args.workers)
+                sim, exact = exact_reference(dataset, ref, workers)
                 row["agreement"] = agreement(http, sim, exact)
-            out["repetitions"].append(row)
-            out["modes"][mode] = summary([r for r in out["repetitions"] if r["mode"] == mode])
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(out, indent=2) + "\n")
+            result["repetitions"].append(row)
+            result["modes"][mode] = summary([r for r in result["repetitions"] if r["mode"] == mode])
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")
             agree: dict[str, Any] = row.get("agreement", {})
             print(
                 f"[{rep} {mode}] http {http['run_seconds']:.1f}s, simulator {best:.1f}s "
@@ -427,8 +427,8 @@ def main() -> None:
                 ),
                 flush=True,
             )
-    for mode, s in out["modes"].items():
-        print(f"{mode}: median ratio {s['ratio_median']:.2f} over {len(s['ratios'])} -> {args.out}")
+    for mode, s in result["modes"].items():
+        print(f"{mode}: median ratio {s['ratio_median']:.2f} over {len(s['ratios'])} -> {out}")
 
 
 if __name__ == "__main__":

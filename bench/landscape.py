@@ -20,16 +20,16 @@ its own parameters). Writes ``bench/results/landscape-<dataset>.json`` and
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
-from bench.bench_cli import default_data_dir, positive
+from bench.bench_cli import Positive, default_data_dir, opt
 from bench.trained import ROOT, train_cached
 from fedrecgel.data import load_split
 from fedrecgel.landscape import (
@@ -45,7 +45,7 @@ from fedrecgel.simulate import Method, TrainConfig
 METHODS: tuple[Method, ...] = ("fedrecgel", "fedncf")
 
 
-def study(args: argparse.Namespace, method: Method, split: Any) -> dict[str, Any]:
+def study(args: SimpleNamespace, method: Method, split: Any) -> dict[str, Any]:
     """Slices and sharpness of one method's trained model."""
     cfg = TrainConfig(method=method, rounds=args.rounds, eval_every=args.eval_every, seed=args.seed)
     shared, private, result = train_cached(split, cfg)
@@ -162,25 +162,23 @@ def plots(out: dict[str, Any], dataset: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default="filmtrust")
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=positive, default=100)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--directions", type=int, default=3)
-    ap.add_argument("--points", type=int, default=13, help="points of each 1-D slice")
-    ap.add_argument("--grid", type=int, default=11, help="points per axis of the 2-D slice")
-    ap.add_argument(
-        "--max-samples", type=int, default=20000, help="fixed subset of the training samples"
-    )
-    ap.add_argument("--radius", type=float, default=0.25)
-    ap.add_argument("--power-iters", type=int, default=15)
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--plot-only", action="store_true", help="redraw from the JSON")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+def main(
+    dataset: str = "filmtrust",
+    data_dir: Path | None = default_data_dir(),
+    seed: int = 0,
+    rounds: Positive = 100,
+    eval_every: int = 10,
+    directions: int = 3,
+    points: Annotated[int, opt("points of each 1-D slice")] = 13,
+    grid: Annotated[int, opt("points per axis of the 2-D slice")] = 11,
+    max_samples: Annotated[int, opt("fixed subset of the training samples")] = 20000,
+    radius: float = 0.25,
+    power_iters: int = 15,
+    methods: str = ",".join(METHODS),
+    plot_only: Annotated[bool, opt("redraw from the JSON")] = False,
+    threads: int = 1,
+) -> None:
+    args = SimpleNamespace(**locals())
     torch.set_num_threads(args.threads)
     if args.directions < 2:
         raise SystemExit("--directions must be >= 2 (the 2-D slice uses two)")

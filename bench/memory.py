@@ -15,15 +15,14 @@ seconds per round; writes bench/results/memory.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
-from bench.bench_cli import child_command, positive, writable_file
+from bench.bench_cli import OutFile, child_command, one_of, opt, positive
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "memory.json"
@@ -85,23 +84,22 @@ def child(case: str, rounds: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def main(
+    rounds: Annotated[int, opt("FilmTrust rounds", parser=positive)] = 100,
+    scale_rounds: Annotated[int, opt("rounds of the 1e6 x 1e5 case")] = 2,
+    only: Annotated[list[str] | None, one_of(CASES)] = None,
+    as_child: Annotated[str | None, one_of(CASES, "--child", hidden=True)] = None,
+    out: OutFile = OUT,
+) -> None:
     """Run every case in a child process; write bench/results/memory.json incrementally."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=positive, default=100, help="FilmTrust rounds")
-    ap.add_argument("--scale-rounds", type=int, default=2, help="rounds of the 1e6 x 1e5 case")
-    ap.add_argument("--only", choices=CASES, action="append")
-    ap.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.rounds)))
+    if as_child:
+        print(json.dumps(child(as_child, rounds)))
         return
-    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    for case in args.only or CASES:
-        rounds = args.scale_rounds if case.startswith("synthetic") else args.rounds
+    results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    for case in only or CASES:
+        case_rounds = scale_rounds if case.startswith("synthetic") else rounds
         proc = subprocess.run(
-            [*child_command(__file__), "--child", case, "--rounds", str(rounds)],
+            [*child_command(__file__), "--child", case, "--rounds", str(case_rounds)],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -112,8 +110,8 @@ def main() -> None:
         else:
             results[case] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(json.dumps({k: v for k, v in results[case].items() if "each" not in k}))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

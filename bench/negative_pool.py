@@ -12,17 +12,17 @@ bench/results/negative_pool.json (after each pool size).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from bench.bench_cli import ROOT, int_list, positive
+from bench.bench_cli import ROOT, IntList, Ints, Positive
 
 OUT = ROOT / "bench" / "results" / "negative_pool.json"
 
@@ -56,12 +56,12 @@ def train(pool: int, seeds: list[int], rounds: int, folder: Path) -> dict[str, A
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pools", type=int_list, default=[0, 128, 256])
-    ap.add_argument("--seeds", type=int_list, default=[0, 1])
-    ap.add_argument("--rounds", type=positive, default=100)
-    args = ap.parse_args()
+def main(
+    pools: IntList = Ints([0, 128, 256]),
+    seeds: IntList = Ints([0, 1]),
+    rounds: Positive = 100,
+) -> None:
+    args = SimpleNamespace(pools=pools, seeds=seeds, rounds=rounds)
     out: dict[str, Any] = {"dataset": "filmtrust", "rounds": args.rounds, "pools": []}
     with tempfile.TemporaryDirectory() as tmp:
         for pool in args.pools:

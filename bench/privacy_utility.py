@@ -18,16 +18,16 @@ skipped when the script is started again with the same settings.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import time
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
 import numpy as np
 
-from bench.bench_cli import default_data_dir, positive
+from bench.bench_cli import Positive, default_data_dir, opt
 from fedrecgel.config import DEFAULTS, current_names
 from fedrecgel.data import load_split
 from fedrecgel.simulate import Simulator, TrainConfig
@@ -83,7 +83,7 @@ def _store(key_of_entry: str, fresh: dict[str, Any], run_key: str, run: dict[str
         OUT.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def measure(args: argparse.Namespace) -> None:
+def measure(args: SimpleNamespace) -> None:
     settings = {
         "rounds": args.rounds,
         "fraction": args.fraction,
@@ -189,21 +189,21 @@ def _key(summ: dict[str, Any], eps: float) -> str:
     return next(t for t in summ if t != "none" and float(t) == eps)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default="filmtrust,amazon-video")
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--epsilons", default="1,3,8")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--rounds", type=positive, default=4)
-    ap.add_argument("--eval-every", type=int, default=2)
-    ap.add_argument("--fraction", type=float, default=0.1)
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--optimizer", default=DEFAULTS.optimizer)
-    ap.add_argument("--server-lr", type=float, default=DEFAULTS.server_lr)
-    ap.add_argument("--plot", action="store_true", help="Only draw the plot from the JSON.")
-    args = ap.parse_args()
-    if args.plot:
+def main(
+    datasets: str = "filmtrust,amazon-video",
+    data_dir: Path | None = default_data_dir(),
+    epsilons: str = "1,3,8",
+    seeds: str = "0,1,2",
+    rounds: Positive = 4,
+    eval_every: int = 2,
+    fraction: float = 0.1,
+    clip: float = 1.0,
+    optimizer: str = DEFAULTS.optimizer,
+    server_lr: float = DEFAULTS.server_lr,
+    plot_only: Annotated[bool, opt("Only draw the plot from the JSON.", "--plot")] = False,
+) -> None:
+    args = SimpleNamespace(**locals())
+    if args.plot_only:
         plot()
     else:
         measure(args)

@@ -33,7 +33,6 @@ fetches one copy) and the partial sums that came back; the data each node's obje
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -47,9 +46,9 @@ import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from bench.bench_cli import child_command, run, writable_file
+from bench.bench_cli import OutFile, child_command, fail, opt, run
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ray_scaling.json"
@@ -327,34 +326,33 @@ def _point(workload: str, nodes: int, backend: str) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--nodes", default="1,2,3", help="node counts, comma-separated")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
-    ap.add_argument("--out", type=writable_file, default=RESULTS)
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        workload, nodes, backend = json.loads(args.child)
+def main(
+    nodes: Annotated[str, opt("node counts, comma-separated")] = "1,2,3",
+    workloads: Annotated[str, opt("comma-separated")] = ",".join(WORKLOADS),
+    out: OutFile = RESULTS,
+    child: Annotated[str | None, opt(hidden=True)] = None,
+) -> None:
+    if child:
+        workload, n, backend = json.loads(child)
         fn = child_ray if backend == "ray" else child_inprocess
-        print(json.dumps(fn(workload, nodes)))
+        print(json.dumps(fn(workload, n)))
         return
     try:
-        nodes = [int(n) for n in args.nodes.split(",")]
+        counts = [int(n) for n in nodes.split(",")]
     except ValueError:
-        nodes = []
-    if not nodes or min(nodes) < 1:
-        ap.error(f"--nodes: positive integers, comma-separated, got {args.nodes!r}")
-    workloads = args.workloads.split(",")
-    if unknown := set(workloads) - set(WORKLOADS):
-        ap.error(
+        counts = []
+    if not counts or min(counts) < 1:
+        raise fail(f"--nodes: positive integers, comma-separated, got {nodes!r}")
+    chosen = workloads.split(",")
+    if unknown := set(chosen) - set(WORKLOADS):
+        raise fail(
             f"--workloads: unknown {', '.join(sorted(unknown))}; one of {', '.join(WORKLOADS)}"
         )
     from fedrecgel.ray_backend import ray_missing
 
     if (missing := ray_missing()) is not None:
-        ap.error(missing)
-    out: dict[str, Any] = {
+        raise fail(missing)
+    result: dict[str, Any] = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "command": "python -m bench.ray_scaling " + " ".join(sys.argv[1:]),
         "machine": {
@@ -366,24 +364,24 @@ def main() -> None:
         "workloads": {
             w: {"dataset": d, "clients": c, "rounds": r}
             for w, (d, c, r) in WORKLOADS.items()
-            if w in workloads
+            if w in chosen
         },
         "points": [],
     }
     t_all = time.perf_counter()
-    for workload in workloads:
-        for n in nodes:
+    for workload in chosen:
+        for n in counts:
             for backend in ("inprocess", "ray"):
-                if backend == "inprocess" and workload in INPROCESS_ONCE and n != nodes[0]:
+                if backend == "inprocess" and workload in INPROCESS_ONCE and n != counts[0]:
                     continue
                 point = {"workload": workload, "nodes": n, "backend": backend}
                 point.update(_point(workload, n, backend))
-                out["points"].append(point)
+                result["points"].append(point)
                 print(json.dumps({k: point.get(k) for k in (
                     "workload", "nodes", "backend", "seconds_per_round", "child_wall_s", "error"
                 )}), flush=True)  # fmt: skip
-                out["total_s"] = round(time.perf_counter() - t_all, 1)
-                args.out.write_text(json.dumps(out, indent=1) + "\n")
+                result["total_s"] = round(time.perf_counter() - t_all, 1)
+                out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

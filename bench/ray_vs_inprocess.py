@@ -17,7 +17,6 @@ average. Writes ``bench/results/ray_vs_inprocess.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,11 +25,11 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
-from bench.bench_cli import positive, run, writable_file
+from bench.bench_cli import OutFile, Positive, fail, opt, run
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 
@@ -46,22 +45,19 @@ def _side(res: RunResult, wall: float) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=positive, default=20)
-    ap.add_argument("--shards", type=positive, default=2)
-    ap.add_argument("--fraction", type=float, default=0.1)
-    ap.add_argument("--address", default=None, help="a Ray cluster to join (default: local)")
-    ap.add_argument("--out", type=writable_file, default=RESULTS)
-    args = ap.parse_args()
+def main(
+    rounds: Positive = 20,
+    shards: Positive = 2,
+    fraction: float = 0.1,
+    address: Annotated[str | None, opt("a Ray cluster to join (default: local)")] = None,
+    out: OutFile = RESULTS,
+) -> None:
     from fedrecgel.ray_backend import RaySimulator, ray_cluster, ray_missing
 
     if (missing := ray_missing()) is not None:
-        ap.error(missing)
+        raise fail(missing)
     split = load_split("filmtrust")
-    cfg = TrainConfig(
-        rounds=args.rounds, fraction=args.fraction, shards=args.shards, upload_grouping="worker"
-    )
+    cfg = TrainConfig(rounds=rounds, fraction=fraction, shards=shards, upload_grouping="worker")
 
     t0 = time.perf_counter()
     local = Simulator(split, cfg)
@@ -69,7 +65,7 @@ def main() -> None:
     local_wall = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    with ray_cluster(args.address, args.shards) as resources, tempfile.TemporaryDirectory() as d:
+    with ray_cluster(address, shards) as resources, tempfile.TemporaryDirectory() as d:
         ray_start = time.perf_counter() - t0
         t1 = time.perf_counter()
         with RaySimulator(split, cfg, Path(d)) as sim:
@@ -80,7 +76,7 @@ def main() -> None:
     same = all(torch.equal(sim.shared[k], v) for k, v in local.shared.items()) and [
         (r.loss, r.test) for r in ray_res.rounds
     ] == [(r.loss, r.test) for r in local_res.rounds]
-    out = {
+    result = {
         "when": datetime.now().isoformat(timespec="seconds"),
         "machine": {
             "cpus": os.cpu_count(),
@@ -90,10 +86,10 @@ def main() -> None:
         },
         "config": {
             "dataset": split.name,
-            "rounds": args.rounds,
-            "fraction": args.fraction,
-            "shards": args.shards,
-            "cluster": args.address or "local",
+            "rounds": rounds,
+            "fraction": fraction,
+            "shards": shards,
+            "cluster": address or "local",
             "cluster_cpus": resources.get("CPU"),
         },
         "inprocess": _side(local_res, local_wall),
@@ -105,8 +101,8 @@ def main() -> None:
         "ray_over_inprocess_run": round(ray_wall / local_wall, 3),
         "identical": same,
     }
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out, indent=1))
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ machine's cores: only ratios within one run mean anything. Writes
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -28,14 +27,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import numpy as np
 import torch
 
 from bench import trained_models
-from bench.bench_cli import child_command, writable_file
+from bench.bench_cli import child_command, one_of, opt, writable_file
 from fedrecgel.model import ModelConfig
 from fedrecgel.wire import encode_model
 from harness.loopback import free_port
@@ -324,27 +323,25 @@ def run_1m(tmp: str, n_req: int, max_s: float, n_recall: int) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def main(
+    serving: Annotated[str | None, one_of(("rec", "noop"), "--serve")] = None,
+    port: int | None = None,
+    model: str | None = None,
+    ann_threshold: int = RankingConfig().ann_threshold,
+    quick: Annotated[bool, opt("smaller counts (smoke run)")] = False,
+    only: Annotated[
+        str | None, one_of(("12k", "1m"), help="run one part, keep the other's result")
+    ] = None,
+    out: Annotated[Path, opt("result file", parser=writable_file)] = OUT,
+    recall_users_1m: Annotated[int | None, opt("users of the 1e6 recall (0: skip)")] = None,
+) -> None:
     """Run the benchmark and write the JSON result (each part as soon as it is measured)."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--serve", choices=["rec", "noop"])
-    ap.add_argument("--port", type=int)
-    ap.add_argument("--model")
-    ap.add_argument("--ann-threshold", type=int, default=RankingConfig().ann_threshold)
-    ap.add_argument("--quick", action="store_true", help="smaller counts (smoke run)")
-    ap.add_argument("--only", choices=["12k", "1m"], help="run one part, keep the other's result")
-    ap.add_argument("--out", type=writable_file, default=OUT, help="result file")
-    ap.add_argument("--recall-users-1m", type=int, help="users of the 1e6 recall (0: skip)")
-    args = ap.parse_args()
-    if args.serve:
-        serve(args.serve, args.port, args.model, args.ann_threshold)
+    if serving:
+        serve(serving, port or 0, model, ann_threshold)
         return
 
-    n_req, max_s = (600, 10.0) if args.quick else (3000, 30.0)
-    out_path: Path = args.out
-    result: dict[str, Any] = (
-        json.loads(out_path.read_text()) if args.only and out_path.exists() else {}
-    )
+    n_req, max_s = (600, 10.0) if quick else (3000, 30.0)
+    result: dict[str, Any] = json.loads(out.read_text()) if only and out.exists() else {}
     result["machine"] = {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -356,17 +353,17 @@ def main() -> None:
     )
     command = " ".join(["python -m bench.recommend_load", *sys.argv[1:]])
     with tempfile.TemporaryDirectory() as tmp:
-        if args.only in (None, "12k"):
-            result["items_12k_50_callers"] = run_12k(tmp, n_req, max_s, 100 if args.quick else 500)
+        if only in (None, "12k"):
+            result["items_12k_50_callers"] = run_12k(tmp, n_req, max_s, 100 if quick else 500)
             result["items_12k_50_callers"]["command"] = command
-            _save(result, out_path)
-        if args.only in (None, "1m"):
-            n_recall = args.recall_users_1m
+            _save(result, out)
+        if only in (None, "1m"):
+            n_recall = recall_users_1m
             if n_recall is None:
-                n_recall = 30 if args.quick else 100
+                n_recall = 30 if quick else 100
             result["items_1m"] = run_1m(tmp, n_req, max_s, n_recall)
             result["items_1m"]["command"] = command
-            _save(result, out_path)
+            _save(result, out)
     print(json.dumps(result, indent=2))
 
 

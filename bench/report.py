@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -304,11 +303,9 @@ def accuracy() -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Write docs/RESULTS.md (``--help`` says so and writes nothing)."""
-    argparse.ArgumentParser(
-        description="Write docs/RESULTS.md from the JSON under bench/results/ (takes no options)."
-    ).parse_args(argv)
+def main() -> None:
+    """Write docs/RESULTS.md (a command without options: ``--help`` says so and writes
+    nothing, an option is refused)."""
     parts = [
         "# Results",
         "",

@@ -13,14 +13,13 @@ Then ``bench/report.py`` turns the JSON into docs/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.bench_cli import default_data_dir, positive
+from bench.bench_cli import Positive, default_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
@@ -30,21 +29,20 @@ RHO = {"filmtrust": (0.02, 0.02), "amazon-video": (0.01, 0.2), "lastfm-2k": (0.0
 METHODS = ("fedrecgel", "fedncf")
 
 
-def main() -> None:
+def main(
+    data_dir: Path | None = default_data_dir(),
+    rounds: Positive = 100,
+    seeds: str = "0,1,2",
+    datasets: str = ",".join(RHO),
+    methods: str = ",".join(METHODS),
+    protocols: str = "paper,validation",
+) -> None:
     """Run every missing configuration."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--rounds", type=positive, default=100)
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--datasets", default=",".join(RHO))
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--protocols", default="paper,validation")
-    args = ap.parse_args()
     fedrec = Path(sys.executable).with_name("fedrec")
-    for dataset in args.datasets.split(","):
+    for dataset in datasets.split(","):
         rho_sh, rho_ns = RHO[dataset]
-        for protocol in args.protocols.split(","):
-            for method in args.methods.split(","):
+        for protocol in protocols.split(","):
+            for method in methods.split(","):
                 out = OUT / dataset / f"{method}-{protocol}"
                 if (out / "results.json").exists():
                     print(f"skip {out} (done)")
@@ -55,13 +53,13 @@ def main() -> None:
                     "--dataset",
                     dataset,
                     "--data-dir",
-                    str(args.data_dir),
+                    str(data_dir),
                     "--method",
                     method,
                     "--rounds",
-                    str(args.rounds),
+                    str(rounds),
                     "--seeds",
-                    args.seeds,
+                    seeds,
                     "--rho-sh",
                     str(rho_sh),
                     "--rho-ns",

@@ -18,7 +18,6 @@ bench/results/roofline.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -26,12 +25,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive, opt
 from bench.roofline_floor import bandwidth, floor_bytes, product_floor
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -342,17 +341,16 @@ def _without_out(argv: list[str]) -> list[str]:
     return out
 
 
-def main() -> None:
+def main(
+    rounds: Positive = 5,
+    loop_rounds: int = 2,
+    fraction: float = TrainConfig().fraction,
+    threads: Annotated[int, opt("torch threads (default: torch's)")] = 0,
+    out: OutFile = OUT,
+) -> None:
     """Run the benchmark and write bench/results/roofline.json."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=positive, default=5)
-    ap.add_argument("--loop-rounds", type=int, default=2)
-    ap.add_argument("--fraction", type=float, default=TrainConfig().fraction)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if threads:
+        torch.set_num_threads(threads)
     load_start = os.getloadavg()[0]
     res: dict[str, Any] = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python "
@@ -362,12 +360,12 @@ def main() -> None:
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
         },
-        "filmtrust": bench(args.rounds, args.loop_rounds, args.fraction),
+        "filmtrust": bench(rounds, loop_rounds, fraction),
     }
     # 1-minute load average before and after: above 1 the single thread shared its core
     res["machine"]["loadavg_1min"] = [load_start, os.getloadavg()[0]]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
     print(json.dumps(res, indent=1))
 
 

@@ -11,7 +11,6 @@ bench/results/roofline_compile.json: compile seconds, best and median millisecon
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from bench.bench_cli import positive
+from bench.bench_cli import Positive
 from fedrecgel import passes
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
@@ -48,11 +47,8 @@ def pass3(
     return gu, gg
 
 
-def main() -> None:
+def main(repeats: Positive = 15) -> None:
     """Time the eager and the compiled pass 3 and write the JSON."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=positive, default=15)
-    args = ap.parse_args()
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     split = load_split("filmtrust")
@@ -87,7 +83,7 @@ def main() -> None:
         float((gu - want["user_mlp"]).abs().max()), float((gg - want["user_gmf"]).abs().max())
     )
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for key, fn in (("eager", eager), ("compiled", lambda: comp(*a))):
             t0 = time.perf_counter()
             fn()

@@ -14,7 +14,6 @@ shared memory). Writes ``bench/results/run_retention.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import OutFile, Positive
 from fedrecgel.run_config import RunConfig
 from fedrecgel.wire import encode_updates
 from harness.aggregator import (
@@ -71,14 +70,9 @@ def _cycle(client: TestClient, token: str, run: dict[str, Any], rng: np.random.G
     service.storage.compactor.run()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=positive, default=20)
-    parser.add_argument("--rounds", type=positive, default=3)
-    parser.add_argument("--out", type=writable_file, default=RESULTS)
-    args = parser.parse_args(argv)
+def main(runs: Positive = 20, rounds: Positive = 3, out: OutFile = RESULTS) -> None:
     keep_default = Settings.model_fields["keep_runs"].default
-    run = {"n_items": N_ITEMS, "rounds": args.rounds + 1, "fraction": 0.25, "seed": 0}
+    run = {"n_items": N_ITEMS, "rounds": rounds + 1, "fraction": 0.25, "seed": 0}
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedrec-retention-") as tmp:
         sides: dict[str, tuple[TestClient, str, Path]] = {}
@@ -92,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             sides[name] = (client, register(client, list(range(CLIENTS))), db)
         series: dict[str, list[int]] = {name: [] for name in sides}
         try:
-            for i in range(args.runs):
+            for i in range(runs):
                 for name, (client, token, db) in sides.items():
                     _cycle(client, token, run, np.random.default_rng(i))
                     series[name].append(_bytes(db))
@@ -103,10 +97,10 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             for client, _, _ in sides.values():
                 client.__exit__(None, None, None)
-    keep = min(keep_default, args.runs)
+    keep = min(keep_default, runs)
     result = {
-        "runs": args.runs,
-        "rounds_per_run": args.rounds,
+        "runs": runs,
+        "rounds_per_run": rounds,
         "keep_runs": keep_default,
         "model": RunConfig.model_validate(run).model_dump(include={"n_items", "factor", "layers"}),
         "clients": CLIENTS,
@@ -115,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         "growth_after_keep_runs": {name: s[-1] / s[keep - 1] - 1.0 for name, s in series.items()},
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

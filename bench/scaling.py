@@ -18,16 +18,16 @@ sample, time per item), not the absolute seconds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Annotated, Any
 
-from bench.bench_cli import child_command, positive, writable_file
+from bench.bench_cli import OutFile, child_command, opt, positive
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scaling.json"
@@ -90,7 +90,7 @@ def child(users: int, items: int, mean: float, clients: int, rounds: int) -> dic
     }
 
 
-def _point(args: argparse.Namespace, users: int, items: int, mean: float, clients: int) -> Any:
+def _point(args: SimpleNamespace, users: int, items: int, mean: float, clients: int) -> Any:
     rounds = 1 if clients >= 30_000 else args.rounds
     cmd = [*child_command(__file__), "--child", f"{users},{items},{mean},{clients},{rounds}"]
     try:
@@ -140,27 +140,25 @@ def plot(results: dict[str, Any]) -> None:
         plt.close(fig)
 
 
-def main() -> None:
+def main(
+    max_clients: int = CLIENTS[-1],
+    max_items: int = ITEMS[-1],
+    rounds: Annotated[int, opt("timed rounds per point (1 from 30k)", parser=positive)] = 2,
+    point_timeout: Annotated[
+        float,
+        opt(
+            "seconds a point may take (data, set-up and rounds); a point over it is "
+            "reported as capped and the larger points of its sweep are skipped"
+        ),
+    ] = 600.0,
+    as_child: Annotated[str | None, opt(None, "--child", hidden=True)] = None,
+    plot_only: bool = False,
+    out: OutFile = OUT,
+) -> None:
     """Run both sweeps (children), write the JSON as points arrive, then the plots."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--max-clients", type=int, default=CLIENTS[-1])
-    ap.add_argument("--max-items", type=int, default=ITEMS[-1])
-    ap.add_argument(
-        "--rounds", type=positive, default=2, help="timed rounds per point (1 from 30k)"
-    )
-    ap.add_argument(
-        "--point-timeout",
-        type=float,
-        default=600.0,
-        help="seconds a point may take (data, set-up and rounds); a point over it is reported "
-        "as capped and the larger points of its sweep are skipped",
-    )
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--plot-only", action="store_true")
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args()
-    if args.child:
-        u, i, m, c, r = args.child.split(",")
+    args = SimpleNamespace(**locals())
+    if as_child:
+        u, i, m, c, r = as_child.split(",")
         print(json.dumps(child(int(u), int(i), float(m), int(c), int(r))))
         return
     results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}

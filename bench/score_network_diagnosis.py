@@ -23,16 +23,15 @@ it.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import numpy as np
 import torch
 
 from bench.accuracy_diagnosis import SEED, measure
-from bench.bench_cli import default_data_dir
+from bench.bench_cli import OutFile, Positive, cli_type, default_data_dir, opt
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, candidate_logits, means, metric_sums
 from fedrecgel.model import ITEM_TABLES, Scorer
@@ -105,30 +104,28 @@ def instrument(split: Split, cfg: TrainConfig, every: int) -> list[dict[str, Any
     return out
 
 
+@cli_type
 def _decay(text: str) -> float:
-    """An ``argparse`` type: a weight decay > 0."""
+    """A weight decay > 0."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise ValueError(f"not a number: {text!r}") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        raise ValueError(f"must be above 0, got {text}")
     return value
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    datasets: str = "synthetic-tastes,amazon-video/paper",
+    rounds: Positive = 300,
+    every: Positive = 10,
+    weight_decay: Annotated[float, opt(parser=_decay)] = 10.0,
+    data_dir: Path | None = default_data_dir(),
+    out: OutFile = OUT,
+) -> None:
     """Measure and write the instruments (see the module docstring)."""
-    from bench.bench_cli import positive, writable_file
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--datasets", default="synthetic-tastes,amazon-video/paper")
-    ap.add_argument("--rounds", type=positive, default=300)
-    ap.add_argument("--every", type=positive, default=10)
-    ap.add_argument("--weight-decay", type=_decay, default=10.0)
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args(argv)
-    measure(args, configs(args.rounds, args.weight_decay), instrument)
+    measure(datasets, rounds, every, data_dir, out, configs(rounds, weight_decay), instrument)
 
 
 if __name__ == "__main__":

@@ -17,18 +17,17 @@ Writes bench/results/secagg_cost.json (partial results after each dataset).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
-from bench.bench_cli import default_data_dir, int_list
+from bench.bench_cli import Ints, default_data_dir, int_list, opt
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import load_split
 from fedrecgel.model import ModelConfig
@@ -142,7 +141,7 @@ def plain_cost(cfg: ModelConfig, uploads: list[Update]) -> dict[str, float]:
 
 
 def _round_one(
-    name: str, data_dir: Path, n_clients: int, config: TrainConfig
+    name: str, data_dir: Path | None, n_clients: int, config: TrainConfig
 ) -> tuple[Simulator, np.ndarray, np.ndarray, list[Update], float]:
     """Round 1 of a run of ``config`` on ``name``: the simulator, the full cohort, its first
     ``n_clients``, their uploads and the client step's seconds per client."""
@@ -157,7 +156,7 @@ def _round_one(
     return sim, full, cohort, uploads, (time.perf_counter() - t0) / len(cohort)
 
 
-def measure(name: str, data_dir: Path, n_clients: int) -> dict[str, Any]:
+def measure(name: str, data_dir: Path | None, n_clients: int) -> dict[str, Any]:
     config = TrainConfig(rounds=1, secure_aggregation="dense", eval_every=0)
     sim, full, cohort, uploads, train_s = _round_one(name, data_dir, n_clients, config)
     cfg = sim.model_cfg
@@ -214,7 +213,7 @@ def measure(name: str, data_dir: Path, n_clients: int) -> dict[str, Any]:
     }
 
 
-def measure_sparse(name: str, data_dir: Path, n_clients: int, pool: int) -> dict[str, Any]:
+def measure_sparse(name: str, data_dir: Path | None, n_clients: int, pool: int) -> dict[str, Any]:
     """``secure_aggregation=sparse`` with ``negative_pool=pool`` against plain uploads with
     the same pool: the first ``n_clients`` of round 1's cohort go through both instances; the
     rings and the union U are those of the full cohort (U: its positives outside the pool, what
@@ -281,31 +280,32 @@ def measure_sparse(name: str, data_dir: Path, n_clients: int, pool: int) -> dict
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default="filmtrust,amazon-video")
-    ap.add_argument("--clients", type=int, default=24)
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument(
-        "--pools",
-        type=int_list,
-        default=[],
-        help="measure secure_aggregation=sparse at these negative_pool sizes instead of dense",
-    )
-    args = ap.parse_args()
+def main(
+    datasets: str = "filmtrust,amazon-video",
+    clients: int = 24,
+    data_dir: Path | None = default_data_dir(),
+    pools: Annotated[
+        Ints,
+        opt(
+            "measure secure_aggregation=sparse at these negative_pool sizes instead of dense",
+            parser=int_list,
+            metavar="INTEGERS",
+        ),
+    ] = Ints([]),
+) -> None:
     torch.set_num_threads(1)
     out: dict[str, Any] = {"datasets": {}}
     if OUT.exists():
         out = json.loads(OUT.read_text())
-    for name in args.datasets.split(","):
-        if args.pools:
-            for pool in args.pools:
-                got = measure_sparse(name, args.data_dir, args.clients, pool)
+    for name in datasets.split(","):
+        if pools:
+            for pool in pools:
+                got = measure_sparse(name, data_dir, clients, pool)
                 out.setdefault("sparse", {}).setdefault(name, {})[str(pool)] = got
                 OUT.write_text(json.dumps(out, indent=2) + "\n")
                 print(json.dumps({"pool": pool, **got["ratio"]}), flush=True)
             continue
-        out["datasets"][name] = measure(name, args.data_dir, args.clients)
+        out["datasets"][name] = measure(name, data_dir, clients)
         OUT.parent.mkdir(parents=True, exist_ok=True)
         OUT.write_text(json.dumps(out, indent=2) + "\n")
         print(json.dumps(out["datasets"][name]["ratio"]), flush=True)

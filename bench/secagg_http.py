@@ -13,7 +13,6 @@ figures. Writes ``bench/results/secagg_http.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench.bench_cli import positive
+from bench.bench_cli import Positive
 from fedrecgel.data import load_split
 from fedrecgel.secagg.layout import vector_length
 from fedrecgel.simulate import TrainConfig
@@ -87,27 +86,23 @@ def one_run(mode: str, rounds: int, fraction: float, workdir: Path) -> dict[str,
     }
 
 
-def main() -> None:
+def main(rounds: Positive = 3, fraction: float = TrainConfig().fraction) -> None:
     """Run both modes and write the JSON."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=positive, default=3)
-    ap.add_argument("--fraction", type=float, default=TrainConfig().fraction)
-    args = ap.parse_args()
     torch.set_num_threads(worker_torch_threads(2))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {
         "dataset": DATASET,
-        "rounds": args.rounds,
-        "fraction": args.fraction,
-        "command": f"nice -n 0 .venv/bin/python -m bench.secagg_http --rounds {args.rounds} "
-        f"--fraction {args.fraction:g}",
+        "rounds": rounds,
+        "fraction": fraction,
+        "command": f"nice -n 0 .venv/bin/python -m bench.secagg_http --rounds {rounds} "
+        f"--fraction {fraction:g}",
         "note": "same-run ratios on a shared loaded machine; workers stepped in one process",
     }
     split = load_split(DATASET)
     out["vector_length"] = vector_length(TrainConfig().model(split.n_items))
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("off", "dense"):
-            out[mode] = one_run(mode, args.rounds, args.fraction, Path(tmp) / mode)
+            out[mode] = one_run(mode, rounds, fraction, Path(tmp) / mode)
             print(mode, json.dumps({k: v for k, v in out[mode].items() if k != "bytes_by_family"}))
     p, s = out["off"], out["dense"]
     out["ratio"] = {

@@ -17,7 +17,6 @@ the round's rows, and the union of the positives alone, against the catalogue. W
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from fedrecgel.sampling import cohort_samples
 OUT = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_rows.json"
 
 
-def measure(key: str, data_dir: Path, rounds: int, seed: int = 0) -> dict[str, Any]:
+def measure(key: str, data_dir: Path | None, rounds: int, seed: int = 0) -> dict[str, Any]:
     """The row counts of ``rounds`` cohorts of data set ``key``."""
     split = load(key, data_dir)
     everyone = np.arange(split.n_users, dtype=np.int64)
@@ -66,13 +65,12 @@ def measure(key: str, data_dir: Path, rounds: int, seed: int = 0) -> dict[str, A
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--datasets", default="filmtrust/paper,amazon-video/paper,lastfm-2k/clean")
-    args = ap.parse_args()
-    results = [measure(k, args.data_dir, args.rounds) for k in args.datasets.split(",")]
+def main(
+    data_dir: Path | None = default_data_dir(),
+    rounds: int = 5,
+    datasets: str = "filmtrust/paper,amazon-video/paper,lastfm-2k/clean",
+) -> None:
+    results = [measure(k, data_dir, rounds) for k in datasets.split(",")]
     for r in results:
         print(
             f"{r['dataset']}: {r['items']} items, cohort {r['cohort']}: "
@@ -81,7 +79,7 @@ def main() -> None:
             f"({100 * r['union_share']:.1f}% of the items), positives' union "
             f"{r['positive_union_rows_mean']:.0f}"
         )
-    command = f"python -m bench.secagg_rows --rounds {args.rounds}"
+    command = f"python -m bench.secagg_rows --rounds {rounds}"
     OUT.write_text(json.dumps({"command": command, "datasets": results}, indent=1) + "\n")
 
 

@@ -14,15 +14,14 @@ share the grid, and ``--report-only`` rebuilds the outputs from the finished cel
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
-from bench.bench_cli import default_data_dir, positive
+from bench.bench_cli import Positive, default_data_dir, opt
 from bench.trained import ROOT, run_path, train_cached
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import load_split
@@ -104,60 +103,58 @@ def _heatmap(
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default="filmtrust")
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--rho-sh", default=GRID)
-    ap.add_argument("--rho-ns", default=GRID)
-    ap.add_argument("--rounds", type=positive, default=100)
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--worker", default="0/1", help="i/n: train cells i, i+n, ... only")
-    ap.add_argument("--report-only", action="store_true")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+def main(
+    dataset: str = "filmtrust",
+    data_dir: Path | None = default_data_dir(),
+    rho_sh: str = GRID,
+    rho_ns: str = GRID,
+    rounds: Positive = 100,
+    eval_every: int = 10,
+    seed: int = 0,
+    worker: Annotated[str, opt("i/n: train cells i, i+n, ... only")] = "0/1",
+    report_only: bool = False,
+    threads: int = 1,
+) -> None:
+    torch.set_num_threads(threads)
     try:
-        sh = [float(x) for x in args.rho_sh.split(",")]
-        ns = [float(x) for x in args.rho_ns.split(",")]
-        idx, n_workers = (int(x) for x in args.worker.split("/"))
+        sh = [float(x) for x in rho_sh.split(",")]
+        ns = [float(x) for x in rho_ns.split(",")]
+        idx, n_workers = (int(x) for x in worker.split("/"))
     except ValueError as err:
         raise SystemExit(f"bad grid or worker option: {err}") from None
-    split = load_split(args.dataset, args.data_dir, validation=True)
+    split = load_split(dataset, data_dir, validation=True)
     pairs = [(a, b) for a in sh for b in ns]
-    if not args.report_only:
+    if not report_only:
         for k, (a, b) in enumerate(pairs):
             if k % n_workers == idx:
                 print(f"cell rho_sh={a} rho_ns={b}", flush=True)
-                train_cached(split, cell_config(a, b, args.rounds, args.eval_every, args.seed))
+                train_cached(split, cell_config(a, b, rounds, eval_every, seed))
     cells: dict[str, Any] = {}
     for a, b in pairs:
-        cfg = cell_config(a, b, args.rounds, args.eval_every, args.seed)
+        cfg = cell_config(a, b, rounds, eval_every, seed)
         if run_path(split.name, cfg).exists():
             _, _, result = train_cached(split, cfg)
             cells[f"{a},{b}"] = {"rho_sh": a, "rho_ns": b, **_cell_figures(result)}
     out = {
-        "dataset": args.dataset,
+        "dataset": dataset,
         "rho_sh": sh,
         "rho_ns": ns,
-        "rounds": args.rounds,
-        "eval_every": args.eval_every,
-        "seed": args.seed,
+        "rounds": rounds,
+        "eval_every": eval_every,
+        "seed": seed,
         "settings": "paper settings (server Adam lr 0.001, client lr 0.1, 10% of users a round)",
         "cells_done": len(cells),
         "cells_total": len(pairs),
         "cells": cells,
     }
-    path = ROOT / "bench" / "results" / f"sensitivity-{args.dataset}.json"
+    path = ROOT / "bench" / "results" / f"sensitivity-{dataset}.json"
     path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     _heatmap(
-        ROOT / "docs" / f"sensitivity-{args.dataset}.png",
+        ROOT / "docs" / f"sensitivity-{dataset}.png",
         sh,
         ns,
         cells,
-        f"FedRecGEL on {args.dataset}: validation figures by SAM radius "
-        f"({args.rounds} rounds, seed {args.seed})",
+        f"FedRecGEL on {dataset}: validation figures by SAM radius ({rounds} rounds, seed {seed})",
     )
     print(f"{len(cells)}/{len(pairs)} cells -> {path}", flush=True)
 

@@ -19,17 +19,17 @@ Writes its part into bench/results/server_step.json (the other part is kept).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, NewType
 
-from bench.bench_cli import positive, writable_file
+from bench.bench_cli import Ints, OutFile, Positive, cli_type, one_of, opt
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "server_step.json"
@@ -164,53 +164,62 @@ def _save(out: Path, data: dict[str, Any]) -> None:
     out.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def _ints(text: str, least: int = 0) -> list[int]:
-    """An ``argparse`` type: comma-separated integers, each at least ``least``."""
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        values = []
-    if not values or min(values) < least:
-        raise argparse.ArgumentTypeError(f"integers >= {least}, comma-separated, not {text!r}")
-    return values
+Names = NewType("Names", list[str])
 
 
-def _datasets(text: str) -> list[str]:
-    """An ``argparse`` type: ``<dataset>/<protocol>`` names, comma-separated."""
+def _ints(least: int) -> Callable[[str], Ints]:
+    """A parser of comma-separated integers, each at least ``least``."""
+
+    def parse(text: str) -> Ints:
+        try:
+            values = [int(x) for x in text.split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < least:
+            raise ValueError(f"integers >= {least}, comma-separated, not {text!r}")
+        return Ints(values)
+
+    return cli_type(parse)
+
+
+@cli_type
+def _datasets(text: str) -> Names:
+    """``<dataset>/<protocol>`` names, comma-separated."""
     names = text.split(",")
     if not all(n.count("/") == 1 and all(n.split("/")) for n in names):
-        raise argparse.ArgumentTypeError(f"<dataset>/<protocol>, comma-separated, not {text!r}")
-    return names
+        raise ValueError(f"<dataset>/<protocol>, comma-separated, not {text!r}")
+    return Names(names)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(
+    part: Annotated[str, one_of(("speed", "accuracy"), argument=True)],
+    items: Annotated[Ints, opt(parser=_ints(1), metavar="INTS")] = Ints([100_000, 1_000_000]),
+    rounds: Positive = 4,
+    threads: Positive = 1,
+    seeds: Annotated[Ints, opt(parser=_ints(0), metavar="INTS")] = Ints([0, 1, 2]),
+    datasets: Annotated[Names, opt(parser=_datasets, metavar="NAMES")] = Names(
+        ["filmtrust/paper", "lastfm-2k/clean"]
+    ),
+    eval_every: Positive = 10,
+    out: OutFile = OUT,
+) -> None:
     """Run one part; write it into the result file."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=("speed", "accuracy"))
-    ap.add_argument("--items", type=lambda t: _ints(t, 1), default=[100_000, 1_000_000])
-    ap.add_argument("--rounds", type=positive, default=4)
-    ap.add_argument("--threads", type=positive, default=1)
-    ap.add_argument("--seeds", type=_ints, default=[0, 1, 2])
-    ap.add_argument("--datasets", type=_datasets, default=["filmtrust/paper", "lastfm-2k/clean"])
-    ap.add_argument("--eval-every", type=positive, default=10)
-    ap.add_argument("--out", type=writable_file, default=OUT)
-    args = ap.parse_args(argv)
-    if args.part == "accuracy":
-        accuracy(args.datasets, args.seeds, args.eval_every, args.out)
+    if part == "accuracy":
+        accuracy(datasets, seeds, eval_every, out)
         return
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
     points = []
-    for items in args.items:
-        points.append(speed_point(items, args.rounds))
+    for n in items:
+        points.append(speed_point(n, rounds))
         print(json.dumps({k: v for k, v in points[-1].items() if k not in MODES}), flush=True)
         for mode in MODES:
             p = points[-1][mode]
             print(f"  {mode}: round {p['round_s']:.3f} s, server step {p['server_step_s']:.3f} s")
-        data = _load(args.out)
-        data["speed"] = {"threads": args.threads, "points": points}
-        _save(args.out, data)
+        data = _load(out)
+        data["speed"] = {"threads": threads, "points": points}
+        _save(out, data)
 
 
 if __name__ == "__main__":

@@ -23,19 +23,19 @@ Writes bench/results/shortlist_recall.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 
 from bench import trained_models
+from bench.bench_cli import opt
 from fedrecgel.model import Scorer, init_shared
 from services.recommend_api.ranking import ModelHolder, RankingConfig, Snapshot
 from services.recommend_api.shortlist import ProxyShortlist, ScanShortlist
@@ -60,11 +60,8 @@ def _request_ms(holder: ModelHolder, users: list[dict[str, torch.Tensor]]) -> fl
     return round(1000 * (time.perf_counter() - t0) / len(bodies), 1)
 
 
-def main() -> None:
+def main(n_users: Annotated[int, opt(None, "--users")] = 30) -> None:
     """Measure and write the JSON."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--users", type=int, default=30)
-    args = ap.parse_args()
     torch.set_num_threads(1)
     d = trained_models.load("synthetic-1m")
     cfg, shared, private = d["cfg"], d["shared"], d["private"]
@@ -73,7 +70,7 @@ def main() -> None:
     del init
     scorer = Scorer(cfg, shared)
     gen = torch.Generator().manual_seed(1)
-    rows = torch.randperm(len(private["user_gmf"]), generator=gen)[: args.users]
+    rows = torch.randperm(len(private["user_gmf"]), generator=gen)[:n_users]
     users = [{k: v[r : r + 1] for k, v in private.items()} for r in rows.tolist()]
     t0 = time.perf_counter()
     top = [set(torch.topk(scorer.score_all(u)[0], 10).indices.tolist()) for u in users]

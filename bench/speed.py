@@ -14,7 +14,6 @@ Writes bench/results/speed.json:
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import random
@@ -23,12 +22,12 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import Annotated, TypedDict
 
 import numpy as np
 import torch
 
-from bench.bench_cli import child_command, default_data_dir, positive, writable_file
+from bench.bench_cli import OutFile, Positive, child_command, default_data_dir, opt
 from fedrecgel.cohort import select_cohort
 from fedrecgel.data import Split, load_split
 from fedrecgel.metrics import KS, metric_sums
@@ -230,41 +229,40 @@ def scale_child(rounds: int) -> None:
     )
 
 
-def main() -> None:
+def main(
+    rounds: Positive = 5,
+    data_dir: Path | None = default_data_dir(),
+    skip_scale: bool = False,
+    as_scale_child: Annotated[bool, opt(None, "--scale-child", hidden=True)] = False,
+    out: OutFile = ROOT / "bench" / "results" / "speed.json",
+) -> None:
     """Run the benchmarks and write bench/results/speed.json."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=positive, default=5)
-    ap.add_argument("--data-dir", type=Path, default=default_data_dir())
-    ap.add_argument("--skip-scale", action="store_true")
-    ap.add_argument("--scale-child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=writable_file, default=ROOT / "bench" / "results" / "speed.json")
-    args = ap.parse_args()
-    if args.scale_child:
-        scale_child(args.rounds)
+    if as_scale_child:
+        scale_child(rounds)
         return
-    out: dict[str, object] = {
+    result: dict[str, object] = {
         "machine": {
             "python": platform.python_version(),
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "cpu": platform.processor(),
         },
-        "filmtrust": bench_filmtrust(args.rounds),
-        "evaluation": bench_evaluation(args.data_dir),
+        "filmtrust": bench_filmtrust(rounds),
+        "evaluation": bench_evaluation(data_dir),
     }
-    print(json.dumps(out["filmtrust"], indent=1))
-    if not args.skip_scale:
+    print(json.dumps(result["filmtrust"], indent=1))
+    if not skip_scale:
         child = subprocess.run(
-            [*child_command(__file__), "--scale-child", "--rounds", str(args.rounds)],
+            [*child_command(__file__), "--scale-child", "--rounds", str(rounds)],
             cwd=ROOT,
             capture_output=True,
             text=True,
             check=True,
         )
-        out["scale"] = json.loads(child.stdout.strip().splitlines()[-1])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    print(json.dumps({k: v for k, v in out.items() if k != "filmtrust"}, indent=1))
+        result["scale"] = json.loads(child.stdout.strip().splitlines()[-1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "filmtrust"}, indent=1))
 
 
 if __name__ == "__main__":

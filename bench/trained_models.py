@@ -11,19 +11,18 @@ benchmarks rank with real users of a real training run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench.bench_cli import positive
+from bench.bench_cli import one_of, opt, positive
 from fedrecgel.model import ModelConfig
 from fedrecgel.simulate import Simulator, TrainConfig
 
@@ -105,14 +104,13 @@ def load(name: str, train_if_missing: bool = True) -> dict[str, Any]:
     return data
 
 
-def main() -> None:
+def main(
+    name: Annotated[str, one_of(sorted(SPECS), argument=True)],
+    rounds: Annotated[int | None, opt(parser=positive)] = None,
+) -> None:
     """Train (or retrain) one model."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("name", choices=sorted(SPECS))
-    ap.add_argument("--rounds", type=positive)
-    args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    train(args.name, args.rounds)
+    train(name, rounds)
 
 
 if __name__ == "__main__":

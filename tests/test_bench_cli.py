@@ -27,7 +27,7 @@ def _bench(program: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_report_help_and_unknown_options_write_nothing() -> None:
     before = RESULTS.stat().st_mtime_ns
-    for args, code, said in ((["--help"], 0, "usage:"), (["--rounds", "2"], 2, "unrecognized")):
+    for args, code, said in ((["--help"], 0, "Usage:"), (["--rounds", "2"], 2, "No such option")):
         r = subprocess.run(
             [sys.executable, "-m", "bench.report", *args],
             capture_output=True,
@@ -43,15 +43,15 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["speed", "--rounds", "0", "--skip-scale"], "--rounds: must be at least 1, got 0"),
-        (["aggregator_storage", "--rounds", "-1"], "--rounds: must be at least 1, got -1"),
+        (["speed", "--rounds", "0", "--skip-scale"], "'--rounds': must be at least 1, got 0"),
+        (["aggregator_storage", "--rounds", "-1"], "'--rounds': must be at least 1, got -1"),
         (["http_vs_simulator", "--dataset", "nope"], "error: unknown dataset 'nope'"),
         (["export_study", "{tmp}/none.db"], "none.db: no such file"),
         (["memory", "--out", "{tmp}"], "is a folder (name the result file)"),
         (["roofline", "--out", "{tmp}/a-file/r.json"], "cannot create the folder"),
         (["aggregator_replicas", "--replicas", "1"], "the larger set-up needs at least 2"),
         (["ray_scaling", "--nodes", "0,x"], "--nodes: positive integers, comma-separated"),
-        (["server_step", "speed", "--items", "0"], "--items: integers >= 1, comma-separated"),
+        (["server_step", "speed", "--items", "0"], "'--items': integers >= 1, comma-separated"),
         (["server_step", "accuracy", "--datasets", "filmtrust"], "<dataset>/<protocol>"),
     ],
 )
