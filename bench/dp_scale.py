@@ -24,8 +24,10 @@ NDCG@10 at the validation-selected evaluated round, mean and std over ``--seeds`
   10, no momentum 31.85 (100, after 31.05 at 40 and 22.1 at 50); C = 0.25, step 1.2, momentum
   0.9: 32.32 (90); the same at step 2.4: 32.34 (80). At epsilon 8, momentum 0.9: C = 0.25,
   step 1.2: 32.35 (100); C = 0.5, step 1.2: 31.89 (80, then 8.97 at 90); C = 1, step 0.6:
-  29.35 (100, still rising). Epsilon 8 gains nothing over 3 at C = 0.25: what is left is the
-  clipping and the server SGD, not the noise;
+  29.35 (100, still rising); server fedadam (step 0.01, the preset's weight decay 10): 16.95
+  (30, then falling). Epsilon 8 gains nothing over 3 at C = 0.25, and without any noise the
+  same clipping and server SGD reach 32.39 (90): what is left of the gap to the no-DP run is
+  the clipped server SGD against the preset's Adam, not the noise;
 * the reference points on the same split: popularity, and popularity under the same budget
   (``fedrecgel.dp_popularity``: each user counts at most K items, K chosen from ``K_GRID`` on
   the tuning seed's validation HR@10).

@@ -201,7 +201,15 @@ def _dp_scale_before(rows: dict[str, Any]) -> list[str]:
         f"C = {st['dp_clip']:g}, server SGD step {st['dp_server_lr']:g}, "
         f"momentum {st.get('dp_momentum', 0.0):g}"
     )
-    out = ["", f"Before (the same bench with {how}; test HR@10):", ""]
+    out = [
+        "",
+        "Probes on the tuning seed (the bench's docstring) find the same clipping and server "
+        "SGD without any noise at the DP runs' validation figure: the gap left to the no-DP "
+        "run is the clipped server SGD against the preset's Adam, not the noise.",
+        "",
+        f"Before (the same bench with {how}; test HR@10):",
+        "",
+    ]
     for eps, row in old["rows"].items():
         if eps in rows:
             name = "no DP" if eps == "no DP" else f"epsilon {eps}"
