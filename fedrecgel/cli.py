@@ -23,6 +23,7 @@ from fedrecgel import native
 from fedrecgel.clitools import (
     DatasetOption,
     F,
+    config_error,
     console,
     fail,
     field_options,
@@ -85,7 +86,7 @@ def checked(values: dict[str, Any]) -> RunParams:
     try:
         return check(values, RunParams)
     except ConfigError as err:
-        raise fail(f"{option_flag(err.field)}: {err.reason}") from None
+        raise config_error(err) from None
 
 
 #: where ``fedrec train`` writes by default: the latest run's results, replaced by the next

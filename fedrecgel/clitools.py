@@ -17,7 +17,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
-from fedrecgel.config import RunParams, bounds
+from fedrecgel.config import ConfigError, RunParams, bounds
 from fedrecgel.data import (
     DATASETS,
     PROTOCOLS,
@@ -122,6 +122,15 @@ def run_option_help(name: str, text: str | None = None) -> str:
 def option_flag(name: str) -> str:
     """The command-line flag of a :class:`RunParams` field (``rho_sh`` -> ``--rho-sh``)."""
     return "--" + name.replace("_", "-")
+
+
+def config_error(err: ConfigError) -> typer.Exit:
+    """The exit for settings that ``check`` refused: the option of the bad field, or for a rule
+    across settings (no one field) the rule's own words."""
+    reason = err.reason.removeprefix("Value error, ")
+    if err.field == "config":
+        return fail(reason)
+    return fail(f"{option_flag(err.field)}: {reason}")
 
 
 F = TypeVar("F", bound=Callable[..., Any])

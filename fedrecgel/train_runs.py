@@ -19,7 +19,7 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedrecgel.clitools import console, fail, option_flag
+from fedrecgel.clitools import config_error, console, fail, option_flag
 from fedrecgel.config import MAX_MODEL_PARAMS, ConfigError
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig, with_seed
@@ -125,7 +125,7 @@ def train_seeds(
             try:
                 sim = _simulator(split, cfg, backend, out)
             except ConfigError as err:
-                raise fail(f"{option_flag(err.field)}: {err.reason}") from None
+                raise config_error(err) from None
             except ValueError as err:
                 raise fail(str(err)) from None
             except lost as err:  # the ray backend: actors that did not start
@@ -234,7 +234,7 @@ def _dp_popularity(
             base.dp_delta,
         )
     except ConfigError as err:
-        raise fail(f"{option_flag(err.field)}: {err.reason}") from None
+        raise config_error(err) from None
     console.print(
         f"differential privacy (popularity counts): at most {release.max_items} items per "
         f"user, noise multiplier {release.noise:.4g} (std {release.noise_std:.4g} on every "

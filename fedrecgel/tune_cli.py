@@ -11,10 +11,10 @@ import typer
 
 from fedrecgel.clitools import (
     DatasetOption,
+    config_error,
     console,
     fail,
     load_data,
-    option_flag,
     out_dir,
     parse_seeds,
     run_option_help,
@@ -91,7 +91,7 @@ def tune_command(
     try:  # the bounds of a run's fraction, before the data is read
         check({"fraction": fraction}, RunParams)
     except ConfigError as err:
-        raise fail(f"{option_flag(err.field)}: {err.reason}") from None
+        raise config_error(err) from None
     target = presets_file or user_presets_file()
     if save_preset:  # a name or file that cannot take the result fails before the study
         try:

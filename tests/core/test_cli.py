@@ -84,10 +84,16 @@ def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
         (["--layers", "9"], "--layers: Input should be less than or equal to 8"),
         (["--seeds", "0,-1"], "--seed: Input should be greater than or equal to 0"),
         (["--clip", "0"], "--clip: Input should be greater than 0"),
+        # a rule across settings is said in its own words, not as an option named --config
+        (
+            ["--secure-aggregation", "sparse"],
+            "error: secure_aggregation=sparse needs negative_pool",
+        ),
     ):
         r = runner.invoke(app, ["train", "--rounds", "1", "--out", str(tmp_path), *args])
         assert r.exit_code == 2, (args, r.output)
         assert message in r.output and "Traceback" not in r.output
+        assert "--config" not in r.output and "Value error" not in r.output
 
 
 def test_missing_data_dir_names_where_to_get_data(tmp_path: Path) -> None:
