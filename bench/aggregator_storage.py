@@ -27,7 +27,7 @@ import httpx
 from sqlalchemy import create_engine, text
 
 from bench.bench_cli import OutFile, Positive, one_of
-from fedrecgel.config import RunParams
+from fedrecgel.config import DEFAULTS, RunParams
 from fedrecgel.data import load_split
 from harness.loopback import free_port
 from harness.parity import start_workers
@@ -162,7 +162,7 @@ def federated_run(
 
 
 def main(
-    rounds: Positive = 100,
+    rounds: Positive = DEFAULTS.rounds,
     chosen: Annotated[list[str] | None, one_of(BACKENDS, "--backend")] = None,
     out: OutFile = RESULTS,
 ) -> None:

@@ -63,6 +63,7 @@ from bench.bench_cli import (
     run,
 )
 from fedrecgel.baselines import popularity
+from fedrecgel.config import DEFAULTS
 from fedrecgel.data import Split
 from fedrecgel.dp_popularity import dp_popularity, plan_release
 from fedrecgel.presets import run_settings
@@ -179,7 +180,7 @@ def _dp_popularity(split: Split, eps: float, args: SimpleNamespace) -> dict[str,
 
 def main(
     users: Positive = 100_000,
-    rounds: Positive = 100,
+    rounds: Positive = DEFAULTS.rounds,
     fraction: float = 0.01,
     eval_every: Positive = 10,
     epsilons: FloatList = float_list("3,8"),

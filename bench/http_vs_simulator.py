@@ -49,6 +49,7 @@ import typer
 
 from bench.bench_cli import OutFile, Positive, fail, opt
 from bench.cpu_accounting import CpuWatch, machine_busy_seconds
+from fedrecgel.config import DEFAULTS
 from fedrecgel.data import load_split, raw_path
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
@@ -282,7 +283,7 @@ def merge(paths: list[Path], out: Path, label: str) -> None:
 
 
 def main(
-    dataset: str = "filmtrust",
+    dataset: str = DEFAULTS.dataset,
     rounds: Positive = 20,
     workers: int = 2,
     repeats: Positive = 3,

@@ -31,6 +31,7 @@ import torch
 
 from bench.bench_cli import Positive, default_data_dir, opt
 from bench.trained import ROOT, train_cached
+from fedrecgel.config import DEFAULTS
 from fedrecgel.data import load_split
 from fedrecgel.landscape import (
     TrainingLoss,
@@ -163,10 +164,10 @@ def plots(out: dict[str, Any], dataset: str) -> None:
 
 
 def main(
-    dataset: str = "filmtrust",
+    dataset: str = DEFAULTS.dataset,
     data_dir: Path | None = default_data_dir(),
     seed: int = 0,
-    rounds: Positive = 100,
+    rounds: Positive = DEFAULTS.rounds,
     eval_every: int = 10,
     directions: int = 3,
     points: Annotated[int, opt("points of each 1-D slice")] = 13,

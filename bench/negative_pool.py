@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_cli import ROOT, IntList, Ints, Positive
+from fedrecgel.config import DEFAULTS
 
 OUT = ROOT / "bench" / "results" / "negative_pool.json"
 
@@ -59,7 +60,7 @@ def train(pool: int, seeds: list[int], rounds: int, folder: Path) -> dict[str, A
 def main(
     pools: IntList = Ints([0, 128, 256]),
     seeds: IntList = Ints([0, 1]),
-    rounds: Positive = 100,
+    rounds: Positive = DEFAULTS.rounds,
 ) -> None:
     args = SimpleNamespace(pools=pools, seeds=seeds, rounds=rounds)
     out: dict[str, Any] = {"dataset": "filmtrust", "rounds": args.rounds, "pools": []}

@@ -207,11 +207,11 @@ def main(
     seeds: str = "0,1,2",
     rounds: Positive = 4,
     eval_every: int = 2,
-    fraction: float = 0.1,
+    fraction: float = DEFAULTS.fraction,
     clip: float = 1.0,
     optimizer: str = DEFAULTS.optimizer,
     server_lr: float = DEFAULTS.server_lr,
-    server_momentum: float = 0.0,
+    server_momentum: float = DEFAULTS.server_momentum,
     plot_only: Annotated[bool, opt("Only draw the plot from the JSON.", "--plot")] = False,
 ) -> None:
     args = SimpleNamespace(**locals())

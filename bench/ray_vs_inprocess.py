@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import torch
 
 from bench.bench_cli import OutFile, Positive, fail, opt, run
+from fedrecgel.config import DEFAULTS
 from fedrecgel.data import load_split
 from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 
@@ -48,7 +49,7 @@ def _side(res: RunResult, wall: float) -> dict[str, Any]:
 def main(
     rounds: Positive = 20,
     shards: Positive = 2,
-    fraction: float = 0.1,
+    fraction: float = DEFAULTS.fraction,
     address: Annotated[str | None, opt("a Ray cluster to join (default: local)")] = None,
     out: OutFile = RESULTS,
 ) -> None:

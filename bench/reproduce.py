@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench.bench_cli import Positive, default_data_dir
+from fedrecgel.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
@@ -31,7 +32,7 @@ METHODS = ("fedrecgel", "fedncf")
 
 def main(
     data_dir: Path | None = default_data_dir(),
-    rounds: Positive = 100,
+    rounds: Positive = DEFAULTS.rounds,
     seeds: str = "0,1,2",
     datasets: str = ",".join(RHO),
     methods: str = ",".join(METHODS),

@@ -104,11 +104,11 @@ def _heatmap(
 
 
 def main(
-    dataset: str = "filmtrust",
+    dataset: str = DEFAULTS.dataset,
     data_dir: Path | None = default_data_dir(),
     rho_sh: str = GRID,
     rho_ns: str = GRID,
-    rounds: Positive = 100,
+    rounds: Positive = DEFAULTS.rounds,
     eval_every: int = 10,
     seed: int = 0,
     worker: Annotated[str, opt("i/n: train cells i, i+n, ... only")] = "0/1",

@@ -186,7 +186,7 @@ def test_no_default_is_declared_again(name: str) -> None:
     (a field or parameter ``<name>: T = <default>``): it is read from the one config."""
     default = RunParams.model_fields[name].default
     lit = re.escape(default if isinstance(default, str) else repr(default))
-    value = f"['\"]{lit}['\"]" if isinstance(default, str) else rf"{lit}(?![\d.])"
+    value = f"['\"]{lit}['\"]" if isinstance(default, str) else rf"{lit}(?![\d._])"
     pattern = re.compile(rf"\b{name}\b\s*:[^=\n]*=\s*(Field\(\s*default\s*=\s*)?{value}")
     hits = [
         f"{path.relative_to(ROOT)}:{i}: {line.strip()}"
