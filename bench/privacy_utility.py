@@ -127,7 +127,7 @@ def measure(args: SimpleNamespace) -> None:
                     dp_clip=args.clip,
                     # clipping needs each client's upload: built in groups of clients (the
                     # same uploads up to float rounding, faster)
-                    grouped_uploads=bool(args.server_momentum),
+                    grouped_uploads=True,
                     target_epsilon=None if target == "none" else float(target),
                 )
                 run = _run(split, cfg)

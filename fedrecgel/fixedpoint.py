@@ -68,9 +68,9 @@ class FixedPoint:
         return WORDS[self.word_bits][0]
 
     @property
-    def word_bytes(self) -> int:
-        """Bytes of one word."""
-        return self.word_bits // 8
+    def signed(self) -> type[np.signedinteger[Any]]:
+        """The signed numpy type of a word's width (two's complement of the same bits)."""
+        return WORDS[self.word_bits][1]
 
     @property
     def step(self) -> float:
@@ -107,12 +107,10 @@ class FixedPoint:
             raise OverflowRefused(f"{clipped} values outside [-{self.range_:g}, {self.range_:g}]")
         v = np.clip(v, -self.range_, self.range_)
         q = np.rint(v * 2.0**self.scale_bits).astype(np.int64)
-        if self.word_bits != 64:  # |q| <= max_abs_word < 2^(w-1): the narrowing is exact
-            q = q.astype(WORDS[self.word_bits][1])
-        return q.view(self.dtype), clipped
+        # |q| <= max_abs_word < 2^(w-1): narrowing to w bits is exact
+        return q.astype(self.signed, copy=False).view(self.dtype), clipped
 
     def decode(self, words: np.ndarray) -> np.ndarray:
         """A (summed) word vector back to float64 (two's complement, then / 2^scale_bits)."""
         w = np.asarray(words, dtype=self.dtype)
-        signed = w.view(WORDS[self.word_bits][1])
-        return signed.astype(np.float64) / 2.0**self.scale_bits
+        return w.view(self.signed).astype(np.float64) / 2.0**self.scale_bits

@@ -194,16 +194,11 @@ class Simulator:
         self.config = config
         self.model_cfg = config.model(split.n_items)
         self.hp = config.sam()
-        if config.negative_pool is not None and config.negative_pool > split.n_items:
-            raise ValueError(
-                f"--negative-pool {config.negative_pool} exceeds the catalogue of "
-                f"{split.n_items} items"
-            )
         self.shared = init_shared(self.model_cfg, config.seed)
         self.strategy = config.strategy()
         self.store = PrivateStore(self.model_cfg, config.seed, split.n_users)
         self.users = np.arange(split.n_users, dtype=np.int64)
-        self.params = config.run_params()
+        self.params = config.run_config(split.n_items)  # its checks against the catalogue too
         self.mode = mode_of(self.params, self.model_cfg)
         self.mode.check_cohorts(split.n_users, cohort_size(split.n_users, config.fraction))
         if config.sampling == "fixed" and config.fraction * split.n_users < 0.5:
