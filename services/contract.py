@@ -221,10 +221,10 @@ class UploadResponse(BaseModel):
 
 # ----------------------------------------------------------------------------- secure aggregation
 
-#: the phases of a secure-aggregation round attempt, in order
-SecAggPhase = Literal["keys", "shares", "masked", "unmask"]
+#: the phases of a secure-aggregation round attempt, in order (a dense run's first four)
+SecAggPhase = Literal["keys", "shares", "masked", "unmask", "masked_b", "unmask_b"]
 #: what a client sends in each phase (``POST /v1/rounds/{round_id}/secagg/{step}``)
-SecAggStep = Literal["keys", "shares", "masked", "reveal"]
+SecAggStep = Literal["keys", "shares", "masked", "reveal", "masked_b", "reveal_b"]
 
 
 class SecAggRound(BaseModel):
@@ -232,7 +232,15 @@ class SecAggRound(BaseModel):
     and what the caller's clients need to take it (:mod:`fedrecgel.secagg.messages` JSON
     documents), with the attempt's whole cohort (the neighbour graph is public): in
     ``shares``, the public keys of their neighbours; in ``masked``, the neighbours' share
-    messages addressed to them; in ``unmask``, who survived and who dropped."""
+    messages addressed to them; in ``unmask``, who survived and who dropped.
+
+    A sparse run (``secure_aggregation=sparse``) runs two protocol instances: A counts the
+    clients' items, B masks their updates on the rows of the union U. Its keys and shares
+    phases carry both instances' documents (B's tagged ``"instance": "b"``); ``masked`` and
+    ``unmask`` are A's; then ``masked_b`` forwards B's shares with U (``union``, sorted item
+    ids) and B's public encoding (``length`` values of ``word_bits``-bit words at step
+    2^-``scale_bits``), and ``unmask_b`` names B's survivors (those of A's survivors whose
+    masked input arrived) and B's dropped."""
 
     round_id: int
     attempt: int
@@ -242,6 +250,10 @@ class SecAggRound(BaseModel):
     messages: list[dict[str, object]] = Field(default_factory=list)
     survivors: list[int] = Field(default_factory=list)
     dropped: list[int] = Field(default_factory=list)
+    union: list[int] | None = None
+    length: int | None = None
+    word_bits: int | None = None
+    scale_bits: int | None = None
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -186,6 +186,18 @@ def sparse_input(cfg: ModelConfig, params: RunParams, u: Update, union: np.ndarr
     return x
 
 
+def round_pool(params: RunParams, n_items: int, round_id: int) -> np.ndarray:
+    """The round's public negative pool of a run with ``negative_pool`` set."""
+    if params.negative_pool is None:
+        raise ValueError("sparse secure aggregation needs the run's negative_pool")
+    return negative_pool(params.seed, round_id, n_items, params.negative_pool)
+
+
+def union_of(counts: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    """The public union U of a sparse round: the items counted in A, and the pool (sorted)."""
+    return np.union1d(np.flatnonzero(counts), pool)
+
+
 def secure_sparse_mean(
     cfg: ModelConfig,
     params: RunParams,
@@ -196,14 +208,12 @@ def secure_sparse_mean(
 ) -> SparseMean:
     """The mean of ``updates`` as the server of a sparse secure-aggregation round computes it
     (``faults_a``/``faults_b``: who drops out of or misbehaves in instance A / B)."""
-    if params.negative_pool is None:
-        raise ValueError("sparse secure aggregation needs the run's negative_pool")
+    pool = round_pool(params, cfg.n_items, round_id)
     by_id = {u.client_id: u for u in updates}
-    pool = negative_pool(params.seed, round_id, cfg.n_items, params.negative_pool)
     spec_a = counts_spec(cfg, params, round_id, list(by_id))
     a = secure_sum(spec_a, lambda cid: item_indicator(cfg, by_id[cid], pool), faults_a).outcome
     counts = np.rint(a.total).astype(np.int64)
-    union = np.union1d(np.flatnonzero(counts), pool)
+    union = union_of(counts, pool)
     spec_b = update_spec(cfg, params, round_id, a.survivors, union)
     r = secure_sum(spec_b, lambda cid: sparse_input(cfg, params, by_id[cid], union), faults_b)
     out = r.outcome

@@ -1,7 +1,9 @@
 """The secure-aggregation messages as bytes: what a client sends to (and receives from) the
 server in each step, for a transport to carry.
 
-Keys, shares and reveals are canonical JSON (bytes as base64, client ids as decimal strings);
+Keys, shares and reveals are canonical JSON (bytes as base64, client ids as decimal strings),
+tagged ``"instance": "b"`` when they belong to the second protocol instance of a sparse round
+(:mod:`fedrecgel.secagg.aggregate`; untagged: the first, or a dense round's only one);
 the masked vector is a safetensors blob holding one tensor ``y`` of the round's words (uint64,
 or uint32 / uint16 / uint8 in a narrower ring). Every decoder
 checks types, lengths and the declared kind, and raises :class:`MessageError` on anything else.
@@ -25,6 +27,9 @@ from fedrecgel.secagg.protocol import Keys, Masked, Reveal, Shares
 from fedrecgel.wire import WireError, header_length, load_json
 
 FORMAT = "fedrecgel-secagg"
+#: the protocol instances of a round: "a" (dense rounds' only one; sparse rounds' counts) and
+#: "b" (sparse rounds' update)
+INSTANCES = ("a", "b")
 #: the word types a masked vector may hold (:data:`fedrecgel.fixedpoint.WORDS`)
 WORD_TYPES = {np.dtype(u) for u, _ in WORDS.values()}
 
@@ -49,8 +54,19 @@ def _unb64(s: Any, length: int | None = None) -> bytes:
     return b
 
 
-def _dump(kind: str, body: dict[str, Any]) -> bytes:
-    return json.dumps({"format": FORMAT, "kind": kind, **body}, sort_keys=True).encode()
+def _dump(kind: str, body: dict[str, Any], instance: str = "a") -> bytes:
+    if instance not in INSTANCES:
+        raise MessageError(f"no protocol instance {instance!r}")
+    tag = {} if instance == "a" else {"instance": instance}  # instance A's bytes as before
+    return json.dumps({"format": FORMAT, "kind": kind, **body, **tag}, sort_keys=True).encode()
+
+
+def instance_of(doc: Any) -> str:
+    """The protocol instance a keys, shares or reveal document (parsed JSON) belongs to."""
+    got = doc.get("instance", "a") if isinstance(doc, dict) else "a"
+    if got not in INSTANCES:
+        raise MessageError(f"instance must be one of {list(INSTANCES)}")
+    return str(got)
 
 
 def _load(data: bytes, kind: str) -> dict[str, Any]:
@@ -80,9 +96,10 @@ def _map(doc: dict[str, Any], key: str) -> dict[str, Any]:
     return m
 
 
-def encode_keys(m: Keys) -> bytes:
-    """Step 0 body."""
-    return _dump("keys", {"client_id": m.client_id, "c_pk": _b64(m.c_pk), "s_pk": _b64(m.s_pk)})
+def encode_keys(m: Keys, instance: str = "a") -> bytes:
+    """Step 0 body (of protocol instance ``instance``)."""
+    body = {"client_id": m.client_id, "c_pk": _b64(m.c_pk), "s_pk": _b64(m.s_pk)}
+    return _dump("keys", body, instance)
 
 
 def decode_keys(data: bytes) -> Keys:
@@ -91,8 +108,8 @@ def decode_keys(data: bytes) -> Keys:
     return Keys(_cid(d.get("client_id")), _unb64(d.get("c_pk"), 32), _unb64(d.get("s_pk"), 32))
 
 
-def encode_shares(m: Shares) -> bytes:
-    """Step 1 body."""
+def encode_shares(m: Shares, instance: str = "a") -> bytes:
+    """Step 1 body (of protocol instance ``instance``)."""
     return _dump(
         "shares",
         {
@@ -101,6 +118,7 @@ def encode_shares(m: Shares) -> bytes:
             "commits": {str(v): [_b64(a), _b64(b)] for v, (a, b) in m.share_commits.items()},
             "b_commit": _b64(m.b_commit),
         },
+        instance,
     )
 
 
@@ -154,8 +172,8 @@ def decode_masked(
     return Masked(_cid(meta.get("client_id")), y, tuple(_cid(c) for c in complaints))
 
 
-def encode_reveal(m: Reveal) -> bytes:
-    """Step 3 body."""
+def encode_reveal(m: Reveal, instance: str = "a") -> bytes:
+    """Step 3 body (of protocol instance ``instance``)."""
     return _dump(
         "reveal",
         {
@@ -163,6 +181,7 @@ def encode_reveal(m: Reveal) -> bytes:
             "b": {str(u): _b64(y) for u, y in m.b_shares.items()},
             "s": {str(v): _b64(y) for v, y in m.s_shares.items()},
         },
+        instance,
     )
 
 

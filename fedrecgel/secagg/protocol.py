@@ -181,6 +181,16 @@ class Client:
         self._partners: tuple[int, ...] = ()
         self.clipped = 0
 
+    def respec(self, spec: RoundSpec) -> None:
+        """Take the round's final public parameters before step 2: the update instance of a
+        sparse round over HTTP deals its shares before its layout (the union) is known. Only
+        the length and encoding may change (ValueError otherwise)."""
+        old = self.spec
+        same = (old.round_id, old.cohort, old.neighbours, old.dropout, old.graph_seed)
+        if (spec.round_id, spec.cohort, spec.neighbours, spec.dropout, spec.graph_seed) != same:
+            raise ValueError("a round's cohort and neighbour graph cannot change")
+        self.spec = spec
+
     def advertise(self) -> Keys:
         """Step 0."""
         return Keys(self.id, crypto.public_bytes(self._c_sk), crypto.public_bytes(self._s_sk))

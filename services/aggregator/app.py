@@ -33,7 +33,7 @@ from services.web_assets import service_app
 
 log = logging.getLogger(__name__)
 
-_UPLOAD_RE = re.compile(r"^/v1/rounds/[^/]+/(updates|secagg/masked)$")
+_UPLOAD_RE = re.compile(r"^/v1/rounds/[^/]+/(updates|secagg/masked(_b)?)$")
 #: seconds a client is told to wait (Retry-After) when the database does not answer
 DATABASE_RETRY_AFTER_S = 5
 

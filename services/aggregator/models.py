@@ -110,8 +110,11 @@ class Round(Base):
     loss: Mapped[float | None] = mapped_column(Float, nullable=True)
     model_version: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # secure-aggregation runs: the protocol step the attempt is in (keys, shares, masked,
-    # unmask); NULL on plain rounds
+    # unmask; a sparse run's then masked_b, unmask_b); NULL on plain rounds
     secagg_phase: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # sparse secure aggregation, once its counts are unmasked: the public union U of the
+    # attempt (sorted item ids), the rows its update instance lays out; NULL otherwise
+    secagg_union: Mapped[list[int] | None] = mapped_column(JSON, nullable=True, deferred=True)
     # closed plain rounds: the clients whose upload the robust screen bounded (their norm,
     # sample count or loss was above its cap; fedrecgel/robust.py); NULL when none was
     bounded: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
@@ -158,11 +161,13 @@ class SecAggMessage(Base):
     keys, its encrypted shares, or its revealed shares as sent (JSON), or, for a masked input,
     only its complaints (the vector itself is added to :class:`SecAggTotal` and not kept).
     ``digest`` (SHA-256 of the body as sent) tells a retry from a conflicting second message.
+    ``instance``: the protocol instance ("a"; a sparse round's update instance "b").
     Deleted once the attempt is over."""
 
     __tablename__ = "secagg_messages"
 
     round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(1), primary_key=True, default="a")
     step: Mapped[str] = mapped_column(String(8), primary_key=True)
     client_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     digest: Mapped[str] = mapped_column(String(64))
@@ -170,12 +175,14 @@ class SecAggMessage(Base):
 
 
 class SecAggTotal(Base):
-    """The running sum (mod 2^64, uint64 little-endian) of a round attempt's masked inputs,
-    updated in the transaction that accepts each one; deleted once the attempt is over."""
+    """The running sum (mod 2^w in the instance's little-endian words: uint64 for dense
+    rounds) of a round attempt's masked inputs of one protocol instance, updated in the
+    transaction that accepts each one; deleted once the attempt is over."""
 
     __tablename__ = "secagg_totals"
 
     round_pk: Mapped[int] = mapped_column(ForeignKey("rounds.id"), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(1), primary_key=True, default="a")
     total: Mapped[bytes] = mapped_column(LargeBinary)
 
 

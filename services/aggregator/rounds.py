@@ -152,36 +152,48 @@ class RoundCloser:
             decision = secagg.decide(sa, rnd, cfg, now)
             if decision == secagg.Decision.WAIT:
                 return CloseOutcome.NOT_READY
+            failed: RoundFailed | None = None
             if decision == secagg.Decision.NEXT:
                 phase = rnd.secagg_phase
-                nxt = secagg.NEXT_PHASE[phase]
-                if not sa.advance_phase(pk, phase, nxt, now + timedelta(seconds=cfg.deadline_s)):
-                    return CloseOutcome.NOT_OPEN
-                log.info(
-                    "round %d attempt %d: secure aggregation %s -> %s",
-                    rnd.round_id,
-                    rnd.attempt,
-                    phase,
-                    nxt,
-                )
-                return CloseOutcome.ADVANCED
-        return self.close_round(pk)
+                nxt = secagg.next_phase(cfg, phase)
+                assert nxt is not None
+                union = None
+                try:
+                    if phase == "unmask":  # a sparse attempt's counts give its union
+                        union = secagg.count_union(sa, rnd, cfg)
+                except RoundFailed as err:
+                    failed = err
+                else:
+                    deadline = now + timedelta(seconds=cfg.deadline_s)
+                    if not sa.advance_phase(pk, phase, nxt, deadline, union):
+                        return CloseOutcome.NOT_OPEN
+                    log.info(
+                        "round %d attempt %d: secure aggregation %s -> %s%s",
+                        rnd.round_id,
+                        rnd.attempt,
+                        phase,
+                        nxt,
+                        "" if union is None else f" (union of {len(union)} items)",
+                    )
+                    return CloseOutcome.ADVANCED
+        return self.close_round(pk, failed)
 
-    def close_round(self, pk: int) -> CloseOutcome:
-        """Close (or retry below quorum) a round attempt if it is due; exactly once."""
+    def close_round(self, pk: int, failed: RoundFailed | None = None) -> CloseOutcome:
+        """Close (or retry below quorum) a round attempt if it is due; exactly once.
+        ``failed``: why a secure attempt cannot go on (then it is failed and retried)."""
         with self.db.read() as s:
             rnd = Repository(s).get_round(pk)
             if rnd is None or rnd.state != "open":
                 return CloseOutcome.NOT_OPEN
             run_id, round_id = rnd.run_id, rnd.round_id
         if self.bus is None:
-            return self._close_round(pk)
+            return self._close_round(pk, failed)
         with self.bus.close_lock(run_id, round_id) as acquired:
             if not acquired:
                 return CloseOutcome.LOCKED
-            return self._close_round(pk)
+            return self._close_round(pk, failed)
 
-    def _close_round(self, pk: int) -> CloseOutcome:
+    def _close_round(self, pk: int, failed: RoundFailed | None = None) -> CloseOutcome:
         t0 = time.perf_counter()
         now = self.clock()
         aggregated: _Aggregated | None = None
@@ -200,6 +212,8 @@ class RoundCloser:
                 cfg = RunConfig.model_validate(run.config)
                 m = len(rnd.cohort)
                 try:
+                    if failed is not None:
+                        raise failed
                     n, combine = self._gather(repo, cfg, rnd, now)
                     aggregated = self._aggregate(repo, run, cfg, rnd, now, combine)
                 except (RoundFailed, _NonFinite) as err:  # nothing kept: the state was taken out

@@ -161,7 +161,7 @@ async def secagg_body(request: Request, step: SecAggStep) -> bytes:
     """A secure-aggregation body: a masked input as ``application/octet-stream``, every other
     step's JSON list as ``application/json`` (415 otherwise), bounded as uploads are (413; the
     JSON steps by the JSON limit, in the middleware)."""
-    want = UPLOAD_MEDIA_TYPE if step == "masked" else SECAGG_JSON
+    want = UPLOAD_MEDIA_TYPE if step in ("masked", "masked_b") else SECAGG_JSON
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != want:
         raise UnsupportedMediaType(
@@ -300,8 +300,9 @@ def secagg_round(round_id: RoundId, caller: CallerDep, service: ServiceDep) -> S
 SECAGG_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
-        "description": "keys, shares, reveal: a JSON list of fedrecgel.secagg.messages "
-        "documents; masked: one encode_masked body (safetensors).",
+        "description": "keys, shares, reveal, reveal_b: a JSON list of "
+        "fedrecgel.secagg.messages documents; masked, masked_b: one encode_masked body "
+        "(safetensors).",
         "content": {
             SECAGG_JSON: {"schema": {"type": "array", "items": {"type": "object"}}},
             UPLOAD_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},

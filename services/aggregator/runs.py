@@ -124,14 +124,7 @@ def check_cohorts(cfg: RunConfig, n_clients: int) -> None:
 
 
 def check_settings(cfg: RunConfig) -> None:
-    """422 for settings no run takes whatever the clients: DP with secure aggregation, and
-    sparse secure aggregation (the in-process simulator's only)."""
-    if cfg.secure_aggregation == "sparse":
-        raise Malformed(
-            "secure_aggregation=sparse runs in the in-process simulator only (fedrec train); "
-            "the aggregator's phases mask dense vectors: use secure_aggregation=dense",
-            "unsupported_setting",
-        )
+    """422 for settings no run takes whatever the clients: DP with secure aggregation."""
     if cfg.secure_aggregation != "off" and (
         cfg.dp_noise is not None or cfg.target_epsilon is not None
     ):

@@ -1,10 +1,21 @@
 """Secure aggregation over HTTP: the rounds of :mod:`fedrecgel.secagg.protocol` between the
 aggregator and the workers, each worker speaking for its clients.
 
-A round attempt of a run with ``secure_aggregation`` on goes through four phases, stored in
+A round attempt of a run with ``secure_aggregation=dense`` goes through four phases, stored in
 ``rounds.secagg_phase`` (``keys`` -> ``shares`` -> ``masked`` -> ``unmask``); in each one the
 clients send one message (``POST /v1/rounds/{r}/secagg/{keys|shares|masked|reveal}``) and read
-what they need from ``GET /v1/rounds/{r}/secagg``. A phase ends when every client that took
+what they need from ``GET /v1/rounds/{r}/secagg``.
+
+``secure_aggregation=sparse`` runs the two protocol instances of
+:func:`fedrecgel.secagg.aggregate.secure_sparse_mean` in six phases. Both instances' keys and
+shares are exchanged up front (each client sends its keys, then its shares, of A and of B in
+one body; B's cohort and neighbour graph are A's). ``masked`` and ``unmask`` are A's (the
+clients' item indicators, in the counting ring); when A's unmasking ends, the aggregator
+forms the public union U (items counted, plus the round's negative pool) and stores it with
+the attempt (``rounds.secagg_union``), or fails the attempt when A cannot be unmasked. Then
+``masked_b`` (each of A's survivors' update on U's rows, 32-bit words; a client outside A's
+survivors is refused, and counts as dropped in B) and ``unmask_b`` (``reveal_b``); the mean
+over B's survivors is the round's aggregate. A phase ends when every client that took
 the previous one has sent its message, or at the round deadline (which each new phase renews:
 the deadline machinery of plain rounds, once per phase). A phase that ends with fewer than
 ``max(2, quorum_count(cohort))`` senders fails the attempt, and so does an unmasking that
@@ -13,10 +24,10 @@ keys (:meth:`~services.aggregator.rounds.RoundCloser.close_round`), and no model
 
 Everything lives in the SQL store (:class:`~services.aggregator.secagg_repository.
 SecAggRepository`): the keys, encrypted shares and revealed shares as the clients sent them,
-and the running sum of the masked inputs (each vector is added in the transaction that accepts
+and the running sum of the masked inputs, each of its protocol instance (each vector is added in the transaction that accepts
 it and never kept on its own). A restarted aggregator continues the phase it was in.
 
-Every message is checked before it is stored (422 with the reason): format and lengths, the
+Every message is checked before it is stored (:mod:`.secagg_checks`; 422 with the reason): format and lengths, the
 sender held by the caller's token and in the cohort, shares addressed to the sender's
 neighbours only, revealed shares matching the commitments their dealer published; a message
 for another phase is 409, a second different one from the same client 409, the same one again
@@ -25,42 +36,70 @@ for another phase is 409, a second different one from the same client 409, the s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import numpy as np
 
-from fedrecgel.secagg import crypto, messages, shamir
-from fedrecgel.secagg.aggregate import round_spec
+from fedrecgel.secagg import messages
+from fedrecgel.secagg.aggregate import (
+    counts_spec,
+    round_pool,
+    round_spec,
+    row_gain,
+    union_of,
+    update_spec,
+)
 from fedrecgel.secagg.layout import unflatten, vector_length
-from fedrecgel.secagg.protocol import Keys, Masked, Reveal, RoundFailed, RoundSpec, Shares
+from fedrecgel.secagg.protocol import Keys, Masked, RoundFailed, RoundSpec, Shares
 from fedrecgel.secagg.server import Outcome, Server
 from fedrecgel.upload_modes import Aggregate
-from fedrecgel.wire import WireError, load_json
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
-from services.aggregator.errors import Conflict, Forbidden, Malformed
+from services.aggregator.errors import Conflict, Forbidden
 from services.aggregator.models import Clock, Round
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig, UploadResult
+from services.aggregator.secagg_checks import (
+    MASKED_STEPS,
+    SLOT,
+    Checks,
+    Message,
+    decode,
+    fresh_keys,
+)
 from services.aggregator.secagg_repository import SecAggRepository
 from services.contract import SecAggRound
 
 log = logging.getLogger(__name__)
 
 #: the phase in which each step's message is accepted, and the step each phase waits for
-PHASE_OF_STEP = {"keys": "keys", "shares": "shares", "masked": "masked", "reveal": "unmask"}
+PHASE_OF_STEP = {
+    "keys": "keys",
+    "shares": "shares",
+    "masked": "masked",
+    "reveal": "unmask",
+    "masked_b": "masked_b",
+    "reveal_b": "unmask_b",
+}
 STEP_OF_PHASE = {v: k for k, v in PHASE_OF_STEP.items()}
-NEXT_PHASE = {"keys": "shares", "shares": "masked", "masked": "unmask"}
-#: the step whose senders a step waits for (everyone who took the one before it)
-PREVIOUS_STEP = {"shares": "keys", "masked": "shares", "reveal": "masked"}
-#: one sealed pair of shares: nonce, two share values, GCM tag
-SEALED_BYTES = crypto.NONCE_BYTES + 2 * shamir.SHARE_BYTES + 16
+#: the phases of a dense and of a sparse attempt, in order
+PHASES = {
+    "dense": ("keys", "shares", "masked", "unmask"),
+    "sparse": ("keys", "shares", "masked", "unmask", "masked_b", "unmask_b"),
+}
+#: the step whose senders a step waits for (everyone who took the one before it; B's inputs:
+#: A's survivors)
+PREVIOUS_STEP = {
+    "shares": "keys",
+    "masked": "shares",
+    "reveal": "masked",
+    "masked_b": "masked",
+    "reveal_b": "masked_b",
+}
 
 
 class Decision:
@@ -76,9 +115,33 @@ def is_secure(cfg: RunConfig) -> bool:
     return cfg.secure_aggregation != "off"
 
 
+def is_sparse(cfg: RunConfig) -> bool:
+    """Whether a run aggregates securely in two instances (counts, then the union's rows)."""
+    return cfg.secure_aggregation == "sparse"
+
+
+def next_phase(cfg: RunConfig, phase: str) -> str | None:
+    """The phase after ``phase`` in the run's mode (None: the last one)."""
+    phases = PHASES["sparse" if is_sparse(cfg) else "dense"]
+    i = phases.index(phase) + 1
+    return phases[i] if i < len(phases) else None
+
+
 def spec_of(cfg: RunConfig, rnd: Round) -> RoundSpec:
-    """The public parameters of a round attempt (the attempt's own cohort)."""
+    """The public parameters of a round attempt (the attempt's own cohort): of its instance A
+    (a sparse attempt's counts), whose neighbour graph B shares."""
+    if is_sparse(cfg):
+        return counts_spec(cfg.model(), cfg, rnd.round_id, rnd.cohort)
     return round_spec(cfg.model(), cfg, rnd.round_id, rnd.cohort)
+
+
+def spec_b(cfg: RunConfig, rnd: Round, union: list[int] | None) -> RoundSpec:
+    """A sparse attempt's instance B on its ``union`` (A's cohort: those outside A's
+    survivors count as dropped)."""
+    if union is None:
+        raise RoundFailed(f"round {rnd.round_id}: the update instance has no union yet")
+    u = np.asarray(union, dtype=np.int64)
+    return update_spec(cfg.model(), cfg, rnd.round_id, rnd.cohort, u)
 
 
 def minimum(cfg: RunConfig, cohort_size: int) -> int:
@@ -86,43 +149,46 @@ def minimum(cfg: RunConfig, cohort_size: int) -> int:
     return max(2, cfg.quorum_count(cohort_size))
 
 
+def _count(sa: SecAggRepository, pk: int, step: str) -> int:
+    inst, stored = SLOT[step]
+    return sa.count(pk, stored, inst)
+
+
 def decide(sa: SecAggRepository, rnd: Round, cfg: RunConfig, now: datetime) -> str:
     """What the current phase of an open attempt asks for now."""
     phase = rnd.secagg_phase or "keys"
     step = STEP_OF_PHASE[phase]
-    n = sa.count(rnd.id, step)
+    n = _count(sa, rnd.id, step)
     prev = PREVIOUS_STEP.get(step)
-    expected = len(rnd.cohort) if prev is None else sa.count(rnd.id, prev)
+    expected = len(rnd.cohort) if prev is None else _count(sa, rnd.id, prev)
     if n < expected and now < rnd.deadline:
         return Decision.WAIT
-    if phase == "unmask" or n < minimum(cfg, len(rnd.cohort)):
+    if next_phase(cfg, phase) is None:
         return Decision.CLOSE
-    return Decision.NEXT
+    if phase == "unmask":  # a sparse attempt's counts: unmasked as it moves on (or it fails)
+        return Decision.NEXT
+    return Decision.CLOSE if n < minimum(cfg, len(rnd.cohort)) else Decision.NEXT
 
 
-def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> Aggregate:
-    """The survivors' mean (gradient, mean loss, how many they were), from the stored messages and running sum; :class:`RoundFailed`
-    when the attempt did not reach the unmasking phase with enough clients, or a secret it
-    needs cannot be recovered and checked (then no sum is output)."""
-    if rnd.secagg_phase != "unmask":
-        raise RoundFailed(
-            f"round {rnd.round_id} attempt {rnd.attempt} ended in phase {rnd.secagg_phase} "
-            "with too few clients"
-        )
-    spec = spec_of(cfg, rnd)
-    keys = {u: messages.decode_keys(b) for u, b in sa.bodies(rnd.id, "keys").items()}
-    shares = {u: messages.decode_shares(b) for u, b in sa.bodies(rnd.id, "shares").items()}
+def _unmask(
+    sa: SecAggRepository, rnd: Round, cfg: RunConfig, spec: RoundSpec, inst: str
+) -> Outcome:
+    """Unmask the survivors' sum of one instance from its stored messages and running sum."""
+    pk = rnd.id
+    keys = {u: messages.decode_keys(b) for u, b in sa.bodies(pk, "keys", inst=inst).items()}
+    shares = {u: messages.decode_shares(b) for u, b in sa.bodies(pk, "shares", inst=inst).items()}
     arrived = {
-        u: tuple(int(c) for c in json.loads(b)) for u, b in sa.bodies(rnd.id, "masked").items()
+        u: tuple(int(c) for c in json.loads(b))
+        for u, b in sa.bodies(pk, "masked", inst=inst).items()
     }
     if len(arrived) < minimum(cfg, len(rnd.cohort)):
         raise RoundFailed(f"round {rnd.round_id}: {len(arrived)} masked inputs, too few")
-    raw = sa.total(rnd.id)
+    raw = sa.total(pk, inst)
     assert raw is not None
-    server = Server.restore(spec, keys, shares, arrived, np.frombuffer(raw, dtype="<u8"))
-    reveals = [messages.decode_reveal(b) for b in sa.bodies(rnd.id, "reveal").values()]
-    out: Outcome = server.unmask(reveals)
-    grads, loss = unflatten(cfg.model(), out.total / len(out.survivors))
+    total = np.frombuffer(raw, dtype=_words(spec))
+    server = Server.restore(spec, keys, shares, arrived, total)
+    reveals = [messages.decode_reveal(b) for b in sa.bodies(pk, "reveal", inst=inst).values()]
+    out = server.unmask(reveals)
     if out.bad_shares or out.complaints:
         log.warning(
             "round %d: unmasked despite refused shares %s and complaints %s",
@@ -130,57 +196,45 @@ def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> Aggregate:
             out.bad_shares,
             out.complaints,
         )
+    return out
+
+
+def count_union(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> list[int]:
+    """A sparse attempt's public union, from its unmasked counts (instance A) and the round's
+    negative pool; :class:`RoundFailed` when A cannot be unmasked."""
+    out = _unmask(sa, rnd, cfg, spec_of(cfg, rnd), "a")
+    counts = np.rint(out.total).astype(np.int64)
+    model = cfg.model()
+    pool = round_pool(cfg, model.n_items, rnd.round_id)
+    return [int(i) for i in union_of(counts, pool)]
+
+
+def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> Aggregate:
+    """The survivors' mean (gradient, mean loss, how many they were), from the stored messages
+    and running sum (a sparse attempt's: instance B's, on the rows of its union);
+    :class:`RoundFailed` when the attempt did not reach its last phase with enough clients, or
+    a secret it needs cannot be recovered and checked (then no sum is output)."""
+    if next_phase(cfg, rnd.secagg_phase or "keys") is not None:
+        raise RoundFailed(
+            f"round {rnd.round_id} attempt {rnd.attempt} ended in phase {rnd.secagg_phase} "
+            "with too few clients"
+        )
+    model = cfg.model()
+    if not is_sparse(cfg):
+        out = _unmask(sa, rnd, cfg, spec_of(cfg, rnd), "a")
+        grads, loss = unflatten(model, out.total / len(out.survivors))
+        return Aggregate(grads, loss, len(out.survivors))
+    spec = spec_b(cfg, rnd, sa.union(rnd.id))
+    out = _unmask(sa, rnd, cfg, spec, "b")
+    union = np.asarray(sa.union(rnd.id), dtype=np.int64)
+    total = out.total / row_gain(model, union)
+    grads, loss = unflatten(model, total / len(out.survivors), union)
     return Aggregate(grads, loss, len(out.survivors))
 
 
-def _digest(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
-
-
-def _json_list(body: bytes, most: int) -> list[bytes]:
-    """A body of a JSON list of at most ``most`` messages: each one's canonical bytes (a list
-    longer than the caller's clients is refused before its messages are serialized again:
-    600,000 empty objects in a 2 MB body took 2.6 s of CPU before the first was refused)."""
-    try:
-        doc = load_json(body, "the body")
-    except WireError:
-        raise Malformed("the body is not JSON", "malformed_message") from None
-    if not isinstance(doc, list) or not doc:
-        raise Malformed("the body is a non-empty JSON list of messages", "malformed_message")
-    if len(doc) > most:
-        raise Malformed(
-            f"{len(doc)} messages in one body; one per client, and this token holds {most}",
-            "malformed_message",
-        )
-    return [json.dumps(m, sort_keys=True).encode() for m in doc]
-
-
-@dataclass(frozen=True)
-class _Message:
-    client_id: int
-    digest: str
-    stored: bytes  # what is kept (the message; for a masked input, its complaints)
-    parsed: Keys | Shares | Masked | Reveal
-
-
-def _decode(step: str, body: bytes, length: int, most: int) -> list[_Message]:
-    """Decode a body of ``step`` of at most ``most`` messages (422 on anything malformed)."""
-    try:
-        if step == "masked":
-            m = messages.decode_masked(body, length)
-            return [_Message(m.client_id, _digest(body), json.dumps(m.complaints).encode(), m)]
-        decoder: Callable[[bytes], Keys | Shares | Reveal] = messages.decode_keys
-        if step == "shares":
-            decoder = messages.decode_shares
-        elif step == "reveal":
-            decoder = messages.decode_reveal
-        out = []
-        for raw in _json_list(body, most):
-            parsed = decoder(raw)
-            out.append(_Message(parsed.client_id, _digest(raw), raw, parsed))
-        return out
-    except messages.MessageError as err:
-        raise Malformed(f"{step} message: {err}", "malformed_message") from None
+def _words(spec: RoundSpec) -> np.dtype[Any]:
+    """The stored words of an instance's running sum (little-endian)."""
+    return np.dtype(spec.fixed.dtype).newbyteorder("<")
 
 
 class SecureRounds:
@@ -216,27 +270,28 @@ class SecureRounds:
             spec = spec_of(cfg, live)
             phase = live.secagg_phase or "keys"
             near = sorted({v for u in mine for v in spec.neighbours_of(u)})
+            both = ("a", "b") if is_sparse(cfg) else ("a",)
             docs: list[dict[str, object]] = []
-            survivors: list[int] = []
-            dropped: list[int] = []
+            extra: dict[str, Any] = {}
+            inst, step = SLOT[STEP_OF_PHASE[phase]]
             if phase == "shares":
-                docs = [json.loads(b) for b in sa.bodies(live.id, "keys", near).values()]
-            elif phase == "masked":
-                want = set(mine)
-                for body in sa.bodies(live.id, "shares", near).values():
-                    sh = messages.decode_shares(body)
-                    to = {v for v in sh.sealed if v in want}
-                    if to:
-                        trimmed = Shares(
-                            sh.client_id,
-                            {v: sh.sealed[v] for v in to},
-                            {v: sh.share_commits[v] for v in to},
-                            sh.b_commit,
-                        )
-                        docs.append(json.loads(messages.encode_shares(trimmed)))
-            elif phase == "unmask":
-                survivors = sa.senders(live.id, "masked")
-                dropped = sorted(set(sa.senders(live.id, "shares")) - set(survivors))
+                for i in both:
+                    docs += [json.loads(b) for b in sa.bodies(live.id, "keys", near, i).values()]
+            elif phase in MASKED_STEPS:
+                docs = _addressed(sa.bodies(live.id, "shares", near, inst), set(mine), inst)
+            if phase == "masked_b":
+                union = sa.union(live.id)
+                b = spec_b(cfg, live, union)
+                extra = {
+                    "union": union,
+                    "length": b.length,
+                    "word_bits": b.fixed.word_bits,
+                    "scale_bits": b.fixed.scale_bits,
+                }
+            if step == "reveal":
+                extra["survivors"] = sa.senders(live.id, "masked", inst)
+                shared = sa.senders(live.id, "shares", inst)
+                extra["dropped"] = sorted(set(shared) - set(extra["survivors"]))
             return SecAggRound(
                 round_id=live.round_id,
                 attempt=live.attempt,
@@ -244,8 +299,7 @@ class SecureRounds:
                 deadline=live.deadline,
                 cohort=sorted(live.cohort),
                 messages=docs,
-                survivors=survivors,
-                dropped=dropped,
+                **extra,
             )
 
     def submit(  # noqa: C901  # the protocol's refusals in its order, in one transaction
@@ -254,14 +308,12 @@ class SecureRounds:
         """``POST /v1/rounds/{round_id}/secagg/{step}`` (``cfg``: the newest run's)."""
         if not caller.client_ids:
             raise Forbidden("only clients take part in secure aggregation", "not_owned")
-        msgs = _decode(step, body, vector_length(cfg.model()), len(caller.client_ids))
-        ids = [m.client_id for m in msgs]
-        if len(set(ids)) != len(ids):
-            raise Malformed("one message per client in a body", "malformed_message")
-        for c in ids:
-            if c not in caller.client_ids:
-                raise Forbidden(f"client {c} is not held by this token", "not_owned")
+        most = len(caller.client_ids)
+        # a sparse attempt's masked layouts are its own (cohort, union): read in the transaction
+        late = is_sparse(cfg) and step in MASKED_STEPS
+        msgs = [] if late else _owned(caller, decode(step, body, _dense(cfg), most, is_sparse(cfg)))
         now = self.clock()
+        inst, stored = SLOT[step]
         with self.db.transaction() as s:
             repo, sa = Repository(s), SecAggRepository(s)
             live, cfg = self._live(repo, round_id)
@@ -274,6 +326,11 @@ class SecureRounds:
                     f"{step} messages are not taken now",
                     "wrong_phase",
                 )
+            spec = spec_of(cfg, live) if inst == "a" else spec_b(cfg, live, sa.union(live.id))
+            if late:
+                layout = (spec.length, spec.fixed.dtype)
+                msgs = _owned(caller, decode(step, body, layout, most, True))
+            ids = sorted({m.client_id for m in msgs})
             for c in ids:
                 if c not in live.cohort:
                     raise Forbidden(
@@ -281,136 +338,88 @@ class SecureRounds:
                         f"(attempt {live.attempt})",
                         "not_in_cohort",
                     )
-            seen = sa.digests(live.id, step, ids)
-            results, fresh = [], []
+            seen = {i: sa.digests(live.id, stored, ids, i) for i in {m.instance for m in msgs}}
+            status: dict[int, str] = {}
+            fresh: list[Message] = []
             for m in msgs:
-                old = seen.get(m.client_id)
+                old = seen[m.instance].get(m.client_id)
                 if old is None:
                     fresh.append(m)
-                    results.append(UploadResult(client_id=m.client_id, status="accepted"))
-                elif old == m.digest:
-                    results.append(UploadResult(client_id=m.client_id, status="duplicate"))
-                else:
+                elif old != m.digest:
                     raise Conflict(
                         f"client {m.client_id} already sent a different {step} message",
                         "conflicting_message",
                     )
+                got = "accepted" if old is None else "duplicate"
+                if status.setdefault(m.client_id, got) != got:
+                    raise Conflict(
+                        f"client {m.client_id}: one instance's {step} message is stored, the "
+                        "other's is not",
+                        "conflicting_message",
+                    )
             if fresh:
-                _Checks(sa, live, spec_of(cfg, live)).check(step, [m.parsed for m in fresh])
-                if step == "masked":
-                    _add_to_total(sa, live.id, [m.parsed for m in fresh])  # type: ignore[misc]
+                if step == "keys" and is_sparse(cfg):
+                    pairs: dict[int, list[Keys]] = {}
+                    for m in fresh:
+                        pairs.setdefault(m.client_id, []).append(m.parsed)  # type: ignore[arg-type]
+                    fresh_keys(pairs)
+                for i in sorted({m.instance for m in fresh}):
+                    mine = [m.parsed for m in fresh if m.instance == i]
+                    Checks(sa, live, spec, i).check(stored, mine)
+                if stored == "masked":
+                    _add_to_total(sa, live.id, spec, inst, [m.parsed for m in fresh])  # type: ignore[misc]
                 for m in fresh:
-                    sa.add_message(live.id, step, m.client_id, m.digest, m.stored)
+                    sa.add_message(live.id, stored, m.client_id, m.digest, m.stored, m.instance)
             prev = PREVIOUS_STEP.get(step)
-            expected = len(live.cohort) if prev is None else sa.count(live.id, prev)
-            complete = bool(fresh) and sa.count(live.id, step) >= expected
+            expected = len(live.cohort) if prev is None else _count(sa, live.id, prev)
+            complete = bool(fresh) and _count(sa, live.id, step) >= expected
             pk = live.id
         if complete:
             self.advance(pk)
-        return results
+        return [UploadResult(client_id=c, status=st) for c, st in status.items()]  # type: ignore[arg-type]
 
 
-def _add_to_total(sa: SecAggRepository, pk: int, masked: list[Masked]) -> None:
-    raw = sa.total(pk)
+def _dense(cfg: RunConfig) -> tuple[int, type[np.unsignedinteger[Any]]]:
+    """A dense run's masked vector: its whole layout in the run's words."""
+    return vector_length(cfg.model()), cfg.secagg_fixed_point().dtype
+
+
+def _owned(caller: Caller, msgs: list[Message]) -> list[Message]:
+    """``msgs``, each of a client the caller holds (403 otherwise)."""
+    for m in msgs:
+        if m.client_id not in caller.client_ids:
+            raise Forbidden(f"client {m.client_id} is not held by this token", "not_owned")
+    return msgs
+
+
+def _addressed(bodies: dict[int, bytes], want: set[int], inst: str) -> list[dict[str, object]]:
+    """The share messages of ``bodies`` cut to the shares addressed to ``want``."""
+    docs: list[dict[str, object]] = []
+    for body in bodies.values():
+        sh = messages.decode_shares(body)
+        to = {v for v in sh.sealed if v in want}
+        if to:
+            trimmed = Shares(
+                sh.client_id,
+                {v: sh.sealed[v] for v in to},
+                {v: sh.share_commits[v] for v in to},
+                sh.b_commit,
+            )
+            docs.append(json.loads(messages.encode_shares(trimmed, inst)))
+    return docs
+
+
+def _add_to_total(
+    sa: SecAggRepository, pk: int, spec: RoundSpec, inst: str, masked: list[Masked]
+) -> None:
+    """Add masked inputs to an instance's running sum (wrapping modulo 2^w, as the masks)."""
+    words = _words(spec)
+    raw = sa.total(pk, inst)
     total = (
-        np.zeros(len(masked[0].y), dtype=np.uint64)
+        np.zeros(spec.length, dtype=words)
         if raw is None
-        else np.frombuffer(raw, dtype="<u8").copy()
+        else np.frombuffer(raw, dtype=words).copy()
     )
     for m in masked:
-        total += m.y  # wraps modulo 2^64, as the masks do
-    sa.set_total(pk, total.astype("<u8").tobytes())
-
-
-class _Checks:
-    """The checks of fresh messages against what the attempt has stored (422 on failure)."""
-
-    def __init__(self, sa: SecAggRepository, rnd: Round, spec: RoundSpec) -> None:
-        self.sa, self.rnd, self.spec = sa, rnd, spec
-
-    def check(self, step: str, parsed: list[Any]) -> None:
-        getattr(self, f"_{step}")(parsed)
-
-    def _keys(self, msgs: list[Keys]) -> None:
-        for m in msgs:
-            if m.c_pk == m.s_pk:
-                raise Malformed(
-                    f"client {m.client_id}: the two public keys must differ", "malformed_message"
-                )
-
-    def _shares(self, msgs: list[Shares]) -> None:
-        advertised = set(self.sa.senders(self.rnd.id, "keys"))
-        for m in msgs:
-            u = m.client_id
-            if u not in advertised:
-                raise Malformed(f"client {u} sent no keys in this attempt", "malformed_message")
-            nbrs = set(self.spec.neighbours_of(u)) & advertised
-            to = set(m.sealed)
-            if to - nbrs or to != set(m.share_commits):
-                raise Malformed(
-                    f"client {u}: shares must go to neighbours that advertised keys, each with "
-                    "its commitment",
-                    "malformed_share",
-                )
-            if len(to) < self.spec.threshold(u):
-                raise Malformed(
-                    f"client {u}: {len(to)} shares, the threshold is {self.spec.threshold(u)}",
-                    "malformed_share",
-                )
-            bad = [v for v, c in m.sealed.items() if len(c) != SEALED_BYTES]
-            if bad:
-                raise Malformed(
-                    f"client {u}: sealed shares for {bad[:5]} are not {SEALED_BYTES} bytes",
-                    "malformed_share",
-                )
-
-    def _masked(self, msgs: list[Masked]) -> None:
-        shared = set(self.sa.senders(self.rnd.id, "shares"))
-        for m in msgs:
-            if len(m.y) != self.spec.length:
-                raise Malformed(
-                    f"client {m.client_id}: masked vector of {len(m.y)} values, the round's "
-                    f"layout has {self.spec.length}",
-                    "malformed_message",
-                )
-            if m.client_id not in shared:
-                raise Malformed(
-                    f"client {m.client_id} sent no shares in this attempt", "malformed_message"
-                )
-            if set(m.complaints) - set(self.spec.neighbours_of(m.client_id)):
-                raise Malformed(
-                    f"client {m.client_id}: complaints name non-neighbours", "malformed_message"
-                )
-
-    def _reveal(self, msgs: list[Reveal]) -> None:
-        pk, r = self.rnd.id, self.spec.round_id
-        survivors = set(self.sa.senders(pk, "masked"))
-        for m in msgs:
-            if m.client_id not in survivors:
-                raise Malformed(
-                    f"client {m.client_id} sent no masked input: it has nothing to reveal",
-                    "malformed_message",
-                )
-        dealt = {
-            u: messages.decode_shares(b)
-            for u, b in self.sa.bodies(pk, "shares").items()
-            if any(u in m.b_shares or u in m.s_shares for m in msgs)
-        }
-        for m in msgs:
-            w = m.client_id
-            for kind, got in (("b", m.b_shares), ("s", m.s_shares)):
-                for owner, y in got.items():
-                    if (owner in survivors) != (kind == "b"):
-                        raise Malformed(
-                            f"client {w}: a {kind} share of client {owner}, which "
-                            + ("survived" if owner in survivors else "dropped"),
-                            "malformed_share",
-                        )
-                    commits = dealt[owner].share_commits.get(w) if owner in dealt else None
-                    idx = 0 if kind == "s" else 1
-                    if commits is None or commits[idx] != crypto.commit(kind, r, owner, w, y):
-                        raise Malformed(
-                            f"client {w}: its {kind} share of client {owner} does not match the "
-                            "commitment the dealer published",
-                            "malformed_share",
-                        )
+        total += m.y
+    sa.set_total(pk, total.astype(words).tobytes(), inst)

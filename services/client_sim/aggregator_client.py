@@ -295,7 +295,8 @@ class AggregatorClient:
     def secagg_send(self, round_id: int, step: str, body: bytes) -> dict[int, str]:
         """Secure aggregation: one body of ``step`` (a masked input as safetensors, the other
         steps' JSON lists): client id -> ``accepted`` or ``duplicate``."""
-        media = "application/octet-stream" if step == "masked" else "application/json"
+        masked = step in ("masked", "masked_b")
+        media = "application/octet-stream" if masked else "application/json"
         resp = self._request(
             "POST",
             f"/v1/rounds/{int(round_id)}/secagg/{step}",

@@ -14,6 +14,14 @@ Each poll of an open round reads its phase and takes this worker's part of it on
 * ``unmask``: each client that sent a masked input reveals its shares of surviving
   neighbours' self-mask seeds and of dropped neighbours' mask keys, never both of one client.
 
+A sparse run (``secure_aggregation=sparse``) runs two protocol instances, each client with a
+:class:`~fedrecgel.secagg.protocol.Client` in each (fresh keys apiece): ``keys`` and
+``shares`` send both instances' messages (B's tagged), ``masked`` sends A's input (the
+client's item indicator outside the round's negative pool, from the client step, whose
+result is kept in memory), ``unmask`` A's reveals; then ``masked_b`` sends, for each client
+whose count was taken, its clipped update on the rows of the union the aggregator published
+(and commits the new private state once acknowledged), and ``unmask_b`` B's reveals.
+
 A worker that restarts in the middle of a round has lost its clients' keys: they sit the
 attempt out (the protocol counts them as dropped, and their private state stays as it was).
 A client refused at one step (409, 422) takes no further part in the attempt.
@@ -30,7 +38,14 @@ import numpy as np
 
 from fedrecgel.sam import StepResult
 from fedrecgel.secagg import messages
-from fedrecgel.secagg.aggregate import round_spec
+from fedrecgel.secagg.aggregate import (
+    counts_spec,
+    item_indicator,
+    round_pool,
+    round_spec,
+    sparse_input,
+    update_spec,
+)
 from fedrecgel.secagg.layout import flatten
 from fedrecgel.secagg.protocol import Client, Keys, RoundFailed, RoundSpec, Shares
 from fedrecgel.strategy import clip_update
@@ -41,19 +56,28 @@ from services.contract import CurrentRound, RunConfig, SecAggRound
 log = logging.getLogger(__name__)
 
 #: the step a client takes in each phase
-STEP_OF_PHASE = {"keys": "keys", "shares": "shares", "masked": "masked", "unmask": "reveal"}
-#: the round's client step of some users from a model version: (cfg, version, round, users,
-#: cohort size) -> their uploads and new private state
+STEP_OF_PHASE = {
+    "keys": "keys",
+    "shares": "shares",
+    "masked": "masked",
+    "unmask": "reveal",
+    "masked_b": "masked_b",
+    "unmask_b": "reveal_b",
+}
 #: the most bytes of one JSON body (the aggregator's JSON limit is 2 MiB by default)
 JSON_BODY_BYTES = 1 << 20
+#: the round's client step of some users from a model version: (cfg, version, round, users,
+#: cohort size) -> their uploads and new private state
 Compute = Callable[[RunConfig, int, int, list[int], int], StepResult]
+Bodies = list[tuple[list[int], bytes]]
 
 
 @dataclass
 class Attempt:
     """This worker's clients in one round attempt, the steps they took, and the bodies of the
     step being sent (built once: a retry re-sends the same bytes, which the aggregator
-    answers as duplicates)."""
+    answers as duplicates). A sparse attempt's clients have a second protocol client each
+    (``clients_b``, instance B), and its pool of negatives."""
 
     key: tuple[int, int, int]  # run, round, attempt
     version: int
@@ -61,10 +85,26 @@ class Attempt:
     spec: RoundSpec | None = None
     out: bool = False  # joined too late: every client sits the attempt out
     clients: dict[int, Client] = field(default_factory=dict)
+    clients_b: dict[int, Client] = field(default_factory=dict)
+    pool: np.ndarray | None = None
     done: set[str] = field(default_factory=set)
-    outbox: dict[str, list[tuple[list[int], bytes]]] = field(default_factory=dict)
+    outbox: dict[str, Bodies] = field(default_factory=dict)
     taken: dict[str, set[int]] = field(default_factory=dict)
     result: StepResult | None = None
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the attempt runs sparse secure aggregation's two instances."""
+        return self.pool is not None
+
+    def joined(self, step: str) -> list[dict[int, Client]]:
+        """The protocol clients that take ``step`` (and leave the attempt when refused): both
+        instances' for the keys and shares, and for A's input (B takes A's survivors only)."""
+        if step.endswith("_b"):
+            return [self.clients_b]
+        if step == "reveal" or not self.sparse:
+            return [self.clients]
+        return [self.clients, self.clients_b]
 
 
 class SecureParticipant:
@@ -86,7 +126,7 @@ class SecureParticipant:
             if not todo:
                 return False
             att = self.attempt = Attempt(key, version, list(todo))
-        if att.out or (att.spec is not None and not att.clients):
+        if att.out or (att.spec is not None and not att.clients and not att.clients_b):
             return False  # every client of this worker left the attempt
         try:
             view = self.client.secagg_round(info.round_id)
@@ -107,13 +147,12 @@ class SecureParticipant:
                 )
                 att.out = True
                 return False
-            att.spec = round_spec(cfg.model(), cfg, key[1], view.cohort)
-            att.clients = {u: Client(att.spec, u) for u in att.todo}
+            self._join(att, cfg, view.cohort)
         if step not in att.outbox:
             att.outbox[step] = getattr(self, f"_{step}")(att, cfg, view)
         ok = self._send(att, step, att.outbox.pop(step))
         att.done.add(step)
-        if step == "masked" and ok:
+        if step == ("masked_b" if att.sparse else "masked") and ok:
             assert att.result is not None
             sent = [u for u in att.todo if u in ok]
             rows = np.asarray([att.todo.index(u) for u in sent])
@@ -121,6 +160,20 @@ class SecureParticipant:
             att.result = None
             log.info("round %d attempt %d: %d masked inputs sent", key[1], key[2], len(sent))
         return True
+
+    @staticmethod
+    def _join(att: Attempt, cfg: RunConfig, cohort: list[int]) -> None:
+        """The attempt's protocol clients, fresh keys each (a sparse attempt's B clients deal
+        their shares before the union is known: laid out on the pool's rows until then)."""
+        model, r = cfg.model(), att.key[1]
+        if cfg.secure_aggregation == "sparse":
+            att.pool = round_pool(cfg, model.n_items, r)
+            att.spec = counts_spec(model, cfg, r, cohort)
+            spec_b = update_spec(model, cfg, r, cohort, att.pool)
+            att.clients_b = {u: Client(spec_b, u) for u in att.todo}
+        else:
+            att.spec = round_spec(model, cfg, r, cohort)
+        att.clients = {u: Client(att.spec, u) for u in att.todo}
 
     # ------------------------------------------------------------------ the steps
 
@@ -139,16 +192,16 @@ class SecureParticipant:
                 log.warning(
                     "round %d: %s of clients %s refused: %s", att.key[1], step, ids[:5], err
                 )
-        for u in set(att.clients) - ok:
-            att.clients.pop(u, None)
+        for clients in att.joined(step):
+            for u in set(clients) - ok:
+                clients.pop(u, None)
         return ok
 
     @staticmethod
-    def _json_bodies(
-        ids: list[int], docs: list[bytes], budget: int = JSON_BODY_BYTES
-    ) -> list[tuple[list[int], bytes]]:
-        """JSON lists of ``docs`` (``ids``: their clients), each within ``budget`` bytes."""
-        out: list[tuple[list[int], bytes]] = []
+    def _json_bodies(ids: list[int], docs: list[bytes], budget: int = JSON_BODY_BYTES) -> Bodies:
+        """JSON lists of ``docs`` (``ids``: their clients; a client's doc may be several
+        documents joined by commas, kept in one body), each within ``budget`` bytes."""
+        out: Bodies = []
         part: list[int] = []
         size = 0
         for i, doc in enumerate(docs):
@@ -161,71 +214,122 @@ class SecureParticipant:
             out.append(([ids[k] for k in part], b"[" + b",".join(docs[k] for k in part) + b"]"))
         return out
 
-    def _keys(
-        self, att: Attempt, cfg: RunConfig, view: SecAggRound
-    ) -> list[tuple[list[int], bytes]]:
-        docs = [messages.encode_keys(c.advertise()) for c in att.clients.values()]
+    def _keys(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+        docs = []
+        for u, c in att.clients.items():
+            doc = messages.encode_keys(c.advertise())
+            if att.sparse:
+                doc += b"," + messages.encode_keys(att.clients_b[u].advertise(), "b")
+            docs.append(doc)
         return self._json_bodies(list(att.clients), docs)
 
-    def _shares(
-        self, att: Attempt, cfg: RunConfig, view: SecAggRound
-    ) -> list[tuple[list[int], bytes]]:
-        keys: dict[int, Keys] = {}
+    def _shares(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+        keys: dict[str, dict[int, Keys]] = {"a": {}, "b": {}}
         for doc in view.messages:
             k = messages.decode_keys(json.dumps(doc).encode())
-            keys[k.client_id] = k
-        docs = []
+            keys[messages.instance_of(doc)][k.client_id] = k
+        docs: list[bytes] = []
         for u, c in list(att.clients.items()):
             try:
-                docs.append(messages.encode_shares(c.share(keys)))
+                body = messages.encode_shares(c.share(keys["a"]))
+                if att.sparse:
+                    body += b"," + messages.encode_shares(att.clients_b[u].share(keys["b"]), "b")
+                docs.append(body)
             except RoundFailed as err:
                 log.warning("round %d: %s", att.key[1], err)
                 att.clients.pop(u)
+                att.clients_b.pop(u, None)
         return self._json_bodies(list(att.clients), docs)
 
-    def _masked(
-        self, att: Attempt, cfg: RunConfig, view: SecAggRound
-    ) -> list[tuple[list[int], bytes]]:
-        received: dict[int, dict[int, Shares]] = {u: {} for u in att.clients}
+    @staticmethod
+    def _received(clients: dict[int, Client], view: SecAggRound) -> dict[int, dict[int, Shares]]:
+        """The share messages of ``view`` by the client they address."""
+        received: dict[int, dict[int, Shares]] = {u: {} for u in clients}
         for doc in view.messages:
             sh = messages.decode_shares(json.dumps(doc).encode())
             for u in sh.sealed:
                 if u in received:
                     received[u][sh.client_id] = sh
+        return received
+
+    def _masked(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+        received = self._received(att.clients, view)
         r = att.key[1]
         # the step of every owned cohort member, as a plain round takes it (the same batch)
         att.result = result = self.compute(cfg, att.version, r, att.todo, len(view.cohort))
         model = cfg.model()
-        bodies = []
+        bodies: Bodies = []
         for i, u in enumerate(att.todo):
             c = att.clients.get(u)
             if c is None:
                 continue
             upd = result.uploads[i]
-            x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
-            try:
-                bodies.append(([u], messages.encode_masked(c.masked(x, received[u]))))
-            except RoundFailed as err:
-                log.warning("round %d: %s", r, err)
-                att.clients.pop(u)
-                continue
-            if c.clipped:
-                log.warning(
-                    "round %d: client %d had %d values beyond the fixed-point range",
-                    r,
-                    u,
-                    c.clipped,
-                )
+            if att.pool is not None:  # A: the items it touches outside the pool
+                x = item_indicator(model, upd, att.pool)
+            else:
+                x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
+            self._mask(att, bodies, "masked", u, c, x, received[u])
         return bodies
 
-    def _reveal(
-        self, att: Attempt, cfg: RunConfig, view: SecAggRound
-    ) -> list[tuple[list[int], bytes]]:
+    @staticmethod
+    def _mask(
+        att: Attempt,
+        bodies: Bodies,
+        step: str,
+        u: int,
+        c: Client,
+        x: np.ndarray,
+        got: dict[int, Shares],
+    ) -> None:
+        """Mask client ``u``'s input ``x`` of ``step`` into ``bodies`` (or drop the client from
+        the attempt)."""
+        r = att.key[1]
+        try:
+            bodies.append(([u], messages.encode_masked(c.masked(x, got))))
+        except RoundFailed as err:
+            log.warning("round %d: %s", r, err)
+            for clients in att.joined(step):
+                clients.pop(u, None)
+            return
+        if c.clipped:
+            log.warning(
+                "round %d: client %d had %d values beyond the fixed-point range", r, u, c.clipped
+            )
+
+    def _reveal(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+        return self._reveals(att, view, "a")
+
+    def _reveals(self, att: Attempt, view: SecAggRound, inst: str) -> Bodies:
+        """The reveals of instance ``inst``'s clients."""
+        clients = att.clients_b if inst == "b" else att.clients
         docs = []
-        for u, c in list(att.clients.items()):
+        for u, c in list(clients.items()):
             try:
-                docs.append(messages.encode_reveal(c.reveal(view.survivors, view.dropped)))
+                docs.append(messages.encode_reveal(c.reveal(view.survivors, view.dropped), inst))
             except RoundFailed as err:
                 log.warning("round %d: %s", att.key[1], err)
-                att.clients.pop(u)
-        return self._json_bodies(list(att.clients), docs)
+                clients.pop(u)
+        return self._json_bodies(list(clients), docs)
+
+    def _masked_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+        """B: each counted client's clipped update on the rows of the published union."""
+        model, r = cfg.model(), att.key[1]
+        union = np.asarray(view.union or [], dtype=np.int64)
+        spec = update_spec(model, cfg, r, view.cohort, union)
+        public = (view.length, view.word_bits, view.scale_bits)
+        if public != (spec.length, spec.fixed.word_bits, spec.fixed.scale_bits):
+            log.warning("round %d: the update instance's layout %s is not the run's", r, public)
+            att.clients_b.clear()
+            return []
+        assert att.result is not None
+        uploads = dict(zip(att.todo, att.result.uploads, strict=True))
+        received = self._received(att.clients_b, view)
+        bodies: Bodies = []
+        for u, c in list(att.clients_b.items()):
+            c.respec(spec)
+            x = sparse_input(model, cfg, uploads[u], union)
+            self._mask(att, bodies, "masked_b", u, c, x, received[u])
+        return bodies
+
+    def _reveal_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+        return self._reveals(att, view, "b")

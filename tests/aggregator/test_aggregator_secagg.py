@@ -272,10 +272,6 @@ def test_plain_uploads_and_unsupported_settings_are_refused(
     register(other, IDS)
     r = other.post("/v1/runs", json={**RUN, "dp_noise": 1.0}, headers=operator_headers())
     assert (r.status_code, r.json()["error"]) == (422, "unsupported_setting")
-    sparse = {**RUN, "secure_aggregation": "sparse", "negative_pool": 8}
-    r = other.post("/v1/runs", json=sparse, headers=operator_headers())
-    assert (r.status_code, r.json()["error"]) == (422, "unsupported_setting")
-    assert "simulator only" in r.json()["detail"]
     r = other.post("/v1/runs", json={**RUN, "fraction": 0.1}, headers=operator_headers())
     assert (r.status_code, r.json()["error"]) == (422, "invalid_config")
 

@@ -11,7 +11,7 @@ import pytest
 
 from fedrecgel import wire
 from fedrecgel.secagg import messages
-from services.aggregator import secagg as aggregator_secagg
+from services.aggregator import secagg_checks as aggregator_secagg
 from services.aggregator.errors import Malformed
 
 NOT_JSON = {
@@ -56,7 +56,7 @@ def test_every_parser_of_peer_json_goes_through_it(name: str, parsed: list[objec
 
 def test_json_lists_of_messages_still_parse(parsed: list[object]) -> None:
     body = json.dumps([{"b": 1, "a": 2}]).encode()
-    assert aggregator_secagg._json_list(body, 1) == [b'{"a": 2, "b": 1}']
+    assert aggregator_secagg._json_list(body, 1) == [("a", b'{"a": 2, "b": 1}')]
     assert parsed == [body]
 
 
