@@ -154,7 +154,8 @@ class Misbehaves(SecureParticipant):
     def _masked_b(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
         if att.key[1] != 1:
             return super()._masked_b(att, cfg, view)
-        assert self.withheld not in att.clients_b and self.held is not None
+        u = self.withheld
+        assert u is not None and u not in att.clients_b and self.held is not None
         self.dropped = min(att.clients_b)
         att.clients_b.pop(self.dropped)
         bodies = super()._masked_b(att, cfg, view)
@@ -164,7 +165,7 @@ class Misbehaves(SecureParticipant):
         short = messages.encode_masked(Masked(ids[0], y[:-1]))
         self._post("a B input one word short of U", 1, "masked_b", short)
         self.held.respec(spec)
-        got = self._received({self.withheld: self.held}, view)[self.withheld]  # type: ignore[dict-item]
+        got = self._received({u: self.held}, view)[u]
         stray = self.held.masked(np.zeros(spec.length), got)
         self._post(
             "a B input of a client not counted", 1, "masked_b", messages.encode_masked(stray)
