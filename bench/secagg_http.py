@@ -1,14 +1,16 @@
 """What secure aggregation costs over HTTP, per round, against plain sparse uploads: the same
-FilmTrust run (default settings, 2 shards) once plain and once with ``secure_aggregation=dense``,
-the real aggregator process (SQLite) and the two workers stepped in this process behind a
-recording transport, so every body on the wire is counted.
+FilmTrust run (default settings, 2 shards, negatives from a public pool of ``--pool`` items a
+round) once plain, once with ``secure_aggregation=dense`` and once with
+``secure_aggregation=sparse`` (which needs the pool), the real aggregator process (SQLite) and
+the two workers stepped in this process behind a recording transport, so every body on the
+wire is counted.
 
 Bytes are exact (request and response bodies, by endpoint family); seconds are the wall time
 of each run divided by its rounds (the workers take turns in one process, in both runs alike),
 measured one run after the other on a shared, loaded machine: read the ratio, not the absolute
 figures. Writes ``bench/results/secagg_http.json``.
 
-    nice -n 0 .venv/bin/python -m bench.secagg_http [--rounds 3] [--fraction 0.1]
+    nice -n 0 .venv/bin/python -m bench.secagg_http [--rounds 3] [--fraction 0.1] [--pool 128]
 """
 
 from __future__ import annotations
@@ -45,13 +47,18 @@ def family(method: str, path: str) -> str:
     return "other"
 
 
-def one_run(mode: str, rounds: int, fraction: float, workdir: Path) -> dict[str, Any]:
+#: the arms: plain uploads and the two secure-aggregation modes
+MODES = ("off", "dense", "sparse")
+
+
+def one_run(mode: str, rounds: int, fraction: float, pool: int, workdir: Path) -> dict[str, Any]:
     """One run of ``rounds`` rounds; its bytes by family and seconds per round."""
     split = load_split(DATASET)
     train = TrainConfig(
         rounds=rounds,
         shards=2,
         fraction=fraction,
+        negative_pool=pool,
         secure_aggregation=mode,  # type: ignore[arg-type]
     )
     opts = parity_options(train, DATASET, workdir, workers=2, worker_poll_max_s=0.5)
@@ -86,8 +93,8 @@ def one_run(mode: str, rounds: int, fraction: float, workdir: Path) -> dict[str,
     }
 
 
-def main(rounds: Positive = 3, fraction: float = TrainConfig().fraction) -> None:
-    """Run both modes and write the JSON."""
+def main(rounds: Positive = 3, fraction: float = TrainConfig().fraction, pool: int = 128) -> None:
+    """Run the three arms and write the JSON."""
     torch.set_num_threads(worker_torch_threads(2))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {
@@ -95,23 +102,32 @@ def main(rounds: Positive = 3, fraction: float = TrainConfig().fraction) -> None
         "rounds": rounds,
         "fraction": fraction,
         "command": f"nice -n 0 .venv/bin/python -m bench.secagg_http --rounds {rounds} "
-        f"--fraction {fraction:g}",
+        f"--fraction {fraction:g} --pool {pool}",
+        "negative_pool": pool,
         "note": "same-run ratios on a shared loaded machine; workers stepped in one process",
     }
     split = load_split(DATASET)
     out["vector_length"] = vector_length(TrainConfig().model(split.n_items))
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("off", "dense"):
-            out[mode] = one_run(mode, rounds, fraction, Path(tmp) / mode)
+        for mode in MODES:
+            out[mode] = one_run(mode, rounds, fraction, pool, Path(tmp) / mode)
             print(mode, json.dumps({k: v for k, v in out[mode].items() if k != "bytes_by_family"}))
-    p, s = out["off"], out["dense"]
     out["ratio"] = {
-        "upload_bytes": s["upload_bytes_per_round"] / p["upload_bytes_per_round"],
-        "seconds": s["seconds_per_round"] / p["seconds_per_round"],
+        f"{a}/{b}": {
+            "upload_bytes": out[a]["upload_bytes_per_round"] / out[b]["upload_bytes_per_round"],
+            "bytes": _bytes(out[a]) / _bytes(out[b]),
+            "seconds": out[a]["seconds_per_round"] / out[b]["seconds_per_round"],
+        }
+        for a, b in (("dense", "off"), ("sparse", "off"), ("sparse", "dense"))
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print("ratios", out["ratio"], "->", OUT)
+
+
+def _bytes(arm: dict[str, Any]) -> float:
+    """An arm's training bytes per round, both ways (uploads and secure-aggregation reads)."""
+    return float(arm["upload_bytes_per_round"] + arm["secagg_download_bytes_per_round"])
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ and round closer call it instead of branching on the settings.
   alone the server learns: in process here, over HTTP in the aggregator's phases
   (``services/aggregator/secagg.py``, which yield the same :class:`Aggregate`).
 * :class:`SecureSparse` (``secure_aggregation=sparse``): the same over only the item rows of
-  the cohort's items and the round's negative pool, after a masked count of those items; in
-  process only (the aggregator and the Ray backend refuse it).
+  the cohort's items and the round's negative pool, after a masked count of those items: in
+  process here, over HTTP in the aggregator's six phases (the Ray backend refuses it).
 
 An upload covers one client (an update) or several (a partial sum); the aggregator stores a
 row per covered client, the body under the first.
@@ -250,7 +250,8 @@ class SecureDense(UploadMode):
 class SecureSparse(SecureDense):
     """``secure_aggregation=sparse``: masked counts of the clients' items, then masked updates
     over those items' rows and the round's negative pool only
-    (:func:`~fedrecgel.secagg.aggregate.secure_sparse_mean`); in process only."""
+    (:func:`~fedrecgel.secagg.aggregate.secure_sparse_mean`); over HTTP, the aggregator's
+    phases (``services/aggregator/secagg.py``) yield the same :class:`Aggregate`."""
 
     what: ClassVar[str] = "masked item counts, then masked rows of those items and the pool"
 
