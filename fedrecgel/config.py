@@ -159,7 +159,8 @@ class RunParams(BaseModel):
         "each one), dense (masked dense vectors: the server learns only the cohort's sum) or "
         "sparse (needs negative_pool: a first masked round sums the clients' positive items, a "
         "second masks only the rows of those items and the pool, in 32-bit words; the server "
-        "learns the sum and how many clients have each item). In-process simulator only.",
+        "learns the sum and how many clients have each item). Simulator and HTTP; the ray "
+        "backend refuses secure aggregation.",
     )
     secagg_neighbours: int = Field(
         default=8,
