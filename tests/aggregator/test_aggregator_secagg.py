@@ -49,9 +49,11 @@ JSON = {"Content-Type": "application/json"}
 class Round:
     """The 8 clients of a started secure run (two tokens), driven step by step."""
 
-    def __init__(self, aggregator: AggregatorFactory, tmp_path: Path, **run: Any) -> None:
+    def __init__(
+        self, aggregator: AggregatorFactory, tmp_path: Path, url: str | None = None, **run: Any
+    ) -> None:
         self.clock = FakeClock()
-        self.url = aggregator.url("secagg.db")
+        self.url = url or aggregator.url("secagg.db")
         self.aggregator = aggregator
         self.http = aggregator(population=8, clock=self.clock, database_url=self.url)
         self.tokens = {

@@ -34,10 +34,11 @@ class SparseRound(Round):
     """The 8 clients of a started sparse secure run, each with a protocol client per
     instance, driven step by step (updates of 3 rows per table: the union is not every item)."""
 
-    def __init__(self, aggregator: AggregatorFactory, tmp_path: Path, **run: Any) -> None:
-        super().__init__(
-            aggregator, tmp_path, **{"secure_aggregation": "sparse", "negative_pool": POOL, **run}
-        )
+    def __init__(
+        self, aggregator: AggregatorFactory, tmp_path: Path, url: str | None = None, **run: Any
+    ) -> None:
+        run = {"secure_aggregation": "sparse", "negative_pool": POOL, **run}
+        super().__init__(aggregator, tmp_path, url, **run)
         self.pool = negative_pool(self.cfg.seed, 1, MODEL.n_items, POOL)
         self.spec = counts_spec(MODEL, self.cfg, 1, IDS)
         self.clients = {u: Client(self.spec, u) for u in IDS}
@@ -115,6 +116,17 @@ def sparse(aggregator: AggregatorFactory, tmp_path: Path) -> SparseRound:
 
 
 def test_a_sparse_round_publishes_the_plain_aggregate_on_the_union(sparse: SparseRound) -> None:
+    _full_round(sparse)
+
+
+@pytest.mark.postgres
+def test_a_sparse_round_on_postgres(
+    aggregator: AggregatorFactory, tmp_path: Path, postgres_url: str
+) -> None:
+    _full_round(SparseRound(aggregator, tmp_path, postgres_url))
+
+
+def _full_round(sparse: SparseRound) -> None:
     sparse.keys()
     assert sparse.phase() == "shares"
     sparse.shares()
