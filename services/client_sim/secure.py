@@ -285,15 +285,16 @@ class SecureParticipant:
     def _masked_bodies(inputs: list[tuple[int, bytes]], budget: int = MASKED_BODY_BYTES) -> Bodies:
         """Batches of masked inputs (``inputs``: each client's ``encode_masked`` bytes), each
         within ``budget`` bytes (an input larger than that alone in its batch)."""
+        head, each = len(messages.BATCH_MAGIC) + 4, 16  # the count; a client's id and length
         out: Bodies = []
         part: list[tuple[int, bytes]] = []
-        size = 0
+        size = head
         for u, body in inputs:
-            if part and size + len(body) + 16 > budget:
+            if part and size + each + len(body) > budget:
                 out.append(([v for v, _ in part], messages.encode_masked_batch(part)))
-                part, size = [], 0
+                part, size = [], head
             part.append((u, body))
-            size += len(body) + 16
+            size += each + len(body)
         if part:
             out.append(([v for v, _ in part], messages.encode_masked_batch(part)))
         return out

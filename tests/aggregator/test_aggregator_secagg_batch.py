@@ -50,7 +50,9 @@ def running_sum(rnd: Round, inst: str = "a") -> bytes | None:
     service = rnd.http.app.state.service  # type: ignore[attr-defined]
     with service.secure.db.transaction() as s:
         run = Repository(s).active_run()
+        assert run is not None
         live = Repository(s).live_round(run.id)
+        assert live is not None
         total: bytes | None = SecAggRepository(s).total(live.id, inst)
         return total
 
