@@ -14,11 +14,12 @@ import pytest
 from fedrecgel.secagg import messages
 from fedrecgel.secagg.aggregate import update_spec
 from fedrecgel.secagg.protocol import Masked
-from harness.aggregator import AggregatorFactory
+from harness.aggregator import AggregatorFactory, register
 from services.aggregator.repository import Repository
 from services.aggregator.secagg_repository import SecAggRepository
 from tests.aggregator.test_aggregator_secagg import IDS, MODEL, Round
 from tests.aggregator.test_aggregator_secagg_sparse import SparseRound, _rows
+from tests.support.aggregator import bearer
 
 OCTETS = "application/octet-stream"
 EVEN, ODD = IDS[0::2], IDS[1::2]  # the clients of token 0 and of token 1
@@ -113,6 +114,34 @@ def test_a_bad_client_of_a_batch_is_refused_on_its_own(rnd: Round) -> None:
     assert rnd.phase() == "unmask"
     rnd.reveal()
     rnd.check_model(IDS)  # each client's first input, summed once
+
+
+def test_a_client_outside_the_cohort_is_refused_in_a_batch_the_others_taken(
+    aggregator: AggregatorFactory, tmp_path: Path
+) -> None:
+    rnd = Round(aggregator, tmp_path, population=10)  # clients 8 and 9 are not registered yet
+    rnd.keys()
+    rnd.shares()
+    # token 0 takes client 8 on once the cohort was drawn
+    late = register(rnd.http, [*EVEN, 8], 0, 2, token=rnd.tokens[0])
+    bodies = {u: rnd.masked_body(u) for u in IDS}
+    y = messages.decode_masked(bodies[0], rnd.spec.length).y
+    stray = messages.encode_masked(Masked(8, y, ()))
+    assert 8 not in rnd.view(0)["cohort"]
+    r = rnd.http.post(
+        "/v1/rounds/1/secagg/masked",
+        content=batch({0: bodies[0], 8: stray, 2: bodies[2]}),
+        headers={**bearer(late), "Content-Type": OCTETS},
+    )
+    assert results(r) == {
+        0: ("accepted", None),
+        8: ("refused", "not_in_cohort"),
+        2: ("accepted", None),
+    }
+    for u in [1, *IDS[3:]]:
+        assert results(send(rnd, "masked", u, bodies[u])) == {u: ("accepted", None)}
+    rnd.reveal()
+    rnd.check_model(IDS)
 
 
 def test_a_batch_of_only_refused_clients_is_refused_as_a_single_body_is(rnd: Round) -> None:
