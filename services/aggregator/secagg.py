@@ -315,7 +315,7 @@ class SecureRounds:
         if masked and not late:
             got = secagg_masked.entries(step, caller, body, items, _dense(cfg))
         elif not masked:
-            msgs = _owned(caller, decode(step, body, _dense(cfg), most, is_sparse(cfg)))
+            msgs = _owned(caller, decode(step, body, most, is_sparse(cfg)))
         now = self.clock()
         inst = SLOT[step][0]
         with self.db.transaction() as s:

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from fedrecgel.secagg import crypto, messages, shamir
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, RoundSpec, Shares
 from fedrecgel.wire import WireError, load_json
@@ -31,7 +29,7 @@ SLOT = {
     "masked_b": ("b", "masked"),
     "reveal_b": ("b", "reveal"),
 }
-#: the steps whose body is one masked vector (safetensors)
+#: the steps whose body is masked vectors (one ``encode_masked``, or a batch of them)
 MASKED_STEPS = ("masked", "masked_b")
 #: one sealed pair of shares: nonce, two share values, GCM tag
 SEALED_BYTES = crypto.NONCE_BYTES + 2 * shamir.SHARE_BYTES + 16
@@ -72,19 +70,13 @@ class Message:
     parsed: Keys | Shares | Masked | Reveal
 
 
-def decode(
-    step: str, body: bytes, spec: tuple[int, type[np.unsignedinteger[Any]]], most: int, both: bool
-) -> list[Message]:
-    """Decode a body of ``step`` of at most ``most`` clients' messages (422 on anything
-    malformed); ``spec``: a masked vector's length and word; ``both``: the keys and shares
-    carry each client's message of both instances (a sparse round), else instance A's only
-    (a reveal: its step's instance)."""
+def decode(step: str, body: bytes, most: int, both: bool) -> list[Message]:
+    """Decode a JSON body of ``step`` (keys, shares, reveals; the masked inputs are
+    :mod:`.secagg_masked`'s) of at most ``most`` clients' messages (422 on anything
+    malformed); ``both``: the keys and shares carry each client's message of both instances
+    (a sparse round), else instance A's only (a reveal: its step's instance)."""
     inst = SLOT[step][0]
     try:
-        if step in MASKED_STEPS:
-            m = messages.decode_masked(body, spec[0], spec[1])
-            stored = json.dumps(m.complaints).encode()
-            return [Message(m.client_id, inst, _digest(body), stored, m)]
         decoder: Callable[[bytes], Keys | Shares | Reveal] = messages.decode_keys
         if step == "shares":
             decoder = messages.decode_shares
