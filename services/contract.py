@@ -34,7 +34,14 @@ from datetime import datetime
 from typing import Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from fedrecgel.run_config import RunConfig as RunConfig  # re-exported: body of POST /v1/runs
 
@@ -200,10 +207,25 @@ class ModelBlob:
 
 
 class UploadResult(BaseModel):
-    """Outcome of one update of an upload body."""
+    """Outcome of one update of an upload body. ``refused`` (with the refusal's ``reason``
+    code and ``detail``) only in a secure-aggregation batch of masked inputs, whose other
+    clients' inputs were taken; a refused plain upload body is refused as a whole."""
 
     client_id: int
-    status: Literal["accepted", "duplicate"]
+    status: Literal["accepted", "duplicate", "refused"]
+    reason: str | None = None
+    detail: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        """An accepted or duplicate result answers ``{"client_id", "status"}`` alone (left
+        unannotated: the answer's schema stays the model's)."""
+        out = handler(self)
+        if isinstance(out, dict):
+            for key in ("reason", "detail"):
+                if out.get(key) is None:
+                    out.pop(key, None)
+        return out
 
 
 class UploadResponse(BaseModel):

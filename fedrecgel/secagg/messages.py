@@ -5,7 +5,9 @@ Keys, shares and reveals are canonical JSON (bytes as base64, client ids as deci
 tagged ``"instance": "b"`` when they belong to the second protocol instance of a sparse round
 (:mod:`fedrecgel.secagg.aggregate`; untagged: the first, or a dense round's only one);
 the masked vector is a safetensors blob holding one tensor ``y`` of the round's words (uint64,
-or uint32 / uint16 / uint8 in a narrower ring). Every decoder
+or uint32 / uint16 / uint8 in a narrower ring). Several clients' masked vectors travel in one
+body as a batch (:func:`encode_masked_batch`: a magic, a count, then per client its id, the
+length of its ``encode_masked`` bytes and those bytes). Every decoder
 checks types, lengths and the declared kind, and raises :class:`MessageError` on anything else.
 """
 
@@ -170,6 +172,60 @@ def decode_masked(
     if not isinstance(complaints, list):
         raise MessageError("complaints must be a list")
     return Masked(_cid(meta.get("client_id")), y, tuple(_cid(c) for c in complaints))
+
+
+#: the first bytes of a batch of masked inputs (a single ``encode_masked`` body starts with the
+#: little-endian length of its safetensors header, never these bytes)
+BATCH_MAGIC = b"FRSAMB01"
+_U32, _U64 = 4, 8
+
+
+def encode_masked_batch(items: list[tuple[int, bytes]]) -> bytes:
+    """Several clients' ``encode_masked`` bodies in one: ``BATCH_MAGIC``, the count (uint32),
+    then per client its id and the length of its body (uint64 each), and the body; all
+    little-endian. ``items``: (client id, :func:`encode_masked` bytes), one per client."""
+    if not items:
+        raise MessageError("a batch of masked inputs is not empty")
+    parts = [BATCH_MAGIC, len(items).to_bytes(_U32, "little")]
+    for cid, body in items:
+        parts += [cid.to_bytes(_U64, "little"), len(body).to_bytes(_U64, "little"), body]
+    return b"".join(parts)
+
+
+def is_masked_batch(data: bytes) -> bool:
+    """Whether ``data`` is a batch (:func:`encode_masked_batch`), not one ``encode_masked``."""
+    return data[: len(BATCH_MAGIC)] == BATCH_MAGIC
+
+
+def split_masked_batch(data: bytes, most: int) -> list[tuple[int, bytes]]:
+    """Inverse of :func:`encode_masked_batch`: each client's id and ``encode_masked`` bytes
+    (not decoded yet), with at most ``most`` clients, each once, and nothing left over
+    (:class:`MessageError` otherwise)."""
+    if not is_masked_batch(data):
+        raise MessageError("not a batch of masked inputs")
+    at = len(BATCH_MAGIC)
+    if len(data) < at + _U32:
+        raise MessageError("a batch of masked inputs cut short")
+    count = int.from_bytes(data[at : at + _U32], "little")
+    at += _U32
+    if not 1 <= count <= most:
+        raise MessageError(f"{count} masked inputs in one body; 1 to {most} for this token")
+    out: list[tuple[int, bytes]] = []
+    for _ in range(count):
+        if len(data) < at + 2 * _U64:
+            raise MessageError("a batch of masked inputs cut short")
+        cid = int.from_bytes(data[at : at + _U64], "little")
+        n = int.from_bytes(data[at + _U64 : at + 2 * _U64], "little")
+        at += 2 * _U64
+        if len(data) < at + n:
+            raise MessageError(f"client {cid}'s masked input cut short")
+        out.append((cid, data[at : at + n]))
+        at += n
+    if at != len(data):
+        raise MessageError(f"{len(data) - at} bytes after the last masked input of a batch")
+    if len({c for c, _ in out}) != len(out):
+        raise MessageError("one masked input per client in a batch")
+    return out
 
 
 def encode_reveal(m: Reveal, instance: str = "a") -> bytes:

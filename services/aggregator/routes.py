@@ -302,7 +302,8 @@ SECAGG_BODY: dict[str, Any] = {
         "required": True,
         "description": "keys, shares, reveal, reveal_b: a JSON list of "
         "fedrecgel.secagg.messages documents; masked, masked_b: one encode_masked body "
-        "(safetensors).",
+        "(safetensors) or a batch of several clients' (encode_masked_batch), each client "
+        "refused on its own.",
         "content": {
             SECAGG_JSON: {"schema": {"type": "array", "items": {"type": "object"}}},
             UPLOAD_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}},

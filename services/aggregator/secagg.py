@@ -31,7 +31,8 @@ Every message is checked before it is stored (:mod:`.secagg_checks`; 422 with th
 sender held by the caller's token and in the cohort, shares addressed to the sender's
 neighbours only, revealed shares matching the commitments their dealer published; a message
 for another phase is 409, a second different one from the same client 409, the same one again
-``duplicate``.
+``duplicate``. A masked body may carry several clients' inputs (:mod:`.secagg_masked`):
+each is checked on its own, and refused on its own with its reason in the answer.
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ from fedrecgel.secagg.aggregate import (
     update_spec,
 )
 from fedrecgel.secagg.layout import unflatten, vector_length
-from fedrecgel.secagg.protocol import Keys, Masked, RoundFailed, RoundSpec, Shares
+from fedrecgel.secagg.protocol import Keys, RoundFailed, RoundSpec, Shares
 from fedrecgel.secagg.server import Outcome, Server
 from fedrecgel.upload_modes import Aggregate
+from services.aggregator import secagg_masked
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden
@@ -185,7 +187,7 @@ def _unmask(
         raise RoundFailed(f"round {rnd.round_id}: {len(arrived)} masked inputs, too few")
     raw = sa.total(pk, inst)
     assert raw is not None
-    total = np.frombuffer(raw, dtype=_words(spec))
+    total = np.frombuffer(raw, dtype=secagg_masked.words_of(spec))
     server = Server.restore(spec, keys, shares, arrived, total)
     reveals = [messages.decode_reveal(b) for b in sa.bodies(pk, "reveal", inst=inst).values()]
     out = server.unmask(reveals)
@@ -230,11 +232,6 @@ def unmask(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> Aggregate:
     total = out.total / row_gain(model, union)
     grads, loss = unflatten(model, total / len(out.survivors), union)
     return Aggregate(grads, loss, len(out.survivors))
-
-
-def _words(spec: RoundSpec) -> np.dtype[Any]:
-    """The stored words of an instance's running sum (little-endian)."""
-    return np.dtype(spec.fixed.dtype).newbyteorder("<")
 
 
 class SecureRounds:
@@ -302,18 +299,25 @@ class SecureRounds:
                 **extra,
             )
 
-    def submit(  # noqa: C901  # the protocol's refusals in its order, in one transaction
+    def submit(
         self, caller: Caller, round_id: int, step: str, body: bytes, cfg: RunConfig
     ) -> list[UploadResult]:
         """``POST /v1/rounds/{round_id}/secagg/{step}`` (``cfg``: the newest run's)."""
         if not caller.client_ids:
             raise Forbidden("only clients take part in secure aggregation", "not_owned")
         most = len(caller.client_ids)
+        masked = step in MASKED_STEPS
+        items = secagg_masked.frames(body, most) if masked else None
         # a sparse attempt's masked layouts are its own (cohort, union): read in the transaction
-        late = is_sparse(cfg) and step in MASKED_STEPS
-        msgs = [] if late else _owned(caller, decode(step, body, _dense(cfg), most, is_sparse(cfg)))
+        late = is_sparse(cfg) and masked
+        got: list[secagg_masked.Entry] = []
+        msgs: list[Message] = []
+        if masked and not late:
+            got = secagg_masked.entries(step, caller, body, items, _dense(cfg))
+        elif not masked:
+            msgs = _owned(caller, decode(step, body, most, is_sparse(cfg)))
         now = self.clock()
-        inst, stored = SLOT[step]
+        inst = SLOT[step][0]
         with self.db.transaction() as s:
             repo, sa = Repository(s), SecAggRepository(s)
             live, cfg = self._live(repo, round_id)
@@ -329,54 +333,71 @@ class SecureRounds:
             spec = spec_of(cfg, live) if inst == "a" else spec_b(cfg, live, sa.union(live.id))
             if late:
                 layout = (spec.length, spec.fixed.dtype)
-                msgs = _owned(caller, decode(step, body, layout, most, True))
-            ids = sorted({m.client_id for m in msgs})
-            for c in ids:
-                if c not in live.cohort:
-                    raise Forbidden(
-                        f"client {c} is not in the cohort of round {round_id} "
-                        f"(attempt {live.attempt})",
-                        "not_in_cohort",
-                    )
-            seen = {i: sa.digests(live.id, stored, ids, i) for i in {m.instance for m in msgs}}
-            status: dict[int, str] = {}
-            fresh: list[Message] = []
-            for m in msgs:
-                old = seen[m.instance].get(m.client_id)
-                if old is None:
-                    fresh.append(m)
-                elif old != m.digest:
-                    raise Conflict(
-                        f"client {m.client_id} already sent a different {step} message",
-                        "conflicting_message",
-                    )
-                got = "accepted" if old is None else "duplicate"
-                if status.setdefault(m.client_id, got) != got:
-                    raise Conflict(
-                        f"client {m.client_id}: one instance's {step} message is stored, the "
-                        "other's is not",
-                        "conflicting_message",
-                    )
-            if fresh:
-                if step == "keys" and is_sparse(cfg):
-                    pairs: dict[int, list[Keys]] = {}
-                    for m in fresh:
-                        pairs.setdefault(m.client_id, []).append(m.parsed)  # type: ignore[arg-type]
-                    fresh_keys(pairs)
-                for i in sorted({m.instance for m in fresh}):
-                    mine = [m.parsed for m in fresh if m.instance == i]
-                    Checks(sa, live, spec, i).check(stored, mine)
-                if stored == "masked":
-                    _add_to_total(sa, live.id, spec, inst, [m.parsed for m in fresh])  # type: ignore[misc]
-                for m in fresh:
-                    sa.add_message(live.id, stored, m.client_id, m.digest, m.stored, m.instance)
+                got = secagg_masked.entries(step, caller, body, items, layout)
+            if masked:
+                results, fresh = secagg_masked.take(sa, live, spec, step, got)
+            else:
+                results, fresh = _take_json(sa, live, cfg, spec, step, msgs)
             prev = PREVIOUS_STEP.get(step)
             expected = len(live.cohort) if prev is None else _count(sa, live.id, prev)
-            complete = bool(fresh) and _count(sa, live.id, step) >= expected
+            complete = fresh and _count(sa, live.id, step) >= expected
             pk = live.id
         if complete:
             self.advance(pk)
-        return [UploadResult(client_id=c, status=st) for c, st in status.items()]  # type: ignore[arg-type]
+        return results
+
+
+def _take_json(
+    sa: SecAggRepository,
+    live: Round,
+    cfg: RunConfig,
+    spec: RoundSpec,
+    step: str,
+    msgs: list[Message],
+) -> tuple[list[UploadResult], bool]:
+    """Check and store the messages of a JSON step (keys, shares, reveals), all or none: the
+    answer per client, and whether any was new."""
+    stored = SLOT[step][1]
+    ids = sorted({m.client_id for m in msgs})
+    for c in ids:
+        if c not in live.cohort:
+            raise Forbidden(
+                f"client {c} is not in the cohort of round {live.round_id} "
+                f"(attempt {live.attempt})",
+                "not_in_cohort",
+            )
+    seen = {i: sa.digests(live.id, stored, ids, i) for i in {m.instance for m in msgs}}
+    status: dict[int, str] = {}
+    fresh: list[Message] = []
+    for m in msgs:
+        old = seen[m.instance].get(m.client_id)
+        if old is None:
+            fresh.append(m)
+        elif old != m.digest:
+            raise Conflict(
+                f"client {m.client_id} already sent a different {step} message",
+                "conflicting_message",
+            )
+        got = "accepted" if old is None else "duplicate"
+        if status.setdefault(m.client_id, got) != got:
+            raise Conflict(
+                f"client {m.client_id}: one instance's {step} message is stored, the "
+                "other's is not",
+                "conflicting_message",
+            )
+    if fresh:
+        if step == "keys" and is_sparse(cfg):
+            pairs: dict[int, list[Keys]] = {}
+            for m in fresh:
+                pairs.setdefault(m.client_id, []).append(m.parsed)  # type: ignore[arg-type]
+            fresh_keys(pairs)
+        for i in sorted({m.instance for m in fresh}):
+            mine = [m.parsed for m in fresh if m.instance == i]
+            Checks(sa, live, spec, i).check(stored, mine)
+        for m in fresh:
+            sa.add_message(live.id, stored, m.client_id, m.digest, m.stored, m.instance)
+    results = [UploadResult(client_id=c, status=st) for c, st in status.items()]  # type: ignore[arg-type]
+    return results, bool(fresh)
 
 
 def _dense(cfg: RunConfig) -> tuple[int, type[np.unsignedinteger[Any]]]:
@@ -407,19 +428,3 @@ def _addressed(bodies: dict[int, bytes], want: set[int], inst: str) -> list[dict
             )
             docs.append(json.loads(messages.encode_shares(trimmed, inst)))
     return docs
-
-
-def _add_to_total(
-    sa: SecAggRepository, pk: int, spec: RoundSpec, inst: str, masked: list[Masked]
-) -> None:
-    """Add masked inputs to an instance's running sum (wrapping modulo 2^w, as the masks)."""
-    words = _words(spec)
-    raw = sa.total(pk, inst)
-    total = (
-        np.zeros(spec.length, dtype=words)
-        if raw is None
-        else np.frombuffer(raw, dtype=words).copy()
-    )
-    for m in masked:
-        total += m.y
-    sa.set_total(pk, total.astype(words).tobytes(), inst)

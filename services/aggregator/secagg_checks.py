@@ -12,12 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from fedrecgel.secagg import crypto, messages, shamir
 from fedrecgel.secagg.protocol import Keys, Masked, Reveal, RoundSpec, Shares
 from fedrecgel.wire import WireError, load_json
-from services.aggregator.errors import Conflict, Malformed
+from services.aggregator.errors import AggregatorError, Conflict, Malformed
 from services.aggregator.models import Round
 from services.aggregator.secagg_repository import SecAggRepository
 
@@ -31,7 +29,7 @@ SLOT = {
     "masked_b": ("b", "masked"),
     "reveal_b": ("b", "reveal"),
 }
-#: the steps whose body is one masked vector (safetensors)
+#: the steps whose body is masked vectors (one ``encode_masked``, or a batch of them)
 MASKED_STEPS = ("masked", "masked_b")
 #: one sealed pair of shares: nonce, two share values, GCM tag
 SEALED_BYTES = crypto.NONCE_BYTES + 2 * shamir.SHARE_BYTES + 16
@@ -72,19 +70,13 @@ class Message:
     parsed: Keys | Shares | Masked | Reveal
 
 
-def decode(
-    step: str, body: bytes, spec: tuple[int, type[np.unsignedinteger[Any]]], most: int, both: bool
-) -> list[Message]:
-    """Decode a body of ``step`` of at most ``most`` clients' messages (422 on anything
-    malformed); ``spec``: a masked vector's length and word; ``both``: the keys and shares
-    carry each client's message of both instances (a sparse round), else instance A's only
-    (a reveal: its step's instance)."""
+def decode(step: str, body: bytes, most: int, both: bool) -> list[Message]:
+    """Decode a JSON body of ``step`` (keys, shares, reveals; the masked inputs are
+    :mod:`.secagg_masked`'s) of at most ``most`` clients' messages (422 on anything
+    malformed); ``both``: the keys and shares carry each client's message of both instances
+    (a sparse round), else instance A's only (a reveal: its step's instance)."""
     inst = SLOT[step][0]
     try:
-        if step in MASKED_STEPS:
-            m = messages.decode_masked(body, spec[0], spec[1])
-            stored = json.dumps(m.complaints).encode()
-            return [Message(m.client_id, inst, _digest(body), stored, m)]
         decoder: Callable[[bytes], Keys | Shares | Reveal] = messages.decode_keys
         if step == "shares":
             decoder = messages.decode_shares
@@ -157,29 +149,40 @@ class Checks:
                 )
 
     def _masked(self, msgs: list[Masked]) -> None:
+        refused = self.masked_refusals(msgs)
+        for m in msgs:
+            if m.client_id in refused:
+                raise refused[m.client_id]
+
+    def masked_refusals(self, msgs: list[Masked]) -> dict[int, AggregatorError]:
+        """The masked inputs of ``msgs`` that are refused: client -> the refusal (the others
+        pass)."""
         shared = self._senders("shares")
         counted = self._senders("masked", "a") if self.inst == "b" else shared
+        out: dict[int, AggregatorError] = {}
         for m in msgs:
+            u = m.client_id
             if len(m.y) != self.spec.length:
-                raise Malformed(
-                    f"client {m.client_id}: masked vector of {len(m.y)} values, the round's "
+                out[u] = Malformed(
+                    f"client {u}: masked vector of {len(m.y)} values, the round's "
                     f"layout has {self.spec.length}",
                     "malformed_message",
                 )
-            if m.client_id not in shared:
-                raise Malformed(
-                    f"client {m.client_id} sent no shares in this attempt", "malformed_message"
+            elif u not in shared:
+                out[u] = Malformed(
+                    f"client {u} sent no shares in this attempt", "malformed_message"
                 )
-            if m.client_id not in counted:
-                raise Conflict(
-                    f"client {m.client_id} sent no masked count (instance A): only A's "
+            elif u not in counted:
+                out[u] = Conflict(
+                    f"client {u} sent no masked count (instance A): only A's "
                     "survivors take part in the update instance, it counts as dropped there",
                     "not_a_survivor",
                 )
-            if set(m.complaints) - set(self.spec.neighbours_of(m.client_id)):
-                raise Malformed(
-                    f"client {m.client_id}: complaints name non-neighbours", "malformed_message"
+            elif set(m.complaints) - set(self.spec.neighbours_of(u)):
+                out[u] = Malformed(
+                    f"client {u}: complaints name non-neighbours", "malformed_message"
                 )
+        return out
 
     def _reveal(self, msgs: list[Reveal]) -> None:
         pk, r = self.rnd.id, self.spec.round_id

@@ -293,8 +293,9 @@ class AggregatorClient:
         return SecAggRound.model_validate(resp.json())
 
     def secagg_send(self, round_id: int, step: str, body: bytes) -> dict[int, str]:
-        """Secure aggregation: one body of ``step`` (a masked input as safetensors, the other
-        steps' JSON lists): client id -> ``accepted`` or ``duplicate``."""
+        """Secure aggregation: one body of ``step`` (masked inputs as one ``encode_masked`` or a
+        batch of them, the other steps' JSON lists): client id -> ``accepted``, ``duplicate``
+        or ``refused`` (a client of a batch of masked inputs refused on its own)."""
         masked = step in ("masked", "masked_b")
         media = "application/octet-stream" if masked else "application/json"
         resp = self._request(

@@ -9,7 +9,8 @@ Each poll of an open round reads its phase and takes this worker's part of it on
   encrypted to each of them (the server only routes the ciphertexts);
 * ``masked``: the round's client step (:class:`fedrecgel.client_round.ClientRound`, as for a
   plain round), each update clipped when the run clips, laid out densely and fixed-point
-  encoded, masked and sent; the clients' new private state is committed once the aggregator
+  encoded, masked and sent, several clients' inputs in one body (a batch of at most
+  :data:`MASKED_BODY_BYTES`); the clients' new private state is committed once the aggregator
   acknowledged their masked inputs;
 * ``unmask``: each client that sent a masked input reveals its shares of surviving
   neighbours' self-mask seeds and of dropped neighbours' mask keys, never both of one client.
@@ -24,7 +25,8 @@ whose count was taken, its clipped update on the rows of the union the aggregato
 
 A worker that restarts in the middle of a round has lost its clients' keys: they sit the
 attempt out (the protocol counts them as dropped, and their private state stays as it was).
-A client refused at one step (409, 422) takes no further part in the attempt.
+A client refused at one step (409, 422, or refused on its own in a batch of masked inputs)
+takes no further part in the attempt.
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ STEP_OF_PHASE = {
 }
 #: the most bytes of one JSON body (the aggregator's JSON limit is 2 MiB by default)
 JSON_BODY_BYTES = 1 << 20
+#: the most bytes of one batch of masked inputs (half the aggregator's default upload body
+#: limit, ``max_body_bytes`` of 64 MiB; a dense FilmTrust input is about 3 MB); a single
+#: input larger than this still goes, alone
+MASKED_BODY_BYTES = 32 << 20
 #: the round's client step of some users from a model version: (cfg, version, round, users,
 #: cohort size) -> their uploads and new private state
 Compute = Callable[[RunConfig, int, int, list[int], int], StepResult]
@@ -184,7 +190,11 @@ class SecureParticipant:
         ok = att.taken.setdefault(step, set())  # over every try of this step
         for n, (ids, body) in enumerate(bodies):
             try:
-                ok.update(self.client.secagg_send(att.key[1], step, body))
+                got = self.client.secagg_send(att.key[1], step, body)
+                ok.update(u for u, st in got.items() if st != "refused")
+                refused = sorted(u for u, st in got.items() if st == "refused")
+                if refused:
+                    log.warning("round %d: %s of clients %s refused", att.key[1], step, refused[:5])
             except AggregatorCallError as err:
                 if err.retryable:
                     att.outbox[step] = list(bodies[n:])
@@ -258,7 +268,7 @@ class SecureParticipant:
         # the step of every owned cohort member, as a plain round takes it (the same batch)
         att.result = result = self.compute(cfg, att.version, r, att.todo, len(view.cohort))
         model = cfg.model()
-        bodies: Bodies = []
+        inputs: list[tuple[int, bytes]] = []
         for i, u in enumerate(att.todo):
             c = att.clients.get(u)
             if c is None:
@@ -268,24 +278,42 @@ class SecureParticipant:
                 x = item_indicator(model, upd, att.pool)
             else:
                 x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
-            self._mask(att, bodies, "masked", u, c, x, received[u])
-        return bodies
+            self._mask(att, inputs, "masked", u, c, x, received[u])
+        return self._masked_bodies(inputs)
+
+    @staticmethod
+    def _masked_bodies(inputs: list[tuple[int, bytes]], budget: int = MASKED_BODY_BYTES) -> Bodies:
+        """Batches of masked inputs (``inputs``: each client's ``encode_masked`` bytes), each
+        within ``budget`` bytes (an input larger than that alone in its batch)."""
+        head, each = len(messages.BATCH_MAGIC) + 4, 16  # the count; a client's id and length
+        out: Bodies = []
+        part: list[tuple[int, bytes]] = []
+        size = head
+        for u, body in inputs:
+            if part and size + each + len(body) > budget:
+                out.append(([v for v, _ in part], messages.encode_masked_batch(part)))
+                part, size = [], head
+            part.append((u, body))
+            size += each + len(body)
+        if part:
+            out.append(([v for v, _ in part], messages.encode_masked_batch(part)))
+        return out
 
     @staticmethod
     def _mask(
         att: Attempt,
-        bodies: Bodies,
+        inputs: list[tuple[int, bytes]],
         step: str,
         u: int,
         c: Client,
         x: np.ndarray,
         got: dict[int, Shares],
     ) -> None:
-        """Mask client ``u``'s input ``x`` of ``step`` into ``bodies`` (or drop the client from
+        """Mask client ``u``'s input ``x`` of ``step`` into ``inputs`` (or drop the client from
         the attempt)."""
         r = att.key[1]
         try:
-            bodies.append(([u], messages.encode_masked(c.masked(x, got))))
+            inputs.append((u, messages.encode_masked(c.masked(x, got))))
         except RoundFailed as err:
             log.warning("round %d: %s", r, err)
             for clients in att.joined(step):
@@ -324,12 +352,12 @@ class SecureParticipant:
         assert att.result is not None
         uploads = dict(zip(att.todo, att.result.uploads, strict=True))
         received = self._received(att.clients_b, view)
-        bodies: Bodies = []
+        inputs: list[tuple[int, bytes]] = []
         for u, c in list(att.clients_b.items()):
             c.respec(spec)
             x = sparse_input(model, cfg, uploads[u], union)
-            self._mask(att, bodies, "masked_b", u, c, x, received[u])
-        return bodies
+            self._mask(att, inputs, "masked_b", u, c, x, received[u])
+        return self._masked_bodies(inputs)
 
     def _reveal_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "b")

@@ -50,12 +50,17 @@ class Round:
     """The 8 clients of a started secure run (two tokens), driven step by step."""
 
     def __init__(
-        self, aggregator: AggregatorFactory, tmp_path: Path, url: str | None = None, **run: Any
+        self,
+        aggregator: AggregatorFactory,
+        tmp_path: Path,
+        url: str | None = None,
+        population: int = 8,
+        **run: Any,
     ) -> None:
         self.clock = FakeClock()
         self.url = url or aggregator.url("secagg.db")
         self.aggregator = aggregator
-        self.http = aggregator(population=8, clock=self.clock, database_url=self.url)
+        self.http = aggregator(population=population, clock=self.clock, database_url=self.url)
         self.tokens = {
             0: register(self.http, IDS[0::2], 0, 2),
             1: register(self.http, IDS[1::2], 1, 2),

@@ -9,7 +9,7 @@ import pytest
 
 from fedrecgel.secagg import messages as msg
 from fedrecgel.secagg.layout import flatten
-from fedrecgel.secagg.protocol import Client, RoundFailed
+from fedrecgel.secagg.protocol import Client, Masked, RoundFailed
 from fedrecgel.secagg.server import Server
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.synthetic import synthetic_split
@@ -122,3 +122,29 @@ def test_a_masked_input_with_a_header_over_the_limit_is_refused_before_it_is_par
     header += b" " * (-len(header) % 8)
     with pytest.raises(msg.MessageError, match="over the limit"):
         msg.decode_masked(len(header).to_bytes(8, "little") + header, 4)
+
+
+def test_a_batch_of_masked_inputs_frames_each_clients_message() -> None:
+    ones = {u: msg.encode_masked(Masked(u, np.full(5, u, dtype=np.uint64))) for u in (3, 1, 7)}
+    body = msg.encode_masked_batch(list(ones.items()))
+    assert msg.is_masked_batch(body) and not msg.is_masked_batch(ones[3])
+    assert msg.split_masked_batch(body, 3) == list(ones.items())
+    assert [msg.decode_masked(b, 5).client_id for _, b in msg.split_masked_batch(body, 3)] == [
+        3,
+        1,
+        7,
+    ]
+    twice = msg.encode_masked_batch([(3, ones[3]), (3, ones[3])])
+    for bad, most in [
+        (body, 2),  # more clients than the caller may send
+        (body[:-1], 3),
+        (body + b"\x00", 3),
+        (msg.BATCH_MAGIC + (0).to_bytes(4, "little"), 3),
+        (msg.BATCH_MAGIC, 3),
+        (twice, 3),
+        (ones[3], 3),  # a single message is not a batch
+    ]:
+        with pytest.raises(msg.MessageError):
+            msg.split_masked_batch(bad, most)
+    with pytest.raises(msg.MessageError):
+        msg.encode_masked_batch([])

@@ -314,9 +314,10 @@ def wire_shows_no_single_update(
     spec = round_spec(model_cfg, train, 1, cohort)
     length = vector_length(model_cfg)
     masked = {}
-    for b in bodies["masked"]:
-        m = messages.decode_masked(b, length)
-        masked[m.client_id] = m.y
+    for b in bodies["masked"]:  # batches of a worker's clients' inputs
+        for _, one in messages.split_masked_batch(b, split.n_users):
+            m = messages.decode_masked(one, length)
+            masked[m.client_id] = m.y
     reveals = [
         messages.decode_reveal(json.dumps(d).encode())
         for b in bodies["reveal"]

@@ -106,10 +106,16 @@ def test_a_sparse_secure_run_over_http_publishes_the_plain_runs_model(
     assert not any(e.path.endswith("/updates") for e in ok), "a plain upload went out"
     sent = {e.path.rsplit("/", 1)[1] for e in ok if "/secagg/" in e.path}
     assert sent == {"keys", "shares", "masked", "reveal", "masked_b", "reveal_b"}
-    # B's inputs: U's rows in 32-bit words, under half of a dense input's bytes
-    b_bodies = [len(e.request_body) for e in ok if e.path.endswith("/secagg/masked_b")]
+    # B's inputs (several a body): U's rows in 32-bit words, each under half of a dense
+    # input's bytes
+    b_inputs = [
+        len(one)
+        for e in ok
+        if e.path.endswith("/secagg/masked_b")
+        for _, one in messages.split_masked_batch(e.request_body, split.n_users)
+    ]
     dense_bytes = 8 * vector_length(SPARSE.model(split.n_items))
-    assert b_bodies and max(b_bodies) < dense_bytes / 2, (max(b_bodies), dense_bytes)
+    assert b_inputs and max(b_inputs) < dense_bytes / 2, (max(b_inputs), dense_bytes)
 
 
 class Misbehaves(SecureParticipant):
@@ -160,8 +166,9 @@ class Misbehaves(SecureParticipant):
         att.clients_b.pop(self.dropped)
         bodies = super()._masked_b(att, cfg, view)
         spec = update_spec(cfg.model(), cfg, 1, view.cohort, np.asarray(view.union))
-        ids, body = bodies[0]
-        y = messages.decode_masked(body, spec.length, np.uint32).y
+        ids, body = bodies[0]  # a batch of this worker's inputs
+        first = messages.split_masked_batch(body, len(ids))[0][1]
+        y = messages.decode_masked(first, spec.length, np.uint32).y
         short = messages.encode_masked(Masked(ids[0], y[:-1]))
         self._post("a B input one word short of U", 1, "masked_b", short)
         self.held.respec(spec)
