@@ -26,8 +26,17 @@ NDCG@10 at the validation-selected evaluated round, mean and std over ``--seeds`
   step 1.2: 32.35 (100); C = 0.5, step 1.2: 31.89 (80, then 8.97 at 90); C = 1, step 0.6:
   29.35 (100, still rising); server fedadam (step 0.01, the preset's weight decay 10): 16.95
   (30, then falling). Epsilon 8 gains nothing over 3 at C = 0.25, and without any noise the
-  same clipping and server SGD reach 32.39 (90): what is left of the gap to the no-DP run is
-  the clipped server SGD against the preset's Adam, not the noise;
+  same clipping and server SGD reach 32.39 (90). The preset itself (server Adam, step 0.01,
+  weight decay 10) clipped to C = 0.25 without noise reaches 34.19 (100): clipping costs the
+  preset nothing. With the epsilon-8 noise it stops at 32.34 (100), and so do its variants:
+  beta1 0.99 32.12 (100), a cohort fraction of 0.02 32.35 (100; at small sampling rates the
+  calibrated noise on the mean barely depends on it), the item tables multiplied by 4 or 16
+  before clipping and divided after (their noise smaller against their signal where the score
+  network fills the norm) 32.39 / 32.39, step 0.003 (decay 0.1 a step kept) 19.37; server SGD
+  with weight decay 0.0083 24.79. ``bench.dp_noise_groups`` puts the noise on parts of the
+  model only (a diagnosis, not DP): on the score network only the preset climbs as without
+  noise, on the item tables only it stops at the plateau. What holds every DP run at
+  popularity's level is the noise on the item tables;
 * the reference points on the same split: popularity, and popularity under the same budget
   (``fedrecgel.dp_popularity``: each user counts at most K items, K chosen from ``K_GRID`` on
   the tuning seed's validation HR@10).

@@ -11,6 +11,8 @@ from bench.report_common import as_module
 
 RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.json"
 HTTP = RES.with_name("secagg_http.json")
+#: the same bench before a worker sent its masked inputs in batches (one request per client)
+HTTP_BEFORE = RES.with_name("secagg_http_before.json")
 ROWS = RES.with_name("secagg_rows.json")
 POOL = RES.with_name("negative_pool.json")
 
@@ -119,15 +121,20 @@ def pool_accuracy() -> list[str]:
     return lines
 
 
+def _masked_requests(arm: dict[str, Any], rounds: int) -> str:
+    fam = arm["bytes_by_family"]
+    n = [fam[k]["requests"] / rounds for k in ("secagg masked", "secagg masked_b") if k in fam]
+    return " + ".join(f"{x:.1f}" for x in n) if n else "-"
+
+
 def http_section() -> list[str]:
-    """The HTTP measurement (bench/secagg_http.py), when it has run: plain, dense (before)
-    and sparse (after) in one run."""
+    """The HTTP measurement (bench/secagg_http.py), when it has run: plain, dense and sparse in
+    one run, and the seconds of the same bench before masked inputs were sent in batches."""
     if not HTTP.exists():
         return []
     d: dict[str, Any] = json.loads(HTTP.read_text())
-    arms = [("plain", d["off"]), ("secure, dense (before)", d["dense"])]
-    if "sparse" in d:
-        arms.append(("secure, sparse (after)", d["sparse"]))
+    old: dict[str, Any] = json.loads(HTTP_BEFORE.read_text()) if HTTP_BEFORE.exists() else {}
+    arms = [("plain", "off"), ("secure, dense", "dense"), ("secure, sparse", "sparse")]
     lines = [
         "",
         "### Over HTTP (aggregator process and workers, per round)",
@@ -139,21 +146,31 @@ def http_section() -> list[str]:
         "stepped in one process behind a recording transport. Bytes are every body the workers",
         "sent for training (plain: `/updates`; secure: the `/secagg` steps); seconds are each",
         "run's wall time over its rounds, the runs one after the other on a shared, loaded",
-        "machine: read the ratios, not the absolute figures. Target: secure <= 2x plain in bytes",
-        "and in time.",
+        "machine: read the ratios, not the absolute figures. *Masked requests*: the bodies of",
+        "masked inputs a round (sparse: instance A + instance B), a worker's clients' inputs",
+        "sent in batches of up to 32 MiB; *before batching*: the same bench when each client's",
+        "masked input was a request of its own (`bench/results/secagg_http_before.json`).",
+        "Target: secure <= 2x plain in bytes and in time.",
         "",
-        "| mode | upload per round (MB) | secagg reads per round (MB) | seconds per round "
-        "| bytes / plain | seconds / plain |",
-        "|---|---|---|---|---|---|",
+        "| mode | upload per round (MB) | secagg reads per round (MB) | masked requests per round "
+        "| seconds per round | bytes / plain | seconds / plain | seconds / plain before batching |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     p = d["off"]
-    for name, a in arms:
+    for name, key in arms:
+        if key not in d:
+            continue
+        a = d[key]
         reads = a["secagg_download_bytes_per_round"]
+        before = "-"
+        if key in old and key != "off":
+            before = f"{old[key]['seconds_per_round'] / old['off']['seconds_per_round']:.2f}x"
         lines.append(
             f"| {name} | {_mb(a['upload_bytes_per_round'])} | {_mb(reads) if reads else '-'} | "
+            f"{_masked_requests(a, d['rounds']) if key != 'off' else '-'} | "
             f"{a['seconds_per_round']:.2f} | "
             f"{a['upload_bytes_per_round'] / p['upload_bytes_per_round']:.2f}x | "
-            f"{a['seconds_per_round'] / p['seconds_per_round']:.2f}x |"
+            f"{a['seconds_per_round'] / p['seconds_per_round']:.2f}x | {before} |"
         )
     return lines
 
