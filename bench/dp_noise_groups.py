@@ -112,7 +112,8 @@ def main(
         "seed": seed,
     }
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(min(2, len(chosen))) as ex:
+    # a fresh process per arm: each arm replaces fedrecgel.privacy.noisy_mean in its own
+    with ProcessPoolExecutor(min(2, len(chosen)), max_tasks_per_child=1) as ex:
         runs = list(ex.map(_arm, [(a, settings) for a in chosen]))
     for r in runs:
         print(f"{r['arm']}: best validation HR@10 {100 * r['best_val_hr@10']:.2f}", flush=True)
