@@ -29,7 +29,7 @@ NDCG@10 at the validation-selected evaluated round, mean and std over ``--seeds`
   same clipping and server SGD reach 32.39 (90). The preset itself (server Adam, step 0.01,
   weight decay 10) clipped to C = 0.25 without noise reaches 34.19 (100): clipping costs the
   preset nothing. With the epsilon-8 noise it stops at 32.34 (100), and so do its variants:
-  beta1 0.99 32.12 (100), a cohort fraction of 0.02 32.35 (100; at small sampling rates the
+  beta1 0.99 32.12 (100), twice the cohort fraction (2%) 32.35 (100; at small sampling rates the
   calibrated noise on the mean barely depends on it), the item tables multiplied by 4 or 16
   before clipping and divided after (their noise smaller against their signal where the score
   network fills the norm) 32.39 / 32.39, step 0.003 (decay 0.1 a step kept) 19.37; server SGD

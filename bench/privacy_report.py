@@ -258,7 +258,8 @@ def noise_groups() -> list[str]:
         "the server optimizer (server Adam at epsilon 8: 32.34 on the same seed; the probes "
         "that did not move it are in `bench/dp_scale.py`'s docstring). At small sampling "
         "rates the calibrated noise on a round's mean hardly depends on the cohort fraction, "
-        "so a larger cohort does not lower it either (fraction 0.02: 32.35); more users at the "
-        "same cohort size would.",
+        "so a larger cohort does not lower it either (twice the fraction, 2%: 32.35). More "
+        "users at the same cohort size should, as the accountant's noise multiplier falls "
+        "with the sampling rate (not measured here).",
     ]
     return out
