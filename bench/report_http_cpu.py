@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_result
+from bench.report_common import load_result, ratios_text
 
 CAPACITY = "parallel_capacity.json"
 #: the code before the session's change and after it, interleaved, with CPU accounting
@@ -26,6 +26,17 @@ def median_of(xs: list[float]) -> float:
 
 
 _med = median_of
+
+
+def wall_medians(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The HTTP and simulator seconds of two run summaries, after (``a``) against before
+    (``b``), medians."""
+    return (
+        f"HTTP {median_of(a['http_wall_seconds']):.2f} s against "
+        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
+        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
+        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians)"
+    )
 
 
 def run_cpu(data: dict[str, Any], key: str) -> float:
@@ -93,12 +104,9 @@ def cpu_reading() -> list[str]:
         "its per-client rows go through Core statements instead of the ORM; and the input "
         "checks, the history's `evaluated_through` and the 415 for non-JSON bodies that "
         "landed in the same session. "
-        f"Median ratio {a['ratio_median']:.2f} "
-        f"({', '.join(f'{r:.2f}' for r in a['ratios'])}) against {b['ratio_median']:.2f} "
-        f"({', '.join(f'{r:.2f}' for r in b['ratios'])}); HTTP "
-        f"{_med(a['http_wall_seconds']):.2f} s against {_med(b['http_wall_seconds']):.2f} s, "
-        f"the simulator {_med(a['simulator_wall_seconds']):.2f} s and "
-        f"{_med(b['simulator_wall_seconds']):.2f} s (medians). The median ratio {met} the "
+        f"Median ratio {a['ratio_median']:.2f} ({ratios_text(a)}) against "
+        f"{b['ratio_median']:.2f} ({ratios_text(b)}); {wall_medians(a, b)}. The median "
+        f"ratio {met} the "
         f"{target}x target. Where the CPU goes:"
     )
     return ["", text, *table, "", _cpu_reading(before, after, rounds)]
