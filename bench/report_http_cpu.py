@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_result, ratios_text
+from bench.report_common import load_range, load_result, ratios_text, result_pair
 
 CAPACITY = "parallel_capacity.json"
 #: the code before the session's change and after it, interleaved, with CPU accounting
@@ -80,20 +80,18 @@ def capacity() -> list[str]:
 
 def cpu_reading() -> list[str]:
     """The interleaved runs before and after the session's change, with their CPU seconds."""
-    before, after = load_result(CPU_BEFORE), load_result(CPU_AFTER)
-    if before is None or after is None:
+    pair = result_pair(CPU_BEFORE, CPU_AFTER)
+    if pair is None:
         return []
+    before, after, rounds, target = pair
     b, a = before["modes"]["partial"], after["modes"]["partial"]
-    rounds = after["config"]["rounds"]
-    target = after.get("ratio_target", 1.5)
     met = "meets" if a["ratio_median"] <= target else "does not meet"
-    loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
 
     table = cpu_table(before, after, TAG_BEFORE, TAG_AFTER)
     text = (
         f"**CPU accounting** (*{TAG_BEFORE}* and *{TAG_AFTER}*: {len(a['ratios'])} interleaved "
-        f"pairs of repetitions of partial-sum runs, 1-minute load {min(loads):.1f}-"
-        f"{max(loads):.1f} after the runs). The script now reads the CPU seconds of the "
+        f"pairs of repetitions of partial-sum runs, 1-minute load "
+        f"{load_range(before, after)} after the runs). The script now reads the CPU seconds of the "
         "aggregator and of each worker over the run (from /proc), the simulator's own, and "
         "each worker phase's CPU (the CPU time of the thread that ran it). The changes "
         "between the two sides: the aggregator's request dependencies (its service, the "
