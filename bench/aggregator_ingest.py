@@ -14,6 +14,7 @@ step, persist a version) with 122 FilmTrust-size updates.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -74,18 +75,24 @@ def noop_server(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
-    """Poll until 200 or the process dies."""
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
+def wait_healthy(
+    url: str,
+    proc: subprocess.Popen[bytes] | None = None,
+    timeout_s: float = 60.0,
+    log: Path | None = None,
+) -> None:
+    """Poll ``url`` until it answers 200 (RuntimeError when ``proc`` exits first, with the
+    text of ``log``, or after ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            text = "" if log is None else ":\n" + log.read_text(errors="replace")
+            raise RuntimeError(f"the server of {url} exited with {proc.returncode}{text}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
         time.sleep(0.2)
-    raise RuntimeError(f"{url} never became healthy")
+    raise RuntimeError(f"{url} did not answer 200 within {timeout_s:.0f} s")
 
 
 async def drive(

@@ -39,7 +39,7 @@ from typing import Annotated, Any
 import httpx
 import numpy as np
 
-from bench.aggregator_ingest import MODEL, drive, realistic_update
+from bench.aggregator_ingest import MODEL, drive, realistic_update, wait_healthy
 from bench.bench_cli import OutFile, Positive, fail, opt, positive
 from fedrecgel.wire import encode_updates
 from harness.haproxy import HAPROXY_MISSING, Balancer, balancer
@@ -192,17 +192,6 @@ class LockSampler:
 # ----------------------------------------------------------------------------- the run
 
 
-def wait_healthy(url: str, timeout_s: float = 180.0) -> None:
-    """Poll ``url`` until it answers 200."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not become healthy")
-
-
 def trial(
     lb: Balancer,
     operator: dict[str, str],
@@ -277,7 +266,7 @@ def main(
             args_ = [sys.executable, "-m", FEDREC_MODULE, "aggregator", "--port", str(port)]
             procs[name] = stack.enter_context(spawned(args_, log, grace_s=20, env=env))
         for port in ports.values():
-            wait_healthy(f"http://127.0.0.1:{port}/healthz")
+            wait_healthy(f"http://127.0.0.1:{port}/healthz", timeout_s=180.0)
         (tmp / "one").mkdir()
         (tmp / "all").mkdir()
         setups = {

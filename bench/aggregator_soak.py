@@ -37,6 +37,7 @@ from typing import Annotated, Any
 import httpx
 import numpy as np
 
+from bench.aggregator_ingest import wait_healthy
 from bench.bench_cli import OutFile, Positive, fail, opt, positive
 from fedrecgel.metrics import METRIC_NAMES
 from fedrecgel.model import ModelConfig
@@ -82,22 +83,6 @@ def start_aggregator(folder: Path, port: int, extra_env: dict[str, str]) -> subp
     return subprocess.Popen(
         [sys.executable, "-m", "services.aggregator"], env=env, stdout=log, stderr=log
     )
-
-
-def wait_healthy(http: httpx.Client, proc: subprocess.Popen[bytes], folder: Path) -> None:
-    """Poll /healthz until 200 (RuntimeError with the log if the process dies or hangs)."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log = (folder / "aggregator.log").read_text(errors="replace")
-            raise RuntimeError(f"the aggregator exited with {proc.returncode}:\n{log}")
-        try:
-            if http.get("/healthz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the aggregator did not become healthy in 120 s")
 
 
 def checked(r: httpx.Response, *ok: int) -> dict[str, Any]:
@@ -209,7 +194,7 @@ def main(
         try:
             base = f"http://127.0.0.1:{port}"
             http = httpx.Client(base_url=base, timeout=120)
-            wait_healthy(http, proc, folder)
+            wait_healthy(f"{base}/healthz", proc, 120.0, folder / "aggregator.log")
             clients = [Worker(base, i, workers, cfg, seed) for i in range(workers)]
             operator = {"Authorization": f"Bearer {OPERATOR}"}
             checked(http.post("/v1/runs", json=run_body, headers=operator), 201)

@@ -35,6 +35,7 @@ from typing import Annotated, Any
 
 import httpx
 
+from bench.aggregator_ingest import wait_healthy
 from bench.bench_cli import OutFile, opt
 from fedrecgel.data import load_split
 from harness.fuzz import Tally, fuzz, load_schema
@@ -64,17 +65,6 @@ DEVICE_TOKEN = "bench-fuzz-device-token-91e4c7a02f6d35b8"
 RUN: dict[str, Any] = {"rounds": 2, "fraction": 0.05, "seed": 0, "deadline_s": 600.0}
 # what the aggregator process may map beyond what it maps once started
 AGGREGATOR_HEADROOM_BYTES = 4 << 30
-
-
-def wait_ok(url: str, timeout_s: float, what: str) -> None:
-    """Poll ``url`` until it answers 200."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise SystemExit(f"{what} did not answer 200 at {url} within {timeout_s:.0f}s")
 
 
 def limit_address_space(pid: int, headroom: int) -> int:
@@ -132,7 +122,7 @@ def services(work: Path, n_users: int) -> Iterator[dict[str, Any]]:
         (work / "worker.log").open("ab") as worker_log,
         spawned([py, "-m", "services.aggregator"], agg_log, grace_s=15, env=agg_env) as agg_p,
     ):
-        wait_ok(f"{agg}/healthz", 120, "the aggregator")
+        wait_healthy(f"{agg}/healthz", timeout_s=120.0)
         limit = limit_address_space(agg_p.pid, AGGREGATOR_HEADROOM_BYTES)
         with (
             spawned([py, "-m", "services.recommend_api"], rec_log, grace_s=15, env=rec_env),
@@ -182,8 +172,8 @@ def train(urls: dict[str, Any], n_users: int, n_items: int, timeout_s: float) ->
         if time.monotonic() > deadline:
             raise SystemExit("the run did not finish in time")
         time.sleep(1.0)
-    wait_ok(f"{urls['recommend_api']}/healthz", 120, "recommend_api (model loaded)")
-    wait_ok(f"{urls['worker']}/healthz", 120, "the device API")  # open without the token
+    wait_healthy(f"{urls['recommend_api']}/healthz", timeout_s=120.0)
+    wait_healthy(f"{urls['worker']}/healthz", timeout_s=120.0)  # open without the token
     return config
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_result
+from bench.report_common import load_range, load_result
 from bench.report_http_churn import (
     CHURN_AFTER,
     CHURN_BEFORE,
@@ -274,7 +274,6 @@ def _snapshot(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
     b, a = before["modes"]["partial"], after["modes"]["partial"]
     target = after.get("ratio_target", 1.5)
     met = "meets" if a["ratio_median"] <= target else "does not meet"
-    loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
 
     agg = "aggregator_stage"
     hb, ha = b["http_wall_seconds"], a["http_wall_seconds"]
@@ -282,7 +281,7 @@ def _snapshot(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
     return (
         f" The newest session (*{SNAP}*) measured the code before it (*{SNAP_BEFORE}*) and "
         f"after it in {len(a['ratios'])} interleaved pairs of repetitions (1-minute load "
-        f"{min(loads):.1f}-{max(loads):.1f} after the runs), with a lighter measurement: the "
+        f"{load_range(before, after)} after the runs), with a lighter measurement: the "
         "script used to poll the whole history every 50 ms (about 9 reads of every closed "
         "round per round, on the aggregator it measures) and timed the run to the poll that "
         "saw it complete; it now polls every 0.5 s and times the run to the aggregator's own "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.report_common import load_range, load_result, ratios_text, result_pair
-from bench.report_http_cpu import CPU_AFTER, TAG_AFTER, cpu_table, median_of, per_round_cpu
+from bench.report_http_cpu import CPU_AFTER, TAG_AFTER, cpu_table, per_round_cpu, wall_medians
 
 CHURN_BEFORE = "http_vs_simulator_churn_before.json"
 CHURN_AFTER = "http_vs_simulator_churn.json"
@@ -37,12 +37,8 @@ def _walls_and_ratios(a: dict[str, Any], b: dict[str, Any]) -> str:
     """The HTTP and simulator wall times and the ratios of two sides' partial-mode summaries,
     after (``a``) against before (``b``)."""
     return (
-        f"HTTP {median_of(a['http_wall_seconds']):.2f} s against "
-        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
-        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
-        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians). Median ratio "
-        f"{a['ratio_median']:.2f} ({ratios_text(a)}) against "
-        f"{b['ratio_median']:.2f} ({ratios_text(b)})"
+        f"{wall_medians(a, b)}. Median ratio {a['ratio_median']:.2f} ({ratios_text(a)}) "
+        f"against {b['ratio_median']:.2f} ({ratios_text(b)})"
     )
 
 

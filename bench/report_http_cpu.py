@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_result
+from bench.report_common import load_range, load_result, ratios_text, result_pair
 
 CAPACITY = "parallel_capacity.json"
 #: the code before the session's change and after it, interleaved, with CPU accounting
@@ -26,6 +26,17 @@ def median_of(xs: list[float]) -> float:
 
 
 _med = median_of
+
+
+def wall_medians(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """The HTTP and simulator seconds of two run summaries, after (``a``) against before
+    (``b``), medians."""
+    return (
+        f"HTTP {median_of(a['http_wall_seconds']):.2f} s against "
+        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
+        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
+        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians)"
+    )
 
 
 def run_cpu(data: dict[str, Any], key: str) -> float:
@@ -69,20 +80,18 @@ def capacity() -> list[str]:
 
 def cpu_reading() -> list[str]:
     """The interleaved runs before and after the session's change, with their CPU seconds."""
-    before, after = load_result(CPU_BEFORE), load_result(CPU_AFTER)
-    if before is None or after is None:
+    pair = result_pair(CPU_BEFORE, CPU_AFTER)
+    if pair is None:
         return []
+    before, after, rounds, target = pair
     b, a = before["modes"]["partial"], after["modes"]["partial"]
-    rounds = after["config"]["rounds"]
-    target = after.get("ratio_target", 1.5)
     met = "meets" if a["ratio_median"] <= target else "does not meet"
-    loads = [r["load_avg_1m"] for d in (before, after) for r in d["repetitions"]]
 
     table = cpu_table(before, after, TAG_BEFORE, TAG_AFTER)
     text = (
         f"**CPU accounting** (*{TAG_BEFORE}* and *{TAG_AFTER}*: {len(a['ratios'])} interleaved "
-        f"pairs of repetitions of partial-sum runs, 1-minute load {min(loads):.1f}-"
-        f"{max(loads):.1f} after the runs). The script now reads the CPU seconds of the "
+        f"pairs of repetitions of partial-sum runs, 1-minute load "
+        f"{load_range(before, after)} after the runs). The script now reads the CPU seconds of the "
         "aggregator and of each worker over the run (from /proc), the simulator's own, and "
         "each worker phase's CPU (the CPU time of the thread that ran it). The changes "
         "between the two sides: the aggregator's request dependencies (its service, the "
@@ -93,12 +102,9 @@ def cpu_reading() -> list[str]:
         "its per-client rows go through Core statements instead of the ORM; and the input "
         "checks, the history's `evaluated_through` and the 415 for non-JSON bodies that "
         "landed in the same session. "
-        f"Median ratio {a['ratio_median']:.2f} "
-        f"({', '.join(f'{r:.2f}' for r in a['ratios'])}) against {b['ratio_median']:.2f} "
-        f"({', '.join(f'{r:.2f}' for r in b['ratios'])}); HTTP "
-        f"{_med(a['http_wall_seconds']):.2f} s against {_med(b['http_wall_seconds']):.2f} s, "
-        f"the simulator {_med(a['simulator_wall_seconds']):.2f} s and "
-        f"{_med(b['simulator_wall_seconds']):.2f} s (medians). The median ratio {met} the "
+        f"Median ratio {a['ratio_median']:.2f} ({ratios_text(a)}) against "
+        f"{b['ratio_median']:.2f} ({ratios_text(b)}); {wall_medians(a, b)}. The median "
+        f"ratio {met} the "
         f"{target}x target. Where the CPU goes:"
     )
     return ["", text, *table, "", _cpu_reading(before, after, rounds)]

@@ -8,10 +8,8 @@ Used by ``bench/report_http.py``; every figure comes from a JSON under bench/res
 
 from __future__ import annotations
 
-from typing import Any
-
 from bench.report_common import load_range, load_result, ratios_text, result_pair
-from bench.report_http_cpu import cpu_table, median_of
+from bench.report_http_cpu import cpu_table, wall_medians
 
 STORE = "http_vs_simulator_storage.json"
 STORE_BEFORE = "http_vs_simulator_storage_before.json"
@@ -46,16 +44,6 @@ def _pages() -> str:
     )
 
 
-def _medians(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """The HTTP and simulator seconds of two run summaries (medians)."""
-    return (
-        f"HTTP {median_of(a['http_wall_seconds']):.2f} s against "
-        f"{median_of(b['http_wall_seconds']):.2f} s, the simulator "
-        f"{median_of(a['simulator_wall_seconds']):.2f} s and "
-        f"{median_of(b['simulator_wall_seconds']):.2f} s (medians)"
-    )
-
-
 def storage_reading() -> list[str]:
     """This session's changes against the code before them, interleaved."""
     pair = result_pair(STORE_BEFORE, STORE)
@@ -85,7 +73,7 @@ def storage_reading() -> list[str]:
         "round open waits for the version event before it polls again, and delivers its "
         "report once the round is over. "
         f"Median ratio {a['ratio_median']:.2f} ({ratios_text(a)}) against {b['ratio_median']:.2f} "
-        f"({ratios_text(b)}); {_medians(a, b)}. The median ratio {met} the "
+        f"({ratios_text(b)}); {wall_medians(a, b)}. The median ratio {met} the "
         f"{target}x target ({under} of {len(a['ratios'])} repetitions at or under it); the "
         "simulator alone moved between "
         f"{min(a['simulator_wall_seconds'] + b['simulator_wall_seconds']):.1f} and "
@@ -110,6 +98,6 @@ def _final() -> list[str]:
         f"{TAG_STORE_FINAL_BEFORE}*), {len(a['ratios'])} more interleaved pairs, 1-minute load "
         f"{load_range(after, before)}: median ratio {a['ratio_median']:.2f} ({ratios_text(a)}; "
         f"{under} of {len(a['ratios'])} at or under {target}) against "
-        f"{b['ratio_median']:.2f} ({ratios_text(b)}); {_medians(a, b)}.",
+        f"{b['ratio_median']:.2f} ({ratios_text(b)}); {wall_medians(a, b)}.",
         *cpu_table(before, after, TAG_STORE_FINAL_BEFORE, TAG_STORE_FINAL),
     ]

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel.accountant import PrivacyPlan
-from fedrecgel.strategy import Strategy, Wrapped, scaled, update_norm
+from fedrecgel.strategy import Strategy, Wrapped, clip_update, update_norm
 from fedrecgel.uploads import Update
 
 #: relative slack of the server's norm check (float32 rounding of the client's scaling)
@@ -37,15 +37,6 @@ NORM_TOLERANCE = 1e-4
 #: a locally noised upload's norm is refused beyond C + sigma*(sqrt(D) + this): for Gaussian
 #: noise, P(||noise|| > sigma*(sqrt(D) + t)) <= exp(-t*t/2), here below 1e-21
 NOISE_TAIL = 10.0
-
-
-def clip_update(u: Update, clip: float) -> Update:
-    """``u`` scaled to L2 norm at most ``clip`` (unchanged when already within)."""
-    norm = update_norm(u)
-    if norm <= clip:
-        return u
-    # a hair under C so that float32 rounding of the product stays within C
-    return scaled(u, clip / norm * (1.0 - 1e-6))
 
 
 def add_local_noise(

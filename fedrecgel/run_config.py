@@ -34,13 +34,18 @@ class RunConfig(RunParams):
 
     def sam(self) -> SAMConfig:
         """The client hyperparameters of this run."""
-        return SAMConfig(
-            rho_sh=self.rho_sh,
-            rho_ns=self.rho_ns,
-            client_lr=self.client_lr,
-            n_negatives=self.n_negatives,
-            negative_pool=self.negative_pool,
-            chunk_size=self.chunk_size,
-            local_steps=self.local_steps,
-            weight_decay=self.client_weight_decay,
-        )
+        return client_hyperparameters(self)
+
+
+def client_hyperparameters(p: RunParams) -> SAMConfig:
+    """The client hyperparameters of the run settings ``p``."""
+    return SAMConfig(
+        rho_sh=p.rho_sh,
+        rho_ns=p.rho_ns,
+        client_lr=p.client_lr,
+        n_negatives=p.n_negatives,
+        negative_pool=p.negative_pool,
+        chunk_size=p.chunk_size,
+        local_steps=p.local_steps,
+        weight_decay=p.client_weight_decay,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -26,7 +26,7 @@ from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
 from fedrecgel.privacy import ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
-from fedrecgel.run_config import RunConfig
+from fedrecgel.run_config import RunConfig, client_hyperparameters
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import Strategy, touched_rows
@@ -101,18 +101,9 @@ class TrainConfig(RunParams):
         return self.rho_sh, self.rho_ns
 
     def sam(self) -> SAMConfig:
-        """Client hyperparameters."""
-        rho_sh, rho_ns = self.effective_rho()
-        return SAMConfig(
-            rho_sh=rho_sh,
-            rho_ns=rho_ns,
-            client_lr=self.client_lr,
-            n_negatives=self.n_negatives,
-            negative_pool=self.negative_pool,
-            chunk_size=self.chunk_size,
-            local_steps=self.local_steps,
-            weight_decay=self.client_weight_decay,
-            grouped_uploads=self.grouped_uploads,
+        """Client hyperparameters: those of :meth:`run_params`, with this upload grouping."""
+        return replace(
+            client_hyperparameters(self.run_params()), grouped_uploads=self.grouped_uploads
         )
 
     def model(self, n_items: int) -> ModelConfig:

@@ -423,11 +423,14 @@ def scaled(u: Update, factor: float) -> Update:
     )
 
 
-def clip_update(u: Update, max_norm: float) -> Update:
-    """``u`` scaled to L2 norm at most ``max_norm`` (over rows and score network together)."""
-    sq = sum(float((v**2).sum()) for _, v in u.rows.values())
-    sq += sum(float((g**2).sum()) for g in u.dense.values())
-    return scaled(u, min(1.0, max_norm / (math.sqrt(sq) + 1e-12)))
+def clip_update(u: Update, clip: float) -> Update:
+    """``u`` scaled to L2 norm at most ``clip`` over rows and score network together
+    (unchanged when already within)."""
+    norm = update_norm(u)
+    if norm <= clip:
+        return u
+    # a hair under C so that float32 rounding of the product stays within C
+    return scaled(u, clip / norm * (1.0 - 1e-6))
 
 
 class Wrapped(Strategy):

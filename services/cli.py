@@ -27,6 +27,11 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_o
 UP_ROUNDS = 20
 
 
+def _port(help: str) -> Any:
+    """The option of a TCP port."""
+    return typer.Option(min=1, max=65535, help=help)
+
+
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def worker(ctx: typer.Context) -> None:
     """Run a client worker (options: `fedrec worker --help`)."""
@@ -95,18 +100,10 @@ def up(
             help="Client worker processes (each holds its own torch, about 0.45 GB).",
         ),
     ] = _UP.workers,
-    aggregator_port: Annotated[
-        int, typer.Option(min=1, max=65535, help="The aggregator's port.")
-    ] = _UP.aggregator_port,
-    recommend_port: Annotated[
-        int, typer.Option(min=1, max=65535, help="The recommendation API's port.")
-    ] = _UP.recommend_port,
-    worker_http_port: Annotated[
-        int, typer.Option(min=1, max=65535, help="First worker's HTTP port.")
-    ] = _UP.worker_http_port,
-    dashboard_port: Annotated[
-        int, typer.Option(min=1, max=65535, help="The web dashboard's port.")
-    ] = _UP.dashboard_port,
+    aggregator_port: Annotated[int, _port("The aggregator's port.")] = _UP.aggregator_port,
+    recommend_port: Annotated[int, _port("The recommendation API's port.")] = _UP.recommend_port,
+    worker_http_port: Annotated[int, _port("First worker's HTTP port.")] = _UP.worker_http_port,
+    dashboard_port: Annotated[int, _port("The web dashboard's port.")] = _UP.dashboard_port,
     dashboard: Annotated[bool, typer.Option(help="Also start the web dashboard.")] = _UP.dashboard,
     workdir: Annotated[
         Path,

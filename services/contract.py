@@ -247,6 +247,17 @@ class UploadResponse(BaseModel):
 SecAggPhase = Literal["keys", "shares", "masked", "unmask", "masked_b", "unmask_b"]
 #: what a client sends in each phase (``POST /v1/rounds/{round_id}/secagg/{step}``)
 SecAggStep = Literal["keys", "shares", "masked", "reveal", "masked_b", "reveal_b"]
+#: the step a client takes in each phase, and the phase in which each step's message is
+#: accepted
+STEP_OF_PHASE = {
+    "keys": "keys",
+    "shares": "shares",
+    "masked": "masked",
+    "unmask": "reveal",
+    "masked_b": "masked_b",
+    "unmask_b": "reveal_b",
+}
+PHASE_OF_STEP = {v: k for k, v in STEP_OF_PHASE.items()}
 
 
 class SecAggRound(BaseModel):

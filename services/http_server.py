@@ -69,14 +69,22 @@ def _timeout_answer(timeout_s: float) -> bytes:
     return head.encode("ascii") + body
 
 
-class _HeaderTimer:
-    """The timer of one connection (a mixin of the protocols below)."""
+class _HeaderTimer(asyncio.Protocol):
+    """The timer of one connection (a mixin of the protocols below), armed when it opens."""
 
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
     _header_timer: asyncio.TimerHandle | None = None
     _request_begun = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -108,14 +116,6 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
         """httptools' parser calls ``on_message_begin`` at a request's first byte and
         ``on_headers_complete`` at the end of its headers."""
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._cancel_header_timer()
-            super().connection_lost(exc)
-
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._request_begun = True
@@ -131,14 +131,6 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
 class HeaderTimeoutH11(_HeaderTimer, H11Protocol):
     """h11 reads the headers while the peer's state is ``IDLE``; any later state (a body, or
     the request done) means they are complete."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_header_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_header_timer()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         waiting = self.conn.their_state is h11.IDLE

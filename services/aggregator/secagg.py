@@ -74,20 +74,10 @@ from services.aggregator.secagg_checks import (
     fresh_keys,
 )
 from services.aggregator.secagg_repository import SecAggRepository
-from services.contract import SecAggRound
+from services.contract import PHASE_OF_STEP, STEP_OF_PHASE, SecAggRound
 
 log = logging.getLogger(__name__)
 
-#: the phase in which each step's message is accepted, and the step each phase waits for
-PHASE_OF_STEP = {
-    "keys": "keys",
-    "shares": "shares",
-    "masked": "masked",
-    "reveal": "unmask",
-    "masked_b": "masked_b",
-    "reveal_b": "unmask_b",
-}
-STEP_OF_PHASE = {v: k for k, v in PHASE_OF_STEP.items()}
 #: the phases of a dense and of a sparse attempt, in order
 PHASES = {
     "dense": ("keys", "shares", "masked", "unmask"),

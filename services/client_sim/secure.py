@@ -53,19 +53,10 @@ from fedrecgel.secagg.protocol import Client, Keys, RoundFailed, RoundSpec, Shar
 from fedrecgel.strategy import clip_update
 from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
 from services.client_sim.store import WorkerStore
-from services.contract import CurrentRound, RunConfig, SecAggRound
+from services.contract import STEP_OF_PHASE, CurrentRound, RunConfig, SecAggRound
 
 log = logging.getLogger(__name__)
 
-#: the step a client takes in each phase
-STEP_OF_PHASE = {
-    "keys": "keys",
-    "shares": "shares",
-    "masked": "masked",
-    "unmask": "reveal",
-    "masked_b": "masked_b",
-    "unmask_b": "reveal_b",
-}
 #: the most bytes of one JSON body (the aggregator's JSON limit is 2 MiB by default)
 JSON_BODY_BYTES = 1 << 20
 #: the most bytes of one batch of masked inputs (half the aggregator's default upload body

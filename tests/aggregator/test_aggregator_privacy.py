@@ -16,8 +16,7 @@ import pytest
 from fedrecgel.accountant import plan_privacy
 from fedrecgel.config import RunParams
 from fedrecgel.model import ModelConfig
-from fedrecgel.privacy import clip_update
-from fedrecgel.strategy import scaled, update_norm
+from fedrecgel.strategy import clip_update, scaled, update_norm
 from fedrecgel.wire import encode_updates
 from harness.aggregator import AggregatorFactory
 from tests.support.aggregator import operator_headers, random_update, register, upload_headers

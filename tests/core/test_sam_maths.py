@@ -297,6 +297,6 @@ def test_strategy_state_round_trips() -> None:
 def test_clipping_wrapper_bounds_each_update() -> None:
     s = ClipUpdates(FedAvgGradients(ServerOptConfig(name="sgd", lr=1.0)), max_norm=1.0)
     g = s.aggregate([_update(1, [0], [[3.0]], 4.0)], SHAPES)
-    assert float(torch.sqrt(g["item_gmf"].pow(2).sum() + g["predict.bias"].pow(2).sum())) == (
-        pytest.approx(1.0)
-    )
+    norm = float(torch.sqrt(g["item_gmf"].pow(2).sum() + g["predict.bias"].pow(2).sum()))
+    assert norm <= 1.0
+    assert norm == pytest.approx(1.0, rel=1e-5)
