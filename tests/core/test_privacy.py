@@ -24,14 +24,13 @@ from fedrecgel.config import ConfigError, RunParams, Sampling
 from fedrecgel.privacy import (
     NORM_TOLERANCE,
     add_local_noise,
-    clip_update,
     noisy_mean,
     norm_bound,
     sum_updates,
     with_privacy,
 )
 from fedrecgel.simulate import Simulator, TrainConfig
-from fedrecgel.strategy import make_strategy, update_norm
+from fedrecgel.strategy import clip_update, make_strategy, update_norm
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.uploads import Update
 
