@@ -202,18 +202,10 @@ class SecureParticipant:
     def _json_bodies(ids: list[int], docs: list[bytes], budget: int = JSON_BODY_BYTES) -> Bodies:
         """JSON lists of ``docs`` (``ids``: their clients; a client's doc may be several
         documents joined by commas, kept in one body), each within ``budget`` bytes."""
-        out: Bodies = []
-        part: list[int] = []
-        size = 0
-        for i, doc in enumerate(docs):
-            if part and size + len(doc) + 1 > budget:
-                out.append(([ids[k] for k in part], b"[" + b",".join(docs[k] for k in part) + b"]"))
-                part, size = [], 0
-            part.append(i)
-            size += len(doc) + 1
-        if part:
-            out.append(([ids[k] for k in part], b"[" + b",".join(docs[k] for k in part) + b"]"))
-        return out
+        return [
+            ([u for u, _ in part], b"[" + b",".join(d for _, d in part) + b"]")
+            for part in _packed(list(zip(ids, docs, strict=True)), budget, 0, 1)
+        ]
 
     def _keys(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         docs = []
@@ -277,18 +269,10 @@ class SecureParticipant:
         """Batches of masked inputs (``inputs``: each client's ``encode_masked`` bytes), each
         within ``budget`` bytes (an input larger than that alone in its batch)."""
         head, each = len(messages.BATCH_MAGIC) + 4, 16  # the count; a client's id and length
-        out: Bodies = []
-        part: list[tuple[int, bytes]] = []
-        size = head
-        for u, body in inputs:
-            if part and size + each + len(body) > budget:
-                out.append(([v for v, _ in part], messages.encode_masked_batch(part)))
-                part, size = [], head
-            part.append((u, body))
-            size += each + len(body)
-        if part:
-            out.append(([v for v, _ in part], messages.encode_masked_batch(part)))
-        return out
+        return [
+            ([u for u, _ in part], messages.encode_masked_batch(part))
+            for part in _packed(inputs, budget, head, each)
+        ]
 
     @staticmethod
     def _mask(
@@ -352,3 +336,23 @@ class SecureParticipant:
 
     def _reveal_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "b")
+
+
+def _packed(
+    items: list[tuple[int, bytes]], budget: int, head: int, each: int
+) -> list[list[tuple[int, bytes]]]:
+    """``items`` (a client and its bytes) in order, in groups whose body stays within
+    ``budget``: ``head`` bytes a body, ``each`` plus the item's own a client (an item larger
+    than the budget alone in its group)."""
+    out: list[list[tuple[int, bytes]]] = []
+    part: list[tuple[int, bytes]] = []
+    size = head
+    for item in items:
+        if part and size + each + len(item[1]) > budget:
+            out.append(part)
+            part, size = [], head
+        part.append(item)
+        size += each + len(item[1])
+    if part:
+        out.append(part)
+    return out
