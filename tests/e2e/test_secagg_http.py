@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,16 +91,6 @@ def test_a_secure_run_over_http_publishes_the_simulators_models(
 
 
 # ----------------------------------------------------------------------------- in-process
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(worker_torch_threads(2))  # as the worker processes run
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class NeverReveals(SecureParticipant):

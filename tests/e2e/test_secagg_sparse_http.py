@@ -12,7 +12,6 @@ one the simulator's sparse test uses (``tests/core/test_secagg_sparse.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from harness.parity import aggregator_started, parity_options
 from harness.stepped import Stepped
 from services.client_sim.secure import SecureParticipant
 from services.client_sim.worker import Worker
-from services.launcher import UpOptions, worker_torch_threads
+from services.launcher import UpOptions
 from tests.e2e.http_run import DATASET, assert_matches
 from tests.e2e.test_secagg_http import simulate
 
@@ -42,16 +41,6 @@ ROUNDS = 2
 # 5% of FilmTrust's 1,227 users: cohorts of 61, each client masking with 2 x 4 neighbours
 PLAIN = TrainConfig(rounds=ROUNDS, shards=2, fraction=0.05, negative_pool=128)
 SPARSE = PLAIN.replace(secure_aggregation="sparse", secagg_neighbours=4)
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(worker_torch_threads(2))  # as the worker processes run
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def options(train: TrainConfig, tmp_path: Path, **run: Any) -> UpOptions:
