@@ -4,9 +4,10 @@ its noise. A measurement, NOT a private run.
     nice -n 5 .venv/bin/python -m bench.dp_signal [--datasets filmtrust/paper,...]
         [--epsilon 3] [--seed 100] [--out bench/results/dp_signal.json]
 
-Each data set runs the DP setting of the privacy-utility rows (uploads clipped to C =
-``--clip``, server SGD step 1.2 with momentum 0.9, Poisson cohorts, the accountant's noise
-multiplier z for ``--epsilon`` at delta = 1/users over the run's rounds), but the noise is
+Each data set runs the DP setting of ``bench.dp_scale`` (the shipped ``default`` preset's client
+settings, uploads clipped to C = ``--clip``, server SGD step 1.2 with momentum 0.9, Poisson
+cohorts, the accountant's noise multiplier z for ``--epsilon`` at delta = 1/users over the run's
+rounds), but the noise is
 measured instead of added: :func:`fedrecgel.privacy.noisy_mean` is replaced in the run's worker
 process by one that records, each round, the clipped mean of the cohort's uploads (the signal)
 against the noise the DP run would put on it (standard deviation z*C over the expected cohort,
@@ -40,17 +41,18 @@ from bench.bench_cli import OutFile, default_data_dir, fail
 from fedrecgel.config import DEFAULTS
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_signal.json"
+SYNTHETIC = "synthetic-tastes-100k"
 #: the data sets and the cohort fraction and rounds of their DP rows
 SETTINGS: dict[str, tuple[float, int]] = {
     "filmtrust/paper": (0.1, 50),
     "lastfm-2k/clean": (0.1, 50),
     "amazon-video/paper": (0.1, 50),
-    "synthetic-tastes-100k": (0.01, DEFAULTS.rounds),
+    SYNTHETIC: (0.01, DEFAULTS.rounds),
 }
 
 
 def _split(name: str, data_dir: Path | None) -> Any:
-    if name == "synthetic-tastes-100k":
+    if name == SYNTHETIC:
         from bench.dp_scale import _split as tastes
 
         return tastes(100_000)
@@ -71,6 +73,7 @@ def _measure(job: tuple[str, dict[str, Any]]) -> dict[str, Any]:
 
     import fedrecgel.privacy as privacy
     from fedrecgel.model import ITEM_TABLES
+    from fedrecgel.presets import run_settings
     from fedrecgel.simulate import Simulator, TrainConfig
 
     torch.set_num_threads(1)
@@ -90,18 +93,23 @@ def _measure(job: tuple[str, dict[str, Any]]) -> dict[str, Any]:
 
     privacy.noisy_mean = measured  # type: ignore[assignment]
     fraction, n_rounds = s["fraction"], s["rounds"]
+    preset = run_settings("default", "synthetic" if name == SYNTHETIC else name.split("/")[0])
     cfg = TrainConfig(
-        rounds=n_rounds,
-        fraction=fraction,
-        sampling="poisson",
-        eval_every=s["eval_every"],
-        seed=s["seed"],
-        optimizer="sgd",
-        server_lr=1.2,
-        server_momentum=0.9,
-        dp_clip=s["clip"],
-        target_epsilon=s["epsilon"],
-        grouped_uploads=True,
+        **{
+            **preset,
+            "rounds": n_rounds,
+            "fraction": fraction,
+            "sampling": "poisson",
+            "eval_every": s["eval_every"],
+            "seed": s["seed"],
+            "optimizer": "sgd",
+            "server_lr": 1.2,
+            "server_momentum": 0.9,
+            "server_weight_decay": 0.0,
+            "dp_clip": s["clip"],
+            "target_epsilon": s["epsilon"],
+            "grouped_uploads": True,
+        }
     )
     t0 = time.perf_counter()
     split = _split(name, s["data_dir"])
