@@ -37,7 +37,14 @@ from fedrecgel.clitools import (
 from fedrecgel.config import DEFAULTS, ConfigError, RunParams, check
 from fedrecgel.data import DATASETS, DataError, stats
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS
-from fedrecgel.runreport import final_line, plot_run, seed_line, summarize
+from fedrecgel.runreport import (
+    final_line,
+    plot_run,
+    references,
+    references_line,
+    seed_line,
+    summarize,
+)
 from fedrecgel.simulate import METHODS, RunResult, TrainConfig
 from fedrecgel.train_runs import (
     BACKENDS,
@@ -299,6 +306,7 @@ def train(
     for res in results:
         console.print(seed_line(res))
     summary = summarize(results)
+    refs = references(split, results) if federated else None
     payload: dict[str, Any] = {
         "dataset": split.name,
         "method": method,
@@ -308,6 +316,7 @@ def train(
         "data": stats(split),
         "validation": validation,
         "summary": summary,
+        **({"references": refs} if refs else {}),
         "runs": [r.to_json() for r in results],
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1))
@@ -318,6 +327,8 @@ def train(
         (out / "hr_ndcg.png").unlink(missing_ok=True)
     if "best_test.hr@10.mean" in summary:
         console.print(final_line(summary, len(results)))
+    if refs:
+        console.print(references_line(refs))
     console.print(
         f"wrote {out / 'results.json'}" + (f" and {out / 'hr_ndcg.png'}" if plotted else "")
     )

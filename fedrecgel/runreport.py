@@ -1,5 +1,6 @@
-"""What a finished set of runs shows: the HR/NDCG curves as a PNG and the mean +- std over
-seeds of the best-test and validation-selected figures."""
+"""What a finished set of runs shows: the HR/NDCG curves as a PNG, the mean +- std over seeds
+of the best-test and validation-selected figures, and the reference points (popularity, and
+under DP popularity at the same budget) they are read against."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from fedrecgel.config import ConfigError
+from fedrecgel.data import Split
 from fedrecgel.simulate import RunResult
 
 
@@ -90,4 +93,51 @@ def final_line(summary: dict[str, Any], n_seeds: int) -> str:
             if "selected.hr@10.mean" in summary
             else ""
         )
+    )
+
+
+def references(split: Split, results: list[RunResult]) -> dict[str, Any]:
+    """The reference points a federated run's figures are read against, on its split (test
+    metrics): ``popularity``; for a DP run also ``dp_popularity``, popularity under the budget
+    the run spent (the most any seed spent, at the run's delta; each user counting at most the
+    shipped number of items; one noise draw per seed of the run)."""
+    from fedrecgel.baselines import popularity
+    from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS, dp_popularity, plan_release
+
+    pop = popularity(split).rounds[0].test
+    out: dict[str, Any] = {"popularity": {k: pop[k] for k in ("hr@10", "ndcg@10")}}
+    spent = [e for r in results if (e := r.epsilon_spent()) is not None]
+    if not spent or results[0].privacy is None:
+        return out
+    epsilon, delta = max(spent), float(results[0].privacy["delta"])
+    try:
+        release = plan_release(split.n_users, DEFAULT_MAX_ITEMS, epsilon, delta=delta)
+    except ConfigError as err:  # a budget too small or too large for the accountant
+        out["dp_popularity"] = {"epsilon": epsilon, "not_computed": err.reason}
+        return out
+    seeds = [int(r.config.get("seed", 0)) for r in results]
+    tests = [dp_popularity(split, release, s).rounds[0].test for s in seeds]
+    out["dp_popularity"] = {
+        "epsilon": release.epsilon,
+        "delta": release.delta,
+        "max_items": release.max_items,
+        "seeds": seeds,
+        **{f"{k}.mean": statistics.fmean(t[k] for t in tests) for k in ("hr@10", "ndcg@10")},
+    }
+    return out
+
+
+def references_line(refs: dict[str, Any]) -> str:
+    """The reference points of :func:`references` in one line."""
+    pop = refs["popularity"]
+    line = f"on this split, popularity: HR@10 {pop['hr@10']:.4f} NDCG@10 {pop['ndcg@10']:.4f}"
+    dp = refs.get("dp_popularity")
+    if dp is None:
+        return line
+    if "hr@10.mean" not in dp:
+        return line + f"; popularity under epsilon {dp['epsilon']:.3g}: {dp['not_computed']}"
+    return line + (
+        f"; popularity under the same budget (epsilon {dp['epsilon']:.3f}, at most "
+        f"{dp['max_items']} items a user): HR@10 {dp['hr@10.mean']:.4f} "
+        f"NDCG@10 {dp['ndcg@10.mean']:.4f}"
     )

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from fedrecgel.accountant import release_epsilon
 from fedrecgel.baselines import item_popularity, popularity
 from fedrecgel.cli import app
+from fedrecgel.clitools import load_data
 from fedrecgel.config import ConfigError
 from fedrecgel.data import Interactions, Split, apply_protocol
 from fedrecgel.dp_popularity import (
@@ -276,3 +277,35 @@ def test_the_benchmark_chooses_k_on_validation_and_refuses_bad_input(tmp_path: P
         r = _bench(*small, *args)
         assert r.returncode == 2 and said in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+def test_a_federated_run_reports_popularity_and_under_dp_popularity_at_its_budget(
+    tmp_path: Path,
+) -> None:
+    """results.json's ``references``: popularity on the run's split, and for a DP run the DP
+    count at the epsilon the run spent (its delta, the shipped k, one draw per seed)."""
+    rows = [f"{u},{(u * 7 + k * 5) % 150},{k}" for u in range(40) for k in range(6)]
+    csv = tmp_path / "d.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    args = ["train", "--dataset", str(csv), "--rounds", "2", "--fraction", "0.5", "--factor", "4"]
+    args += ["--layers", "1", "--optimizer", "sgd", "--quiet", "--seeds", "0,1"]
+    plain = tmp_path / "plain"
+    r = runner.invoke(app, [*args, "--out", str(plain)])
+    assert r.exit_code == 0, r.output
+    refs = _results(plain)["references"]
+    split = load_data(str(csv), None, validation=False)  # the run's split: the same loader
+    want_pop = popularity(split).rounds[0].test
+    assert refs == {"popularity": {k: want_pop[k] for k in ("hr@10", "ndcg@10")}}
+    assert "on this split, popularity: HR@10" in " ".join(r.output.split())
+
+    dp = tmp_path / "dp"
+    r = runner.invoke(app, [*args, "--dp-noise", "1.0", "--out", str(dp)])
+    assert r.exit_code == 0, r.output
+    res = _results(dp)
+    spent = max(run["privacy"]["epsilon_spent"] for run in res["runs"])
+    release = plan_release(40, DEFAULT_MAX_ITEMS, spent, delta=1 / 40)
+    want = [dp_popularity(split, release, s).rounds[0].test["hr@10"] for s in (0, 1)]
+    got = res["references"]["dp_popularity"]
+    assert got["epsilon"] <= spent and got["max_items"] == DEFAULT_MAX_ITEMS
+    assert got["seeds"] == [0, 1] and got["hr@10.mean"] == pytest.approx(np.mean(want))
+    assert "popularity under the same budget (epsilon" in " ".join(r.output.split())
