@@ -12,7 +12,8 @@ measured instead of added: :func:`fedrecgel.privacy.noisy_mean` is replaced in t
 process by one that records, each round, the clipped mean of the cohort's uploads (the signal)
 against the noise the DP run would put on it (standard deviation z*C over the expected cohort,
 on every coordinate), then returns the mean without noise. So the run follows the clipped
-trajectory without noise, and its validation curve is the ceiling of that DP setting.
+trajectory without noise, and its validation curve is the ceiling of that DP setting (beside
+the popularity ranking's validation HR@10 on the same split).
 
 Per round, for the two item tables together and for the score network:
 
@@ -72,6 +73,7 @@ def _measure(job: tuple[str, dict[str, Any]]) -> dict[str, Any]:
     import torch
 
     import fedrecgel.privacy as privacy
+    from fedrecgel.baselines import popularity
     from fedrecgel.model import ITEM_TABLES
     from fedrecgel.presets import run_settings
     from fedrecgel.simulate import Simulator, TrainConfig
@@ -131,6 +133,7 @@ def _measure(job: tuple[str, dict[str, Any]]) -> dict[str, Any]:
         "per_round_median": {k: _median([r[k] for r in rounds]) for k in rounds[0]},
         "over_the_run": _shares(summed, noise, ITEM_TABLES, len(rounds)),
         "best_val_hr@10_without_noise": max(c["val_hr@10"] for c in curve),
+        "popularity_val_hr@10": popularity(split).rounds[0].val["hr@10"],
         "curve": curve,
         "seconds": time.perf_counter() - t0,
     }
