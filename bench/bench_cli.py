@@ -8,7 +8,11 @@ runs it."""
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
 import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, NewType, TypeVar
@@ -157,3 +161,12 @@ def default_data_dir() -> Path | None:
     the package ships)."""
     sibling = Path(__file__).resolve().parents[2] / "shared" / "datasets"
     return sibling if sibling.is_dir() else None
+
+
+def write_result(out: Path, result: dict[str, Any], started: float) -> None:
+    """Write a benchmark's ``result`` to ``out`` as indented JSON, with the machine it ran on
+    and the seconds since ``started`` (a ``time.perf_counter()`` value)."""
+    machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    full = {**result, "machine": machine, "seconds": time.perf_counter() - started}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(full, indent=1) + "\n")

@@ -21,15 +21,12 @@ epsilon assumes noise on every coordinate). Reports the validation HR@10 every
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import OutFile, Positive, fail
+from bench.bench_cli import OutFile, Positive, fail, write_result
 from bench.dp_scale import _split
 from fedrecgel.config import DEFAULTS
 from fedrecgel.presets import run_settings
@@ -117,13 +114,7 @@ def main(
         runs = list(ex.map(_arm, [(a, settings) for a in chosen]))
     for r in runs:
         print(f"{r['arm']}: best validation HR@10 {100 * r['best_val_hr@10']:.2f}", flush=True)
-    result = {
-        "settings": settings,
-        "runs": runs,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "seconds": time.perf_counter() - t0,
-    }
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, {"settings": settings, "runs": runs}, t0)
 
 
 if __name__ == "__main__":

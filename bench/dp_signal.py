@@ -29,16 +29,13 @@ Over the run, the same for the sum of the rounds' signals against the sum of the
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import OutFile, default_data_dir, fail
+from bench.bench_cli import OutFile, default_data_dir, fail, write_result
 from fedrecgel.config import DEFAULTS
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_signal.json"
@@ -205,13 +202,8 @@ def main(
             f"{o['network_signal'] / o['network_noise']:.3f}",
             flush=True,
         )
-    result = {
-        "settings": {"epsilon": epsilon, "clip": clip, "seed": seed, "eval_every": eval_every},
-        "runs": runs,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "seconds": time.perf_counter() - t0,
-    }
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    settings = {"epsilon": epsilon, "clip": clip, "seed": seed, "eval_every": eval_every}
+    write_result(out, {"settings": settings, "runs": runs}, t0)
 
 
 if __name__ == "__main__":

@@ -28,13 +28,16 @@ class RunConfig(RunParams):
 
     def model(self) -> ModelConfig:
         """The model shape of this run."""
-        return ModelConfig(
-            n_items=self.n_items, kind=self.kind, factor=self.factor, layers=self.layers
-        )
+        return model_shape(self, self.n_items)
 
     def sam(self) -> SAMConfig:
         """The client hyperparameters of this run."""
         return client_hyperparameters(self)
+
+
+def model_shape(p: RunParams, n_items: int) -> ModelConfig:
+    """The model shape of the run settings ``p`` over a catalogue of ``n_items``."""
+    return ModelConfig(n_items=n_items, kind=p.kind, factor=p.factor, layers=p.layers)
 
 
 def client_hyperparameters(p: RunParams) -> SAMConfig:

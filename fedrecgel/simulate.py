@@ -26,7 +26,7 @@ from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
 from fedrecgel.privacy import ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
-from fedrecgel.run_config import RunConfig, client_hyperparameters
+from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import Strategy, touched_rows
@@ -108,7 +108,7 @@ class TrainConfig(RunParams):
 
     def model(self, n_items: int) -> ModelConfig:
         """Model shape for a catalogue of ``n_items``."""
-        return ModelConfig(n_items=n_items, kind=self.kind, factor=self.factor, layers=self.layers)
+        return model_shape(self, n_items)
 
     def strategy(self) -> Strategy:
         """The server strategy."""
