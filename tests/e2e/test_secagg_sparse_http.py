@@ -31,7 +31,7 @@ from harness.parity import aggregator_started, parity_options
 from harness.stepped import Stepped
 from services.client_sim.secure import SecureParticipant
 from services.client_sim.worker import Worker
-from services.launcher import UpOptions
+from services.launcher import Cluster, UpOptions
 from tests.e2e.http_run import DATASET, assert_matches
 from tests.e2e.test_secagg_http import simulate
 
@@ -198,3 +198,44 @@ def test_clients_gone_before_or_after_their_count_leave_bs_survivors_mean(
     revealers = {int(d["client_id"]) for body in reveals for d in body}
     assert p.dropped not in revealers and p.withheld not in revealers
     assert decode_model(model)[2] == ROUNDS
+
+
+class KillsTheAggregator(SecureParticipant):
+    """Before its clients' B inputs (round 1) and B reveals (round 2), the aggregator process
+    is SIGKILLed and started again on the same database: A is over and the union stored, and
+    half of B's messages are in, half are not."""
+
+    cluster: Cluster
+    kills: list[str]
+
+    def _kill(self, when: str) -> None:
+        self.cluster.latest("aggregator").kill()
+        self.kills.append(when)
+        self.cluster.start_aggregator()
+
+    def _masked_b(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
+        if att.key[1] == 1:
+            self._kill("masked_b")
+        return super()._masked_b(att, cfg, view)
+
+    def _reveal_b(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
+        if att.key[1] == 2:
+            self._kill("unmask_b")
+        return super()._reveal_b(att, cfg, view)
+
+
+def test_an_aggregator_killed_in_bs_phases_resumes_and_publishes_the_simulators_model(
+    tmp_path: Path, split: Split, threads: None
+) -> None:
+    """SIGKILL the aggregator with half of round 1's B inputs summed, and again with half of
+    round 2's B reveals in: the restarted process resumes B from the database (the stored
+    union, the running sums, the reveals) and publishes the simulator's sparse models."""
+    with aggregator_started(options(SPARSE, tmp_path)) as c:
+        KillsTheAggregator.cluster, KillsTheAggregator.kills = c, []
+        s = Stepped(c, split, KillsTheAggregator)
+        try:
+            history, model = s.run(split)
+        finally:
+            s.close()
+    assert KillsTheAggregator.kills == ["masked_b", "unmask_b"]
+    assert_matches(history, model, simulate(split, SPARSE), ROUNDS)
