@@ -52,6 +52,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -91,9 +92,13 @@ class RoundSpec:
             raise ValueError("length must be positive")
         self.fixed.check_cohort(len(self.cohort))
 
-    def _ring(self) -> list[int]:
+    @cached_property
+    def _ring(self) -> tuple[list[int], dict[int, int]]:
+        """The public ring order of the cohort, and each client's place in it (drawn once per
+        spec: the server and each client ask it for every client's neighbours)."""
         rng = np.random.default_rng([self.graph_seed, self.round_id, 0x5EC])
-        return [int(c) for c in rng.permutation(sorted(self.cohort))]
+        ring = [int(c) for c in rng.permutation(sorted(self.cohort))]
+        return ring, {c: i for i, c in enumerate(ring)}
 
     def neighbours_of(self, u: int) -> tuple[int, ...]:
         """The clients ``u`` masks with and shares to (sorted; symmetric relation)."""
@@ -101,8 +106,10 @@ class RoundSpec:
         k = self.neighbours
         if k == 0 or 2 * k >= n - 1:
             return tuple(sorted(c for c in self.cohort if c != u))
-        ring = self._ring()
-        i = ring.index(u)
+        ring, place = self._ring
+        if u not in place:
+            raise ValueError(f"{u} is not in the cohort")
+        i = place[u]
         return tuple(sorted({ring[(i + d) % n] for d in range(-k, k + 1) if d}))
 
     def threshold(self, u: int) -> int:
@@ -177,6 +184,9 @@ class Client:
         self._s_sk = crypto.new_private_key()
         self._b = os.urandom(32)
         self._keys: dict[int, Keys] = {}
+        #: neighbour -> the key of the shares between the two (the same both ways: sealed
+        #: to it at step 1, opened from it at step 2), agreed once
+        self._share_keys: dict[int, bytes] = {}
         self._held: dict[int, tuple[int, int]] = {}  # owner -> (s share, b share)
         self._partners: tuple[int, ...] = ()
         self.clipped = 0
@@ -209,13 +219,23 @@ class Client:
         r = self.spec.round_id
         for v in live:
             ys, yb = shamir.to_bytes(s_sh[v + 1]), shamir.to_bytes(b_sh[v + 1])
-            key = crypto.agree(self._c_sk, keys[v].c_pk, "shares", r, self.id, v)
+            key = self._share_key(v)
             sealed[v] = crypto.seal(key, ys + yb, _share_context(r, self.id, v))
             commits[v] = (
                 crypto.commit("s", r, self.id, v, ys),
                 crypto.commit("b", r, self.id, v, yb),
             )
         return Shares(self.id, sealed, commits, crypto.commit("seed", r, self.id, self._b))
+
+    def _share_key(self, v: int) -> bytes:
+        """The key of the shares between this client and neighbour ``v`` (X25519 of the two
+        c keys, then HKDF over the ordered pair: the same whichever of the two derives it)."""
+        if v not in self._share_keys:
+            r = self.spec.round_id
+            self._share_keys[v] = crypto.agree(
+                self._c_sk, self._keys[v].c_pk, "shares", r, self.id, v
+            )
+        return self._share_keys[v]
 
     def masked(self, x: np.ndarray, received: Mapping[int, Shares]) -> Masked:
         """Step 2: store the shares addressed to this client (``received``: the step-1
@@ -229,7 +249,7 @@ class Client:
                 continue
             partners.append(v)  # v shared its keys: its pairwise mask is in the sum
             try:
-                key = crypto.agree(self._c_sk, self._keys[v].c_pk, "shares", r, v, self.id)
+                key = self._share_key(v)
                 plain = crypto.open_sealed(key, msg.sealed[self.id], _share_context(r, v, self.id))
                 ys, yb = plain[: shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES :]
                 if msg.share_commits.get(self.id) != (
