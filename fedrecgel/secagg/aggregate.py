@@ -19,9 +19,11 @@ client, dropped, in the other exposes nothing, as the two share no secret):
   else 16, else 32). The server learns how many of A's survivors hold each such item: an
   aggregate over the cohort, never which client holds it.
 * **B, the update**: the union U (items counted in A, plus the pool; sorted, public) is the
-  only item rows laid out, with the score network and the loss slot; A's survivors take part
-  (a client dropped from A may hold items outside U), every row each touches is in U by
-  construction (:func:`~fedrecgel.secagg.layout.flatten` refuses otherwise). Its words are 32
+  only item rows laid out, with the score network and the loss slot. B's cohort is A's (over
+  HTTP both instances' keys and shares are dealt before A's inputs: :func:`carried_into_b`
+  gives the in-process round the same dropouts), and only A's survivors send an input (a
+  client dropped from A may hold items outside U; it counts as dropped in B); every row each
+  touches is in U by construction (:func:`~fedrecgel.secagg.layout.flatten` refuses otherwise). Its words are 32
   bits, at the finest step whose sum over B's cohort cannot wrap given ``secagg_range``
   (:meth:`~fedrecgel.fixedpoint.FixedPoint.finest`, at most ``secagg_scale_bits``; at least
   :data:`MIN_SPARSE_SCALE`). The mean is over B's survivors.
@@ -41,7 +43,7 @@ elsewhere.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from torch import Tensor
@@ -198,6 +200,22 @@ def union_of(counts: np.ndarray, pool: np.ndarray) -> np.ndarray:
     return np.union1d(np.flatnonzero(counts), pool)
 
 
+def carried_into_b(
+    faults_a: Faults, faults_b: Faults, cohort: Sequence[int], survivors_a: Sequence[int]
+) -> Faults:
+    """B's faults with A's dropouts carried over, as over HTTP, where both instances' keys and
+    shares travel in the same phases: a client without keys (or shares) in A has none in B,
+    and any other client of the cohort that is not one of A's survivors sends no input to B."""
+    lost_keys, lost_shares = faults_a.no_keys, faults_a.no_shares
+    silent = frozenset(cohort) - frozenset(survivors_a) - lost_keys - lost_shares
+    return replace(
+        faults_b,
+        no_keys=faults_b.no_keys | lost_keys,
+        no_shares=faults_b.no_shares | lost_shares,
+        no_input=faults_b.no_input | silent,
+    )
+
+
 def secure_sparse_mean(
     cfg: ModelConfig,
     params: RunParams,
@@ -214,7 +232,10 @@ def secure_sparse_mean(
     a = secure_sum(spec_a, lambda cid: item_indicator(cfg, by_id[cid], pool), faults_a).outcome
     counts = np.rint(a.total).astype(np.int64)
     union = union_of(counts, pool)
-    spec_b = update_spec(cfg, params, round_id, a.survivors, union)
+    spec_b = update_spec(cfg, params, round_id, list(by_id), union)
+    faults_b = carried_into_b(
+        faults_a or Faults(), faults_b or Faults(), spec_b.cohort, a.survivors
+    )
     r = secure_sum(spec_b, lambda cid: sparse_input(cfg, params, by_id[cid], union), faults_b)
     out = r.outcome
     total = out.total / row_gain(cfg, union)

@@ -83,8 +83,9 @@ def test_dropouts_in_either_instance_leave_the_mean_of_bs_survivors() -> None:
         Faults(no_input=frozenset({gone_a})),
         Faults(no_input=frozenset({gone_b}), no_reveal=frozenset({silent})),
     )
-    assert gone_a not in got.counted and gone_a not in got.specs[1].cohort
-    assert got.mean.dropped == (gone_b,) and silent in got.mean.survivors
+    # B's cohort is A's, as over HTTP: the client gone from A counts as dropped in B
+    assert gone_a not in got.counted and got.specs[1].cohort == got.specs[0].cohort
+    assert got.mean.dropped == (gone_a, gone_b) and silent in got.mean.survivors
     pool = negative_pool(sim.params.seed, 1, sim.model_cfg.n_items, 40)
     want = np.zeros(sim.model_cfg.n_items, dtype=np.int64)
     for u in ids:
