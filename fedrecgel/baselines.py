@@ -32,6 +32,8 @@ from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import RoundRecord, RunResult
 
 BASELINES: tuple[str, ...] = ("popularity", "random", "central")
+#: users whose candidates a fixed ranking scores at a time
+USER_CHUNK = 1 << 16
 
 
 def _candidate_metrics(
@@ -40,7 +42,17 @@ def _candidate_metrics(
     items: np.ndarray,
     negatives: np.ndarray,
 ) -> dict[str, float]:
-    """Mean HR/NDCG@K when ``scores(users, candidates)`` -> (U, 1 + N) ranks the candidates."""
+    """Mean HR/NDCG@K when ``scores(users, candidates)`` -> (U, 1 + N) ranks the candidates;
+    more than ``USER_CHUNK`` users are scored a chunk at a time (the candidates and their
+    scores of every user at once would take about 1.6 GB at a million users)."""
+    if len(users) > USER_CHUNK:
+        sums: dict[str, float] = {}
+        for at in range(0, len(users), USER_CHUNK):
+            part = slice(at, at + USER_CHUNK)
+            got = _candidate_metrics(scores, users[part], items[part], negatives[part])
+            for k, v in got.items():
+                sums[k] = sums.get(k, 0.0) + v * len(users[part])
+        return {k: v / len(users) for k, v in sums.items()}
     cand = np.concatenate([items[:, None], negatives], axis=1).astype(np.int64)
     logits = scores(users, cand)
     ranks = rank_of_positive(logits[:, 0], logits[:, 1:])

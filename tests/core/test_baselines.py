@@ -69,3 +69,20 @@ def test_central_learns_beyond_chance_and_reports_epochs() -> None:
         central(split, CentralConfig(ModelConfig(n_items=split.n_items), epochs=0))
     with pytest.raises(ValueError, match="items"):
         central(split, CentralConfig(ModelConfig(n_items=split.n_items + 1)))
+
+
+def test_a_fixed_ranking_scored_in_chunks_of_users_gives_the_same_means(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More users than a chunk: the means over the chunks (weighted by their users) are the
+    means over every user at once."""
+    import fedrecgel.baselines as baselines
+    from fedrecgel.synthetic import synthetic_split
+
+    split = synthetic_split(300, 200, interactions_per_user=8.0, seed=3, validation=True)
+    whole = baselines.popularity(split).rounds[0]
+    monkeypatch.setattr(baselines, "USER_CHUNK", 64)  # 300 users: 5 chunks, the last of 44
+    chunked = baselines.popularity(split).rounds[0]
+    assert chunked.test == pytest.approx(whole.test, abs=1e-12)
+    assert chunked.val == pytest.approx(whole.val, abs=1e-12)
+    assert 0.0 < whole.test["hr@10"] < 1.0
