@@ -23,6 +23,19 @@ class Forbidden(AggregatorError):
     code = "forbidden"
 
 
+def not_owned(client_id: int) -> Forbidden:
+    """403 ``not_owned``: a message or update of a client the caller's token does not hold."""
+    return Forbidden(f"client {client_id} is not held by this token", "not_owned")
+
+
+def not_in_cohort(client_id: int, round_id: int, attempt: int) -> Forbidden:
+    """403 ``not_in_cohort``: a client outside the cohort of the round's current attempt."""
+    return Forbidden(
+        f"client {client_id} is not in the cohort of round {round_id} (attempt {attempt})",
+        "not_in_cohort",
+    )
+
+
 class NotFound(AggregatorError):
     """The thing asked for does not exist (404)."""
 

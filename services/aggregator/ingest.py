@@ -18,7 +18,14 @@ from fedrecgel.upload_modes import Upload
 from fedrecgel.wire import WireError, body_format
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
-from services.aggregator.errors import AggregatorError, Conflict, Forbidden, Malformed
+from services.aggregator.errors import (
+    AggregatorError,
+    Conflict,
+    Forbidden,
+    Malformed,
+    not_in_cohort,
+    not_owned,
+)
 from services.aggregator.groupcommit import GroupCommit
 from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import Clock
@@ -176,7 +183,7 @@ class Ingest:
         for u in decoded.uploads:
             for c, n in zip(u.client_ids, u.sizes, strict=True):
                 if c not in caller.client_ids:
-                    raise Forbidden(f"client {c} is not held by this token", "not_owned")
+                    raise not_owned(c)
                 if not 1 <= n <= MAX_SAMPLES:
                     raise Malformed(
                         f"client {c}: n_samples {n} is outside 1..{MAX_SAMPLES}",
@@ -242,10 +249,7 @@ class Ingest:
             raise Conflict(f"round {round_id} is {live.value}", "round_not_open")
         for c in ids:
             if c not in live.cohort:
-                raise Forbidden(
-                    f"client {c} is not in the cohort of round {round_id} (attempt {live.attempt})",
-                    "not_in_cohort",
-                )
+                raise not_in_cohort(c, round_id, live.attempt)
         results: list[UploadResult] = []
         fresh: list[tuple[str, Upload, bytes]] = []
         for u, digest, blob in zip(up.uploads, up.digests, up.blobs, strict=True):

@@ -61,7 +61,7 @@ from fedrecgel.upload_modes import Aggregate
 from services.aggregator import secagg_masked
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
-from services.aggregator.errors import Conflict, Forbidden
+from services.aggregator.errors import Conflict, Forbidden, not_in_cohort, not_owned
 from services.aggregator.models import Clock, Round
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig, UploadResult
@@ -351,11 +351,7 @@ def _take_json(
     ids = sorted({m.client_id for m in msgs})
     for c in ids:
         if c not in live.cohort:
-            raise Forbidden(
-                f"client {c} is not in the cohort of round {live.round_id} "
-                f"(attempt {live.attempt})",
-                "not_in_cohort",
-            )
+            raise not_in_cohort(c, live.round_id, live.attempt)
     seen = {i: sa.digests(live.id, stored, ids, i) for i in {m.instance for m in msgs}}
     status: dict[int, str] = {}
     fresh: list[Message] = []
@@ -399,7 +395,7 @@ def _owned(caller: Caller, msgs: list[Message]) -> list[Message]:
     """``msgs``, each of a client the caller holds (403 otherwise)."""
     for m in msgs:
         if m.client_id not in caller.client_ids:
-            raise Forbidden(f"client {m.client_id} is not held by this token", "not_owned")
+            raise not_owned(m.client_id)
     return msgs
 
 

@@ -26,7 +26,13 @@ import numpy as np
 from fedrecgel.secagg import messages
 from fedrecgel.secagg.protocol import Masked, RoundSpec
 from services.aggregator.auth import Caller
-from services.aggregator.errors import AggregatorError, Conflict, Forbidden, Malformed
+from services.aggregator.errors import (
+    AggregatorError,
+    Conflict,
+    Malformed,
+    not_in_cohort,
+    not_owned,
+)
 from services.aggregator.models import Round
 from services.aggregator.schemas import UploadResult
 from services.aggregator.secagg_checks import SLOT, Checks, Message
@@ -72,12 +78,12 @@ def entries(
     if items is None:
         m = decode_one(step, None, body, layout)
         if m.client_id not in caller.client_ids:
-            raise Forbidden(f"client {m.client_id} is not held by this token", "not_owned")
+            raise not_owned(m.client_id)
         return [(m.client_id, m)]
     out: list[Entry] = []
     for cid, raw in items:
         if cid not in caller.client_ids:
-            out.append((cid, Forbidden(f"client {cid} is not held by this token", "not_owned")))
+            out.append((cid, not_owned(cid)))
             continue
         try:
             out.append((cid, decode_one(step, cid, raw, layout)))
@@ -97,11 +103,7 @@ def take(
     msgs = [e for _, e in got if isinstance(e, Message)]
     for m in msgs:
         if m.client_id not in live.cohort:
-            refused[m.client_id] = Forbidden(
-                f"client {m.client_id} is not in the cohort of round {live.round_id} "
-                f"(attempt {live.attempt})",
-                "not_in_cohort",
-            )
+            refused[m.client_id] = not_in_cohort(m.client_id, live.round_id, live.attempt)
     msgs = [m for m in msgs if m.client_id not in refused]
     seen = sa.digests(live.id, stored, [m.client_id for m in msgs], inst)
     fresh: list[Message] = []
