@@ -129,10 +129,10 @@ def test_a_client_that_vanishes_after_masking_leaves_the_sum_right(
     assert_matches(history, model, secure_reference, ROUNDS)
 
 
-class KillsTheAggregator(SecureParticipant):
-    """Before its clients' masked inputs (round 1) and reveals (round 2), the aggregator
-    process is SIGKILLed and started again on the same database: half of the round's messages
-    are in, half are not."""
+class Kills(SecureParticipant):
+    """A participant that SIGKILLs the aggregator process at the steps a subclass chooses and
+    starts it again on the same database (:func:`killed_run` sets ``cluster``); ``kills``: when
+    it did."""
 
     cluster: Cluster
     kills: list[str]
@@ -141,6 +141,26 @@ class KillsTheAggregator(SecureParticipant):
         self.cluster.latest("aggregator").kill()
         self.kills.append(when)
         self.cluster.start_aggregator()
+
+
+def killed_run(
+    opts: UpOptions, split: Split, participant: type[Kills]
+) -> tuple[dict[str, Any], bytes]:
+    """The stepped run of ``opts`` with ``participant`` as the second worker's: its history
+    and final model."""
+    with aggregator_started(opts) as c:
+        participant.cluster, participant.kills = c, []
+        s = Stepped(c, split, participant)
+        try:
+            return s.run(split)
+        finally:
+            s.close()
+
+
+class KillsTheAggregator(Kills):
+    """Before its clients' masked inputs (round 1) and reveals (round 2), the aggregator
+    process is SIGKILLed and started again on the same database: half of the round's messages
+    are in, half are not."""
 
     def _masked(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
         if att.key[1] == 1:
@@ -159,13 +179,7 @@ def test_an_aggregator_killed_mid_round_resumes_and_publishes_the_right_model(
     """SIGKILL the aggregator with half of round 1's masked inputs summed, and again with
     half of round 2's reveals in: the restarted process resumes each phase from the database
     and publishes the simulator's models, never another one."""
-    with aggregator_started(options(tmp_path)) as c:
-        KillsTheAggregator.cluster, KillsTheAggregator.kills = c, []
-        s = Stepped(c, split, KillsTheAggregator)
-        try:
-            history, model = s.run(split)
-        finally:
-            s.close()
+    history, model = killed_run(options(tmp_path), split, KillsTheAggregator)
     assert KillsTheAggregator.kills == ["masked", "unmask"]
     assert_matches(history, model, secure_reference, ROUNDS)
 

@@ -31,9 +31,9 @@ from harness.parity import aggregator_started, parity_options
 from harness.stepped import Stepped
 from services.client_sim.secure import SecureParticipant
 from services.client_sim.worker import Worker
-from services.launcher import Cluster, UpOptions
+from services.launcher import UpOptions
 from tests.e2e.http_run import DATASET, assert_matches
-from tests.e2e.test_secagg_http import simulate
+from tests.e2e.test_secagg_http import Kills, killed_run, simulate
 
 pytestmark = pytest.mark.slow
 
@@ -200,18 +200,10 @@ def test_clients_gone_before_or_after_their_count_leave_bs_survivors_mean(
     assert decode_model(model)[2] == ROUNDS
 
 
-class KillsTheAggregator(SecureParticipant):
+class KillsTheAggregator(Kills):
     """Before its clients' B inputs (round 1) and B reveals (round 2), the aggregator process
     is SIGKILLed and started again on the same database: A is over and the union stored, and
     half of B's messages are in, half are not."""
-
-    cluster: Cluster
-    kills: list[str]
-
-    def _kill(self, when: str) -> None:
-        self.cluster.latest("aggregator").kill()
-        self.kills.append(when)
-        self.cluster.start_aggregator()
 
     def _masked_b(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
         if att.key[1] == 1:
@@ -230,12 +222,6 @@ def test_an_aggregator_killed_in_bs_phases_resumes_and_publishes_the_simulators_
     """SIGKILL the aggregator with half of round 1's B inputs summed, and again with half of
     round 2's B reveals in: the restarted process resumes B from the database (the stored
     union, the running sums, the reveals) and publishes the simulator's sparse models."""
-    with aggregator_started(options(SPARSE, tmp_path)) as c:
-        KillsTheAggregator.cluster, KillsTheAggregator.kills = c, []
-        s = Stepped(c, split, KillsTheAggregator)
-        try:
-            history, model = s.run(split)
-        finally:
-            s.close()
+    history, model = killed_run(options(SPARSE, tmp_path), split, KillsTheAggregator)
     assert KillsTheAggregator.kills == ["masked_b", "unmask_b"]
     assert_matches(history, model, simulate(split, SPARSE), ROUNDS)
