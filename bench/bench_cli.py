@@ -14,6 +14,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, NewType, TypeVar
 
@@ -30,6 +31,8 @@ from fedrecgel.data import DataError
 ROOT = Path(__file__).resolve().parents[1]
 
 T = TypeVar("T")
+J = TypeVar("J")
+R = TypeVar("R")
 Ints = NewType("Ints", list[int])
 Floats = NewType("Floats", list[float])
 
@@ -161,6 +164,13 @@ def default_data_dir() -> Path | None:
     the package ships)."""
     sibling = Path(__file__).resolve().parents[2] / "shared" / "datasets"
     return sibling if sibling.is_dir() else None
+
+
+def in_fresh_processes(fn: Callable[[J], R], jobs: list[J], workers: int = 2) -> list[R]:
+    """``fn`` of each job, in order, each job in a process of its own (a job that replaces a
+    module's function there leaves nothing behind for the next), at most ``workers`` at once."""
+    with ProcessPoolExecutor(min(workers, len(jobs)), max_tasks_per_child=1) as ex:
+        return list(ex.map(fn, jobs))
 
 
 def write_result(out: Path, result: dict[str, Any], started: float) -> None:

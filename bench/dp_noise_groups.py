@@ -22,11 +22,10 @@ epsilon assumes noise on every coordinate). Reports the validation HR@10 every
 from __future__ import annotations
 
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import OutFile, Positive, fail, write_result
+from bench.bench_cli import OutFile, Positive, fail, in_fresh_processes, write_result
 from bench.dp_scale import _split
 from fedrecgel.config import DEFAULTS
 from fedrecgel.presets import run_settings
@@ -110,8 +109,7 @@ def main(
     }
     t0 = time.perf_counter()
     # a fresh process per arm: each arm replaces fedrecgel.privacy.noisy_mean in its own
-    with ProcessPoolExecutor(min(2, len(chosen)), max_tasks_per_child=1) as ex:
-        runs = list(ex.map(_arm, [(a, settings) for a in chosen]))
+    runs = in_fresh_processes(_arm, [(a, settings) for a in chosen])
     for r in runs:
         print(f"{r['arm']}: best validation HR@10 {100 * r['best_val_hr@10']:.2f}", flush=True)
     write_result(out, {"settings": settings, "runs": runs}, t0)

@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import OutFile, default_data_dir, fail, write_result
+from bench.bench_cli import OutFile, default_data_dir, fail, in_fresh_processes, write_result
 from fedrecgel.config import DEFAULTS
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_signal.json"
@@ -172,26 +171,22 @@ def main(
     chosen = [d.strip() for d in datasets.split(",") if d.strip()]
     if not chosen or any(d not in SETTINGS for d in chosen):
         raise fail(f"--datasets takes a comma-separated subset of {', '.join(SETTINGS)}")
-    jobs = []
-    for name in chosen:
-        fraction, rounds = SETTINGS[name]
-        jobs.append(
-            (
-                name,
-                {
-                    "fraction": fraction,
-                    "rounds": rounds,
-                    "epsilon": epsilon,
-                    "clip": clip,
-                    "seed": seed,
-                    "eval_every": eval_every,
-                    "data_dir": data_dir,
-                },
-            )
+    settings = {"epsilon": epsilon, "clip": clip, "seed": seed, "eval_every": eval_every}
+    jobs = [
+        (
+            n,
+            {
+                **settings,
+                "fraction": SETTINGS[n][0],
+                "rounds": SETTINGS[n][1],
+                "data_dir": data_dir,
+            },
         )
+        for n in chosen
+    ]
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(min(2, len(jobs)), max_tasks_per_child=1) as ex:
-        runs = list(ex.map(_measure, jobs))
+    # a process per data set: each replaces fedrecgel.privacy.noisy_mean in its own
+    runs = in_fresh_processes(_measure, jobs)
     for r in runs:
         m, o = r["per_round_median"], r["over_the_run"]
         print(
@@ -202,7 +197,6 @@ def main(
             f"{o['network_signal'] / o['network_noise']:.3f}",
             flush=True,
         )
-    settings = {"epsilon": epsilon, "clip": clip, "seed": seed, "eval_every": eval_every}
     write_result(out, {"settings": settings, "runs": runs}, t0)
 
 
