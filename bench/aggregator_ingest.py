@@ -14,7 +14,6 @@ step, persist a version) with 122 FilmTrust-size updates.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -36,6 +35,7 @@ from fedrecgel.uploads import Update
 from fedrecgel.wire import encode_updates
 from harness.loopback import free_port
 from services.enrolment import enrolment_token
+from services.launcher import answers_200
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,16 +83,14 @@ def wait_healthy(
 ) -> None:
     """Poll ``url`` until it answers 200 (RuntimeError when ``proc`` exits first, with the
     text of ``log``, or after ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def alive() -> None:
         if proc is not None and proc.poll() is not None:
             text = "" if log is None else ":\n" + log.read_text(errors="replace")
             raise RuntimeError(f"the server of {url} exited with {proc.returncode}{text}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer 200 within {timeout_s:.0f} s")
+
+    if not answers_200(url, timeout_s, alive, every_s=0.2):
+        raise RuntimeError(f"{url} did not answer 200 within {timeout_s:.0f} s")
 
 
 async def drive(

@@ -126,6 +126,21 @@ class UpOptions:
         return self.run.rounds
 
 
+def answers_200(
+    url: str, timeout_s: float, alive: Callable[[], None], every_s: float = 0.3
+) -> bool:
+    """Poll ``url`` every ``every_s`` until it answers 200 (True) or ``timeout_s`` has passed
+    (False); ``alive`` is called before each poll and raises when what should answer is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return True
+        time.sleep(every_s)
+    return False
+
+
 class Cluster:
     """The child processes of one ``fedrec up``; stops them all on exit."""
 
@@ -203,14 +218,8 @@ class Cluster:
 
     def wait_healthy(self, url: str, name: str) -> None:
         """Poll ``url`` until it answers 200."""
-        deadline = time.monotonic() + self.opts.startup_timeout_s
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url, timeout=2.0).status_code == 200:
-                    return
-            time.sleep(0.3)
-        raise LaunchError(f"{name} did not become healthy at {url} in time")
+        if not answers_200(url, self.opts.startup_timeout_s, self.check_alive):
+            raise LaunchError(f"{name} did not become healthy at {url} in time")
 
     def stop(self) -> None:
         """SIGTERM every child, then SIGKILL what is left after a grace period (Ctrl-C, SIGTERM
