@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Annotated, Any, NewType, TypeVar
+from typing import Annotated, Any, NewType, TypeVar, cast
 
 import typer
 from pydantic import ValidationError
@@ -24,7 +24,8 @@ from rich.markup import escape
 
 from fedrecgel import clitools
 from fedrecgel.config import ConfigError
-from fedrecgel.data import DataError
+from fedrecgel.data import DataError, Split, load_split
+from fedrecgel.data.protocol import Protocol
 
 #: the repository's root, the folder a benchmark's child process runs in (``bench`` imports
 #: from there: it is a package of the repository, not of the installed project)
@@ -164,6 +165,13 @@ def default_data_dir() -> Path | None:
     the package ships)."""
     sibling = Path(__file__).resolve().parents[2] / "shared" / "datasets"
     return sibling if sibling.is_dir() else None
+
+
+def validation_split(key: str, data_dir: Path | None) -> Split:
+    """A shipped data set by ``NAME`` or ``NAME/PROTOCOL`` (``lastfm-2k/clean``) as a split with
+    a validation item per user (an unknown protocol: DataError, which :func:`run` reports)."""
+    name, _, protocol = key.partition("/")
+    return load_split(name, data_dir, validation=True, protocol=cast(Protocol, protocol or "paper"))
 
 
 def in_fresh_processes(fn: Callable[[J], R], jobs: list[J], workers: int = 2) -> list[R]:

@@ -38,9 +38,10 @@ from bench.bench_cli import (
     int_list,
     opt,
     run,
+    validation_split,
 )
 from fedrecgel.baselines import popularity, random_ranking
-from fedrecgel.data import Split, load_split
+from fedrecgel.data import Split
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS, dp_popularity, plan_release
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +132,7 @@ def main(
     t0 = time.perf_counter()
     results: dict[str, Any] = {}
     for key in args.datasets.split(","):
-        name, _, protocol = key.partition("/")
-        split = load_split(name, args.data_dir, validation=True, protocol=protocol or "paper")
+        split = validation_split(key, args.data_dir)
         results[key] = _dataset(split, args)
     payload = {
         "settings": {

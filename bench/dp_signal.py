@@ -34,7 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import OutFile, default_data_dir, fail, in_fresh_processes, write_result
+from bench.bench_cli import (
+    OutFile,
+    default_data_dir,
+    fail,
+    in_fresh_processes,
+    validation_split,
+    write_result,
+)
 from fedrecgel.config import DEFAULTS
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_signal.json"
@@ -53,10 +60,7 @@ def _split(name: str, data_dir: Path | None) -> Any:
         from bench.dp_scale import _split as tastes
 
         return tastes(100_000)
-    from fedrecgel.data import load_split
-
-    dataset, _, protocol = name.partition("/")
-    return load_split(dataset, data_dir, validation=True, protocol=protocol)  # type: ignore[arg-type]
+    return validation_split(name, data_dir)
 
 
 def _median(xs: list[float]) -> float:

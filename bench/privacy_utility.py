@@ -26,14 +26,12 @@ import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import numpy as np
 
-from bench.bench_cli import Positive, default_data_dir, fail, opt
+from bench.bench_cli import Positive, default_data_dir, opt, validation_split
 from fedrecgel.config import DEFAULTS, current_names
-from fedrecgel.data import load_split
-from fedrecgel.data.protocol import PROTOCOLS, Protocol
 from fedrecgel.simulate import Simulator, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,12 +102,7 @@ def measure(args: SimpleNamespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     targets = ["none", *args.epsilons.split(",")]
     for name in args.datasets.split(","):
-        dataset, _, protocol = name.partition("/")  # lastfm-2k/clean: a protocol named
-        if (protocol or "paper") not in PROTOCOLS:
-            raise fail(f"{name}: the protocol after '/' is one of {', '.join(PROTOCOLS)}")
-        split = load_split(
-            dataset, args.data_dir, validation=True, protocol=cast(Protocol, protocol or "paper")
-        )
+        split = validation_split(name, args.data_dir)  # lastfm-2k/clean: a protocol named
         key_of_entry = entry_key(name, settings)
         fresh = {"dataset": name, "settings": settings, "n_users": split.n_users, "runs": {}}
         for seed in seeds:  # every target of a seed first: partial results cover the curve
