@@ -23,8 +23,8 @@ client, dropped, in the other exposes nothing, as the two share no secret):
   HTTP both instances' keys and shares are dealt before A's inputs: :func:`carried_into_b`
   gives the in-process round the same dropouts), and only A's survivors send an input (a
   client dropped from A may hold items outside U; it counts as dropped in B); every row each
-  touches is in U by construction (:func:`~fedrecgel.secagg.layout.flatten` refuses otherwise). Its words are 32
-  bits, at the finest step whose sum over B's cohort cannot wrap given ``secagg_range``
+  touches is in U by construction (:func:`~fedrecgel.secagg.layout.flatten` refuses
+  otherwise). Its words are 32 bits, at the finest step whose sum over B's cohort cannot wrap given ``secagg_range``
   (:meth:`~fedrecgel.fixedpoint.FixedPoint.finest`, at most ``secagg_scale_bits``; at least
   :data:`MIN_SPARSE_SCALE`). The mean is over B's survivors.
 
