@@ -35,8 +35,9 @@ NDCG@10 at the validation-selected evaluated round, mean and std over ``--seeds`
   network fills the norm) 32.39 / 32.39, step 0.003 (decay 0.1 a step kept) 19.37; server SGD
   with weight decay 0.0083 24.79; embeddings of 8 instead of 32 (fewer noisy coordinates per
   row) 31.89, and 32.40 clipped without noise: a table that small holds no more than
-  popularity. ``bench.dp_noise_groups`` puts the noise on parts of the model only (a diagnosis, not DP): on the score network only the preset climbs as without
-  noise, on the item tables only it stops at the plateau. What holds every DP run at
+  popularity. ``bench.dp_noise_groups`` puts the noise on parts of the model only (a
+  diagnosis, not DP): on the score network only the preset climbs as without noise, on the
+  item tables only it stops at the plateau. What holds every DP run at
   popularity's level is the noise on the item tables;
 * the reference points on the same split: popularity, and popularity under the same budget
   (``fedrecgel.dp_popularity``: each user counts at most K items, K chosen from ``K_GRID`` on
