@@ -24,9 +24,9 @@ client, dropped, in the other exposes nothing, as the two share no secret):
   gives the in-process round the same dropouts), and only A's survivors send an input (a
   client dropped from A may hold items outside U; it counts as dropped in B); every row each
   touches is in U by construction (:func:`~fedrecgel.secagg.layout.flatten` refuses
-  otherwise). Its words are 32 bits, at the finest step whose sum over B's cohort cannot wrap given ``secagg_range``
-  (:meth:`~fedrecgel.fixedpoint.FixedPoint.finest`, at most ``secagg_scale_bits``; at least
-  :data:`MIN_SPARSE_SCALE`). The mean is over B's survivors.
+  otherwise). Its words are 32 bits, at the finest step whose sum over B's cohort cannot
+  wrap given ``secagg_range`` (:meth:`~fedrecgel.fixedpoint.FixedPoint.finest`, at most
+  ``secagg_scale_bits``; at least :data:`MIN_SPARSE_SCALE`). The mean is over B's survivors.
 
 Range and scale of B. 32 bits hold ``n * range * 2^scale < 2^31`` for a cohort of n: with the
 default range 16 and FilmTrust's 122 clients the scale is 20 (step 9.5e-7), Amazon-Video's 807
