@@ -98,17 +98,24 @@ class FixedPoint:
     def encode(self, x: np.ndarray, refuse: bool = False) -> tuple[np.ndarray, int]:
         """(words, clipped): ``x`` as unsigned words; values beyond the range are clipped (their
         count returned), or refused with :class:`OverflowRefused` when ``refuse``."""
-        v = np.asarray(x, dtype=np.float64).ravel()
-        if not np.isfinite(v).all():
+        v = np.asarray(x).ravel()
+        if v.dtype not in (np.float32, np.float64):
+            v = v.astype(np.float64)
+        # float32 input stays float32: scaling by a power of two, clipping and rounding are
+        # exact in it (|v| * 2^scale_bits < 2^(w-1) fits its exponent), as they are in float64
+        mag = np.abs(v)
+        top = float(mag.max()) if v.size else 0.0
+        if not np.isfinite(top):
             raise OverflowRefused("vector contains NaN or Inf")
-        out = np.abs(v) > self.range_
-        clipped = int(out.sum())
+        clipped = int(np.count_nonzero(mag > self.range_)) if top > self.range_ else 0
         if clipped and refuse:
             raise OverflowRefused(f"{clipped} values outside [-{self.range_:g}, {self.range_:g}]")
-        v = np.clip(v, -self.range_, self.range_)
-        q = np.rint(v * 2.0**self.scale_bits).astype(np.int64)
-        # |q| <= max_abs_word < 2^(w-1): narrowing to w bits is exact
-        return q.astype(self.signed, copy=False).view(self.dtype), clipped
+        q = mag  # reused: the scaled, clipped and rounded values
+        np.clip(v, -self.range_, self.range_, out=q)
+        np.multiply(q, 2.0**self.scale_bits, out=q)
+        np.rint(q, out=q)
+        # |q| <= max_abs_word < 2^(w-1): the cast to w-bit signed words is exact
+        return q.astype(self.signed).view(self.dtype), clipped
 
     def decode(self, words: np.ndarray) -> np.ndarray:
         """A (summed) word vector back to float64 (two's complement, then / 2^scale_bits)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -78,6 +79,32 @@ def prg_words(key: bytes, n: int, word_bits: int = 64) -> np.ndarray:
     return np.frombuffer(out, dtype=dtype, count=done // size).astype(
         dtype.newbyteorder("="), copy=False
     )
+
+
+def mask_into(acc: np.ndarray, key: bytes, subtract: bool = False) -> None:
+    """``acc += prg_words(key, len(acc), w)`` in place, mod 2^w (``acc``: a 1-D array of
+    unsigned w-bit words; ``subtract``: ``-=`` instead). The keystream goes into a buffer this
+    thread reuses, so a client adding its masks allocates nothing per mask."""
+    size = acc.dtype.itemsize
+    nbytes = size * acc.size
+    zeros, out = _scratch(nbytes)
+    enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    enc.update_into(zeros[:nbytes], out)
+    stream = np.frombuffer(out, dtype=f"<u{size}", count=acc.size)
+    (np.subtract if subtract else np.add)(acc, stream, out=acc)
+
+
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> tuple[memoryview, bytearray]:
+    """This thread's keystream input (zeros) and output buffers, at least ``nbytes`` long
+    (grown when a longer vector comes; the output has the block of room ``update_into``
+    wants)."""
+    have = getattr(_local, "buffers", None)
+    if have is None or len(have[0]) < nbytes:
+        have = _local.buffers = (memoryview(bytes(nbytes)), bytearray(nbytes + 15))
+    return have
 
 
 def seal(key: bytes, plaintext: bytes, context: bytes) -> bytes:

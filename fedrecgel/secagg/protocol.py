@@ -266,17 +266,11 @@ class Client:
         words, self.clipped = self.spec.fixed.encode(x)
         if len(words) != self.spec.length:
             raise ValueError(f"input has {len(words)} values, the round {self.spec.length}")
-        bits = self.spec.fixed.word_bits
-        y = words + crypto.prg_words(
-            crypto.derive(self._b, "self", r, self.id, self.id), len(words), bits
-        )
+        y = np.array(words, copy=True)  # masked in place from here
+        crypto.mask_into(y, crypto.derive(self._b, "self", r, self.id, self.id))
         for v in partners:
-            m = crypto.prg_words(
-                crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v),
-                len(words),
-                bits,
-            )
-            y = y + m if _sign(self.id, v) > 0 else y - m
+            key = crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v)
+            crypto.mask_into(y, key, subtract=_sign(self.id, v) < 0)
         return Masked(self.id, y, tuple(complaints))
 
     def reveal(self, survivors: Iterable[int], dropped: Iterable[int]) -> Reveal:

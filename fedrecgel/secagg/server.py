@@ -121,7 +121,7 @@ class Server:
         alive, gone = self.survivors()
         if len(alive) < 2:
             raise RoundFailed(f"{len(alive)} masked inputs: a sum of fewer than 2 is no secret")
-        r, n, bits = self.spec.round_id, self.spec.length, self.spec.fixed.word_bits
+        r = self.spec.round_id
         b_sh: dict[int, dict[int, int]] = {u: {} for u in alive}
         s_sh: dict[int, dict[int, int]] = {v: {} for v in gone}
         bad: dict[int, int] = {}
@@ -146,7 +146,7 @@ class Server:
             seed = self._recover(u, b_sh[u])
             if crypto.commit("seed", r, u, seed) != self.shares[u].b_commit:
                 raise RoundFailed(f"client {u}: recovered self-mask seed fails its commitment")
-            total -= crypto.prg_words(crypto.derive(seed, "self", r, u, u), n, bits)
+            crypto.mask_into(total, crypto.derive(seed, "self", r, u, u), subtract=True)
         for v in gone:
             sk_bytes = self._recover(v, s_sh[v])
             try:
@@ -160,9 +160,8 @@ class Server:
                     # not mask partners (not neighbours, or one had no keys of the other)
                     continue
                 key = crypto.agree(sk, self.keys[u].s_pk, "mask", r, u, v)
-                m = crypto.prg_words(key, n, bits)
-                # u added sign(u, v) * m: take it out
-                total = total - m if _sign(u, v) > 0 else total + m
+                # u added sign(u, v) * PRG(key): take it out
+                crypto.mask_into(total, key, subtract=_sign(u, v) > 0)
         return Outcome(
             total=self.spec.fixed.decode(total),
             survivors=alive,

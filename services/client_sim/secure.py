@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,14 +60,16 @@ log = logging.getLogger(__name__)
 
 #: the most bytes of one JSON body (the aggregator's JSON limit is 2 MiB by default)
 JSON_BODY_BYTES = 1 << 20
-#: the most bytes of one batch of masked inputs (half the aggregator's default upload body
-#: limit, ``max_body_bytes`` of 64 MiB; a dense FilmTrust input is about 3 MB); a single
-#: input larger than this still goes, alone
-MASKED_BODY_BYTES = 32 << 20
+#: the most bytes of one batch of masked inputs (an eighth of the aggregator's default upload
+#: body limit, ``max_body_bytes`` of 64 MiB; a dense FilmTrust input is about 3 MB, a sparse
+#: one about 0.6 MB): small enough that a worker masks its next batch while the last one is on
+#: the wire; a single input larger than this still goes, alone
+MASKED_BODY_BYTES = 8 << 20
 #: the round's client step of some users from a model version: (cfg, version, round, users,
 #: cohort size) -> their uploads and new private state
 Compute = Callable[[RunConfig, int, int, list[int], int], StepResult]
-Bodies = list[tuple[list[int], bytes]]
+Body = tuple[list[int], bytes]
+Bodies = list[Body]
 
 
 @dataclass
@@ -85,8 +88,11 @@ class Attempt:
     clients_b: dict[int, Client] = field(default_factory=dict)
     pool: np.ndarray | None = None
     done: set[str] = field(default_factory=set)
-    outbox: dict[str, Bodies] = field(default_factory=dict)
+    outbox: dict[str, Iterable[Body]] = field(default_factory=dict)
     taken: dict[str, set[int]] = field(default_factory=dict)
+    #: the client step, started when the attempt is joined (it needs nothing of the protocol:
+    #: it runs while the keys and shares go round); its result, once the masked step took it
+    training: Future[StepResult] | None = None
     result: StepResult | None = None
 
     @property
@@ -145,6 +151,7 @@ class SecureParticipant:
                 att.out = True
                 return False
             self._join(att, cfg, view.cohort)
+            att.training = self._train_in_background(cfg, att, len(view.cohort))
         if step not in att.outbox:
             att.outbox[step] = getattr(self, f"_{step}")(att, cfg, view)
         ok = self._send(att, step, att.outbox.pop(step))
@@ -157,6 +164,24 @@ class SecureParticipant:
             att.result = None
             log.info("round %d attempt %d: %d masked inputs sent", key[1], key[2], len(sent))
         return True
+
+    def _train_in_background(
+        self, cfg: RunConfig, att: Attempt, cohort_size: int
+    ) -> Future[StepResult]:
+        """The attempt's client step, in a thread of its own (which ends with it)."""
+        trainer = ThreadPoolExecutor(1, thread_name_prefix="secagg-train")
+        try:
+            return trainer.submit(self.compute, cfg, att.version, att.key[1], att.todo, cohort_size)
+        finally:
+            trainer.shutdown(wait=False)
+
+    def _trained(self, att: Attempt, cfg: RunConfig, cohort_size: int) -> StepResult:
+        """The attempt's client step: the one started at the join, or (when that one failed, or
+        none was started) one taken now; a failure raises, and the next poll computes anew."""
+        started, att.training = att.training, None
+        if started is not None:
+            return started.result()
+        return self.compute(cfg, att.version, att.key[1], att.todo, cohort_size)
 
     @staticmethod
     def _join(att: Attempt, cfg: RunConfig, cohort: list[int]) -> None:
@@ -174,29 +199,46 @@ class SecureParticipant:
 
     # ------------------------------------------------------------------ the steps
 
-    def _send(self, att: Attempt, step: str, bodies: Sequence[tuple[list[int], bytes]]) -> set[int]:
-        """Send the bodies of one step; the clients whose messages were taken. Clients of a
-        refused body leave the attempt (a retryable failure raises: the bodies go back to the
-        outbox, and the next poll sends them again)."""
+    def _send(self, att: Attempt, step: str, bodies: Iterable[Body]) -> set[int]:
+        """Send the bodies of one step; the clients whose messages were taken. ``bodies`` may
+        be built as they are read (masked inputs): each is built while the one before it is
+        on the wire. Clients of a refused body leave the attempt (a retryable failure raises:
+        the unsent bodies, built in full, go back to the outbox, and the next poll sends them
+        again)."""
         ok = att.taken.setdefault(step, set())  # over every try of this step
-        for n, (ids, body) in enumerate(bodies):
-            try:
-                got = self.client.secagg_send(att.key[1], step, body)
-                ok.update(u for u, st in got.items() if st != "refused")
-                refused = sorted(u for u, st in got.items() if st == "refused")
-                if refused:
-                    log.warning("round %d: %s of clients %s refused", att.key[1], step, refused[:5])
-            except AggregatorCallError as err:
-                if err.retryable:
-                    att.outbox[step] = list(bodies[n:])
-                    raise
-                log.warning(
-                    "round %d: %s of clients %s refused: %s", att.key[1], step, ids[:5], err
-                )
+        todo = iter(bodies)
+        with ThreadPoolExecutor(1, thread_name_prefix="secagg-send") as wire:
+            flying: tuple[Body, Future[dict[int, str]]] | None = None
+            while True:
+                nxt = next(todo, None)  # built while ``flying`` is sent
+                if flying is not None:
+                    (ids, body), answer = flying
+                    try:
+                        got = answer.result()
+                    except AggregatorCallError as err:
+                        if err.retryable:
+                            att.outbox[step] = [(ids, body), *([nxt] if nxt else []), *todo]
+                            raise
+                        log.warning(
+                            "round %d: %s of clients %s refused: %s", att.key[1], step, ids[:5], err
+                        )
+                    else:
+                        self._taken(att, step, got, ok)
+                if nxt is None:
+                    break
+                flying = nxt, wire.submit(self.client.secagg_send, att.key[1], step, nxt[1])
         for clients in att.joined(step):
             for u in set(clients) - ok:
                 clients.pop(u, None)
         return ok
+
+    @staticmethod
+    def _taken(att: Attempt, step: str, got: dict[int, str], ok: set[int]) -> None:
+        """Record the aggregator's answer to one body in ``ok`` (its refusals logged)."""
+        ok.update(u for u, st in got.items() if st != "refused")
+        refused = sorted(u for u, st in got.items() if st == "refused")
+        if refused:
+            log.warning("round %d: %s of clients %s refused", att.key[1], step, refused[:5])
 
     @staticmethod
     def _json_bodies(ids: list[int], docs: list[bytes], budget: int = JSON_BODY_BYTES) -> Bodies:
@@ -204,7 +246,7 @@ class SecureParticipant:
         documents joined by commas, kept in one body), each within ``budget`` bytes."""
         return [
             ([u for u, _ in part], b"[" + b",".join(d for _, d in part) + b"]")
-            for part in _packed(list(zip(ids, docs, strict=True)), budget, 0, 1)
+            for part in _packed(zip(ids, docs, strict=True), budget, 0, 1)
         ]
 
     def _keys(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
@@ -245,50 +287,46 @@ class SecureParticipant:
                     received[u][sh.client_id] = sh
         return received
 
-    def _masked(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+    def _masked(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Iterable[Body]:
         received = self._received(att.clients, view)
-        r = att.key[1]
         # the step of every owned cohort member, as a plain round takes it (the same batch)
-        att.result = result = self.compute(cfg, att.version, r, att.todo, len(view.cohort))
+        att.result = result = self._trained(att, cfg, len(view.cohort))
         model = cfg.model()
-        inputs: list[tuple[int, bytes]] = []
-        for i, u in enumerate(att.todo):
-            c = att.clients.get(u)
-            if c is None:
-                continue
-            upd = result.uploads[i]
-            if att.pool is not None:  # A: the items it touches outside the pool
-                x = item_indicator(model, upd, att.pool)
-            else:
-                x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
-            self._mask(att, inputs, "masked", u, c, x, received[u])
-        return self._masked_bodies(inputs)
+
+        def inputs() -> Iterator[tuple[int, bytes]]:
+            for i, u in enumerate(att.todo):
+                c = att.clients.get(u)
+                if c is None:
+                    continue
+                upd = result.uploads[i]
+                if att.pool is not None:  # A: the items it touches outside the pool
+                    x = item_indicator(model, upd, att.pool)
+                else:
+                    x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
+                yield from self._mask(att, "masked", u, c, x, received[u])
+
+        return self._masked_bodies(inputs())
 
     @staticmethod
-    def _masked_bodies(inputs: list[tuple[int, bytes]], budget: int = MASKED_BODY_BYTES) -> Bodies:
-        """Batches of masked inputs (``inputs``: each client's ``encode_masked`` bytes), each
-        within ``budget`` bytes (an input larger than that alone in its batch)."""
+    def _masked_bodies(
+        inputs: Iterable[tuple[int, bytes]], budget: int = MASKED_BODY_BYTES
+    ) -> Iterator[Body]:
+        """Batches of masked inputs (``inputs``: each client's ``encode_masked`` bytes, read as
+        the batches are), each within ``budget`` bytes (an input larger than that alone in its
+        batch)."""
         head, each = len(messages.BATCH_MAGIC) + 4, 16  # the count; a client's id and length
-        return [
-            ([u for u, _ in part], messages.encode_masked_batch(part))
-            for part in _packed(inputs, budget, head, each)
-        ]
+        for part in _packed(inputs, budget, head, each):
+            yield [u for u, _ in part], messages.encode_masked_batch(part)
 
     @staticmethod
     def _mask(
-        att: Attempt,
-        inputs: list[tuple[int, bytes]],
-        step: str,
-        u: int,
-        c: Client,
-        x: np.ndarray,
-        got: dict[int, Shares],
-    ) -> None:
-        """Mask client ``u``'s input ``x`` of ``step`` into ``inputs`` (or drop the client from
+        att: Attempt, step: str, u: int, c: Client, x: np.ndarray, got: dict[int, Shares]
+    ) -> Iterator[tuple[int, bytes]]:
+        """Client ``u``'s masked input ``x`` of ``step``, encoded (none when the client leaves
         the attempt)."""
         r = att.key[1]
         try:
-            inputs.append((u, messages.encode_masked(c.masked(x, got))))
+            masked = messages.encode_masked(c.masked(x, got))
         except RoundFailed as err:
             log.warning("round %d: %s", r, err)
             for clients in att.joined(step):
@@ -298,6 +336,7 @@ class SecureParticipant:
             log.warning(
                 "round %d: client %d had %d values beyond the fixed-point range", r, u, c.clipped
             )
+        yield u, masked
 
     def _reveal(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "a")
@@ -314,7 +353,7 @@ class SecureParticipant:
                 clients.pop(u)
         return self._json_bodies(list(clients), docs)
 
-    def _masked_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
+    def _masked_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Iterable[Body]:
         """B: each counted client's clipped update on the rows of the published union."""
         model, r = cfg.model(), att.key[1]
         union = np.asarray(view.union or [], dtype=np.int64)
@@ -327,32 +366,32 @@ class SecureParticipant:
         assert att.result is not None
         uploads = dict(zip(att.todo, att.result.uploads, strict=True))
         received = self._received(att.clients_b, view)
-        inputs: list[tuple[int, bytes]] = []
-        for u, c in list(att.clients_b.items()):
-            c.respec(spec)
-            x = sparse_input(model, cfg, uploads[u], union)
-            self._mask(att, inputs, "masked_b", u, c, x, received[u])
-        return self._masked_bodies(inputs)
+
+        def inputs() -> Iterator[tuple[int, bytes]]:
+            for u, c in list(att.clients_b.items()):
+                c.respec(spec)
+                x = sparse_input(model, cfg, uploads[u], union)
+                yield from self._mask(att, "masked_b", u, c, x, received[u])
+
+        return self._masked_bodies(inputs())
 
     def _reveal_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "b")
 
 
 def _packed(
-    items: list[tuple[int, bytes]], budget: int, head: int, each: int
-) -> list[list[tuple[int, bytes]]]:
+    items: Iterable[tuple[int, bytes]], budget: int, head: int, each: int
+) -> Iterator[list[tuple[int, bytes]]]:
     """``items`` (a client and its bytes) in order, in groups whose body stays within
     ``budget``: ``head`` bytes a body, ``each`` plus the item's own a client (an item larger
-    than the budget alone in its group)."""
-    out: list[list[tuple[int, bytes]]] = []
+    than the budget alone in its group); each group as soon as it is full."""
     part: list[tuple[int, bytes]] = []
     size = head
     for item in items:
         if part and size + each + len(item[1]) > budget:
-            out.append(part)
+            yield part
             part, size = [], head
         part.append(item)
         size += each + len(item[1])
     if part:
-        out.append(part)
-    return out
+        yield part

@@ -1,25 +1,31 @@
 """A worker's masked inputs of secure aggregation go several to a body
-(:meth:`SecureParticipant._masked_bodies`), within a byte budget; a client the aggregator
-refuses on its own in a batch leaves the attempt, the batch's others stay."""
+(:meth:`SecureParticipant._masked_bodies`), within a byte budget, each body built while the one
+before it is sent; a client the aggregator refuses on its own in a batch leaves the attempt,
+the batch's others stay; a send that fails and may be retried keeps every unsent body, built
+once."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from fedrecgel.secagg import messages
+from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.secure import MASKED_BODY_BYTES, Attempt, SecureParticipant
 
 
 def test_masked_inputs_are_batched_within_the_budget() -> None:
     inputs = [(u, bytes([u]) * (100 + u)) for u in range(10)]
-    bodies = SecureParticipant._masked_bodies(inputs, budget=400)
+    bodies = list(SecureParticipant._masked_bodies(inputs, budget=400))
     assert [ids for ids, _ in bodies] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     for ids, body in bodies:
         assert len(body) <= 400
         assert messages.split_masked_batch(body, len(ids)) == [inputs[u] for u in ids]
     big = [(1, b"x" * 500), (2, b"y" * 10)]
     assert [ids for ids, _ in SecureParticipant._masked_bodies(big, budget=400)] == [[1], [2]]
-    one = SecureParticipant._masked_bodies(inputs)
+    one = list(SecureParticipant._masked_bodies(inputs))
     assert len(one) == 1 and MASKED_BODY_BYTES >= 1 << 20
 
 
@@ -43,3 +49,44 @@ def test_a_client_refused_in_a_batch_leaves_the_attempt_alone() -> None:
     body: Any = messages.encode_masked_batch([(1, b"a"), (2, b"b"), (3, b"c")])
     ok = p._send(att, "masked", [([1, 2, 3], body)])
     assert ok == {1, 3} and set(att.clients) == {1, 3} and fake.sent == [body]
+
+
+class FailsOnce:
+    """An aggregator client whose answer to the ``nth`` body sent is a retryable failure."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth = nth
+        self.sent: list[bytes] = []
+
+    def secagg_send(self, round_id: int, step: str, body: bytes) -> dict[int, str]:
+        self.sent.append(body)
+        if len(self.sent) == self.nth:
+            raise AggregatorCallError(503, "unavailable", "the database is down")
+        ids = [u for u, _ in messages.split_masked_batch(body, 10)]
+        return dict.fromkeys(ids, "accepted")
+
+
+def test_bodies_are_built_as_they_are_sent_and_a_failed_send_keeps_the_rest_built() -> None:
+    built: list[int] = []
+
+    def inputs() -> Iterator[tuple[int, bytes]]:
+        for u in range(6):
+            built.append(u)
+            yield u, bytes([u]) * 150
+
+    fake = FailsOnce(nth=2)
+    p = SecureParticipant(fake, None, None)  # type: ignore[arg-type]
+    att = Attempt((1, 1, 0), 0, list(range(6)))
+    att.clients = dict.fromkeys(range(6), object())  # type: ignore[arg-type]
+    bodies = SecureParticipant._masked_bodies(inputs(), budget=400)  # two inputs a body
+    assert built == []  # nothing is masked before it is read
+    with pytest.raises(AggregatorCallError):
+        p._send(att, "masked", bodies)
+    assert built == list(range(6))  # the rest was built (once) when the send failed
+    assert att.taken["masked"] == {0, 1}  # the first body's clients were taken
+    kept = list(att.outbox["masked"])
+    assert [ids for ids, _ in kept] == [[2, 3], [4, 5]]
+    assert kept[0][1] == fake.sent[1]  # the failed body goes again, the same bytes
+    ok = p._send(att, "masked", att.outbox.pop("masked"))
+    assert ok == set(range(6)) and set(att.clients) == set(range(6))
+    assert fake.sent[2:] == [body for _, body in kept]

@@ -65,6 +65,22 @@ def test_the_64_bit_default_is_unchanged() -> None:
     assert wide.tobytes() == narrow.tobytes()
 
 
+@pytest.mark.parametrize("bits", [8, 16, 32, 64])
+def test_masking_in_place_adds_and_subtracts_the_same_keystream_mod_the_word(bits: int) -> None:
+    dtype = np.dtype(f"uint{bits}")
+    rng = np.random.default_rng(bits)
+    for n in (1000, 7, 3000):  # the reused buffer grows, then a shorter vector follows
+        key = rng.bytes(32)
+        x = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+        acc = x.copy()
+        crypto.mask_into(acc, key)
+        stream = crypto.prg_words(key, n, bits)
+        assert np.array_equal(acc, x + stream)  # wraps mod 2^w, as the protocol's sum does
+        assert not np.array_equal(acc, x)
+        crypto.mask_into(acc, key, subtract=True)
+        assert np.array_equal(acc, x)
+
+
 @pytest.mark.parametrize("bits", [16, 32])
 def test_a_narrow_round_sums_exactly_with_dropouts(bits: int) -> None:
     fp = FixedPoint.finest(4.0, len(COHORT), bits, 30)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ class KillsTheAggregator(Kills):
     process is SIGKILLed and started again on the same database: half of the round's messages
     are in, half are not."""
 
-    def _masked(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
+    def _masked(self, att: Any, cfg: Any, view: Any) -> Iterable[tuple[list[int], bytes]]:
         if att.key[1] == 1:
             self._kill("masked")
         return super()._masked(att, cfg, view)
@@ -234,8 +235,8 @@ class SendsMalformedMessages(SecureParticipant):
             self._try("bad base64", r, "shares", json.dumps([dict(good, b_commit="@@")]).encode())
         return bodies
 
-    def _masked(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
-        bodies = super()._masked(att, cfg, view)
+    def _masked(self, att: Any, cfg: Any, view: Any) -> Iterable[tuple[list[int], bytes]]:
+        bodies = list(super()._masked(att, cfg, view))
         if att.key[1] == 1:
             for i, u in enumerate(att.todo):
                 self.inputs[u] = flatten(cfg.model(), att.result.uploads[i])

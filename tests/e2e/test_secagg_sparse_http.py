@@ -12,6 +12,7 @@ one the simulator's sparse test uses (``tests/core/test_secagg_sparse.py``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -139,21 +140,21 @@ class Misbehaves(SecureParticipant):
         )
         self.answers[what] = (resp.status_code, resp.json().get("error", ""))
 
-    def _masked(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
+    def _masked(self, att: Any, cfg: Any, view: Any) -> Iterable[tuple[list[int], bytes]]:
         if att.key[1] == 1:
             self.withheld = u = min(att.clients)
             self.held = att.clients_b[u]
             att.clients.pop(u)
         return super()._masked(att, cfg, view)
 
-    def _masked_b(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
+    def _masked_b(self, att: Any, cfg: Any, view: Any) -> Iterable[tuple[list[int], bytes]]:
         if att.key[1] != 1:
             return super()._masked_b(att, cfg, view)
         u = self.withheld
         assert u is not None and u not in att.clients_b and self.held is not None
         self.dropped = min(att.clients_b)
         att.clients_b.pop(self.dropped)
-        bodies = super()._masked_b(att, cfg, view)
+        bodies = list(super()._masked_b(att, cfg, view))
         spec = update_spec(cfg.model(), cfg, 1, view.cohort, np.asarray(view.union))
         ids, body = bodies[0]  # a batch of this worker's inputs
         first = messages.split_masked_batch(body, len(ids))[0][1]
@@ -205,7 +206,7 @@ class KillsTheAggregator(Kills):
     is SIGKILLed and started again on the same database: A is over and the union stored, and
     half of B's messages are in, half are not."""
 
-    def _masked_b(self, att: Any, cfg: Any, view: Any) -> list[tuple[list[int], bytes]]:
+    def _masked_b(self, att: Any, cfg: Any, view: Any) -> Iterable[tuple[list[int], bytes]]:
         if att.key[1] == 1:
             self._kill("masked_b")
         return super()._masked_b(att, cfg, view)
