@@ -9,9 +9,10 @@ step.
 ``secure_aggregation=dense`` (:func:`secure_mean`) lays out every item row, in 64-bit words.
 ``secure_aggregation=sparse`` (:func:`secure_sparse_mean`, needs ``negative_pool``: every
 client's negatives are items of the round's public pool) runs two protocol instances, each
-with its own fresh keys, seeds and shares (:class:`~fedrecgel.secagg.protocol.Client` draws
-them per instance: revealing a survivor's self-mask seed in one and the mask key of the same
-client, dropped, in the other exposes nothing, as the two share no secret):
+with its own fresh mask keys, seeds and shares (:class:`~fedrecgel.secagg.protocol.Client`
+draws them per instance: revealing a survivor's self-mask seed in one and the mask key of the
+same client, dropped, in the other exposes nothing, as the two share no secret that is ever
+revealed; only the key that encrypts the shares, never revealed, serves both):
 
 * **A, counts**: each client masks the 0/1 indicator, over the catalogue, of the item rows its
   upload touches outside the pool (its positives outside the pool: its negatives are pool
@@ -96,6 +97,7 @@ def round_spec(
     cohort: Sequence[int],
     length: int | None = None,
     fixed: FixedPoint | None = None,
+    instance: str = "a",
 ) -> RoundSpec:
     """The public parameters of round ``round_id`` of a run (the ring is keyed by its seed);
     by default a dense round's (:func:`vector_length` values, the run's 64-bit encoding)."""
@@ -107,6 +109,7 @@ def round_spec(
         neighbours=params.secagg_neighbours,
         dropout=params.secagg_dropout,
         graph_seed=params.seed,
+        instance=instance,
     )
 
 
@@ -179,7 +182,7 @@ def update_spec(
 ) -> RoundSpec:
     """Instance B's public parameters: the rows of ``union``, 32-bit words."""
     fixed = sparse_fixed_point(params, len(cohort))
-    return round_spec(cfg, params, round_id, cohort, vector_length(cfg, union), fixed)
+    return round_spec(cfg, params, round_id, cohort, vector_length(cfg, union), fixed, "b")
 
 
 def sparse_input(cfg: ModelConfig, params: RunParams, u: Update, union: np.ndarray) -> np.ndarray:
@@ -229,14 +232,17 @@ def secure_sparse_mean(
     pool = round_pool(params, cfg.n_items, round_id)
     by_id = {u.client_id: u for u in updates}
     spec_a = counts_spec(cfg, params, round_id, list(by_id))
-    a = secure_sum(spec_a, lambda cid: item_indicator(cfg, by_id[cid], pool), faults_a).outcome
+    in_a = secure_sum(spec_a, lambda cid: item_indicator(cfg, by_id[cid], pool), faults_a)
+    a = in_a.outcome
     counts = np.rint(a.total).astype(np.int64)
     union = union_of(counts, pool)
     spec_b = update_spec(cfg, params, round_id, list(by_id), union)
     faults_b = carried_into_b(
         faults_a or Faults(), faults_b or Faults(), spec_b.cohort, a.survivors
     )
-    r = secure_sum(spec_b, lambda cid: sparse_input(cfg, params, by_id[cid], union), faults_b)
+    r = secure_sum(
+        spec_b, lambda cid: sparse_input(cfg, params, by_id[cid], union), faults_b, in_a.clients
+    )
     out = r.outcome
     total = out.total / row_gain(cfg, union)
     grads, loss = unflatten(cfg, total / len(out.survivors), union)

@@ -56,13 +56,18 @@ def derive(secret: bytes, purpose: str, round_id: int, a: int, b: int) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info).derive(secret)
 
 
+def exchange(sk: X25519PrivateKey, peer_public: bytes) -> bytes:
+    """The raw X25519 shared secret of ``sk`` and a peer's public key (only ever an input to
+    :func:`derive`)."""
+    return sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
+
+
 def agree(
     sk: X25519PrivateKey, peer_public: bytes, purpose: str, round_id: int, u: int, v: int
 ) -> bytes:
     """The key clients ``u`` and ``v`` agree on for ``purpose``: X25519 then HKDF, with the
     pair ordered (min, max) so both ends derive the same key."""
-    shared = sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
-    return derive(shared, purpose, round_id, min(u, v), max(u, v))
+    return derive(exchange(sk, peer_public), purpose, round_id, min(u, v), max(u, v))
 
 
 def prg_words(key: bytes, n: int, word_bits: int = 64) -> np.ndarray:

@@ -41,6 +41,7 @@ class LocalRound:
     outcome: Outcome
     masked: dict[int, np.ndarray] = field(default_factory=dict)
     clipped: int = 0
+    clients: dict[int, Client] = field(default_factory=dict)
 
 
 def _corrupt(sh: Shares, receivers: set[int]) -> Shares:
@@ -52,12 +53,14 @@ def secure_sum(
     spec: RoundSpec,
     inputs: Mapping[int, np.ndarray] | Callable[[int], np.ndarray],
     faults: Faults | None = None,
+    pairs: Mapping[int, Client] | None = None,
     record: Iterable[int] = (),
 ) -> LocalRound:
     """Run one round over ``inputs`` (client id -> float vector, for every cohort member; a
     function is called once per client when it masks, so a cohort's dense inputs need not all
-    be in memory at once); :class:`~fedrecgel.secagg.protocol.RoundFailed` when it cannot
-    close."""
+    be in memory at once); ``pairs``: the clients of the round's other instance, whose share
+    keys these use (:class:`~fedrecgel.secagg.protocol.Client`);
+    :class:`~fedrecgel.secagg.protocol.RoundFailed` when it cannot close."""
     f = faults or Faults()
     get = inputs if callable(inputs) else inputs.__getitem__
     if not callable(inputs) and set(inputs) != set(spec.cohort):
@@ -65,7 +68,7 @@ def secure_sum(
     keep = set(record)
     masked: dict[int, np.ndarray] = {}
     server = Server(spec)
-    clients = {u: Client(spec, u) for u in spec.cohort}
+    clients = {u: Client(spec, u, (pairs or {}).get(u)) for u in spec.cohort}
     live = [u for u in spec.cohort if u not in f.no_keys]
     for u in live:
         server.add_keys(clients[u].advertise())
@@ -96,7 +99,7 @@ def secure_sum(
             )
         reveals.append(rv)
     outcome = server.unmask(reveals)
-    return LocalRound(server, outcome, masked, clipped)
+    return LocalRound(server, outcome, masked, clipped, clients)
 
 
 __all__ = ["Faults", "LocalRound", "RoundFailed", "secure_sum"]

@@ -40,8 +40,8 @@ check of the paper's round 3 addresses the latter), and so learn a single client
 this implementation does not defend against that.
 
 Sparse secure aggregation (:func:`fedrecgel.secagg.aggregate.secure_sparse_mean`) runs two
-instances of this protocol a round, each with its own :class:`Client` objects (fresh keys, seeds
-and shares); the first reveals, as its sum, how many surviving clients hold each item outside
+instances of this protocol a round, each with its own :class:`Client` objects (fresh mask keys,
+seeds and shares; one share-encryption key for both, see :class:`Client`); the first reveals, as its sum, how many surviving clients hold each item outside
 the round's public negative pool: that per-item count is an aggregate the server learns on
 top of the sum of the updates.
 """
@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from fedrecgel.fixedpoint import FixedPoint
 from fedrecgel.secagg import crypto, shamir
@@ -73,6 +74,8 @@ class RoundSpec:
                  in a ring ordered by a public per-round permutation); 0 = every pair
     dropout:     the fraction of a client's neighbours that may drop out (threshold
                  t = deg - floor(dropout * deg), always more than half of deg)
+    instance:    which of a round's protocol instances this is ("a", or "b" for the update
+                 instance of a sparse round): bound into the keys and contexts of the shares
     """
 
     round_id: int
@@ -82,6 +85,7 @@ class RoundSpec:
     neighbours: int
     dropout: float
     graph_seed: int
+    instance: str = "a"
 
     def __post_init__(self) -> None:
         if len(set(self.cohort)) != len(self.cohort) or len(self.cohort) < 2:
@@ -163,24 +167,45 @@ def _sign(u: int, v: int) -> int:
     return 1 if u < v else -1
 
 
-def _share_context(round_id: int, sender: int, receiver: int) -> bytes:
-    return f"shares|{round_id}|{sender}|{receiver}".encode()
+def _share_context(spec: RoundSpec, sender: int, receiver: int) -> bytes:
+    return f"shares|{spec.instance}|{spec.round_id}|{sender}|{receiver}".encode()
 
 
 # --------------------------------------------------------------------------------- client
 
 
 class Client:
-    """One client's side of a round (fresh keys; nothing is reused across rounds)."""
+    """One client's side of a round (fresh keys; nothing is reused across rounds).
 
-    def __init__(self, spec: RoundSpec, client_id: int) -> None:
+    ``pair``: the same client's :class:`Client` in the round's other instance (sparse rounds):
+    the two use one key pair to encrypt shares (its private key is never revealed, so sharing
+    it exposes nothing; each X25519 agreement with a neighbour is taken once for both, and the
+    share keys are derived apart, per instance). The mask key pair and the self-mask seed are
+    each instance's own: a survivor's seed revealed in one instance and its mask key, dropped,
+    in the other must never open the same masked input."""
+
+    spec: RoundSpec
+    id: int
+    _c_sk: X25519PrivateKey
+    _c_secrets: dict[bytes, bytes]
+
+    def __init__(self, spec: RoundSpec, client_id: int, pair: Client | None = None) -> None:
         if client_id not in spec.cohort:
             raise ValueError(f"client {client_id} is not in the cohort")
+        if pair is not None and (
+            pair.id != client_id
+            or pair.spec.round_id != spec.round_id
+            or pair.spec.instance == spec.instance
+        ):
+            raise ValueError("a pair is the same client's client in the round's other instance")
         self.spec = spec
         self.id = client_id
         self.nbrs = spec.neighbours_of(client_id)
         self.t = spec.threshold(client_id)
-        self._c_sk = crypto.new_private_key()
+        self._c_sk = crypto.new_private_key() if pair is None else pair._c_sk
+        #: neighbour's share-encryption public key -> the X25519 secret with it (shared with
+        #: ``pair``: agreed once for both instances)
+        self._c_secrets = {} if pair is None else pair._c_secrets
         self._s_sk = crypto.new_private_key()
         self._b = os.urandom(32)
         self._keys: dict[int, Keys] = {}
@@ -196,8 +221,9 @@ class Client:
         sparse round over HTTP deals its shares before its layout (the union) is known. Only
         the length and encoding may change (ValueError otherwise)."""
         old = self.spec
-        same = (old.round_id, old.cohort, old.neighbours, old.dropout, old.graph_seed)
-        if (spec.round_id, spec.cohort, spec.neighbours, spec.dropout, spec.graph_seed) != same:
+        same = (old.round_id, old.cohort, old.neighbours, old.dropout, old.graph_seed, old.instance)
+        new = (spec.round_id, spec.cohort, spec.neighbours, spec.dropout, spec.graph_seed)
+        if (*new, spec.instance) != same:
             raise ValueError("a round's cohort and neighbour graph cannot change")
         self.spec = spec
 
@@ -220,7 +246,7 @@ class Client:
         for v in live:
             ys, yb = shamir.to_bytes(s_sh[v + 1]), shamir.to_bytes(b_sh[v + 1])
             key = self._share_key(v)
-            sealed[v] = crypto.seal(key, ys + yb, _share_context(r, self.id, v))
+            sealed[v] = crypto.seal(key, ys + yb, _share_context(self.spec, self.id, v))
             commits[v] = (
                 crypto.commit("s", r, self.id, v, ys),
                 crypto.commit("b", r, self.id, v, yb),
@@ -228,13 +254,17 @@ class Client:
         return Shares(self.id, sealed, commits, crypto.commit("seed", r, self.id, self._b))
 
     def _share_key(self, v: int) -> bytes:
-        """The key of the shares between this client and neighbour ``v`` (X25519 of the two
-        c keys, then HKDF over the ordered pair: the same whichever of the two derives it)."""
+        """The key of this instance's shares between this client and neighbour ``v`` (X25519
+        of the two c keys, then HKDF over the instance and the ordered pair: the same whichever
+        of the two derives it)."""
         if v not in self._share_keys:
-            r = self.spec.round_id
-            self._share_keys[v] = crypto.agree(
-                self._c_sk, self._keys[v].c_pk, "shares", r, self.id, v
-            )
+            peer = self._keys[v].c_pk
+            raw = self._c_secrets.get(peer)
+            if raw is None:
+                raw = self._c_secrets[peer] = crypto.exchange(self._c_sk, peer)
+            lo, hi = min(self.id, v), max(self.id, v)
+            purpose = f"shares-{self.spec.instance}"
+            self._share_keys[v] = crypto.derive(raw, purpose, self.spec.round_id, lo, hi)
         return self._share_keys[v]
 
     def masked(self, x: np.ndarray, received: Mapping[int, Shares]) -> Masked:
@@ -250,7 +280,8 @@ class Client:
             partners.append(v)  # v shared its keys: its pairwise mask is in the sum
             try:
                 key = self._share_key(v)
-                plain = crypto.open_sealed(key, msg.sealed[self.id], _share_context(r, v, self.id))
+                context = _share_context(self.spec, v, self.id)
+                plain = crypto.open_sealed(key, msg.sealed[self.id], context)
                 ys, yb = plain[: shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES :]
                 if msg.share_commits.get(self.id) != (
                     crypto.commit("s", r, v, self.id, ys),

@@ -219,10 +219,12 @@ class Checks:
 
 
 def fresh_keys(pairs: dict[int, list[Keys]]) -> None:
-    """422 when a client's two instances share a public key (each instance's are fresh)."""
+    """422 when a client's two instances share a mask key, or a mask key is also an encryption
+    key (each instance's mask key is fresh; the key that encrypts shares may serve both)."""
     for u, keys in pairs.items():
-        if len({k for m in keys for k in (m.c_pk, m.s_pk)}) != 2 * len(keys):
+        masks = {m.s_pk for m in keys}
+        if len(masks) != len(keys) or masks & {m.c_pk for m in keys}:
             raise Malformed(
-                f"client {u}: each protocol instance needs its own fresh keys",
+                f"client {u}: each protocol instance needs its own fresh mask key",
                 "malformed_message",
             )

@@ -191,11 +191,12 @@ class SecureParticipant:
         if cfg.secure_aggregation == "sparse":
             att.pool = round_pool(cfg, model.n_items, r)
             att.spec = counts_spec(model, cfg, r, cohort)
-            spec_b = update_spec(model, cfg, r, cohort, att.pool)
-            att.clients_b = {u: Client(spec_b, u) for u in att.todo}
         else:
             att.spec = round_spec(model, cfg, r, cohort)
         att.clients = {u: Client(att.spec, u) for u in att.todo}
+        if att.pool is not None:
+            spec_b = update_spec(model, cfg, r, cohort, att.pool)
+            att.clients_b = {u: Client(spec_b, u, att.clients[u]) for u in att.todo}
 
     # ------------------------------------------------------------------ the steps
 

@@ -6,6 +6,7 @@ published model is the plain aggregation of B's survivors' inputs to the fixed-p
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ class SparseRound(Round):
         self.spec = counts_spec(MODEL, self.cfg, 1, IDS)
         self.clients = {u: Client(self.spec, u) for u in IDS}
         first_b = update_spec(MODEL, self.cfg, 1, IDS, self.pool)
-        self.clients_b = {u: Client(first_b, u) for u in IDS}
+        self.clients_b = {u: Client(first_b, u, self.clients[u]) for u in IDS}  # as a worker
         rng = np.random.default_rng(0)
         self.updates = {u: random_update(MODEL, u, rng, n_rows=3) for u in IDS}
 
@@ -187,7 +188,8 @@ def test_bad_update_inputs_are_refused_and_store_nothing(
 ) -> None:
     """A B input of the wrong length for U is 422 and stores nothing; a client whose count
     did not arrive is refused B (409 ``not_a_survivor``) and counts as dropped there; a keys
-    body without B's keys, or with A's keys again as B's, is 422."""
+    body without B's keys, with A's keys again as B's, or with A's mask key as B's encryption
+    key, is 422 (B's encryption key may be A's: the worker's are)."""
     rnd = SparseRound(aggregator, tmp_path, quorum=0.5)
     a = messages.encode_keys(rnd.clients[0].advertise())
     r = rnd.post("keys", 0, b"[" + a + b"]")
@@ -195,7 +197,12 @@ def test_bad_update_inputs_are_refused_and_store_nothing(
     again = messages.encode_keys(rnd.clients[0].advertise(), "b")
     r = rnd.post("keys", 0, b"[" + a + b"," + again + b"]")
     assert (r.status_code, r.json()["error"]) == (422, "malformed_message"), r.text
-    assert "fresh keys" in r.json()["detail"]
+    assert "fresh mask key" in r.json()["detail"]
+    keys_b = rnd.clients_b[0].advertise()
+    assert keys_b.c_pk == rnd.clients[0].advertise().c_pk  # one share-encryption key for both
+    mask_as_c = messages.encode_keys(replace(keys_b, c_pk=rnd.clients[0].advertise().s_pk), "b")
+    r = rnd.post("keys", 0, b"[" + a + b"," + mask_as_c + b"]")
+    assert (r.status_code, r.json()["error"]) == (422, "malformed_message"), r.text
     rnd.keys()
     rnd.shares()
     held_back = rnd.masked_body(0)  # client 0 masks its count, but it never arrives

@@ -4,6 +4,7 @@ bound, Shamir sharing, and the protocol round with dropouts and malformed shares
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -225,6 +226,38 @@ def test_a_client_never_reveals_both_secrets_of_one_client() -> None:
     c.masked(np.zeros(LENGTH), server.shares_for(c.id))
     with pytest.raises(RoundFailed, match="both"):
         c.reveal(spec.cohort, [spec.cohort[1]])
+
+
+def test_a_clients_two_instances_share_the_encryption_key_only_and_keep_their_shares_apart() -> (
+    None
+):
+    """A sparse round's B client takes its A client's share-encryption key (one X25519
+    agreement a neighbour for both) but a mask key and seed of its own; a share message of A
+    routed to B does not open there (the share keys and contexts are each instance's)."""
+    spec_a = make(7, COHORT[:5])
+    spec_b = replace(spec_a, instance="b")
+    a = {u: Client(spec_a, u) for u in spec_a.cohort}
+    b = {u: Client(spec_b, u, a[u]) for u in spec_b.cohort}
+    for u in spec_a.cohort:
+        ka, kb = a[u].advertise(), b[u].advertise()
+        assert ka.c_pk == kb.c_pk and ka.s_pk != kb.s_pk
+    with pytest.raises(ValueError, match="other instance"):
+        Client(spec_a, COHORT[0], a[COHORT[0]])  # a pair is from the other instance
+    with pytest.raises(ValueError, match="other instance"):
+        Client(spec_b, COHORT[0], a[COHORT[1]])  # and the same client
+    servers = {"a": Server(spec_a), "b": Server(spec_b)}
+    for inst, clients in (("a", a), ("b", b)):
+        for c in clients.values():
+            servers[inst].add_keys(c.advertise())
+    for inst, clients in (("a", a), ("b", b)):
+        for c in clients.values():
+            servers[inst].add_shares(c.share(servers[inst].keys_for(c.id)))
+    u = COHORT[0]
+    # B's client u handed A's share messages as B's: every one fails to open, a complaint each
+    m = b[u].masked(np.zeros(LENGTH), servers["a"].shares_for(u))
+    assert set(m.complaints) == set(spec_b.neighbours_of(u))
+    # its own instance's open (both instances' sums are checked end to end elsewhere)
+    assert a[u].masked(np.zeros(LENGTH), servers["a"].shares_for(u)).complaints == ()
 
 
 def test_the_server_refuses_malformed_messages() -> None:
