@@ -6,17 +6,21 @@ the two workers stepped in this process behind a recording transport, so every b
 wire is counted.
 
 Bytes are exact (request and response bodies, by endpoint family); seconds are the wall time
-of each run divided by its rounds (the workers take turns in one process, in both runs alike),
-measured one run after the other on a shared, loaded machine: read the ratio, not the absolute
-figures. Writes ``bench/results/secagg_http.json``.
+of each run divided by its rounds (the workers take turns in one process, in every arm
+alike). The machine is shared and its speed drifts by tens of percent from minute to minute,
+so the three arms run ``--repeats`` times, interleaved (each repeat in a rotated order): an
+arm's seconds are the median of its runs, and a ratio the median of the repeats' ratios.
+Writes ``bench/results/secagg_http.json``.
 
     nice -n 0 .venv/bin/python -m bench.secagg_http [--rounds 3] [--fraction 0.1] [--pool 128]
+        [--repeats 3]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -93,8 +97,13 @@ def one_run(mode: str, rounds: int, fraction: float, pool: int, workdir: Path) -
     }
 
 
-def main(rounds: Positive = 3, fraction: float = TrainConfig().fraction, pool: int = 128) -> None:
-    """Run the three arms and write the JSON."""
+def main(
+    rounds: Positive = 3,
+    fraction: float = TrainConfig().fraction,
+    pool: int = 128,
+    repeats: Positive = 3,
+) -> None:
+    """Run the three arms ``repeats`` times, interleaved, and write the JSON."""
     torch.set_num_threads(worker_torch_threads(2))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out: dict[str, Any] = {
@@ -102,27 +111,45 @@ def main(rounds: Positive = 3, fraction: float = TrainConfig().fraction, pool: i
         "rounds": rounds,
         "fraction": fraction,
         "command": f"nice -n 0 .venv/bin/python -m bench.secagg_http --rounds {rounds} "
-        f"--fraction {fraction:g} --pool {pool}",
+        f"--fraction {fraction:g} --pool {pool} --repeats {repeats}",
         "negative_pool": pool,
-        "note": "same-run ratios on a shared loaded machine; workers stepped in one process",
+        "repeats": repeats,
+        "note": "same-run ratios on a shared loaded machine, medians of interleaved repeats; "
+        "workers stepped in one process",
     }
     split = load_split(DATASET)
     out["vector_length"] = vector_length(TrainConfig().model(split.n_items))
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in MODES:
-            out[mode] = one_run(mode, rounds, fraction, pool, Path(tmp) / mode)
-            print(mode, json.dumps({k: v for k, v in out[mode].items() if k != "bytes_by_family"}))
-    out["ratio"] = {
-        f"{a}/{b}": {
+        for n in range(repeats):
+            for mode in MODES[n % len(MODES) :] + MODES[: n % len(MODES)]:
+                arm = one_run(mode, rounds, fraction, pool, Path(tmp) / f"{mode}-{n}")
+                runs[mode].append(arm)
+                print(mode, json.dumps({k: v for k, v in arm.items() if k != "bytes_by_family"}))
+    for mode, arms in runs.items():
+        seconds = [a["seconds_per_round"] for a in arms]
+        out[mode] = {
+            **arms[0],
+            "seconds_per_round": statistics.median(seconds),
+            "seconds_per_round_runs": seconds,
+        }
+    out["ratio"] = {}
+    for a, b in (("dense", "off"), ("sparse", "off"), ("sparse", "dense")):
+        each = [x / y for x, y in zip(_seconds(out[a]), _seconds(out[b]), strict=True)]
+        out["ratio"][f"{a}/{b}"] = {
             "upload_bytes": out[a]["upload_bytes_per_round"] / out[b]["upload_bytes_per_round"],
             "bytes": _bytes(out[a]) / _bytes(out[b]),
-            "seconds": out[a]["seconds_per_round"] / out[b]["seconds_per_round"],
+            "seconds": statistics.median(each),
+            "seconds_runs": each,
         }
-        for a, b in (("dense", "off"), ("sparse", "off"), ("sparse", "dense"))
-    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print("ratios", out["ratio"], "->", OUT)
+
+
+def _seconds(arm: dict[str, Any]) -> list[float]:
+    """An arm's seconds per round, one a repeat."""
+    return [float(x) for x in arm["seconds_per_round_runs"]]
 
 
 def _bytes(arm: dict[str, Any]) -> float:
