@@ -5,8 +5,9 @@ round) once plain, once with ``secure_aggregation=dense`` and once with
 the two workers stepped in this process behind a recording transport, so every body on the
 wire is counted.
 
-Bytes are exact (request and response bodies, by endpoint family); seconds are the wall time
-of each run divided by its rounds (the workers take turns in one process, in every arm
+Bytes are exact (request and response bodies, by endpoint family, with the seconds each
+family's requests took to be answered); seconds are the wall time of each run divided by its
+rounds (the workers take turns in one process, in every arm
 alike). The machine is shared and its speed drifts by tens of percent from minute to minute,
 so the three arms run ``--repeats`` times, interleaved (each repeat in a rotated order): an
 arm's seconds are the median of its runs, and a ratio the median of the repeats' ratios.
@@ -77,12 +78,15 @@ def one_run(mode: str, rounds: int, fraction: float, pool: int, workdir: Path) -
         finally:
             s.close()
     assert len(history["rounds"]) == rounds, history
-    fams: dict[str, dict[str, int]] = {}
+    fams: dict[str, dict[str, float]] = {}
     for ex in s.recorder.exchanges:
-        f = fams.setdefault(family(ex.method, ex.path), {"requests": 0, "sent": 0, "received": 0})
+        f = fams.setdefault(
+            family(ex.method, ex.path), {"requests": 0, "sent": 0, "received": 0, "seconds": 0.0}
+        )
         f["requests"] += 1
         f["sent"] += len(ex.request_body)
         f["received"] += len(ex.response_body)
+        f["seconds"] += ex.seconds
     training = {k: v for k, v in fams.items() if k.startswith("secagg") or k == "updates"}
     return {
         "cohort": history["rounds"][0]["n_updates"],

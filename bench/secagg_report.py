@@ -194,6 +194,34 @@ def http_section() -> list[str]:
             f"{a['upload_bytes_per_round'] / p['upload_bytes_per_round']:.2f}x | "
             f"{seconds} | {before} |"
         )
+    lines += _waits(d)
+    return lines
+
+
+def _waits(d: dict[str, Any]) -> list[str]:
+    """Seconds a round the workers' requests took to be answered, by endpoint family (plain and
+    sparse): the aggregator's part of the round, and the round trips of its phases (a masked
+    batch is answered while the worker masks the next one, so those overlap)."""
+    arms = [("plain", "off"), ("secure, sparse", "sparse")]
+    if any("seconds" not in f for _, k in arms for f in d[k]["bytes_by_family"].values()):
+        return []
+    fams = sorted({f for _, k in arms for f in d[k]["bytes_by_family"]})
+    lines = [
+        "",
+        "Seconds a round the workers' requests took to be answered (the aggregator's part of",
+        "the round and each phase's round trip; masked batches are answered while the worker",
+        "masks the next one), from the first repeat:",
+        "",
+        "| mode | " + " | ".join(fams) + " | all | round |",
+        "|---|" + "---|" * (len(fams) + 2),
+    ]
+    for name, key in arms:
+        a, rounds = d[key], d["rounds"]
+        got = a["bytes_by_family"]
+        each = [got[f]["seconds"] / rounds if f in got else 0.0 for f in fams]
+        cells = " | ".join(f"{x:.2f}" if x else "-" for x in each)
+        round_s = a["seconds_per_round_runs"][0]
+        lines.append(f"| {name} | {cells} | {sum(each):.2f} | {round_s:.2f} |")
     return lines
 
 

@@ -5,6 +5,7 @@ response body it carries (the wire-privacy tests look for anything private in th
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -21,6 +22,8 @@ class Exchange:
     status: int
     response_type: str
     response_body: bytes
+    #: wall seconds from sending the request to reading the whole response
+    seconds: float = 0.0
 
     def bodies(self) -> list[tuple[str, str, bytes]]:
         """(direction, content type, body) of the non-empty bodies."""
@@ -43,10 +46,12 @@ class RecordingTransport(httpx.HTTPTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` and record both bodies."""
         request_body = request.read()
+        start = time.perf_counter()
         response = super().handle_request(request)
         # the aggregator uses no content-encoding: these are the bytes of the wire
         response_body = response.read()
         response.close()
+        seconds = time.perf_counter() - start
         with self._lock:
             self.exchanges.append(
                 Exchange(
@@ -57,6 +62,7 @@ class RecordingTransport(httpx.HTTPTransport):
                     response.status_code,
                     response.headers.get("content-type", ""),
                     response_body,
+                    seconds,
                 )
             )
         return httpx.Response(
