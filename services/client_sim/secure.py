@@ -4,19 +4,22 @@ over ``/v1/rounds/{r}/secagg``; the aggregator's side is :mod:`services.aggregat
 Each poll of an open round reads its phase and takes this worker's part of it once:
 
 * ``keys``: a fresh :class:`~fedrecgel.secagg.protocol.Client` per owned cohort member (new
-  keys every attempt, kept in memory only), its public keys sent;
+  keys every attempt, kept in memory only), its public keys sent; the round's client step
+  starts in a thread of its own, while the keys and shares go round;
 * ``shares``: each client secret-shares its mask key and self-mask seed to its neighbours,
   encrypted to each of them (the server only routes the ciphertexts);
-* ``masked``: the round's client step (:class:`fedrecgel.client_round.ClientRound`, as for a
-  plain round), each update clipped when the run clips, laid out densely and fixed-point
-  encoded, masked and sent, several clients' inputs in one body (a batch of at most
-  :data:`MASKED_BODY_BYTES`); the clients' new private state is committed once the aggregator
-  acknowledged their masked inputs;
+* ``masked``: the result of the round's client step (:class:`fedrecgel.client_round.ClientRound`,
+  as for a plain round), each update clipped when the run clips, laid out densely and
+  fixed-point encoded, masked and sent, several clients' inputs in one body (a batch of at
+  most :data:`MASKED_BODY_BYTES`, masked while the batch before it is on the wire); the
+  clients' new private state is committed once the aggregator acknowledged their masked
+  inputs;
 * ``unmask``: each client that sent a masked input reveals its shares of surviving
   neighbours' self-mask seeds and of dropped neighbours' mask keys, never both of one client.
 
 A sparse run (``secure_aggregation=sparse``) runs two protocol instances, each client with a
-:class:`~fedrecgel.secagg.protocol.Client` in each (fresh keys apiece): ``keys`` and
+:class:`~fedrecgel.secagg.protocol.Client` in each (fresh mask keys apiece, one key to
+encrypt shares for both): ``keys`` and
 ``shares`` send both instances' messages (B's tagged), ``masked`` sends A's input (the
 client's item indicator outside the round's negative pool, from the client step, whose
 result is kept in memory), ``unmask`` A's reveals; then ``masked_b`` sends, for each client
