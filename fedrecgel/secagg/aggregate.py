@@ -186,8 +186,10 @@ def update_spec(
 
 
 def sparse_input(cfg: ModelConfig, params: RunParams, u: Update, union: np.ndarray) -> np.ndarray:
-    """B's input of a client: its (clipped) update on the rows of ``union``, times the gain."""
-    x: np.ndarray = flatten(cfg, _clipped(params, u), union) * row_gain(cfg, union)
+    """B's input of a client: its (clipped) update on the rows of ``union``, times the gain
+    (:func:`row_gain`, applied in place: 2^ROW_GAIN_BITS on the item rows)."""
+    x = flatten(cfg, _clipped(params, u), union)
+    x[: row_values(cfg, union)] *= 2.0**ROW_GAIN_BITS
     return x
 
 

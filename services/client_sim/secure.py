@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ JSON_BODY_BYTES = 1 << 20
 #: one about 0.6 MB): small enough that a worker masks its next batch while the last one is on
 #: the wire; a single input larger than this still goes, alone
 MASKED_BODY_BYTES = 8 << 20
+#: threads that mask the update instance's inputs of a worker's clients (the keystreams and
+#: their sums release the GIL), at most the machine's cores
+MASK_THREADS = min(2, os.cpu_count() or 1)
 #: the round's client step of some users from a model version: (cfg, version, round, users,
 #: cohort size) -> their uploads and new private state
 Compute = Callable[[RunConfig, int, int, list[int], int], StepResult]
@@ -371,11 +375,17 @@ class SecureParticipant:
         uploads = dict(zip(att.todo, att.result.uploads, strict=True))
         received = self._received(att.clients_b, view)
 
+        def one(client: tuple[int, Client]) -> list[tuple[int, bytes]]:
+            u, c = client
+            c.respec(spec)
+            x = sparse_input(model, cfg, uploads[u], union)
+            return list(self._mask(att, "masked_b", u, c, x, received[u]))
+
         def inputs() -> Iterator[tuple[int, bytes]]:
-            for u, c in list(att.clients_b.items()):
-                c.respec(spec)
-                x = sparse_input(model, cfg, uploads[u], union)
-                yield from self._mask(att, "masked_b", u, c, x, received[u])
+            # the clients' inputs masked in MASK_THREADS threads, read in the clients' order
+            with ThreadPoolExecutor(MASK_THREADS, thread_name_prefix="secagg-mask") as masking:
+                for done in masking.map(one, list(att.clients_b.items())):
+                    yield from done
 
         return self._masked_bodies(inputs())
 
