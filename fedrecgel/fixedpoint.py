@@ -96,8 +96,9 @@ class FixedPoint:
             )
 
     def encode(self, x: np.ndarray, refuse: bool = False) -> tuple[np.ndarray, int]:
-        """(words, clipped): ``x`` as unsigned words; values beyond the range are clipped (their
-        count returned), or refused with :class:`OverflowRefused` when ``refuse``."""
+        """(words, clipped): ``x`` as unsigned words (a fresh array, never a view of ``x``);
+        values beyond the range are clipped (their count returned), or refused with
+        :class:`OverflowRefused` when ``refuse``."""
         v = np.asarray(x).ravel()
         if v.dtype not in (np.float32, np.float64):
             v = v.astype(np.float64)

@@ -62,12 +62,17 @@ def exchange(sk: X25519PrivateKey, peer_public: bytes) -> bytes:
     return sk.exchange(X25519PublicKey.from_public_bytes(peer_public))
 
 
+def pair_key(shared: bytes, purpose: str, round_id: int, u: int, v: int) -> bytes:
+    """The key of clients ``u`` and ``v`` for ``purpose`` from their X25519 ``shared`` secret:
+    HKDF over the pair ordered (min, max), so both ends derive the same key."""
+    return derive(shared, purpose, round_id, min(u, v), max(u, v))
+
+
 def agree(
     sk: X25519PrivateKey, peer_public: bytes, purpose: str, round_id: int, u: int, v: int
 ) -> bytes:
-    """The key clients ``u`` and ``v`` agree on for ``purpose``: X25519 then HKDF, with the
-    pair ordered (min, max) so both ends derive the same key."""
-    return derive(exchange(sk, peer_public), purpose, round_id, min(u, v), max(u, v))
+    """The key clients ``u`` and ``v`` agree on for ``purpose``: X25519, then :func:`pair_key`."""
+    return pair_key(exchange(sk, peer_public), purpose, round_id, u, v)
 
 
 def prg_words(key: bytes, n: int, word_bits: int = 64) -> np.ndarray:
@@ -76,14 +81,9 @@ def prg_words(key: bytes, n: int, word_bits: int = 64) -> np.ndarray:
     for one pair, round and purpose only, so no keystream is reused). AES-CTR is a PRG under
     the usual assumption that AES is a pseudorandom permutation; it is the faster of the two
     stream ciphers ``cryptography`` offers here (AES-NI)."""
-    size = word_bits // 8
-    enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    out = bytearray(size * n + 15)  # update_into wants room for a block
-    done = enc.update_into(bytes(size * n), out)
-    dtype = np.dtype(f"<u{size}")
-    return np.frombuffer(out, dtype=dtype, count=done // size).astype(
-        dtype.newbyteorder("="), copy=False
-    )
+    words = np.zeros(n, dtype=f"uint{word_bits}")
+    mask_into(words, key)
+    return words
 
 
 def mask_into(acc: np.ndarray, key: bytes, subtract: bool = False) -> None:

@@ -41,9 +41,9 @@ this implementation does not defend against that.
 
 Sparse secure aggregation (:func:`fedrecgel.secagg.aggregate.secure_sparse_mean`) runs two
 instances of this protocol a round, each with its own :class:`Client` objects (fresh mask keys,
-seeds and shares; one share-encryption key for both, see :class:`Client`); the first reveals, as its sum, how many surviving clients hold each item outside
-the round's public negative pool: that per-item count is an aggregate the server learns on
-top of the sum of the updates.
+seeds and shares; one share-encryption key for both, see :class:`Client`); the first reveals,
+as its sum, how many surviving clients hold each item outside the round's public negative
+pool: that per-item count is an aggregate the server learns on top of the sum of the updates.
 """
 
 from __future__ import annotations
@@ -220,10 +220,11 @@ class Client:
         """Take the round's final public parameters before step 2: the update instance of a
         sparse round over HTTP deals its shares before its layout (the union) is known. Only
         the length and encoding may change (ValueError otherwise)."""
-        old = self.spec
-        same = (old.round_id, old.cohort, old.neighbours, old.dropout, old.graph_seed, old.instance)
-        new = (spec.round_id, spec.cohort, spec.neighbours, spec.dropout, spec.graph_seed)
-        if (*new, spec.instance) != same:
+
+        def fixed(s: RoundSpec) -> tuple[object, ...]:
+            return (s.round_id, s.cohort, s.neighbours, s.dropout, s.graph_seed, s.instance)
+
+        if fixed(spec) != fixed(self.spec):
             raise ValueError("a round's cohort and neighbour graph cannot change")
         self.spec = spec
 
@@ -262,9 +263,8 @@ class Client:
             raw = self._c_secrets.get(peer)
             if raw is None:
                 raw = self._c_secrets[peer] = crypto.exchange(self._c_sk, peer)
-            lo, hi = min(self.id, v), max(self.id, v)
             purpose = f"shares-{self.spec.instance}"
-            self._share_keys[v] = crypto.derive(raw, purpose, self.spec.round_id, lo, hi)
+            self._share_keys[v] = crypto.pair_key(raw, purpose, self.spec.round_id, self.id, v)
         return self._share_keys[v]
 
     def masked(self, x: np.ndarray, received: Mapping[int, Shares]) -> Masked:
@@ -297,7 +297,7 @@ class Client:
         words, self.clipped = self.spec.fixed.encode(x)
         if len(words) != self.spec.length:
             raise ValueError(f"input has {len(words)} values, the round {self.spec.length}")
-        y = np.array(words, copy=True)  # masked in place from here
+        y = words  # encode's own fresh array: masked in place from here
         crypto.mask_into(y, crypto.derive(self._b, "self", r, self.id, self.id))
         for v in partners:
             key = crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from fedrecgel.config import DEFAULTS
 from fedrecgel.fixedpoint import FixedPoint, OverflowRefused
@@ -74,7 +75,10 @@ def test_masking_in_place_adds_and_subtracts_the_same_keystream_mod_the_word(bit
         x = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
         acc = x.copy()
         crypto.mask_into(acc, key)
-        stream = crypto.prg_words(key, n, bits)
+        # the AES-256-CTR keystream from counter 0, read as little-endian words
+        aes = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+        stream = np.frombuffer(aes.update(bytes(n * dtype.itemsize)), dtype=f"<u{dtype.itemsize}")
+        assert np.array_equal(crypto.prg_words(key, n, bits), stream)
         assert np.array_equal(acc, x + stream)  # wraps mod 2^w, as the protocol's sum does
         assert not np.array_equal(acc, x)
         crypto.mask_into(acc, key, subtract=True)
