@@ -13,7 +13,8 @@ import httpx
 
 @dataclass(frozen=True)
 class Exchange:
-    """One recorded HTTP exchange: the request and the response, bodies as sent."""
+    """One recorded HTTP exchange: the request and the response, bodies as sent (empty when
+    the transport keeps sizes only)."""
 
     method: str
     path: str
@@ -24,6 +25,9 @@ class Exchange:
     response_body: bytes
     #: wall seconds from sending the request to reading the whole response
     seconds: float = 0.0
+    #: the bodies' sizes in bytes (kept whether or not the bodies are)
+    request_bytes: int = 0
+    response_bytes: int = 0
 
     def bodies(self) -> list[tuple[str, str, bytes]]:
         """(direction, content type, body) of the non-empty bodies."""
@@ -36,10 +40,13 @@ class Exchange:
 
 
 class RecordingTransport(httpx.HTTPTransport):
-    """A real HTTP transport that keeps every request and response body it carries."""
+    """A real HTTP transport that keeps every request and response body it carries, or with
+    ``keep_bodies=False`` only their sizes (a benchmark that counts bytes should not hold a
+    whole run's bodies in memory: fresh memory for every body is a cost of its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_bodies: bool = True) -> None:
         super().__init__()
+        self.keep_bodies = keep_bodies
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
 
@@ -52,17 +59,20 @@ class RecordingTransport(httpx.HTTPTransport):
         response_body = response.read()
         response.close()
         seconds = time.perf_counter() - start
+        keep = self.keep_bodies
         with self._lock:
             self.exchanges.append(
                 Exchange(
                     request.method,
                     request.url.path,
                     request.headers.get("content-type", ""),
-                    request_body,
+                    request_body if keep else b"",
                     response.status_code,
                     response.headers.get("content-type", ""),
-                    response_body,
+                    response_body if keep else b"",
                     seconds,
+                    len(request_body),
+                    len(response_body),
                 )
             )
         return httpx.Response(

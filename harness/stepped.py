@@ -30,9 +30,10 @@ class Stepped:
         c: Cluster,
         split: Split,
         participant: type[SecureParticipant] = SecureParticipant,
+        keep_bodies: bool = True,
     ) -> None:
         self.c = c
-        self.recorder = RecordingTransport()
+        self.recorder = RecordingTransport(keep_bodies)
         self.workers = []
         for i in range(2):
             w = Worker(

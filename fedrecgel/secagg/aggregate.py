@@ -187,8 +187,10 @@ def update_spec(
 
 def sparse_input(cfg: ModelConfig, params: RunParams, u: Update, union: np.ndarray) -> np.ndarray:
     """B's input of a client: its (clipped) update on the rows of ``union``, times the gain
-    (:func:`row_gain`, applied in place: 2^ROW_GAIN_BITS on the item rows)."""
-    x = flatten(cfg, _clipped(params, u), union)
+    (:func:`row_gain`, applied in place: 2^ROW_GAIN_BITS on the item rows), in float32 (the
+    update's own precision; the gain, a power of two, is exact in it), which B's 32-bit
+    encoding takes in one pass."""
+    x = flatten(cfg, _clipped(params, u), union, np.float32)
     x[: row_values(cfg, union)] *= 2.0**ROW_GAIN_BITS
     return x
 

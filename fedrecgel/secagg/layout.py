@@ -13,6 +13,8 @@ client; an update that touches a row outside them is refused.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -50,21 +52,28 @@ def positions(rows: np.ndarray, items: np.ndarray) -> np.ndarray:
     return at
 
 
-def flatten(cfg: ModelConfig, u: Update, rows: np.ndarray | None = None) -> np.ndarray:
-    """``u`` densified into the fixed layout (float64, :func:`vector_length` values)."""
-    out = np.zeros(vector_length(cfg, rows), dtype=np.float64)
+def flatten(
+    cfg: ModelConfig,
+    u: Update,
+    rows: np.ndarray | None = None,
+    dtype: type[np.floating[Any]] = np.float64,
+) -> np.ndarray:
+    """``u`` densified into the fixed layout (:func:`vector_length` values of ``dtype``:
+    float32 holds a float32 update exactly, all but its loss slot)."""
+    shapes = _shapes(cfg, rows)
+    out = np.zeros(sum(int(np.prod(s)) for s in shapes.values()) + 1, dtype=dtype)
     start = 0
-    for name, shape in _shapes(cfg, rows).items():
+    for name, shape in shapes.items():
         size = int(np.prod(shape))
         view = out[start : start + size].reshape(shape)
         if name in u.rows:
             idx, vals = u.rows[name]
             at = idx.numpy() if rows is None else positions(rows, idx.numpy())
-            view[at] = vals.double().numpy()
+            view[at] = vals.numpy()  # cast on assignment, no copy of its own
         elif rows is not None and name in cfg.item_tables():
             raise ValueError(f"a dense {name} cannot be laid out on a subset of its rows")
         else:
-            view[...] = u.dense[name].double().numpy()
+            view[...] = u.dense[name].numpy()
         start += size
     out[start] = u.loss
     return out

@@ -4,8 +4,8 @@ over ``/v1/rounds/{r}/secagg``; the aggregator's side is :mod:`services.aggregat
 Each poll of an open round reads its phase and takes this worker's part of it once:
 
 * ``keys``: a fresh :class:`~fedrecgel.secagg.protocol.Client` per owned cohort member (new
-  keys every attempt, kept in memory only), its public keys sent; the round's client step
-  starts in a thread of its own, while the keys and shares go round;
+  keys every attempt, kept in memory only), its public keys sent; then the round's client
+  step is taken (it needs nothing of the protocol), while the other workers' keys come in;
 * ``shares``: each client secret-shares its mask key and self-mask seed to its neighbours,
   encrypted to each of them (the server only routes the ciphertexts);
 * ``masked``: the result of the round's client step (:class:`fedrecgel.client_round.ClientRound`,
@@ -97,8 +97,8 @@ class Attempt:
     done: set[str] = field(default_factory=set)
     outbox: dict[str, Iterable[Body]] = field(default_factory=dict)
     taken: dict[str, set[int]] = field(default_factory=dict)
-    #: the client step, started when the attempt is joined (it needs nothing of the protocol:
-    #: it runs while the keys and shares go round); its result, once the masked step took it
+    #: the client step, taken once the keys are sent (its result, or its failure, which the
+    #: masked step raises); its result, once the masked step took it
     training: Future[StepResult] | None = None
     result: StepResult | None = None
 
@@ -158,11 +158,12 @@ class SecureParticipant:
                 att.out = True
                 return False
             self._join(att, cfg, view.cohort)
-            att.training = self._train_in_background(cfg, att, len(view.cohort))
         if step not in att.outbox:
             att.outbox[step] = getattr(self, f"_{step}")(att, cfg, view)
         ok = self._send(att, step, att.outbox.pop(step))
         att.done.add(step)
+        if step == "keys":
+            att.training = self._train_now(cfg, att, len(view.cohort))
         if step == ("masked_b" if att.sparse else "masked") and ok:
             assert att.result is not None
             sent = [u for u in att.todo if u in ok]
@@ -172,19 +173,21 @@ class SecureParticipant:
             log.info("round %d attempt %d: %d masked inputs sent", key[1], key[2], len(sent))
         return True
 
-    def _train_in_background(
-        self, cfg: RunConfig, att: Attempt, cohort_size: int
-    ) -> Future[StepResult]:
-        """The attempt's client step, in a thread of its own (which ends with it)."""
-        trainer = ThreadPoolExecutor(1, thread_name_prefix="secagg-train")
+    def _train_now(self, cfg: RunConfig, att: Attempt, cohort_size: int) -> Future[StepResult]:
+        """The attempt's client step, taken now, its failure kept for the masked step. Not in a
+        thread beside the protocol's work: the step's many small tensor operations and the
+        key agreements (which hold the GIL) then hand the GIL back and forth, and the worker's
+        time went to that (``bench/secagg_http.py``: 0.4 s of system time a round, gone)."""
+        done: Future[StepResult] = Future()
         try:
-            return trainer.submit(self.compute, cfg, att.version, att.key[1], att.todo, cohort_size)
-        finally:
-            trainer.shutdown(wait=False)
+            done.set_result(self.compute(cfg, att.version, att.key[1], att.todo, cohort_size))
+        except Exception as err:  # raised by the masked step, which computes anew next poll
+            done.set_exception(err)
+        return done
 
     def _trained(self, att: Attempt, cfg: RunConfig, cohort_size: int) -> StepResult:
-        """The attempt's client step: the one started at the join, or (when that one failed, or
-        none was started) one taken now; a failure raises, and the next poll computes anew."""
+        """The attempt's client step: the one taken after the keys, or (when that one failed, or
+        none was taken) one taken now; a failure raises, and the next poll computes anew."""
         started, att.training = att.training, None
         if started is not None:
             return started.result()

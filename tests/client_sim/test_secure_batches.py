@@ -2,7 +2,7 @@
 (:meth:`SecureParticipant._masked_bodies`), within a byte budget, each body built while the one
 before it is sent; a client the aggregator refuses on its own in a batch leaves the attempt,
 the batch's others stay; a send that fails and may be retried keeps every unsent body, built
-once."""
+once; the client step taken after the keys keeps its failure for the masked step."""
 
 from __future__ import annotations
 
@@ -90,3 +90,22 @@ def test_bodies_are_built_as_they_are_sent_and_a_failed_send_keeps_the_rest_buil
     ok = p._send(att, "masked", att.outbox.pop("masked"))
     assert ok == set(range(6)) and set(att.clients) == set(range(6))
     assert fake.sent[2:] == [body for _, body in kept]
+
+
+def test_a_client_step_failed_after_the_keys_raises_at_the_masked_step_then_runs_anew() -> None:
+    calls: list[list[int]] = []
+
+    def compute(cfg: Any, version: int, r: int, users: list[int], n: int) -> Any:
+        calls.append(users)
+        if len(calls) == 1:
+            raise RuntimeError("the step failed")
+        return "the step's result"
+
+    p = SecureParticipant(None, None, compute)  # type: ignore[arg-type]
+    att = Attempt((1, 1, 0), 0, [4, 5])
+    att.training = p._train_now(None, att, 2)  # type: ignore[arg-type]
+    assert calls == [[4, 5]]  # taken at once, in this thread
+    with pytest.raises(RuntimeError, match="the step failed"):
+        p._trained(att, None, 2)  # type: ignore[arg-type]
+    assert p._trained(att, None, 2) == "the step's result"  # type: ignore[arg-type,comparison-overlap]
+    assert calls == [[4, 5], [4, 5]]
