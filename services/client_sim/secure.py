@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ from fedrecgel.secagg.aggregate import (
     update_spec,
 )
 from fedrecgel.secagg.layout import flatten
-from fedrecgel.secagg.protocol import Client, Keys, RoundFailed, RoundSpec, Shares
+from fedrecgel.secagg.protocol import Client, Keys, MaskPlan, RoundFailed, RoundSpec, Shares
 from fedrecgel.strategy import clip_update
 from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
 from services.client_sim.store import WorkerStore
@@ -335,19 +336,35 @@ class SecureParticipant:
     ) -> Iterator[tuple[int, bytes]]:
         """Client ``u``'s masked input ``x`` of ``step``, encoded (none when the client leaves
         the attempt)."""
-        r = att.key[1]
+        plan = SecureParticipant._plan(att, step, u, c, got)
+        if plan is not None:
+            yield SecureParticipant._apply(att, u, c, x, plan)
+
+    @staticmethod
+    def _plan(
+        att: Attempt, step: str, u: int, c: Client, got: dict[int, Shares]
+    ) -> MaskPlan | None:
+        """Client ``u``'s mask keys (:meth:`Client.plan`), or None when it leaves the attempt."""
         try:
-            masked = messages.encode_masked(c.masked(x, got))
+            return c.plan(got)
         except RoundFailed as err:
-            log.warning("round %d: %s", r, err)
+            log.warning("round %d: %s", att.key[1], err)
             for clients in att.joined(step):
                 clients.pop(u, None)
-            return
+            return None
+
+    @staticmethod
+    def _apply(att: Attempt, u: int, c: Client, x: np.ndarray, plan: MaskPlan) -> tuple[int, bytes]:
+        """Client ``u``'s input ``x`` masked by ``plan``, encoded."""
+        masked = messages.encode_masked(c.apply(x, plan))
         if c.clipped:
             log.warning(
-                "round %d: client %d had %d values beyond the fixed-point range", r, u, c.clipped
+                "round %d: client %d had %d values beyond the fixed-point range",
+                att.key[1],
+                u,
+                c.clipped,
             )
-        yield u, masked
+        return u, masked
 
     def _reveal(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "a")
@@ -378,17 +395,24 @@ class SecureParticipant:
         uploads = dict(zip(att.todo, att.result.uploads, strict=True))
         received = self._received(att.clients_b, view)
 
-        def one(client: tuple[int, Client]) -> list[tuple[int, bytes]]:
-            u, c = client
-            c.respec(spec)
-            x = sparse_input(model, cfg, uploads[u], union)
-            return list(self._mask(att, "masked_b", u, c, x, received[u]))
+        def one(u: int, c: Client, plan: MaskPlan) -> tuple[int, bytes]:
+            return self._apply(att, u, c, sparse_input(model, cfg, uploads[u], union), plan)
 
         def inputs() -> Iterator[tuple[int, bytes]]:
-            # the clients' inputs masked in MASK_THREADS threads, read in the clients' order
+            # each client's mask keys taken here (agreements hold the GIL), its input laid out,
+            # encoded and masked in MASK_THREADS threads (keystreams release it), read in the
+            # clients' order as they are done
             with ThreadPoolExecutor(MASK_THREADS, thread_name_prefix="secagg-mask") as masking:
-                for done in masking.map(one, list(att.clients_b.items())):
-                    yield from done
+                queued: deque[Future[tuple[int, bytes]]] = deque()
+                for u, c in list(att.clients_b.items()):
+                    c.respec(spec)
+                    plan = self._plan(att, "masked_b", u, c, received[u])
+                    if plan is not None:
+                        queued.append(masking.submit(one, u, c, plan))
+                    while queued and queued[0].done():
+                        yield queued.popleft().result()
+                while queued:
+                    yield queued.popleft().result()
 
         return self._masked_bodies(inputs())
 
