@@ -17,6 +17,9 @@ RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.j
 HTTP = RES.with_name("secagg_http.json")
 #: the same bench before a worker sent its masked inputs in batches (one request per client)
 HTTP_BEFORE = RES.with_name("secagg_http_before.json")
+#: the same bench before the worker stopped training beside the protocol and the recording
+#: kept sizes only (the stop before 2026-12-06's third session)
+HTTP_EARLIER = RES.with_name("secagg_http_earlier.json")
 ROWS = RES.with_name("secagg_rows.json")
 POOL = RES.with_name("negative_pool.json")
 
@@ -148,6 +151,7 @@ def http_section() -> list[str]:
         return []
     d: dict[str, Any] = json.loads(HTTP.read_text())
     old: dict[str, Any] = json.loads(HTTP_BEFORE.read_text()) if HTTP_BEFORE.exists() else {}
+    earlier: dict[str, Any] = json.loads(HTTP_EARLIER.read_text()) if HTTP_EARLIER.exists() else {}
     arms = [("plain", "off"), ("secure, dense", "dense"), ("secure, sparse", "sparse")]
     lines = [
         "",
@@ -157,7 +161,9 @@ def http_section() -> list[str]:
         f"cohorts of {d['off']['cohort']}, 2 shards, every arm's negatives from the same public "
         f"pool of {d.get('negative_pool')} items) plain, with `secure_aggregation=dense` and with",
         "`secure_aggregation=sparse`, the real aggregator process (SQLite) and both workers",
-        "stepped in one process behind a recording transport. Bytes are every body the workers",
+        "stepped in one process behind a recording transport (which keeps the bodies' sizes",
+        "only: holding every body of a run made each new body fresh memory, a cost of the",
+        "bench, not of the protocol, and larger in the secure arms). Bytes are every body the workers",
         "sent for training (plain: `/updates`; secure: the `/secagg` steps); seconds are each",
         "run's wall time over its rounds. The machine is shared and its speed drifts by tens of",
         f"percent within minutes, so the three arms ran {d.get('repeats', 1)} times, interleaved:",
@@ -166,11 +172,15 @@ def http_section() -> list[str]:
         "requests*: the bodies of masked inputs a round (sparse: instance A + instance B), a",
         "worker's clients' inputs sent in batches of up to 8 MiB, each masked while the one",
         "before it is on the wire; *before batching*: the same bench when each client's masked",
-        "input was a request of its own (`bench/results/secagg_http_before.json`). Target:",
-        "secure <= 2x plain in bytes and in time.",
+        "input was a request of its own (`bench/results/secagg_http_before.json`); *earlier*:",
+        "each arm's seconds in the committed run before the worker took its client step apart",
+        "from the protocol's threads and the recording kept sizes only",
+        "(`bench/results/secagg_http_earlier.json`). Target: secure <= 2x plain in bytes and in",
+        "time.",
         "",
         "| mode | upload per round (MB) | secagg reads per round (MB) | masked requests per round "
-        "| seconds per round | bytes / plain | seconds / plain | seconds / plain before batching |",
+        "| seconds per round (earlier) | bytes / plain | seconds / plain "
+        "| seconds / plain before batching |",
         "|---|---|---|---|---|---|---|---|",
     ]
     p = d["off"]
@@ -187,10 +197,15 @@ def http_section() -> list[str]:
             r = d["ratio"][f"{key}/off"]
             each = ", ".join(f"{x:.2f}" for x in r.get("seconds_runs", []))
             seconds = f"{r['seconds']:.2f}x" + (f" ({each})" if each else "")
+            if f"{key}/off" in earlier.get("ratio", {}):
+                seconds += f"; earlier {earlier['ratio'][f'{key}/off']['seconds']:.2f}x"
+        own = f"{a['seconds_per_round']:.2f}"
+        if key in earlier:
+            own += f" ({earlier[key]['seconds_per_round']:.2f})"
         lines.append(
             f"| {name} | {_mb(a['upload_bytes_per_round'])} | {_mb(reads) if reads else '-'} | "
             f"{_masked_requests(a, d['rounds']) if key != 'off' else '-'} | "
-            f"{a['seconds_per_round']:.2f} | "
+            f"{own} | "
             f"{a['upload_bytes_per_round'] / p['upload_bytes_per_round']:.2f}x | "
             f"{seconds} | {before} |"
         )
