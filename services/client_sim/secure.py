@@ -304,20 +304,42 @@ class SecureParticipant:
         # the step of every owned cohort member, as a plain round takes it (the same batch)
         att.result = result = self._trained(att, cfg, len(view.cohort))
         model = cfg.model()
+        uploads = dict(zip(att.todo, result.uploads, strict=True))
 
-        def inputs() -> Iterator[tuple[int, bytes]]:
-            for i, u in enumerate(att.todo):
-                c = att.clients.get(u)
-                if c is None:
-                    continue
-                upd = result.uploads[i]
-                if att.pool is not None:  # A: the items it touches outside the pool
-                    x = item_indicator(model, upd, att.pool)
-                else:
-                    x = flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
-                yield from self._mask(att, "masked", u, c, x, received[u])
+        def make(u: int) -> np.ndarray:
+            upd = uploads[u]
+            if att.pool is not None:  # A: the items it touches outside the pool
+                return item_indicator(model, upd, att.pool)
+            return flatten(model, clip_update(upd, cfg.clip) if cfg.clip is not None else upd)
 
-        return self._masked_bodies(inputs())
+        return self._masked_bodies(self._masked_inputs(att, "masked", att.clients, received, make))
+
+    def _masked_inputs(
+        self,
+        att: Attempt,
+        step: str,
+        clients: dict[int, Client],
+        received: dict[int, dict[int, Shares]],
+        make: Callable[[int], np.ndarray],
+    ) -> Iterator[tuple[int, bytes]]:
+        """Each client's masked input of ``step``, encoded, in the clients' order: its mask
+        keys taken here (share checks and key agreements hold the GIL), its input (``make``)
+        laid out, encoded and masked in :data:`MASK_THREADS` threads (the keystreams release
+        it), each read as soon as it and the ones before it are done."""
+
+        def one(u: int, c: Client, plan: MaskPlan) -> tuple[int, bytes]:
+            return self._apply(att, u, c, make(u), plan)
+
+        with ThreadPoolExecutor(MASK_THREADS, thread_name_prefix="secagg-mask") as masking:
+            queued: deque[Future[tuple[int, bytes]]] = deque()
+            for u, c in list(clients.items()):
+                plan = self._plan(att, step, u, c, received[u])
+                if plan is not None:
+                    queued.append(masking.submit(one, u, c, plan))
+                while queued and queued[0].done():
+                    yield queued.popleft().result()
+            while queued:
+                yield queued.popleft().result()
 
     @staticmethod
     def _masked_bodies(
@@ -329,16 +351,6 @@ class SecureParticipant:
         head, each = len(messages.BATCH_MAGIC) + 4, 16  # the count; a client's id and length
         for part in _packed(inputs, budget, head, each):
             yield [u for u, _ in part], messages.encode_masked_batch(part)
-
-    @staticmethod
-    def _mask(
-        att: Attempt, step: str, u: int, c: Client, x: np.ndarray, got: dict[int, Shares]
-    ) -> Iterator[tuple[int, bytes]]:
-        """Client ``u``'s masked input ``x`` of ``step``, encoded (none when the client leaves
-        the attempt)."""
-        plan = SecureParticipant._plan(att, step, u, c, got)
-        if plan is not None:
-            yield SecureParticipant._apply(att, u, c, x, plan)
 
     @staticmethod
     def _plan(
@@ -395,26 +407,16 @@ class SecureParticipant:
         uploads = dict(zip(att.todo, att.result.uploads, strict=True))
         received = self._received(att.clients_b, view)
 
-        def one(u: int, c: Client, plan: MaskPlan) -> tuple[int, bytes]:
-            return self._apply(att, u, c, sparse_input(model, cfg, uploads[u], union), plan)
-
-        def inputs() -> Iterator[tuple[int, bytes]]:
-            # each client's mask keys taken here (agreements hold the GIL), its input laid out,
-            # encoded and masked in MASK_THREADS threads (keystreams release it), read in the
-            # clients' order as they are done
-            with ThreadPoolExecutor(MASK_THREADS, thread_name_prefix="secagg-mask") as masking:
-                queued: deque[Future[tuple[int, bytes]]] = deque()
-                for u, c in list(att.clients_b.items()):
-                    c.respec(spec)
-                    plan = self._plan(att, "masked_b", u, c, received[u])
-                    if plan is not None:
-                        queued.append(masking.submit(one, u, c, plan))
-                    while queued and queued[0].done():
-                        yield queued.popleft().result()
-                while queued:
-                    yield queued.popleft().result()
-
-        return self._masked_bodies(inputs())
+        for c in att.clients_b.values():
+            c.respec(spec)
+        inputs = self._masked_inputs(
+            att,
+            "masked_b",
+            att.clients_b,
+            received,
+            lambda u: sparse_input(model, cfg, uploads[u], union),
+        )
+        return self._masked_bodies(inputs)
 
     def _reveal_b(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "b")
