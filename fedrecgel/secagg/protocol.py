@@ -154,15 +154,6 @@ class Masked:
 
 
 @dataclass(frozen=True)
-class MaskPlan:
-    """What step 2 adds to a client's encoded input: the keys of its masks (its self mask's
-    first, then one per partner) with whether each is subtracted, and its complaints."""
-
-    keys: tuple[tuple[bytes, bool], ...]
-    complaints: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class Reveal:
     """Step 3: a client's shares of surviving neighbours' ``b`` and dropped ones' ``s_sk``."""
 
@@ -278,13 +269,7 @@ class Client:
 
     def masked(self, x: np.ndarray, received: Mapping[int, Shares]) -> Masked:
         """Step 2: store the shares addressed to this client (``received``: the step-1
-        messages of the neighbours that sent one), then mask ``x``: :meth:`plan`, then
-        :meth:`apply`."""
-        return self.apply(x, self.plan(received))
-
-    def plan(self, received: Mapping[int, Shares]) -> MaskPlan:
-        """Step 2's first half: store the shares addressed to this client, and take the keys
-        of its masks (the key agreements and share checks, which hold the GIL)."""
+        messages of the neighbours that sent one), then mask ``x``."""
         r = self.spec.round_id
         complaints = []
         partners = []
@@ -309,22 +294,15 @@ class Client:
         if len(partners) < self.t:
             raise RoundFailed(f"client {self.id}: {len(partners)} partners, {self.t} needed")
         self._partners = tuple(partners)
-        keys = [(crypto.derive(self._b, "self", r, self.id, self.id), False)]
-        for v in partners:
-            key = crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v)
-            keys.append((key, _sign(self.id, v) < 0))
-        return MaskPlan(tuple(keys), tuple(complaints))
-
-    def apply(self, x: np.ndarray, plan: MaskPlan) -> Masked:
-        """Step 2's second half: ``x`` encoded and masked by ``plan`` (the keystreams and
-        their sums, which release the GIL: clients' inputs can be masked in threads)."""
         words, self.clipped = self.spec.fixed.encode(x)
         if len(words) != self.spec.length:
             raise ValueError(f"input has {len(words)} values, the round {self.spec.length}")
         y = words  # encode's own fresh array: masked in place from here
-        for key, subtract in plan.keys:
-            crypto.mask_into(y, key, subtract=subtract)
-        return Masked(self.id, y, plan.complaints)
+        crypto.mask_into(y, crypto.derive(self._b, "self", r, self.id, self.id))
+        for v in partners:
+            key = crypto.agree(self._s_sk, self._keys[v].s_pk, "mask", r, self.id, v)
+            crypto.mask_into(y, key, subtract=_sign(self.id, v) < 0)
+        return Masked(self.id, y, tuple(complaints))
 
     def reveal(self, survivors: Iterable[int], dropped: Iterable[int]) -> Reveal:
         """Step 3: shares of survivors' ``b`` and dropped clients' ``s_sk`` (refuses a request

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +53,7 @@ from fedrecgel.secagg.aggregate import (
     update_spec,
 )
 from fedrecgel.secagg.layout import flatten
-from fedrecgel.secagg.protocol import Client, Keys, MaskPlan, RoundFailed, RoundSpec, Shares
+from fedrecgel.secagg.protocol import Client, Keys, RoundFailed, RoundSpec, Shares
 from fedrecgel.strategy import clip_update
 from services.client_sim.aggregator_client import AggregatorCallError, AggregatorClient
 from services.client_sim.store import WorkerStore
@@ -70,9 +68,6 @@ JSON_BODY_BYTES = 1 << 20
 #: one about 0.6 MB): small enough that a worker masks its next batch while the last one is on
 #: the wire; a single input larger than this still goes, alone
 MASKED_BODY_BYTES = 8 << 20
-#: threads that mask the update instance's inputs of a worker's clients (the keystreams and
-#: their sums release the GIL), at most the machine's cores
-MASK_THREADS = min(2, os.cpu_count() or 1)
 #: the round's client step of some users from a model version: (cfg, version, round, users,
 #: cohort size) -> their uploads and new private state
 Compute = Callable[[RunConfig, int, int, list[int], int], StepResult]
@@ -178,7 +173,7 @@ class SecureParticipant:
         """The attempt's client step, taken now, its failure kept for the masked step. Not in a
         thread beside the protocol's work: the step's many small tensor operations and the
         key agreements (which hold the GIL) then hand the GIL back and forth, and the worker's
-        time went to that (``bench/secagg_http.py``: 0.4 s of system time a round, gone)."""
+        time went to that (``bench/secagg_http.py``: 0.3 s of system time a round, gone)."""
         done: Future[StepResult] = Future()
         try:
             done.set_result(self.compute(cfg, att.version, att.key[1], att.todo, cohort_size))
@@ -322,24 +317,11 @@ class SecureParticipant:
         received: dict[int, dict[int, Shares]],
         make: Callable[[int], np.ndarray],
     ) -> Iterator[tuple[int, bytes]]:
-        """Each client's masked input of ``step``, encoded, in the clients' order: its mask
-        keys taken here (share checks and key agreements hold the GIL), its input (``make``)
-        laid out, encoded and masked in :data:`MASK_THREADS` threads (the keystreams release
-        it), each read as soon as it and the ones before it are done."""
-
-        def one(u: int, c: Client, plan: MaskPlan) -> tuple[int, bytes]:
-            return self._apply(att, u, c, make(u), plan)
-
-        with ThreadPoolExecutor(MASK_THREADS, thread_name_prefix="secagg-mask") as masking:
-            queued: deque[Future[tuple[int, bytes]]] = deque()
-            for u, c in list(clients.items()):
-                plan = self._plan(att, step, u, c, received[u])
-                if plan is not None:
-                    queued.append(masking.submit(one, u, c, plan))
-                while queued and queued[0].done():
-                    yield queued.popleft().result()
-            while queued:
-                yield queued.popleft().result()
+        """Each client's masked input of ``step`` (its input: ``make``), encoded, in the
+        clients' order, built as it is read (masking threads were measured to gain nothing:
+        the key agreements hold the GIL, and inputs masked ahead are fresh memory)."""
+        for u, c in list(clients.items()):
+            yield from self._mask(att, step, u, c, make(u), received[u])
 
     @staticmethod
     def _masked_bodies(
@@ -353,30 +335,24 @@ class SecureParticipant:
             yield [u for u, _ in part], messages.encode_masked_batch(part)
 
     @staticmethod
-    def _plan(
-        att: Attempt, step: str, u: int, c: Client, got: dict[int, Shares]
-    ) -> MaskPlan | None:
-        """Client ``u``'s mask keys (:meth:`Client.plan`), or None when it leaves the attempt."""
+    def _mask(
+        att: Attempt, step: str, u: int, c: Client, x: np.ndarray, got: dict[int, Shares]
+    ) -> Iterator[tuple[int, bytes]]:
+        """Client ``u``'s masked input ``x`` of ``step``, encoded (none when the client leaves
+        the attempt)."""
+        r = att.key[1]
         try:
-            return c.plan(got)
+            masked = messages.encode_masked(c.masked(x, got))
         except RoundFailed as err:
-            log.warning("round %d: %s", att.key[1], err)
+            log.warning("round %d: %s", r, err)
             for clients in att.joined(step):
                 clients.pop(u, None)
-            return None
-
-    @staticmethod
-    def _apply(att: Attempt, u: int, c: Client, x: np.ndarray, plan: MaskPlan) -> tuple[int, bytes]:
-        """Client ``u``'s input ``x`` masked by ``plan``, encoded."""
-        masked = messages.encode_masked(c.apply(x, plan))
+            return
         if c.clipped:
             log.warning(
-                "round %d: client %d had %d values beyond the fixed-point range",
-                att.key[1],
-                u,
-                c.clipped,
+                "round %d: client %d had %d values beyond the fixed-point range", r, u, c.clipped
             )
-        return u, masked
+        yield u, masked
 
     def _reveal(self, att: Attempt, cfg: RunConfig, view: SecAggRound) -> Bodies:
         return self._reveals(att, view, "a")

@@ -4,7 +4,6 @@ bound, Shamir sharing, and the protocol round with dropouts and malformed shares
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -213,29 +212,6 @@ def test_a_corrupted_share_ciphertext_is_refused_by_its_receiver() -> None:
     r = secure_sum(spec, x, Faults(bad_seal=frozenset({(sender, receiver)})))
     assert r.outcome.complaints == {receiver: (sender,)}
     assert np.abs(r.outcome.total - plain_sum(x)).max() <= len(COHORT) * spec.fixed.step
-
-
-def test_a_clients_mask_plan_applied_in_other_threads_gives_its_masked_input() -> None:
-    spec = make(6, COHORT[:6], neighbours=2)
-    server = Server(spec)
-    clients = {u: Client(spec, u) for u in spec.cohort}
-    for u in spec.cohort:
-        server.add_keys(clients[u].advertise())
-    for u in spec.cohort:
-        server.add_shares(clients[u].share(server.keys_for(u)))
-    x = inputs(5, spec.cohort)
-    plans = {u: c.plan(server.shares_for(u)) for u, c in clients.items()}
-    for u, plan in plans.items():
-        assert len(plan.keys) == 1 + len(spec.neighbours_of(u))  # the self mask, each partner
-        assert [sub for _, sub in plan.keys[1:]] == [v < u for v in spec.neighbours_of(u)]
-    with ThreadPoolExecutor(3) as pool:
-        done = pool.map(lambda u: clients[u].apply(x[u], plans[u]), plans)
-        applied = dict(zip(plans, done, strict=True))
-    for u, c in clients.items():
-        assert np.array_equal(applied[u].y, c.masked(x[u], server.shares_for(u)).y)
-        server.add_masked(applied[u])
-    out = server.unmask([c.reveal(*server.survivors()) for c in clients.values()])
-    assert np.abs(out.total - plain_sum(x)).max() <= len(spec.cohort) * spec.fixed.step
 
 
 def test_a_client_never_reveals_both_secrets_of_one_client() -> None:
