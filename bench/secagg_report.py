@@ -17,8 +17,8 @@ RES = Path(__file__).resolve().parents[1] / "bench" / "results" / "secagg_cost.j
 HTTP = RES.with_name("secagg_http.json")
 #: the same bench before a worker sent its masked inputs in batches (one request per client)
 HTTP_BEFORE = RES.with_name("secagg_http_before.json")
-#: the same bench before the worker stopped training beside the protocol and the recording
-#: kept sizes only (the stop before 2026-12-06's third session)
+#: the same bench before the worker took its client step out of a thread of its own and the
+#: recording kept the bodies' sizes only
 HTTP_EARLIER = RES.with_name("secagg_http_earlier.json")
 ROWS = RES.with_name("secagg_rows.json")
 POOL = RES.with_name("negative_pool.json")
@@ -163,9 +163,9 @@ def http_section() -> list[str]:
         "`secure_aggregation=sparse`, the real aggregator process (SQLite) and both workers",
         "stepped in one process behind a recording transport (which keeps the bodies' sizes",
         "only: holding every body of a run made each new body fresh memory, a cost of the",
-        "bench, not of the protocol, and larger in the secure arms). Bytes are every body the workers",
-        "sent for training (plain: `/updates`; secure: the `/secagg` steps); seconds are each",
-        "run's wall time over its rounds. The machine is shared and its speed drifts by tens of",
+        "bench, not of the protocol, and larger in the secure arms). Bytes are every body the",
+        "workers sent for training (plain: `/updates`; secure: the `/secagg` steps); seconds",
+        "are each run's wall time over its rounds. The machine is shared and its speed drifts by tens of",
         f"percent within minutes, so the three arms ran {d.get('repeats', 1)} times, interleaved:",
         "seconds per round are each arm's median, *seconds / plain* the median of the repeats'",
         "ratios (each repeat's in brackets); read the ratios, not the absolute figures. *Masked",
@@ -173,8 +173,8 @@ def http_section() -> list[str]:
         "worker's clients' inputs sent in batches of up to 8 MiB, each masked while the one",
         "before it is on the wire; *before batching*: the same bench when each client's masked",
         "input was a request of its own (`bench/results/secagg_http_before.json`); *earlier*:",
-        "each arm's seconds in the committed run before the worker took its client step apart",
-        "from the protocol's threads and the recording kept sizes only",
+        "each arm's seconds in the committed run before the worker took its client step out of",
+        "a thread of its own and the recording kept the bodies' sizes only",
         "(`bench/results/secagg_http_earlier.json`). Target: secure <= 2x plain in bytes and in",
         "time.",
         "",
