@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report_common import as_module
+from bench.report_common import as_module, load_result
 from fedrecgel.model import ModelConfig
 from fedrecgel.secagg.layout import vector_length
 
@@ -150,8 +150,8 @@ def http_section() -> list[str]:
     if not HTTP.exists():
         return []
     d: dict[str, Any] = json.loads(HTTP.read_text())
-    old: dict[str, Any] = json.loads(HTTP_BEFORE.read_text()) if HTTP_BEFORE.exists() else {}
-    earlier: dict[str, Any] = json.loads(HTTP_EARLIER.read_text()) if HTTP_EARLIER.exists() else {}
+    old: dict[str, Any] = load_result(HTTP_BEFORE) or {}
+    earlier: dict[str, Any] = load_result(HTTP_EARLIER) or {}
     arms = [("plain", "off"), ("secure, dense", "dense"), ("secure, sparse", "sparse")]
     lines = [
         "",

@@ -60,10 +60,9 @@ def flatten(
 ) -> np.ndarray:
     """``u`` densified into the fixed layout (:func:`vector_length` values of ``dtype``:
     float32 holds a float32 update exactly, all but its loss slot)."""
-    shapes = _shapes(cfg, rows)
-    out = np.zeros(sum(int(np.prod(s)) for s in shapes.values()) + 1, dtype=dtype)
+    out = np.zeros(vector_length(cfg, rows), dtype=dtype)
     start = 0
-    for name, shape in shapes.items():
+    for name, shape in _shapes(cfg, rows).items():
         size = int(np.prod(shape))
         view = out[start : start + size].reshape(shape)
         if name in u.rows:
