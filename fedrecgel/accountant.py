@@ -134,6 +134,8 @@ class PrivacyPlan:
     delta: float
     rounds: int  # rounds the run takes: its configured rounds, or fewer to stay within target
     target_epsilon: float | None
+    #: adaptive clipping: the quantile of the upload norms C follows (``clip`` is the first C)
+    clip_quantile: float | None = None
 
     @property
     def denominator(self) -> float:
@@ -141,9 +143,26 @@ class PrivacyPlan:
         return float(self.cohort) if self.sampling == "fixed" else self.q * self.n_users
 
     @property
+    def count_sigma(self) -> float:
+        """Adaptive clipping: the noise std on the count of clients within C, each counting
+        +1/2 or -1/2: the denominator / 20 (Andrew et al. 2021), at least z."""
+        return max(self.denominator / 20.0, self.noise)
+
+    @property
+    def sum_noise(self) -> float:
+        """The noise multiplier of the sum. With adaptive clipping the round releases the sum
+        (sensitivity C, noise z_s*C) and the count (sensitivity 1/2, noise s): together one
+        Gaussian release of multiplier z when 1/z^2 = 1/z_s^2 + 1/(2s)^2, so
+        z_s = (z^-2 - (2s)^-2)^(-1/2); without it, z."""
+        if self.clip_quantile is None or self.noise <= 0:
+            return self.noise
+        return (self.noise**-2 - (2.0 * self.count_sigma) ** -2) ** -0.5
+
+    @property
     def server_sigma(self) -> float:
-        """Noise the server adds to the sum: z*C in central mode, none in distributed mode."""
-        return self.noise * self.clip if self.mode == "central" else 0.0
+        """Noise the server adds to the sum at the first C: z*C in central mode (z_s*C with
+        adaptive clipping), none in distributed mode."""
+        return self.sum_noise * self.clip if self.mode == "central" else 0.0
 
     @property
     def local_sigma(self) -> float:
@@ -217,6 +236,7 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
         delta=delta,
         rounds=params.rounds,
         target_epsilon=target,
+        clip_quantile=params.dp_clip_quantile,
     )
     if target is not None and params.dp_noise is not None:
         allowed = rounds_within(plan, target, params.rounds)

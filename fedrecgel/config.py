@@ -226,6 +226,14 @@ class RunParams(BaseModel):
         description="DP: each client clips its whole upload to this L2 norm (the dp_* "
         "settings only act in a DP run: dp_noise or target_epsilon set).",
     )
+    dp_clip_quantile: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="DP: adapt the clip norm every round towards this quantile of the cohort's "
+        "upload norms, estimated under the same budget (Andrew et al. 2021; dp_clip is then "
+        "the first round's norm). Central DP only.",
+    )
     dp_noise: float | None = Field(
         default=None,
         ge=0.0,
@@ -324,6 +332,11 @@ class RunParams(BaseModel):
         dp = self.dp_noise is not None or self.target_epsilon is not None
         if dp and self.weighting != "mean":
             raise ValueError("a DP run needs weighting 'mean' (a sample weight is not bounded)")
+        if self.dp_clip_quantile is not None and self.dp_mode != "central":
+            raise ValueError(
+                "dp_clip_quantile needs dp_mode central: the server adds the noise of the "
+                "clients' clip-norm count as it adds the noise of their sum"
+            )
         return self
 
     def quorum_count(self, cohort_size: int) -> int:

@@ -103,12 +103,50 @@ def seeded_generator(seed: int, *key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) & ((1 << 63) - 1))
 
 
+class AdaptiveClip:
+    """Adaptive clipping (Andrew et al. 2021): the clip norm C follows a quantile of the
+    cohorts' upload norms, estimated under the run's privacy budget.
+
+    Each client reports whether its upload's norm was within the round's C (as +1/2 or -1/2);
+    the server adds N(0, ``count_sigma``^2) to their sum, divides it by the public denominator
+    and adds 1/2: a noisy share b of the cohort within C. Then C <- C * exp(-lr * (b -
+    quantile)): C shrinks while more than the quantile fit and grows while fewer do. C for
+    round t+1 depends on released values only, so the rounds compose as before; the plan's
+    sum noise z_s (:attr:`fedrecgel.accountant.PrivacyPlan.sum_noise`) leaves room for the
+    count's noise in the same budget.
+    """
+
+    #: step of the geometric update (the paper's)
+    LR = 0.2
+
+    def __init__(
+        self, plan: PrivacyPlan, generator: torch.Generator, lr: float = LR
+    ) -> None:
+        assert plan.clip_quantile is not None
+        self.clip = plan.clip
+        self.quantile = plan.clip_quantile
+        self.count_sigma = plan.count_sigma
+        self.denominator = plan.denominator
+        self.lr = lr
+        self.generator = generator
+        #: the noisy share within C of the last update (None before the first)
+        self.share: float | None = None
+
+    def update(self, within: int, reports: int) -> float:
+        """The next C from ``within`` of ``reports`` clients within the current one."""
+        noise = self.count_sigma * float(torch.randn((), generator=self.generator))
+        self.share = (within - reports / 2.0 + noise) / self.denominator + 0.5
+        self.clip *= math.exp(-self.lr * (self.share - self.quantile))
+        return self.clip
+
+
 class GaussianMean(Wrapped):
     """Central DP: the inner strategy's optimizer step on (sum + N(0, (z*C)^2)) / denominator.
 
     ``noise_std`` is z*C for central DP and 0 for distributed DP (the clients added theirs).
     Every upload must already be within ``bound`` (the clients clip; the server refused any
-    upload beyond it): this checks it again and raises ValueError otherwise.
+    upload beyond it): this checks it again and raises ValueError otherwise. With ``adaptive``
+    clipping both follow its current C: noise ``noise_multiplier`` * C, bound C.
     """
 
     def __init__(
@@ -118,12 +156,16 @@ class GaussianMean(Wrapped):
         noise_std: float,
         denominator: float,
         generator: torch.Generator,
+        adaptive: AdaptiveClip | None = None,
+        noise_multiplier: float = 0.0,
     ) -> None:
         self.inner = inner
         self.bound = bound
         self.noise_std = noise_std
         self.denominator = denominator
         self.generator = generator
+        self.adaptive = adaptive
+        self.noise_multiplier = noise_multiplier
 
     def aggregate(
         self,
@@ -132,6 +174,9 @@ class GaussianMean(Wrapped):
         cohort_size: float | None = None,
     ) -> dict[str, Tensor]:
         """Noisy mean of the uploads over the public ``cohort_size`` (the planned one if None)."""
+        if self.adaptive is not None:
+            self.bound = norm_bound(self.adaptive.clip, 0.0, shapes)
+            self.noise_std = self.noise_multiplier * self.adaptive.clip
         for u in updates:
             if update_norm(u) > self.bound:
                 raise ValueError(f"client {u.client_id}: upload norm beyond {self.bound:g}")
@@ -149,12 +194,19 @@ def with_privacy(
     """The DP strategy of a run's ``plan`` around its optimizer strategy ``inner`` (its norm
     check: C in central mode; in distributed mode the server's ingest checks the bound of
     each round's noise share)."""
+    adaptive = None
+    if plan.clip_quantile is not None:
+        # the count's noise: a stream of its own, seeded from the run's
+        seed = int(torch.randint(0, 1 << 62, (), generator=generator))
+        adaptive = AdaptiveClip(plan, torch.Generator().manual_seed(seed ^ 0xC11F))
     return GaussianMean(
         inner,
         norm_bound(plan.clip, 0.0, shapes) if plan.mode == "central" else math.inf,
         plan.server_sigma,
         plan.denominator,
         generator,
+        adaptive,
+        plan.sum_noise,
     )
 
 
@@ -165,11 +217,13 @@ class ClientPrivacy:
 
     clip: float
     local_sigma: float = 0.0
+    #: adaptive clipping: each client also reports whether its upload was within ``clip``
+    report_within: bool = False
 
     @staticmethod
     def of(plan: PrivacyPlan) -> ClientPrivacy:
         """A run plan's client side (the simulator's: its planned denominator)."""
-        return ClientPrivacy(plan.clip, plan.local_sigma)
+        return ClientPrivacy(plan.clip, plan.local_sigma, plan.clip_quantile is not None)
 
     @staticmethod
     def announced(clip: float, noise: float | None, mode: str, cohort_size: int) -> ClientPrivacy:

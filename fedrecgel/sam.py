@@ -195,6 +195,8 @@ class StepResult:
     aggregate: dict[str, Tensor] | None = None
     #: the worker's partial sum (``upload_grouping=worker``), instead of ``uploads``
     partial: PartialSum | None = None
+    #: adaptive DP clipping: whether each upload's norm was within the round's clip norm
+    within: np.ndarray | None = None
 
 
 def _norm_factor(rho: float, sq: Tensor) -> Tensor:

@@ -24,7 +24,7 @@ from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
-from fedrecgel.privacy import ClientPrivacy, seeded_generator, with_privacy
+from fedrecgel.privacy import AdaptiveClip, ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape
 from fedrecgel.sam import SAMConfig, cohort_step
@@ -127,6 +127,8 @@ class RoundRecord:
     val: dict[str, float] = field(default_factory=dict)
     #: DP runs: the privacy spent once this round was released (at the run's delta)
     epsilon: float | None = None
+    #: DP runs: the clip norm of the round's uploads (it moves with adaptive clipping)
+    dp_clip: float | None = None
 
 
 @dataclass
@@ -202,10 +204,13 @@ class Simulator:
         self.privacy: PrivacyPlan | None = plan_privacy(config.run_params(), split.n_users)
         #: rounds this run takes (fewer than configured when a target epsilon stops it)
         self.total_rounds = config.rounds
+        #: adaptive clipping's state (the clip norm of the next round)
+        self.adaptive: AdaptiveClip | None = None
         if self.privacy is not None:
             shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
             gen = seeded_generator(config.seed, 0x5E)
-            self.strategy = with_privacy(self.strategy, self.privacy, shapes, gen)
+            private = with_privacy(self.strategy, self.privacy, shapes, gen)
+            self.strategy, self.adaptive = private, private.adaptive
             self.total_rounds = self.privacy.rounds
         self.clients = ClientRound(
             self.model_cfg,
@@ -233,6 +238,7 @@ class Simulator:
         r = self.round_id
         cfg = self.config
         cohort = select_cohort(self.users, cfg.fraction, cfg.seed, r, sampling=cfg.sampling)
+        clip = None if self.clients.dp is None else self.clients.dp.clip
         loss = self._train(r, cohort)
         rec = RoundRecord(
             round=r,
@@ -240,6 +246,7 @@ class Simulator:
             loss=loss,
             seconds=0.0,
             epsilon=None if self.privacy is None else self.privacy.epsilon(r),
+            dp_clip=clip,
         )
         every = cfg.eval_every
         if every and (r % every == 0 or r == self.total_rounds):
@@ -258,14 +265,19 @@ class Simulator:
             if weights is not None:
                 return self._train_summed(r, cohort, samples, weights)
         uploads: list[Upload] = []
+        within = 0
         for part in self._shards(np.sort(cohort)):
             res = self.mode.produce(
                 self.clients, self.shared, r, part, self.split.user_train, self.store.get(part)
             )
             self.store.put(part, res.state)
             uploads += self.mode.uploads(res)
+            within += 0 if res.within is None else int(res.within.sum())
         shapes = {k: tuple(v.shape) for k, v in self.shared.items()}
         agg = self.mode.combine(self.strategy, shapes, RoundUploads(r, uploads))
+        if self.adaptive is not None and self.clients.dp is not None:  # the next round's C
+            dp = replace(self.clients.dp, clip=self.adaptive.update(within, len(uploads)))
+            self.clients = replace(self.clients, dp=dp)
         if agg is None:
             return float("nan")
         agg.apply(self.strategy, self.shared)

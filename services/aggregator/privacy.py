@@ -41,6 +41,12 @@ def run_plan(repo: Repository, params: RunParams) -> PrivacyPlan | None:
     """The privacy plan of a run (None when it is not DP); 422 when it cannot be met."""
     if params.dp_noise is None and params.target_epsilon is None:
         return None
+    if params.dp_clip_quantile is not None:
+        raise Malformed(
+            "dp_clip_quantile (adaptive clipping) runs in the simulator (fedrec train) only: the "
+            "workers do not report whether their upload was within the clip norm; set dp_clip",
+            "invalid_config",
+        )
     if params.dp_mode == "distributed" and params.dp_noise is None:
         raise Malformed(
             "dp_mode distributed over HTTP needs dp_noise (the workers add their share of it; "

@@ -143,3 +143,19 @@ def test_concurrent_history_reads_share_one_calibration(
     assert [a.status_code for a in answers] == [200] * 6
     assert len({a.json()["noise_multiplier"] for a in answers}) == 1
     assert calls == [5]
+
+
+def test_adaptive_clipping_is_refused_over_http_before_the_run_starts(
+    aggregator: AggregatorFactory,
+) -> None:
+    """The workers do not report whether they were within the clip norm: a run asking for
+    adaptive clipping is 422, not a run that silently keeps C fixed."""
+    client = aggregator(population=4)
+    register(client, IDS)
+    r = client.post(
+        "/v1/runs", json={**RUN, "dp_clip_quantile": 0.5}, headers=operator_headers()
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "invalid_config"
+    assert "dp_clip_quantile" in r.json()["detail"]
+    assert client.get("/v1/runs/current/history").json()["run_id"] is None
