@@ -156,7 +156,7 @@ class PrivacyPlan:
         z_s = (z^-2 - (2s)^-2)^(-1/2); without it, z."""
         if self.clip_quantile is None or self.noise <= 0:
             return self.noise
-        return (self.noise**-2 - (2.0 * self.count_sigma) ** -2) ** -0.5
+        return float((self.noise**-2 - (2.0 * self.count_sigma) ** -2) ** -0.5)
 
     @property
     def server_sigma(self) -> float:

@@ -128,7 +128,10 @@ def preset_choices(
         settings = run_settings(preset, dataset, *([presets_file] if presets_file else []))
     except PresetError as err:
         raise fail(str(err)) from None
-    return {k: v for k, v in settings.items() if k not in keep and _source(ctx, k) != "COMMANDLINE"}
+    given = {k for k in settings if _source(ctx, k) == "COMMANDLINE"}
+    if "dp_clip" in given:  # a clip norm named on the command line is the run's, fixed
+        given.add("dp_clip_quantile")
+    return {k: v for k, v in settings.items() if k not in keep and k not in given}
 
 
 def _apply_preset(
@@ -280,7 +283,10 @@ def train(
     except (DataError, ValueError) as err:
         raise fail(str(err)) from None
     if preset is None and federated:
-        preset = "default"  # no preset named: the settings that learn across datasets
+        # no preset named: the settings that learn across datasets, or under DP the ones that
+        # keep noise and signal in proportion
+        private = base.dp_noise is not None or base.target_epsilon is not None
+        preset = "private" if private else "default"
     base = with_backend(
         _apply_preset(ctx, base, preset, split.name, presets_file), backend_of, shards
     )

@@ -9,6 +9,10 @@
 * ``default``: what ``fedrec train`` runs when no preset is named: settings chosen across the
   shipped datasets on validation items only (``presets.json``, its ``rule`` says how; the
   leave-one-dataset-out check is ``bench/default_rule.py``);
+* ``private``: what ``fedrec train`` runs when no preset is named and the run is
+  differentially private (``presets.json``, its ``rule`` says how it was chosen): server SGD
+  with momentum (a server Adam scales DP noise up to the signal's size on every coordinate),
+  adaptive clipping, fewer rounds, Poisson cohorts;
 * ``tuned``: ``tuned-<dataset>`` when the dataset has one, else ``default`` (chosen across
   datasets with a leave-one-dataset-out check), else, in a presets file without a default, the
   settings learned across its tuned datasets (geometric mean of step sizes and radii, median
@@ -64,6 +68,9 @@ PRESET_FIELDS = (
     "layers",
     "fraction",
     "weighting",
+    "sampling",
+    "dp_clip",
+    "dp_clip_quantile",
 )
 
 

@@ -119,9 +119,7 @@ class AdaptiveClip:
     #: step of the geometric update (the paper's)
     LR = 0.2
 
-    def __init__(
-        self, plan: PrivacyPlan, generator: torch.Generator, lr: float = LR
-    ) -> None:
+    def __init__(self, plan: PrivacyPlan, generator: torch.Generator, lr: float = LR) -> None:
         assert plan.clip_quantile is not None
         self.clip = plan.clip
         self.quantile = plan.clip_quantile

@@ -145,7 +145,9 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
     if sim.privacy is not None:
         p = sim.privacy
         console.print(
-            f"differential privacy ({p.mode}): clip {p.clip:g}, noise multiplier "
+            f"differential privacy ({p.mode}): clip {p.clip:g}"
+            + ("" if p.clip_quantile is None else f" adapting to quantile {p.clip_quantile:g}")
+            + ", noise multiplier "
             f"{p.noise:.4g}, {p.sampling} sampling (q {p.q:.4g}), {sim.total_rounds} "
             f"rounds -> epsilon {p.epsilon(sim.total_rounds):.3f} at delta {p.delta:.3g}"
         )
@@ -153,8 +155,8 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
             console.print(
                 f"note: server {cfg.optimizer} scales each coordinate's step by its "
                 "own size, so DP noise moves every coordinate about as far as the signal; "
-                "server sgd keeps noise and signal in proportion (--optimizer sgd "
-                "--server-lr 3 on FilmTrust, see docs/RESULTS.md)"
+                "server sgd keeps noise and signal in proportion (the private preset, "
+                "which a DP run without --preset takes; see docs/RESULTS.md)"
             )
     with Progress(
         TextColumn(f"seed {seed}"),

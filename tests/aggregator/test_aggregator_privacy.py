@@ -152,9 +152,7 @@ def test_adaptive_clipping_is_refused_over_http_before_the_run_starts(
     adaptive clipping is 422, not a run that silently keeps C fixed."""
     client = aggregator(population=4)
     register(client, IDS)
-    r = client.post(
-        "/v1/runs", json={**RUN, "dp_clip_quantile": 0.5}, headers=operator_headers()
-    )
+    r = client.post("/v1/runs", json={**RUN, "dp_clip_quantile": 0.5}, headers=operator_headers())
     assert r.status_code == 422, r.text
     assert r.json()["error"] == "invalid_config"
     assert "dp_clip_quantile" in r.json()["detail"]

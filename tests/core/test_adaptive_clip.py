@@ -3,7 +3,9 @@ estimated with noise inside the run's budget."""
 
 from __future__ import annotations
 
+import itertools
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -97,12 +99,18 @@ def test_a_simulated_run_moves_its_clip_norm_and_records_it_each_round() -> None
     """From a clip norm far below every upload's norm, C grows round after round (every client
     reports it was beyond C); each round's record carries the C its uploads were clipped to."""
     split = synthetic_split(n_users=80, n_items=40, seed=0, n_test_negatives=20)
-    common = {"rounds": 12, "factor": 4, "layers": 1, "fraction": 0.5, "eval_every": 0}
+    common: dict[str, Any] = {
+        "rounds": 12,
+        "factor": 4,
+        "layers": 1,
+        "fraction": 0.5,
+        "eval_every": 0,
+    }
     cfg = TrainConfig(**common, dp_noise=0.5, dp_clip=1e-4, dp_clip_quantile=0.5)
     res = Simulator(split, cfg).run()
     clips = [r.dp_clip for r in res.rounds]
     assert clips[0] == 1e-4
-    assert all(b is not None and a is not None and b > a for a, b in zip(clips, clips[1:]))
+    assert all(b is not None and a is not None and b > a for a, b in itertools.pairwise(clips))
     assert res.to_json()["rounds"][3]["dp_clip"] == clips[3]
     fixed = Simulator(split, TrainConfig(**common, dp_noise=0.5, dp_clip=1e-4)).run()
     assert {r.dp_clip for r in fixed.rounds} == {1e-4}

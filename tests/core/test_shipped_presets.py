@@ -98,3 +98,21 @@ def test_paper_preset_is_the_faithful_configuration(
     cfg = _train_config(tmp_path, monkeypatch, "--preset", "paper")
     assert cfg.replace(eval_every=1) == TrainConfig()
     assert (cfg.local_steps, cfg.server_lr, cfg.client_lr, cfg.rounds) == (0, 0.001, 0.1, 100)
+
+
+def test_a_private_run_without_a_preset_runs_the_private_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DP the default preset's server Adam ranks at chance: a DP run with no preset
+    takes the private one (server SGD, adaptive clipping); a clip norm on the command line is
+    the run's, fixed; a preset named is still the one taken."""
+    settings = presets.stored(presets.PRESETS_FILE)["private"]["settings"]
+    assert settings["optimizer"] == "sgd" and settings["dp_clip_quantile"] == 0.5
+    cfg = _train_config(tmp_path, monkeypatch, "--target-epsilon", "3")
+    for key, value in settings.items():
+        assert getattr(cfg, key) == value, key
+    fixed = _train_config(tmp_path, monkeypatch, "--target-epsilon", "3", "--dp-clip", "0.4")
+    assert (fixed.dp_clip, fixed.dp_clip_quantile, fixed.optimizer) == (0.4, None, "sgd")
+    named = _train_config(tmp_path, monkeypatch, "--dp-noise", "1", "--preset", "default")
+    assert (named.optimizer, named.dp_clip_quantile) == ("adam", None)
+    assert _train_config(tmp_path, monkeypatch).optimizer == "adam"  # no DP: the default
