@@ -102,7 +102,7 @@ TRAIN_OUT = Path("runs/latest")
 TRAIN_OUTPUTS = ["results.json", "hr_ndcg.png"]
 
 #: methods of ``fedrec train`` that are not federated: reference points (fedrecgel.baselines)
-BASELINE_METHODS = ("popularity", "random", "central")
+BASELINE_METHODS = ("popularity", "random", "central", "cooccurrence")
 
 
 def _source(ctx: typer.Context, name: str) -> str | None:
@@ -312,7 +312,7 @@ def train(
     for res in results:
         console.print(seed_line(res))
     summary = summarize(results)
-    refs = references(split, results) if federated else None
+    refs = references(split, results) if federated or method == "cooccurrence" else None
     payload: dict[str, Any] = {
         "dataset": split.name,
         "method": method,

@@ -210,14 +210,16 @@ def baseline_problem(
     if dp and method in ("random", "central"):
         return (
             f"--method {method} is not differentially private; --target-epsilon and "
-            "--dp-noise would change nothing (--method popularity has a private variant)"
+            "--dp-noise would change nothing (--method popularity and --method cooccurrence "
+            "have private variants)"
         )
-    if dp and method == "popularity":
+    if dp and method in ("popularity", "cooccurrence"):
         for name in FEDERATED_DP_SETTINGS:
             if name in given:
-                return (
-                    f"{option_flag(name)} is a setting of the federated DP runs; private "
+                return f"{option_flag(name)} is a setting of the federated DP runs; private " + (
                     "popularity bounds what each user adds with --dp-max-items"
+                    if method == "popularity"
+                    else "co-occurrence bounds what each user adds by its unit-norm row"
                 )
     return None
 
@@ -245,6 +247,44 @@ def _dp_popularity(
     return [dp_popularity(split, release, seed) for seed in seeds]
 
 
+def _cooccurrence(split: Split, base: TrainConfig, seeds: list[int]) -> list[RunResult]:
+    """Co-occurrence ranking: exact (one run), or one private release of it per seed."""
+    from fedrecgel.cooccurrence import cooccurrence
+    from fedrecgel.dp_popularity import plan_release
+
+    runs: list[tuple[float | None, int]] = [(None, 0)]
+    release = None
+    if base.target_epsilon is not None or base.dp_noise is not None:
+        try:
+            # one Gaussian release of sensitivity 1: the plan of counts with one item a user
+            release = plan_release(
+                split.n_users, 1, base.target_epsilon, base.dp_noise, base.dp_delta
+            )
+        except ConfigError as err:
+            raise config_error(err) from None
+        console.print(
+            f"differential privacy (item co-occurrence, one release): noise multiplier "
+            f"{release.noise:.4g} on every entry -> epsilon {release.epsilon:.3f} at delta "
+            f"{release.delta:.3g}"
+        )
+        runs = [(release.noise, s) for s in seeds]
+    out = []
+    for noise, seed in runs:
+        try:
+            res = cooccurrence(split, noise=noise, seed=seed)
+        except ValueError as err:
+            raise fail(str(err)) from None
+        if release is not None:
+            res.privacy = {
+                **release.to_json(),
+                "mechanism": "gaussian item co-occurrence, one release",
+            }
+            del res.privacy["max_items"]
+            res.rounds[0].epsilon = release.epsilon
+        out.append(res)
+    return out
+
+
 def run_baseline(
     method: str,
     split: Split,
@@ -258,6 +298,8 @@ def run_baseline(
     one run per seed."""
     from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
 
+    if method == "cooccurrence":
+        return _cooccurrence(split, base, seeds)
     if method == "popularity":
         if base.target_epsilon is not None or base.dp_noise is not None:
             return _dp_popularity(split, base, seeds, dp_max_items)
@@ -287,7 +329,7 @@ def refuse_model_size(method: str, base: TrainConfig, n_items: int) -> None:
     """Refuse a model of more than MAX_MODEL_PARAMS shared parameters (popularity and random
     build none)."""
     n_shared = base.model(n_items).n_shared()
-    if method not in ("popularity", "random") and n_shared > MAX_MODEL_PARAMS:
+    if method not in ("popularity", "random", "cooccurrence") and n_shared > MAX_MODEL_PARAMS:
         raise fail(
             f"--factor {base.factor} with --layers {base.layers} on {n_items} items would "
             f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
