@@ -1,5 +1,5 @@
-"""Reference points for the results tables: popularity and random rankings on every dataset and
-protocol (and, with --central-epochs N, the centralized NCF upper bound; slow on 2 cores).
+"""Reference points for the results tables: popularity, random and item co-occurrence rankings on
+every dataset and protocol (and, with --central-epochs N, the centralized NCF upper bound; slow on 2 cores).
 
     .venv/bin/python -m bench.baselines [--data-dir ../shared/datasets] [--central-epochs 20]
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from bench.bench_cli import IntList, Ints, default_data_dir
 from fedrecgel.baselines import CentralConfig, central, popularity, random_ranking
+from fedrecgel.cooccurrence import cooccurrence
 from fedrecgel.data import DATASETS, DataError, load_split
 from fedrecgel.model import ModelConfig
 from fedrecgel.simulate import RunResult
@@ -55,6 +56,8 @@ def main(
             row: dict[str, Any] = results.get(key, {})
             row["popularity"] = _figures([popularity(split)])
             row["random"] = _figures([random_ranking(split, seed=s) for s in seeds])
+            co = cooccurrence(split)
+            row["cooccurrence"] = {**_figures([co]), "rank": co.config["rank"]}
             if central_epochs:
                 t0 = time.perf_counter()
                 cfg = [

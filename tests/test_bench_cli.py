@@ -53,6 +53,9 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
         (["ray_scaling", "--nodes", "0,x"], "--nodes: positive integers, comma-separated"),
         (["server_step", "speed", "--items", "0"], "'--items': integers >= 1, comma-separated"),
         (["server_step", "accuracy", "--datasets", "filmtrust"], "<dataset>/<protocol>"),
+        (["dp_spectrum", "--epsilons", "3,x"], "--epsilons takes comma-separated numbers"),
+        (["dp_spectrum", "--datasets", "nope"], "--datasets takes a comma-separated subset"),
+        (["dp_defaults", "--epsilon", "0"], "--epsilon must be a number > 0, got 0"),
     ],
 )
 def test_bad_input_to_a_benchmark_is_one_line_not_a_traceback(

@@ -130,11 +130,15 @@ def _dp_train(tmp_path: Path, *extra: str) -> str:
 
 
 def test_a_dp_run_with_server_adam_is_told_what_the_noise_does(tmp_path: Path) -> None:
-    out = _dp_train(tmp_path)
+    out = _dp_train(tmp_path, "--optimizer", "adam")
     assert "differential privacy (central)" in out
-    assert "note: server adam" in out and "--optimizer sgd" in out
+    assert "note: server adam" in out and "the private preset" in out
     out = _dp_train(tmp_path, "--optimizer", "sgd", "--server-lr", "3")
     assert "differential privacy (central)" in out and "note: server" not in out
+    # no preset named: the private one (server SGD, the clip norm adapting)
+    out = _dp_train(tmp_path)
+    assert "preset private" in out and "note: server" not in out
+    assert "clip 0.1 adapting to quantile 0.5" in out
 
 
 def test_an_output_folder_that_cannot_be_made_fails_before_training(tmp_path: Path) -> None:
