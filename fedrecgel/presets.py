@@ -74,6 +74,11 @@ PRESET_FIELDS = (
 )
 
 
+#: the private preset's clip norm where it cannot adapt (over HTTP: the aggregator keeps C fixed):
+#: the median upload norm bench/dp_scale.py measured, the C of the DP rows in docs/RESULTS.md
+FIXED_PRIVATE_CLIP = 0.25
+
+
 class PresetError(ValueError):
     """Unknown preset, or no tuned preset to learn from."""
 

@@ -17,6 +17,7 @@ from fedrecgel.cli import app, checked, preset_choices, run_options
 from fedrecgel.cli import main as _run_app
 from fedrecgel.clitools import console, fail, option_flag
 from fedrecgel.data import DATASETS, DataError
+from fedrecgel.presets import FIXED_PRIVATE_CLIP
 from services.launcher import UpOptions
 
 __all__ = ["app", "main"]
@@ -80,13 +81,15 @@ def up(
     ctx: typer.Context,
     run: dict[str, Any],
     preset: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Run settings of this preset (as fedrec train --preset), except the rounds and "
             "the settings given as options: default (settings that learn across datasets), "
-            "paper (the paper's), tuned, or a tuned-<dataset> one."
+            "private (what a DP run takes when none is named; its clip norm fixed, as the "
+            "aggregator does not adapt it), paper (the paper's), tuned, or a tuned-<dataset> "
+            "one."
         ),
-    ] = "default",
+    ] = None,
     presets_file: Annotated[
         Path | None,
         typer.Option(help="A presets file of your own, read after the shipped and the user's."),
@@ -136,7 +139,12 @@ def up(
     if presets_file is not None and not presets_file.is_file():
         raise fail(f"--presets-file {presets_file}: no such file")
     dataset = Path(str(run["dataset"])).stem  # a preset is named after the dataset
+    if preset is None:
+        dp = run.get("dp_noise") is not None or run.get("target_epsilon") is not None
+        preset = "private" if dp else "default"
     chosen = preset_choices(ctx, preset, dataset, presets_file, keep=("rounds",))
+    if chosen.pop("dp_clip_quantile", None) is not None and "dp_clip" in chosen:
+        chosen["dp_clip"] = FIXED_PRIVATE_CLIP  # the aggregator keeps C fixed
     if chosen:
         shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
         console.print(f"preset {preset}: {shown}", highlight=False)
