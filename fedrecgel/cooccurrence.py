@@ -36,7 +36,7 @@ from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, RunResult
 
 #: the ranks tried on validation, and the one taken without validation items
-RANKS = (1, 2, 4, 8, 16, 32, 64)
+RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_RANK = 16
 #: the largest catalogue whose dense co-occurrence (float32) is built: 1.6 GB at 20,000 items
 MAX_ITEMS = 20_000
