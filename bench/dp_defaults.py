@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_cli import (
+    IntList,
+    Ints,
     OutFile,
     default_data_dir,
     fail,
@@ -99,7 +101,7 @@ def _references(
 
 def main(
     epsilon: float = 3.0,
-    seeds: str = "1,2,3",
+    seeds: IntList = Ints([1, 2, 3]),
     full_datasets: str = "filmtrust/paper",
     datasets: str = "lastfm-2k/clean,amazon-video/paper",
     data_dir: Path | None = default_data_dir(),
@@ -109,29 +111,25 @@ def main(
 ) -> None:
     if not 0 < epsilon < math.inf:
         raise fail(f"--epsilon must be a number > 0, got {epsilon}")
-    try:
-        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise fail(f"--seeds takes comma-separated integers, got {seeds!r}") from None
     full = [d.strip() for d in full_datasets.split(",") if d.strip()]
     rest = [d.strip() for d in datasets.split(",") if d.strip()]
-    if not seed_list or not (full or rest):
-        raise fail("--seeds and the data sets name at least one each")
+    if not (full or rest):
+        raise fail("--full-datasets and --datasets name no data set")
     common = {"epsilon": epsilon, "eval_every": eval_every, "data_dir": data_dir}
     jobs = [
         {**common, "dataset": d, "arm": arm, "seed": s}
         for d in full + rest
         for arm in (ARMS if d in full else ("private",))
-        for s in (seed_list[:1] if arm == "before" else seed_list)
+        for s in (seeds[:1] if arm == "before" else seeds)
     ]
     t0 = time.perf_counter()
     runs = in_fresh_processes(_one, jobs)
     for r in runs:
         print(f"{r['dataset']} {r['arm']} seed {r['seed']}: {100 * r['test_hr@10']:.2f}")
-    refs = {d: _references(d, data_dir, epsilon, seed_list, dp_max_items) for d in full + rest}
+    refs = {d: _references(d, data_dir, epsilon, seeds, dp_max_items) for d in full + rest}
     settings = {
         "epsilon": epsilon,
-        "seeds": seed_list,
+        "seeds": seeds,
         "eval_every": eval_every,
         "dp_max_items": dp_max_items,
         "arms": {k: {"preset": p, "changes": c} for k, (p, c) in ARMS.items()},

@@ -39,21 +39,21 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_cli import OutFile, default_data_dir, fail, validation_split, write_result
-from fedrecgel.data import Split
+from bench.bench_cli import (
+    FloatList,
+    Floats,
+    IntList,
+    Ints,
+    OutFile,
+    default_data_dir,
+    fail,
+    write_result,
+)
+from bench.dp_signal import SYNTHETIC, _split
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_spectrum.json"
-SYNTHETIC = "synthetic-tastes-100k"
 DATASETS = ("filmtrust/paper", "lastfm-2k/clean", "amazon-video/paper", SYNTHETIC)
 TOP = 16  # eigenvalues kept in the results
-
-
-def _split(name: str, data_dir: Path | None) -> Split:
-    if name == SYNTHETIC:
-        from bench.dp_scale import _split as tastes
-
-        return tastes(100_000)
-    return validation_split(name, data_dir)
 
 
 def users_needed(n: int, lam: float, threshold: float, overlap: float = 0.5) -> float:
@@ -127,29 +127,19 @@ def measure(
 def main(
     datasets: str = ",".join(DATASETS),
     data_dir: Path | None = default_data_dir(),
-    epsilons: str = "3,8",
-    seeds: str = "0,1,2",
+    epsilons: FloatList = Floats([3.0, 8.0]),
+    seeds: IntList = Ints([0, 1, 2]),
     dp_max_items: int = 10,
     out: OutFile = OUT,
 ) -> None:
     chosen = [d.strip() for d in datasets.split(",") if d.strip()]
     if not chosen or any(d not in DATASETS for d in chosen):
         raise fail(f"--datasets takes a comma-separated subset of {', '.join(DATASETS)}")
-    try:
-        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-    except ValueError:
-        raise fail(f"--seeds takes comma-separated integers, got {seeds!r}") from None
-    if not seed_list:
-        raise fail("--seeds names no seed")
-    try:
-        eps = [float(e) for e in epsilons.split(",") if e.strip()]
-    except ValueError:
-        raise fail(f"--epsilons takes comma-separated numbers, got {epsilons!r}") from None
-    if not eps or not all(0 < e < math.inf for e in eps):
-        raise fail(f"--epsilons takes numbers > 0, got {epsilons!r}")
+    if not all(0 < e < math.inf for e in epsilons):
+        raise fail(f"--epsilons takes numbers > 0, got {epsilons}")
     t0 = time.perf_counter()
-    runs = [r for d in chosen for r in measure(d, data_dir, eps, seed_list, dp_max_items)]
-    settings = {"epsilons": eps, "seeds": seed_list, "dp_max_items": dp_max_items}
+    runs = [r for d in chosen for r in measure(d, data_dir, epsilons, seeds, dp_max_items)]
+    settings = {"epsilons": epsilons, "seeds": seeds, "dp_max_items": dp_max_items}
     write_result(out, {"settings": settings, "runs": runs}, t0)
 
 

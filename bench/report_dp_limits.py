@@ -4,14 +4,10 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DP_DEFAULTS = ROOT / "bench" / "results" / "dp_defaults.json"
-DP_SPECTRUM = ROOT / "bench" / "results" / "dp_spectrum.json"
+from bench.report_common import load_result
 
 
 def _mean_std(xs: list[float]) -> str:
@@ -25,9 +21,9 @@ def _mean_std(xs: list[float]) -> str:
 
 def defaults() -> list[str]:
     """`fedrec train --target-epsilon E` with no preset, before and after the private preset."""
-    if not DP_DEFAULTS.exists():
+    d: dict[str, Any] | None = load_result("dp_defaults.json")
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(DP_DEFAULTS.read_text())
     st = d["settings"]
     lines = [
         "",
@@ -63,9 +59,9 @@ def defaults() -> list[str]:
 
 def spectrum() -> list[str]:
     """The item co-occurrence's spectrum against one private release's noise."""
-    if not DP_SPECTRUM.exists():
+    d: dict[str, Any] | None = load_result("dp_spectrum.json")
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(DP_SPECTRUM.read_text())
     st = d["settings"]
     lines = [
         "",
