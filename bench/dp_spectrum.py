@@ -68,13 +68,13 @@ def measure(
     """The spectrum and the rankings of one data set, a record per epsilon."""
     from fedrecgel.accountant import calibrate_release
     from fedrecgel.baselines import popularity
-    from fedrecgel.cooccurrence import RANKS, co_occurrence, cooccurrence, history, top_eigen
+    from fedrecgel.cooccurrence import co_occurrence, cooccurrence, history, top_eigen
     from fedrecgel.dp_popularity import dp_popularity, plan_release
 
     split = _split(name, data_dir)
     n, items = split.n_users, split.n_items
     delta = 1.0 / n
-    lam, _ = top_eigen(co_occurrence(history(split)), max(RANKS))
+    lam, _ = top_eigen(co_occurrence(history(split)), TOP)
 
     def ranking(res: Any) -> dict[str, Any]:
         rec = res.rounds[0]

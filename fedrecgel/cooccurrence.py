@@ -15,8 +15,9 @@ counts (:func:`fedrecgel.dp_popularity.plan_release`). Ranking with the released
 user's own history spends nothing more. The noise here is keyed by the run seed so that runs
 repeat: a simulation, as the simulator's noise is.
 
-The rank k is chosen on validation HR@10 among :data:`RANKS` when the split has validation
-items, else :data:`DEFAULT_RANK`. G is dense: catalogues above :data:`MAX_ITEMS` are refused.
+The rank k is chosen on validation HR@10 among :data:`RANKS` (a release's up to
+:data:`PRIVATE_MAX_RANK`) when the split has validation items, else :data:`DEFAULT_RANK`.
+G is dense: catalogues above :data:`MAX_ITEMS` are refused.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from fedrecgel.simulate import RoundRecord, RunResult
 #: the ranks tried on validation, and the one taken without validation items
 RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_RANK = 16
+#: the largest rank tried on a private release: past the few directions above its noise a rank
+#: adds noise, and 256 eigenpairs of a dense noisy matrix take minutes
+PRIVATE_MAX_RANK = 64
 #: the largest catalogue whose dense co-occurrence (float32) is built: 1.6 GB at 20,000 items
 MAX_ITEMS = 20_000
 _NOISE_KEY = 0x5BEC
@@ -123,7 +127,8 @@ def cooccurrence(
     g = co_occurrence(x)
     if noise is not None:
         g = noisy_release(g, noise, seed)
-    tried = [rank] if rank is not None else [r for r in RANKS if r < split.n_items]
+    most = split.n_items if noise is None else PRIVATE_MAX_RANK + 1
+    tried = [rank] if rank is not None else [r for r in RANKS if r < min(split.n_items, most)]
     if not split.has_validation:
         tried = [min(DEFAULT_RANK, split.n_items - 1)] if rank is None else tried
     lam, vec = top_eigen(g, max(tried))
