@@ -347,6 +347,10 @@ class RunParams(BaseModel):
 #: the default of every field of :class:`RunParams`
 DEFAULTS = RunParams()
 
+#: run settings only the simulator runs: the aggregator refuses them (adaptive clipping needs
+#: each worker's report of whether its upload was within C, which the upload format lacks)
+SIMULATOR_ONLY = ("dp_clip_quantile",)
+
 #: settings that presets, tuning studies and run results stored under an older name, by their
 #: name now
 STORED_NAMES = {"server_optimizer": "optimizer"}

@@ -12,7 +12,7 @@ import functools
 import threading
 
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
-from fedrecgel.config import ConfigError, RunParams
+from fedrecgel.config import SIMULATOR_ONLY, ConfigError, RunParams
 from fedrecgel.model import ModelConfig
 from fedrecgel.privacy import ClientPrivacy, norm_bound, secret_generator, with_privacy
 from fedrecgel.strategy import Strategy, update_norm
@@ -41,10 +41,11 @@ def run_plan(repo: Repository, params: RunParams) -> PrivacyPlan | None:
     """The privacy plan of a run (None when it is not DP); 422 when it cannot be met."""
     if params.dp_noise is None and params.target_epsilon is None:
         return None
-    if params.dp_clip_quantile is not None:
+    if given := [n for n in SIMULATOR_ONLY if getattr(params, n) is not None]:
         raise Malformed(
-            "dp_clip_quantile (adaptive clipping) runs in the simulator (fedrec train) only: the "
-            "workers do not report whether their upload was within the clip norm; set dp_clip",
+            f"{', '.join(given)} (adaptive clipping) runs in the simulator (fedrec train) only: "
+            "the workers do not report whether their upload was within the clip norm; set "
+            "dp_clip",
             "invalid_config",
         )
     if params.dp_mode == "distributed" and params.dp_noise is None:

@@ -8,6 +8,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from fedrecgel.config import SIMULATOR_ONLY
 from fedrecgel.run_config import RunConfig
 
 #: the form's two groups of inputs
@@ -76,10 +77,11 @@ def _field(name: str, spec: dict[str, Any], required: bool) -> FormField:
 
 
 def run_form_fields() -> list[FormField]:
-    """The form's inputs: the catalogue size first, then the run settings in their order."""
+    """The form's inputs: the catalogue size first, then the run settings in their order
+    (those only the simulator runs left out: the aggregator refuses them)."""
     schema = RunConfig.model_json_schema()
     required = set(schema.get("required", ()))
-    props = schema["properties"]
+    props = {n: p for n, p in schema["properties"].items() if n not in SIMULATOR_ONLY}
     order = sorted(props, key=lambda n: (n not in required, list(props).index(n)))
     return [_field(n, props[n], n in required) for n in order]
 
