@@ -32,9 +32,9 @@ from scipy.sparse import csr_matrix, diags
 from scipy.sparse.linalg import eigsh
 from torch import Tensor
 
-from fedrecgel.baselines import _candidate_metrics
+from fedrecgel.baselines import _fixed_ranking
 from fedrecgel.data import Split
-from fedrecgel.simulate import RoundRecord, RunResult
+from fedrecgel.simulate import RunResult
 
 #: the ranks tried on validation, and the one taken without validation items
 RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -49,7 +49,7 @@ _NOISE_KEY = 0x5BEC
 
 def history(split: Split) -> csr_matrix:
     """The users' distinct training items as a sparse 0/1 matrix (users x items)."""
-    rows = np.repeat(np.arange(split.n_users), np.diff(split.train_indptr))
+    rows = split.train_user_of_rows()
     x = csr_matrix(
         (np.ones(len(rows), np.float32), (rows, split.train_items)),
         shape=(split.n_users, split.n_items),
@@ -98,17 +98,6 @@ def scorer(
     return scores
 
 
-def _metrics(
-    split: Split, scores: Callable[..., Tensor]
-) -> tuple[dict[str, float], dict[str, float]]:
-    users = np.arange(split.n_users)
-    test = _candidate_metrics(scores, users, split.test_items, split.test_negatives)
-    val: dict[str, float] = {}
-    if split.val_items is not None and split.val_negatives is not None:
-        val = _candidate_metrics(scores, users, split.val_items, split.val_negatives)
-    return test, val
-
-
 def cooccurrence(
     split: Split, rank: int | None = None, noise: float | None = None, seed: int = 0
 ) -> RunResult:
@@ -127,15 +116,17 @@ def cooccurrence(
     g = co_occurrence(x)
     if noise is not None:
         g = noisy_release(g, noise, seed)
-    most = split.n_items if noise is None else PRIVATE_MAX_RANK + 1
-    tried = [rank] if rank is not None else [r for r in RANKS if r < min(split.n_items, most)]
-    if not split.has_validation:
-        tried = [min(DEFAULT_RANK, split.n_items - 1)] if rank is None else tried
-    lam, vec = top_eigen(g, max(tried))
+    if rank is not None:
+        tried = [rank]
+    elif not split.has_validation:
+        tried = [min(DEFAULT_RANK, split.n_items - 1)]
+    else:
+        most = split.n_items if noise is None else PRIVATE_MAX_RANK + 1
+        tried = [r for r in RANKS if r < min(split.n_items, most)]
+    lam, vec = top_eigen(g, max(tried))  # every rank tried is below the catalogue's size
     del g
-    found = [(r, _metrics(split, scorer(x, lam, vec, r))) for r in tried if r <= len(lam)]
-    chosen, (test, val) = max(found, key=lambda f: f[1][1].get("hr@10", 0.0))
-    rec = RoundRecord(round=0, n_clients=0, loss=float("nan"), seconds=0.0, test=test, val=val)
-    rec.seconds = time.perf_counter() - t0
-    config = {"method": "cooccurrence", "rank": chosen, "seed": seed, "ranks_tried": tried}
-    return RunResult(config=config, dataset=split.name, rounds=[rec], wall_seconds=rec.seconds)
+    runs = [(r, _fixed_ranking(split, scorer(x, lam, vec, r), "cooccurrence")) for r in tried]
+    chosen, res = max(runs, key=lambda run: run[1].rounds[0].val.get("hr@10", 0.0))
+    res.config.update(rank=chosen, seed=seed, ranks_tried=tried)
+    res.rounds[0].seconds = res.wall_seconds = time.perf_counter() - t0
+    return res
