@@ -32,7 +32,7 @@ from fedrecgel.sam import (
     negative_pool,
 )
 from fedrecgel.sampling import cohort_samples
-from fedrecgel.strategy import partial_weights, update_norm
+from fedrecgel.strategy import partial_weights
 from fedrecgel.uploads import PartialSum
 
 #: a client's training item indices, by user id
@@ -93,10 +93,9 @@ class ClientRound:
                 for u in users
             ]
             shapes = {k: tuple(v.shape) for k, v in shared.items()}
+            result.uploads, within = privatize(result.uploads, self.dp, shapes, gens)
             if self.dp.report_within:
-                norms = [update_norm(u) for u in result.uploads]
-                result.within = np.array([n <= self.dp.clip for n in norms], dtype=bool)
-            result.uploads = privatize(result.uploads, self.dp, shapes, gens)
+                result.within = within
         return result
 
     def partial_step(

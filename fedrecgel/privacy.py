@@ -237,13 +237,17 @@ def privatize(
     dp: ClientPrivacy,
     shapes: dict[str, tuple[int, ...]],
     generators: Sequence[torch.Generator],
-) -> list[Update]:
+) -> tuple[list[Update], np.ndarray]:
     """The clients' side: each upload clipped to C, then (distributed DP) noised with its
-    share from its own generator (one per upload)."""
+    share from its own generator (one per upload); and whether each upload was within C
+    (what adaptive clipping reports), from the same norm the clipping used."""
     out = []
-    for u, gen in zip(uploads, generators, strict=True):
-        c = clip_update(u, dp.clip)
+    within = np.zeros(len(uploads), dtype=bool)
+    for k, (u, gen) in enumerate(zip(uploads, generators, strict=True)):
+        norm = update_norm(u)
+        within[k] = norm <= dp.clip
+        c = clip_update(u, dp.clip, norm)
         if dp.local_sigma > 0:
             c = add_local_noise(c, dp.local_sigma, shapes, gen)
         out.append(c)
-    return out
+    return out, within

@@ -423,10 +423,10 @@ def scaled(u: Update, factor: float) -> Update:
     )
 
 
-def clip_update(u: Update, clip: float) -> Update:
+def clip_update(u: Update, clip: float, norm: float | None = None) -> Update:
     """``u`` scaled to L2 norm at most ``clip`` over rows and score network together
-    (unchanged when already within)."""
-    norm = update_norm(u)
+    (unchanged when already within); ``norm``: its :func:`update_norm`, when known."""
+    norm = update_norm(u) if norm is None else norm
     if norm <= clip:
         return u
     # a hair under C so that float32 rounding of the product stays within C
