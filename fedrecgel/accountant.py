@@ -195,7 +195,7 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
 
     Raises :class:`ConfigError` when a target epsilon cannot be met by even one round.
     """
-    if params.dp_noise is None and params.target_epsilon is None:
+    if not params.dp_enabled:
         return None
     if n_users < 1:
         raise ConfigError("n_users", "a DP run needs at least one client")

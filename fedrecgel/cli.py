@@ -285,8 +285,7 @@ def train(
     if preset is None and federated:
         # no preset named: the settings that learn across datasets, or under DP the ones that
         # keep noise and signal in proportion
-        private = base.dp_noise is not None or base.target_epsilon is not None
-        preset = "private" if private else "default"
+        preset = "private" if base.dp_enabled else "default"
     base = with_backend(
         _apply_preset(ctx, base, preset, split.name, presets_file), backend_of, shards
     )

@@ -286,7 +286,7 @@ class RunParams(BaseModel):
         for on, what in (
             (self.weighting != "mean", "weighting=samples (it is unweighted)"),
             (
-                self.dp_noise is not None or self.target_epsilon is not None,
+                self.dp_enabled,
                 "differential privacy (its noise is calibrated to the mean)",
             ),
             (self.secure_aggregation != "off", "secure aggregation (the server sees only a sum)"),
@@ -306,7 +306,7 @@ class RunParams(BaseModel):
                 ),
                 (self.clip is not None, "clip (the server clips each client's update)"),
                 (
-                    self.dp_noise is not None or self.target_epsilon is not None,
+                    self.dp_enabled,
                     "differential privacy (each client's update is clipped)",
                 ),
                 (self.secure_aggregation != "off", "secure aggregation (it masks each client)"),
@@ -329,8 +329,7 @@ class RunParams(BaseModel):
 
     @model_validator(mode="after")
     def _dp_consistent(self) -> RunParams:
-        dp = self.dp_noise is not None or self.target_epsilon is not None
-        if dp and self.weighting != "mean":
+        if self.dp_enabled and self.weighting != "mean":
             raise ValueError("a DP run needs weighting 'mean' (a sample weight is not bounded)")
         if self.dp_clip_quantile is not None and self.dp_mode != "central":
             raise ValueError(
@@ -338,6 +337,11 @@ class RunParams(BaseModel):
                 "clients' clip-norm count as it adds the noise of their sum"
             )
         return self
+
+    @property
+    def dp_enabled(self) -> bool:
+        """Whether the run is differentially private: dp_noise or target_epsilon set."""
+        return self.dp_noise is not None or self.target_epsilon is not None
 
     def quorum_count(self, cohort_size: int) -> int:
         """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""

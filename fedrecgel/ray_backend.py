@@ -62,9 +62,11 @@ def ray_missing() -> str | None:
 def refusal(config: TrainConfig) -> str | None:
     """Why ``config`` cannot run on the ray backend (None when it can): each actor uploads its
     shard's sum, so nothing that needs each client's own update."""
-    dp = config.dp_noise is not None or config.target_epsilon is not None
     for on, what in (
-        (dp, "differential privacy (each client's update is clipped before it is summed)"),
+        (
+            config.dp_enabled,
+            "differential privacy (each client's update is clipped before it is summed)",
+        ),
         (config.secure_aggregation != "off", "secure aggregation (each client is masked)"),
         (config.clip is not None, "clip (the server clips each client's update)"),
     ):

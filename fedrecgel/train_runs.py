@@ -254,7 +254,7 @@ def _cooccurrence(split: Split, base: TrainConfig, seeds: list[int]) -> list[Run
 
     runs: list[tuple[float | None, int]] = [(None, 0)]
     release = None
-    if base.target_epsilon is not None or base.dp_noise is not None:
+    if base.dp_enabled:
         try:
             # one Gaussian release of sensitivity 1: the plan of counts with one item a user
             release = plan_release(
@@ -301,7 +301,7 @@ def run_baseline(
     if method == "cooccurrence":
         return _cooccurrence(split, base, seeds)
     if method == "popularity":
-        if base.target_epsilon is not None or base.dp_noise is not None:
+        if base.dp_enabled:
             return _dp_popularity(split, base, seeds, dp_max_items)
         return [popularity(split)]
     if method == "random":

@@ -123,7 +123,7 @@ class UploadMode(ABC):
     @property
     def private(self) -> bool:
         """Whether the run is differentially private."""
-        return self.params.dp_noise is not None or self.params.target_epsilon is not None
+        return self.params.dp_enabled
 
     def produce(
         self,

@@ -39,7 +39,7 @@ def _plan(params: RunParams, n_users: int) -> PrivacyPlan | None:
 
 def run_plan(repo: Repository, params: RunParams) -> PrivacyPlan | None:
     """The privacy plan of a run (None when it is not DP); 422 when it cannot be met."""
-    if params.dp_noise is None and params.target_epsilon is None:
+    if not params.dp_enabled:
         return None
     if given := [n for n in SIMULATOR_ONLY if getattr(params, n) is not None]:
         raise Malformed(
@@ -73,7 +73,7 @@ def private_strategy(strategy: Strategy, plan: PrivacyPlan | None, model: ModelC
 def check_upload(u: Upload, params: RunParams, cohort_size: int, model: ModelConfig) -> None:
     """422 unless the upload is within the clipping norm (plus, in distributed mode, the tail
     bound of its noise share for this round's cohort)."""
-    if params.dp_noise is None and params.target_epsilon is None:
+    if not params.dp_enabled:
         return
     share = ClientPrivacy.announced(params.dp_clip, params.dp_noise, params.dp_mode, cohort_size)
     bound = norm_bound(params.dp_clip, share.local_sigma, model.shared_shapes())

@@ -125,9 +125,7 @@ def check_cohorts(cfg: RunConfig, n_clients: int) -> None:
 
 def check_settings(cfg: RunConfig) -> None:
     """422 for settings no run takes whatever the clients: DP with secure aggregation."""
-    if cfg.secure_aggregation != "off" and (
-        cfg.dp_noise is not None or cfg.target_epsilon is not None
-    ):
+    if cfg.secure_aggregation != "off" and cfg.dp_enabled:
         raise Malformed(
             "differential privacy together with secure aggregation is not supported: choose one",
             "unsupported_setting",

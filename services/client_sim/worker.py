@@ -284,7 +284,7 @@ class Worker:
                 f"model version {version} has shape {model.cfg}, the run announces {cfg.model()}"
             )
         dp = None
-        if cfg.dp_noise is not None or cfg.target_epsilon is not None:
+        if cfg.dp_enabled:
             dp = ClientPrivacy.announced(cfg.dp_clip, cfg.dp_noise, cfg.dp_mode, cohort_size)
         hp = replace(cfg.sam(), grouped_uploads=self.settings.grouped_uploads)
         clients = ClientRound(model.cfg, hp, cfg.seed, dp, secret_noise=True)
