@@ -116,6 +116,16 @@ def writable_file(text: str) -> Path:
     return path
 
 
+def subset(text: str, known: Iterable[str], flag: str) -> list[str]:
+    """The names in comma-separated ``text``, each one of ``known``; a clear error (exit 2)
+    naming ``flag`` and the choices for an unknown name or none."""
+    allowed = list(known)
+    chosen = [n.strip() for n in text.split(",") if n.strip()]
+    if not chosen or any(n not in allowed for n in chosen):
+        raise fail(f"{flag} takes a comma-separated subset of {', '.join(allowed)}")
+    return chosen
+
+
 def one_of(values: Iterable[str], *decls: str, argument: bool = False, **kw: Any) -> Any:
     """An option named ``decls`` (or an argument) whose text must be one of ``values``
     (a fixed set of choices); its help shows them."""

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_cli import OutFile, Positive, fail, in_fresh_processes, write_result
+from bench.bench_cli import OutFile, Positive, in_fresh_processes, subset, write_result
 from bench.dp_scale import _split
 from fedrecgel.config import DEFAULTS
 from fedrecgel.presets import run_settings
@@ -95,9 +95,7 @@ def main(
     arms: str = ",".join(ARMS),
     out: OutFile = OUT,
 ) -> None:
-    chosen = [a.strip() for a in arms.split(",") if a.strip()]
-    if not chosen or any(a not in ARMS for a in chosen):
-        raise fail(f"--arms takes a comma-separated subset of {', '.join(ARMS)}")
+    chosen = subset(arms, ARMS, "--arms")
     settings = {
         "users": users,
         "rounds": rounds,

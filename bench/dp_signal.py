@@ -37,8 +37,8 @@ from typing import Any
 from bench.bench_cli import (
     OutFile,
     default_data_dir,
-    fail,
     in_fresh_processes,
+    subset,
     validation_split,
     write_result,
 )
@@ -172,9 +172,7 @@ def main(
     eval_every: int = 10,
     out: OutFile = OUT,
 ) -> None:
-    chosen = [d.strip() for d in datasets.split(",") if d.strip()]
-    if not chosen or any(d not in SETTINGS for d in chosen):
-        raise fail(f"--datasets takes a comma-separated subset of {', '.join(SETTINGS)}")
+    chosen = subset(datasets, SETTINGS, "--datasets")
     settings = {"epsilon": epsilon, "clip": clip, "seed": seed, "eval_every": eval_every}
     jobs = [
         (

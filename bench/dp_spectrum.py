@@ -47,6 +47,7 @@ from bench.bench_cli import (
     OutFile,
     default_data_dir,
     fail,
+    subset,
     write_result,
 )
 from bench.dp_signal import SYNTHETIC, _split
@@ -132,9 +133,7 @@ def main(
     dp_max_items: int = 10,
     out: OutFile = OUT,
 ) -> None:
-    chosen = [d.strip() for d in datasets.split(",") if d.strip()]
-    if not chosen or any(d not in DATASETS for d in chosen):
-        raise fail(f"--datasets takes a comma-separated subset of {', '.join(DATASETS)}")
+    chosen = subset(datasets, DATASETS, "--datasets")
     if not all(0 < e < math.inf for e in epsilons):
         raise fail(f"--epsilons takes numbers > 0, got {epsilons}")
     t0 = time.perf_counter()
