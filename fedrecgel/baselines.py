@@ -28,6 +28,7 @@ from fedrecgel.config import DEFAULTS
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums, per_user_metrics, rank_of_positive
 from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_private, init_shared
+from fedrecgel.prior import choose, item_counts, log_prior
 from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import RoundRecord, RunResult
 
@@ -77,7 +78,7 @@ def _fixed_ranking(
 
 def item_popularity(split: Split) -> np.ndarray:
     """How many users have each item among their training items: (n_items,) int64."""
-    return np.bincount(split.train_items, minlength=split.n_items).astype(np.int64)
+    return item_counts(split.train_items, split.n_items)
 
 
 def popularity(split: Split) -> RunResult:
@@ -108,6 +109,8 @@ class CentralConfig:
     n_negatives: int = DEFAULTS.n_negatives
     seed: int = 0
     eval_every: int = 1
+    #: rank with the popularity prior too, as the federated run does (fedrecgel.prior)
+    popularity_prior: bool = True
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -144,6 +147,9 @@ def central(
     shuffle = np.random.default_rng([config.seed, 0xCE17])
     # each epoch, every user's samples drawn as a federated client draws them in a round
     draw = ClientRound(cfg, SAMConfig(n_negatives=config.n_negatives), config.seed)
+    prior = None
+    if config.popularity_prior and split.has_validation:
+        prior = log_prior(item_counts(split.train_items, split.n_items))
     records: list[RoundRecord] = []
     for epoch in range(1, config.epochs + 1):
         t0 = time.perf_counter()
@@ -172,7 +178,9 @@ def central(
             round=epoch, n_clients=split.n_users, loss=total / len(order), seconds=0.0
         )
         if epoch % config.eval_every == 0 or epoch == config.epochs:
-            rec.test, rec.val = _evaluate(cfg, shared, private, split)
+            served = choose(*_evaluate(cfg, shared, private, split, prior), n_val=split.n_users)
+            rec.test, rec.val, rec.prior_weight = served.test, served.val, served.weight
+            rec.model_test, rec.model_val = served.model_test, served.model_val
         rec.seconds = time.perf_counter() - t0
         records.append(rec)
         if on_epoch is not None:
@@ -189,12 +197,20 @@ def central(
 
 @torch.no_grad()
 def _evaluate(
-    cfg: ModelConfig, shared: dict[str, Tensor], private: dict[str, Tensor], split: Split
+    cfg: ModelConfig,
+    shared: dict[str, Tensor],
+    private: dict[str, Tensor],
+    split: Split,
+    prior: Tensor | None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     scorer = Scorer(cfg, shared)
     params = {k: v.detach() for k, v in private.items()}
-    test = means(metric_sums(scorer, params, split.test_items, split.test_negatives, KS))
+    test = means(
+        metric_sums(scorer, params, split.test_items, split.test_negatives, KS, prior=prior)
+    )
     val: dict[str, float] = {}
     if split.val_items is not None and split.val_negatives is not None:
-        val = means(metric_sums(scorer, params, split.val_items, split.val_negatives, KS))
+        val = means(
+            metric_sums(scorer, params, split.val_items, split.val_negatives, KS, prior=prior)
+        )
     return test, val

@@ -7,6 +7,8 @@ import torch
 from torch import Tensor
 
 from fedrecgel.model import Scorer
+from fedrecgel.prior import GUARD_K, PRIOR_WEIGHTS
+from fedrecgel.prior import key as prior_key
 
 KS = (5, 10, 15, 20)
 #: the metrics a federated evaluation reports, every one of them in every report
@@ -135,6 +137,7 @@ def metric_sums(
     negatives: np.ndarray,
     ks: tuple[int, ...] = KS,
     batch: int = 4096,
+    prior: Tensor | None = None,
 ) -> dict[str, float]:
     """Sums of HR@K / NDCG@K over the given users (private rows align with test_items).
 
@@ -142,11 +145,15 @@ def metric_sums(
     The logits are :meth:`Scorer.score`'s, bit for bit (:func:`candidate_logits`), for
     ``batch`` users at a time (which bounds the memory held: batch x candidates floats); the
     ranks of all users are kept and the metrics summed once, so the sums do not depend on
-    ``batch``.
+    ``batch``. With an item ``prior`` (:func:`fedrecgel.prior.log_prior`) the candidates are
+    also ranked by logit + w * prior for every weight of :data:`fedrecgel.prior.PRIOR_WEIGHTS`,
+    summed under :func:`fedrecgel.prior.key`'s names (the plain names stay the model's own),
+    with the users each weight moves into (``gain``) and out of (``loss``) the top 10.
     """
     n = len(test_items)
     c = 1 + (negatives.shape[1] if n else 0)
-    ranks = torch.empty(n, dtype=torch.int64)
+    weights = [w for w in PRIOR_WEIGHTS if w] if prior is not None else []
+    ranks = torch.empty(1 + len(weights), n, dtype=torch.int64)
     logits = torch.empty(min(batch, n), c)
     for start in range(0, n, batch):
         end = min(start + batch, n)
@@ -159,8 +166,20 @@ def metric_sums(
             torch.from_numpy(cand),
             out=logits[: end - start],
         )
-        ranks[start:end] = rank_of_positive(out[:, 0], out[:, 1:])
-    totals = {name: float(vals.sum()) for name, vals in per_user_metrics(ranks, ks).items()}
+        ranks[0, start:end] = rank_of_positive(out[:, 0], out[:, 1:])
+        if prior is not None:
+            bias = prior[torch.from_numpy(cand)]
+            for j, w in enumerate(weights, 1):
+                served = out + w * bias
+                ranks[j, start:end] = rank_of_positive(served[:, 0], served[:, 1:])
+    totals: dict[str, float] = {}
+    for w, r in zip((0.0, *weights), ranks, strict=True):
+        for name, vals in per_user_metrics(r, ks).items():
+            totals[prior_key(w, name)] = float(vals.sum())
+        if w:  # the users the prior moves into and out of the top GUARD_K (its sign test)
+            hit, model_hit = r < GUARD_K, ranks[0] < GUARD_K
+            totals[prior_key(w, "gain")] = float((hit & ~model_hit).sum())
+            totals[prior_key(w, "loss")] = float((model_hit & ~hit).sum())
     totals["count"] = float(n)
     return totals
 

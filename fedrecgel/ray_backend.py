@@ -289,7 +289,7 @@ class RaySimulator(Simulator):
 
         shared = ray.put(self.shared)
         shards = [s for s in range(self.config.shards) if s < self.split.n_users]
-        got = self._each(shards, lambda s: self.actors[s].evaluate.remote(shared))
+        got = self._each(shards, lambda s: self.actors[s].evaluate.remote(shared, self.prior))
         test: dict[str, float] = {}
         val: dict[str, float] = {}
         for s in shards:

@@ -258,15 +258,16 @@ class ShardActor:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def evaluate(
-        self, shared: dict[str, Tensor]
+        self, shared: dict[str, Tensor], prior: Tensor | None = None
     ) -> tuple[dict[str, float], dict[str, float] | None]:
-        """Metric sums (test, and validation when the split has it) over the shard's users."""
+        """Metric sums (test, and validation when the split has it) over the shard's users,
+        with the popularity ``prior``'s rankings when one is given."""
         d = self.data
         with torch.no_grad():
             scorer = Scorer(self.model, shared)
             params = self.store.params(d.users)
-            test = metric_sums(scorer, params, d.test_items, d.test_negatives, KS)
+            test = metric_sums(scorer, params, d.test_items, d.test_negatives, KS, prior=prior)
             val = None
             if d.val_items is not None and d.val_negatives is not None:
-                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS)
+                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS, prior=prior)
         return test, val

@@ -78,6 +78,11 @@ def seed_line(res: RunResult) -> str:
             f"; validation-selected round {sel['round']}: HR@10 {sel['hr@10']:.4f} "
             f"NDCG@10 {sel['ndcg@10']:.4f}"
         )
+        if sel.get("prior_weight"):  # the popularity prior changed the ranking served
+            line += (
+                f" (popularity prior weight {sel['prior_weight']:g}; the model alone "
+                f"{sel['model.hr@10']:.4f})"
+            )
     return line
 
 

@@ -24,6 +24,7 @@ from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
+from fedrecgel.prior import choose, item_counts, log_prior
 from fedrecgel.privacy import AdaptiveClip, ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape
@@ -60,6 +61,10 @@ class TrainConfig(RunParams):
     # With per-client uploads, compute them for groups of clients together, as client workers
     # started with ``grouped_uploads`` do (SAMConfig.grouped_uploads); otherwise one at a time.
     grouped_uploads: bool = False
+    # Serve the model's logits plus w * log(1 + item count), w chosen on the validation items at
+    # each evaluation (fedrecgel.prior). Needs validation items; off under DP, whose budget
+    # does not cover the counts.
+    popularity_prior: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -129,6 +134,12 @@ class RoundRecord:
     epsilon: float | None = None
     #: DP runs: the clip norm of the round's uploads (it moves with adaptive clipping)
     dp_clip: float | None = None
+    #: the popularity prior's weight chosen on validation at this evaluation (``test`` and
+    #: ``val`` are the ranking it serves); None when no prior was ranked
+    prior_weight: float | None = None
+    #: the model's own figures, without the prior (the same as ``test``/``val`` without one)
+    model_test: dict[str, float] = field(default_factory=dict)
+    model_val: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,8 +158,10 @@ class RunResult:
         return self._test_at_best(lambda r: r.test, key)
 
     def selected(self, key: str = "hr@10") -> dict[str, Any] | None:
-        """Test metrics at the round chosen on the validation ``key`` (the honest figure)."""
-        return self._test_at_best(lambda r: r.val, key)
+        """Test metrics at the round chosen on the validation ``key`` (the honest figure): the
+        model's own validation figure chooses the round, the popularity prior's weight at that
+        round is then the one its evaluation chose."""
+        return self._test_at_best(lambda r: r.model_val or r.val, key)
 
     def _test_at_best(
         self, metrics: Callable[[RoundRecord], dict[str, float]], key: str
@@ -159,7 +172,11 @@ class RunResult:
         if not evald:
             return None
         best = max(evald, key=lambda r: metrics(r)[key])
-        return {"round": best.round, **best.test}
+        if best.prior_weight is None:
+            return {"round": best.round, **best.test}
+        # the served ranking's figures, the prior's weight, and the model's own at that round
+        model = {f"model.{k}": v for k, v in best.model_test.items()}
+        return {"round": best.round, **best.test, "prior_weight": best.prior_weight, **model}
 
     def epsilon_spent(self) -> float | None:
         """The privacy budget the run spent in all (the epsilon after its last round, at the
@@ -223,6 +240,10 @@ class Simulator:
                 "differential privacy together with secure aggregation is not wired into the "
                 "simulator yet: choose one"
             )
+        #: the popularity prior ranked beside the model at each evaluation (fedrecgel.prior)
+        self.prior: torch.Tensor | None = None
+        if config.popularity_prior and split.has_validation and self.privacy is None:
+            self.prior = log_prior(item_counts(split.train_items, split.n_items))
         self.round_id = 0
 
     def samples_for(
@@ -250,7 +271,9 @@ class Simulator:
         )
         every = cfg.eval_every
         if every and (r % every == 0 or r == self.total_rounds):
-            rec.test, rec.val = self.evaluate()
+            served = choose(*self.evaluate(), n_val=self.split.n_users)
+            rec.test, rec.val, rec.prior_weight = served.test, served.val, served.weight
+            rec.model_test, rec.model_val = served.model_test, served.model_val
         rec.seconds = time.perf_counter() - t0
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)
         return rec
@@ -329,22 +352,18 @@ class Simulator:
         """
         scorer = Scorer(self.model_cfg, self.shared)
         split = self.split
-        test: dict[str, float] = {}
-        val: dict[str, float] = {}
+        sets: list[tuple[np.ndarray, np.ndarray, dict[str, float]]] = [
+            (split.test_items, split.test_negatives, {})
+        ]
+        if split.val_items is not None and split.val_negatives is not None:
+            sets.append((split.val_items, split.val_negatives, {}))
         for part in self._shards(self.users):
             params = self.store.params(part)
-            _add(
-                test,
-                metric_sums(scorer, params, split.test_items[part], split.test_negatives[part], KS),
-            )
-            if split.val_items is not None and split.val_negatives is not None:
-                _add(
-                    val,
-                    metric_sums(
-                        scorer, params, split.val_items[part], split.val_negatives[part], KS
-                    ),
-                )
-        return means(test), (means(val) if val else {})
+            for items, negs, total in sets:
+                sums = metric_sums(scorer, params, items[part], negs[part], KS, prior=self.prior)
+                _add(total, sums)
+        test, *val = (means(total) for _, _, total in sets)
+        return test, (val[0] if val else {})
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         """Run all rounds; ``on_round`` sees each record as it is made."""

@@ -314,6 +314,7 @@ def run_baseline(
             n_negatives=base.n_negatives,
             seed=seed,
             eval_every=max(base.eval_every, 1),
+            popularity_prior=base.popularity_prior,
         )
         if central_lr is not None:
             cfg = replace(cfg, lr=central_lr)

@@ -104,10 +104,10 @@ def compare(
             problems.append(f"round {rec.round}: {row['n_updates']} updates, want {rec.n_clients}")
         agree.loss = max(agree.loss, abs(float(row["loss"]) - rec.loss))
         got = row["metrics"] or {}
-        missing = set(rec.test) - set(got)
+        missing = set(rec.model_test) - set(got)
         if missing:
             problems.append(f"round {rec.round}: metrics {sorted(missing)} missing")
-        for k, v in rec.test.items():
+        for k, v in rec.model_test.items():  # the services serve the model alone
             if k in got:
                 agree.metrics = max(agree.metrics, abs(float(got[k]) - v))
     _, shared, version = decode_model(model)

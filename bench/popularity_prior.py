@@ -1,0 +1,124 @@
+"""What the popularity prior (fedrecgel/prior.py) changes in what `fedrec train` serves at the
+defaults: the model alone against the model's logit + w * log(1 + item count), w chosen on
+validation, beside popularity and the same NCF trained centrally (with and without the prior).
+
+    nice -n 5 .venv/bin/python -m bench.popularity_prior [--seeds 0,1,2]
+        [--datasets amazon-video/paper,...] [--out bench/results/popularity_prior.json]
+
+Each run is one training; both figures come from it. *served*: test HR@10 / NDCG@10 at the
+round (and weight) with the best validation HR@10 of the served ranking; *model alone*: at
+the round with the best validation HR@10 of the model's own ranking. Federated runs take the
+default preset (no preset named, as `fedrec train` does); central runs take the step size and
+epochs `bench/central.py` chose on validation (bench/results/central.json).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.accuracy_diagnosis import load
+from bench.bench_cli import (
+    IntList,
+    Ints,
+    OutFile,
+    default_data_dir,
+    fail,
+    in_fresh_processes,
+    subset,
+    write_result,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+OUT = RESULTS / "popularity_prior.json"
+DATASETS = (
+    "amazon-video/paper",
+    "filmtrust/paper",
+    "lastfm-2k/clean",
+    "lastfm-2k/paper",
+    "synthetic-tastes/paper",
+)
+ARMS = ("federated", "central")
+
+
+def _figures(rounds: list[Any], val: str, test: str) -> dict[str, Any]:
+    """Test HR/NDCG@10 at the evaluated round whose ``val`` dict has the best HR@10."""
+    evald = [r for r in rounds if getattr(r, val)]
+    best = max(evald, key=lambda r: getattr(r, val)["hr@10"])
+    got = getattr(best, test)
+    return {"round": best.round, "hr@10": got["hr@10"], "ndcg@10": got["ndcg@10"]}
+
+
+def _one(job: dict[str, Any]) -> dict[str, Any]:
+    """One run in a worker process: the served and the model-alone figures."""
+    from dataclasses import replace
+
+    import torch
+
+    from fedrecgel.baselines import CentralConfig, central
+    from fedrecgel.presets import run_settings
+    from fedrecgel.simulate import Simulator, TrainConfig
+
+    torch.set_num_threads(1)
+    split = load(job["dataset"], job["data_dir"])
+    name = job["dataset"].split("/")[0]
+    cfg = TrainConfig(**run_settings("default", name), seed=job["seed"], eval_every=10)
+    t0 = time.perf_counter()
+    if job["arm"] == "federated":
+        res = Simulator(split, cfg).run()
+    else:
+        base = CentralConfig(cfg.model(split.n_items), seed=job["seed"])
+        res = central(split, replace(base, lr=job["lr"], epochs=job["epochs"]))
+    served = res.selected()
+    assert served is not None  # the split has validation items
+    return {
+        **{k: v for k, v in job.items() if k != "data_dir"},
+        "served": {k: served[k] for k in ("round", "hr@10", "ndcg@10")},
+        "weight": served.get("prior_weight", 0.0),
+        "model_alone": _figures(res.rounds, "model_val", "model_test"),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(
+    seeds: IntList = Ints([0, 1, 2]),
+    datasets: str = ",".join(DATASETS),
+    arms: str = ",".join(ARMS),
+    data_dir: Path | None = default_data_dir(),
+    out: OutFile = OUT,
+) -> None:
+    chosen = subset(datasets, DATASETS, "--datasets")
+    central_of = json.loads((RESULTS / "central.json").read_text())["datasets"]
+    missing = [d for d in chosen if d not in central_of]
+    if "central" in arms and missing:
+        raise fail(f"bench/results/central.json has no step size for {', '.join(missing)}")
+    jobs = [
+        {"dataset": d, "arm": arm, "seed": s, "data_dir": data_dir}
+        | (
+            {"lr": central_of[d]["lr"], "epochs": central_of[d]["epochs"]}
+            if arm == "central"
+            else {}
+        )
+        for d in chosen
+        for arm in subset(arms, ARMS, "--arms")
+        for s in seeds
+    ]
+    t0 = time.perf_counter()
+    runs = in_fresh_processes(_one, jobs)
+    for r in runs:
+        print(
+            f"{r['dataset']} {r['arm']} seed {r['seed']}: served {100 * r['served']['hr@10']:.2f} "
+            f"(w {r['weight']:g}), model alone {100 * r['model_alone']['hr@10']:.2f}"
+        )
+    from fedrecgel.baselines import popularity
+
+    refs = {d: {"popularity": popularity(load(d, data_dir)).rounds[0].test} for d in chosen}
+    write_result(out, {"settings": {"seeds": seeds}, "runs": runs, "references": refs}, t0)
+
+
+if __name__ == "__main__":
+    from bench.bench_cli import run
+
+    run(main)

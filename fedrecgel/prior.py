@@ -1,0 +1,98 @@
+"""The popularity prior: the served ranking is the model's logit plus w * log(1 + n_i).
+
+n_i is how many training rows hold item i (the counts :func:`fedrecgel.baselines.popularity`
+ranks by). The model learns popularity only as far as its regularised item embeddings can hold
+it; the prior adds it back as a fixed item bias, the way a production ranker adds a
+log-popularity term (`bench/popularity_prior.py` measures it on every data set).
+
+w is chosen on the validation items at every evaluation among :data:`PRIOR_WEIGHTS`: 0 (the
+model alone) unless a weight moves clearly more validation users into the top 10 than out of it
+(a sign test, :data:`GUARD_Z`), then the best of those. The run's round is chosen on the model's
+own validation figure (:meth:`fedrecgel.simulate.RunResult.selected`), so the prior never
+changes which model is served, only how its scores are ranked.
+
+Metric sums carry the model's own figures under their plain names and each weight's under
+``prior@W/NAME`` (with its sign test's ``gain`` and ``loss`` counts); :func:`choose` turns a
+round's test and validation means into the served figures and the model's own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+#: weights of the prior tried at each evaluation; 0 (the model alone) first, so it wins ties
+PRIOR_WEIGHTS: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+#: the metric that chooses the weight (as it chooses the round)
+CHOOSE_ON = "hr@10"
+#: the cut-off of the sign test below (that of CHOOSE_ON)
+GUARD_K = 10
+#: a weight is served only when the validation users it moves into the top GUARD_K outnumber
+#: those it moves out by this many standard deviations of a sign test (gain - loss >
+#: Z * sqrt(gain + loss)): with few validation users a weight that wins by chance stays off
+GUARD_Z = 2.0
+#: the metric names that only guard the choice, not reported
+GUARD_NAMES = ("gain", "loss")
+
+
+def item_counts(train_items: np.ndarray, n_items: int) -> np.ndarray:
+    """How many training rows hold each item: (n_items,) int64."""
+    return np.bincount(train_items, minlength=n_items).astype(np.int64)
+
+
+def log_prior(counts: np.ndarray) -> Tensor:
+    """log(1 + n_i) per item, float32 like the logits it is added to: (n_items,)."""
+    return torch.from_numpy(np.log1p(counts.astype(np.float64))).to(torch.float32)
+
+
+def key(weight: float, name: str) -> str:
+    """The metric name of ``name`` ranked with the prior at ``weight`` (0: the plain name)."""
+    return name if weight == 0 else f"prior@{weight:g}/{name}"
+
+
+def at_weight(metrics: dict[str, float], weight: float) -> dict[str, float]:
+    """The plain-named metrics of the ranking with the prior at ``weight``."""
+    if weight == 0:
+        return {k: v for k, v in metrics.items() if not k.startswith("prior@")}
+    head = key(weight, "")
+    got = {k[len(head) :]: v for k, v in metrics.items() if k.startswith(head)}
+    return {k: v for k, v in got.items() if k not in GUARD_NAMES}
+
+
+@dataclass(frozen=True)
+class Served:
+    """One evaluation's figures: the served ranking's (at ``weight``) and the model's own."""
+
+    test: dict[str, float]
+    val: dict[str, float]
+    #: the prior's weight chosen on validation; None when no prior was ranked
+    weight: float | None
+    model_test: dict[str, float]
+    model_val: dict[str, float]
+
+
+def clears_guard(val: dict[str, float], weight: float, n_val: int) -> bool:
+    """Whether ``weight``'s gain over the model on the ``n_val`` validation users (``val``:
+    means) passes the sign test of :data:`GUARD_Z`."""
+    gain, loss = (n_val * val.get(key(weight, g), 0.0) for g in GUARD_NAMES)
+    return gain - loss > GUARD_Z * math.sqrt(gain + loss)
+
+
+def choose(test: dict[str, float], val: dict[str, float], n_val: int) -> Served:
+    """The served figures of a round: among the model alone and the weights that clear the
+    guard (:func:`clears_guard`), the one whose validation :data:`CHOOSE_ON` is best (the
+    smallest such weight), with the test figures at that weight. Without prior figures (no
+    prior, or no validation items to choose on) the model's figures are served, weight None."""
+    model_test, model_val = at_weight(test, 0), at_weight(val, 0)
+    tried = [
+        w for w in PRIOR_WEIGHTS if w and key(w, CHOOSE_ON) in val and key(w, CHOOSE_ON) in test
+    ]
+    if not tried:
+        return Served(model_test, model_val, None, model_test, model_val)
+    sure = [0.0] + [w for w in tried if clears_guard(val, w, n_val)]
+    best = max(sure, key=lambda w: val[key(w, CHOOSE_ON)])  # max keeps the first of a tie
+    return Served(at_weight(test, best), at_weight(val, best), best, model_test, model_val)
