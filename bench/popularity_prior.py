@@ -15,6 +15,7 @@ epochs `bench/central.py` chose on validation (bench/results/central.json).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from bench.bench_cli import (
     subset,
     write_result,
 )
+from bench.report_common import load_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "popularity_prior.json"
@@ -122,3 +124,50 @@ if __name__ == "__main__":
     from bench.bench_cli import run
 
     run(main)
+
+
+def _mean_std(xs: list[float]) -> str:
+    m = 100 * statistics.fmean(xs)
+    return f"{m:.2f} (one seed)" if len(xs) == 1 else f"{m:.2f} ± {100 * statistics.stdev(xs):.2f}"
+
+
+def section() -> list[str]:
+    """docs/RESULTS.md's section on the prior (nothing before the benchmark has run)."""
+    d: dict[str, Any] | None = load_result("popularity_prior.json")
+    if d is None:
+        return []
+    lines = [
+        "## What `fedrec train` serves at the defaults: the model and the popularity prior "
+        "(`bench/popularity_prior.py`)",
+        "",
+        "Test HR@10 (%), mean ± std over seeds "
+        f"{d['settings']['seeds']}, at the round chosen on the model's own validation HR@10. "
+        "*model*: the model's logits alone; *served*: logit + w * log(1 + item count), w "
+        "chosen on validation at that evaluation (among 0 to 8; a weight only when it moves "
+        "clearly more validation users into the top 10 than out, by a sign test), so both "
+        "figures come from the same training run. *weights*: the w served, one per seed. "
+        "Federated: the default preset; central: the same NCF trained in one place at the "
+        "step size and epochs `bench/central.py` chose on validation. The accuracy table "
+        "below predates the prior: its rows are the model alone.",
+        "",
+        "| data set | popularity | federated, model | federated, served | weights | "
+        "central, model | central, served | weights |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in d["runs"]:
+        by.setdefault((r["dataset"], r["arm"]), []).append(r)
+    for name, ref in d["references"].items():
+        cells = [name, f"{100 * ref['popularity']['hr@10']:.2f}"]
+        for arm in ARMS:
+            runs = by.get((name, arm), [])
+            if not runs:
+                cells += ["-", "-", "-"]
+                continue
+            cells += [
+                _mean_std([r["model_alone"]["hr@10"] for r in runs]),
+                _mean_std([r["served"]["hr@10"] for r in runs]),
+                ", ".join(f"{r['weight']:g}" for r in runs),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines

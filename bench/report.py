@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench import (
     diagnosis_report,
+    popularity_prior,
     report_dashboard,
     report_http,
     report_ray,
@@ -302,6 +303,8 @@ def accuracy() -> list[str]:
     if not ACC.exists():
         return []
     return [
+        *popularity_prior.section(),
+        "",
         *accuracy_section(),
         "",
         *diagnosis_report.section(),

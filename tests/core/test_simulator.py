@@ -135,8 +135,10 @@ def test_best_test_and_validation_selected_figures() -> None:
     best, sel = res.best_test(), res.selected()
     assert best is not None and sel is not None
     assert best["hr@10"] == max(r.test["hr@10"] for r in res.rounds)
-    chosen = max(res.rounds, key=lambda r: r.val["hr@10"])
+    # the round is chosen on the model's own validation figure, served with its prior weight
+    chosen = max(res.rounds, key=lambda r: r.model_val["hr@10"])
     assert sel["round"] == chosen.round and sel["hr@10"] == chosen.test["hr@10"]
+    assert sel["prior_weight"] == chosen.prior_weight
 
 
 def test_private_store_is_lazy_and_keyed_by_user() -> None:
