@@ -123,7 +123,7 @@ def test_two_workers_three_rounds_match_the_simulator(
         total = {k: sum(e["sums"][k] for e in reports) for k in reports[0]["sums"]}
         total["count"] = sum(e["count"] for e in reports)
         got = means(total)
-        for k, v in rec.test.items():
+        for k, v in rec.model_test.items():  # workers report the model's own figures
             assert got[k] == pytest.approx(v, abs=1e-9), (rec.round, k)
     # the private state in the stores equals the simulator's
     for w in workers:
@@ -285,9 +285,9 @@ def test_validation_metrics_are_reported_next_to_test_metrics(tmp_path: Path) ->
     rec = sim.run().rounds[0]
     (report,) = fake.evaluations
     got = means({**report["sums"], "count": report["count"]})
-    for k, v in rec.test.items():
+    for k, v in rec.model_test.items():  # workers report the model's own figures
         assert got[k] == pytest.approx(v, abs=1e-9)
-    for k, v in rec.val.items():
+    for k, v in rec.model_val.items():
         assert got[f"val/{k}"] == pytest.approx(v, abs=1e-9)
 
 
@@ -379,7 +379,7 @@ def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(
     assert [e["model_version"] for e in fake.evaluations] == [1, 2, 3]
     rec = sim3[1].rounds[0]
     got = means({**fake.evaluations[0]["sums"], "count": fake.evaluations[0]["count"]})
-    for k, v in rec.test.items():
+    for k, v in rec.model_test.items():
         assert got[k] == pytest.approx(v, abs=1e-9)
 
 
