@@ -15,7 +15,6 @@ epochs `bench/central.py` chose on validation (bench/results/central.json).
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from bench.bench_cli import (
     subset,
     write_result,
 )
-from bench.report_common import load_result
+from bench.report_common import load_result, mean_std
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "popularity_prior.json"
@@ -126,11 +125,6 @@ if __name__ == "__main__":
     run(main)
 
 
-def _mean_std(xs: list[float]) -> str:
-    m = 100 * statistics.fmean(xs)
-    return f"{m:.2f} (one seed)" if len(xs) == 1 else f"{m:.2f} ± {100 * statistics.stdev(xs):.2f}"
-
-
 def section() -> list[str]:
     """docs/RESULTS.md's section on the prior (nothing before the benchmark has run)."""
     d: dict[str, Any] | None = load_result("popularity_prior.json")
@@ -165,8 +159,8 @@ def section() -> list[str]:
                 cells += ["-", "-", "-"]
                 continue
             cells += [
-                _mean_std([r["model_alone"]["hr@10"] for r in runs]),
-                _mean_std([r["served"]["hr@10"] for r in runs]),
+                mean_std([r["model_alone"]["hr@10"] for r in runs]),
+                mean_std([r["served"]["hr@10"] for r in runs]),
                 ", ".join(f"{r['weight']:g}" for r in runs),
             ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +46,13 @@ def load_range(*results: dict[str, Any]) -> str:
     """The range of the 1-minute load after the repetitions of ``results``."""
     loads = [r["load_avg_1m"] for d in results for r in d["repetitions"]]
     return f"{min(loads):.1f}-{max(loads):.1f}"
+
+
+def mean_std(xs: list[float]) -> str:
+    """Fractions as a percentage, mean ± sample std ("-" for none; one seed says so)."""
+    if not xs:
+        return "-"
+    m = 100 * statistics.fmean(xs)
+    if len(xs) == 1:
+        return f"{m:.2f} (one seed)"
+    return f"{m:.2f} ± {100 * statistics.stdev(xs):.2f}"

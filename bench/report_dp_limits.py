@@ -7,16 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_result
-
-
-def _mean_std(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    m = 100 * statistics.fmean(xs)
-    if len(xs) == 1:
-        return f"{m:.2f} (one seed)"
-    return f"{m:.2f} ± {100 * statistics.stdev(xs):.2f}"
+from bench.report_common import load_result, mean_std
 
 
 def defaults() -> list[str]:
@@ -51,8 +42,8 @@ def defaults() -> list[str]:
         hi = statistics.fmean(r["clip_max"] for r in runs)
         clip = f"{lo:.3g}" if abs(hi - lo) < 1e-12 else f"{lo:.3g} to {hi:.3g}"
         lines.append(
-            f"| {name} | {arm} | {_mean_std([r['test_hr@10'] for r in runs])} | {clip} | "
-            f"{_mean_std(ref['dp_popularity'])} | {100 * ref['popularity']:.2f} |"
+            f"| {name} | {arm} | {mean_std([r['test_hr@10'] for r in runs])} | {clip} | "
+            f"{mean_std(ref['dp_popularity'])} | {100 * ref['popularity']:.2f} |"
         )
     return lines
 
@@ -94,8 +85,8 @@ def spectrum() -> list[str]:
             f"{r['threshold']:.1f} | {lam[0]:.1f}, {lam[1]:.1f}, {lam[2]:.1f}, {lam[4]:.1f} | "
             f"{r['directions_visible']} | {r['users_needed_second']:,.0f} "
             f"({r['users_needed_fifth']:,.0f}) | {100 * r['exact']['test_hr@10']:.2f} | "
-            f"{_mean_std([p['test_hr@10'] for p in r['private']])} | "
-            f"{_mean_std(r['dp_popularity_test_hr@10'])} | "
+            f"{mean_std([p['test_hr@10'] for p in r['private']])} | "
+            f"{mean_std(r['dp_popularity_test_hr@10'])} | "
             f"{100 * r['popularity_test_hr@10']:.2f} |"
         )
     first = min(r["epsilon"] for r in d["runs"])
