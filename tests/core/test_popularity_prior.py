@@ -81,6 +81,7 @@ def test_choose_takes_the_best_validation_weight_that_clears_the_sign_test() -> 
 def test_the_sign_test_counts_the_users_moved_across_the_top_ten() -> None:
     scorer, states = _scorer_and_states()
     prior = log_prior(item_counts(SPLIT.train_items, SPLIT.n_items))
+    assert SPLIT.val_items is not None and SPLIT.val_negatives is not None
     got = metric_sums(scorer, states, SPLIT.val_items, SPLIT.val_negatives, KS, prior=prior)
     for w in PRIOR_WEIGHTS[1:]:
         # hits with the prior = model hits + moved in - moved out
