@@ -50,8 +50,6 @@ ARMS = ("federated", "central")
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:
     """One run in a worker process: the served and the model-alone figures."""
-    from dataclasses import replace
-
     import torch
 
     from fedrecgel.baselines import CentralConfig, central
@@ -66,8 +64,10 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
     if job["arm"] == "federated":
         res = Simulator(split, cfg).run()
     else:
-        base = CentralConfig(cfg.model(split.n_items), seed=job["seed"])
-        res = central(split, replace(base, lr=job["lr"], epochs=job["epochs"]))
+        model = cfg.model(split.n_items)
+        res = central(
+            split, CentralConfig(model, seed=job["seed"], lr=job["lr"], epochs=job["epochs"])
+        )
     served = res.selected()
     assert served is not None  # the split has validation items
     return {

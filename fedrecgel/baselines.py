@@ -28,7 +28,7 @@ from fedrecgel.config import DEFAULTS
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums, per_user_metrics, rank_of_positive
 from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_private, init_shared
-from fedrecgel.prior import choose, item_counts, log_prior
+from fedrecgel.prior import item_counts, split_prior
 from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import RoundRecord, RunResult
 
@@ -147,9 +147,7 @@ def central(
     shuffle = np.random.default_rng([config.seed, 0xCE17])
     # each epoch, every user's samples drawn as a federated client draws them in a round
     draw = ClientRound(cfg, SAMConfig(n_negatives=config.n_negatives), config.seed)
-    prior = None
-    if config.popularity_prior and split.has_validation:
-        prior = log_prior(item_counts(split.train_items, split.n_items))
+    prior = split_prior(split) if config.popularity_prior else None
     records: list[RoundRecord] = []
     for epoch in range(1, config.epochs + 1):
         t0 = time.perf_counter()
@@ -178,9 +176,7 @@ def central(
             round=epoch, n_clients=split.n_users, loss=total / len(order), seconds=0.0
         )
         if epoch % config.eval_every == 0 or epoch == config.epochs:
-            served = choose(*_evaluate(cfg, shared, private, split, prior), n_val=split.n_users)
-            rec.test, rec.val, rec.prior_weight = served.test, served.val, served.weight
-            rec.model_test, rec.model_val = served.model_test, served.model_val
+            rec.take_evaluation(*_evaluate(cfg, shared, private, split, prior), split.n_users)
         rec.seconds = time.perf_counter() - t0
         records.append(rec)
         if on_epoch is not None:

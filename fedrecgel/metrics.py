@@ -160,24 +160,26 @@ def metric_sums(
         cand = np.empty((end - start, c), dtype=np.int64)
         cand[:, 0] = test_items[start:end]
         cand[:, 1:] = negatives[start:end]
+        cand_t = torch.from_numpy(cand)
         out = candidate_logits(
             scorer,
             {k: v[start:end] for k, v in private.items()},
-            torch.from_numpy(cand),
+            cand_t,
             out=logits[: end - start],
         )
         ranks[0, start:end] = rank_of_positive(out[:, 0], out[:, 1:])
         if prior is not None:
-            bias = prior[torch.from_numpy(cand)]
+            bias = prior[cand_t]
             for j, w in enumerate(weights, 1):
                 served = out + w * bias
                 ranks[j, start:end] = rank_of_positive(served[:, 0], served[:, 1:])
     totals: dict[str, float] = {}
+    model_hit = ranks[0] < GUARD_K
     for w, r in zip((0.0, *weights), ranks, strict=True):
         for name, vals in per_user_metrics(r, ks).items():
             totals[prior_key(w, name)] = float(vals.sum())
         if w:  # the users the prior moves into and out of the top GUARD_K (its sign test)
-            hit, model_hit = r < GUARD_K, ranks[0] < GUARD_K
+            hit = r < GUARD_K
             totals[prior_key(w, "gain")] = float((hit & ~model_hit).sum())
             totals[prior_key(w, "loss")] = float((model_hit & ~hit).sum())
     totals["count"] = float(n)

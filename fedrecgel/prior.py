@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fedrecgel.data import Split
+
 #: weights of the prior tried at each evaluation; 0 (the model alone) first, so it wins ties
 PRIOR_WEIGHTS: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 #: the metric that chooses the weight (as it chooses the round)
@@ -47,6 +49,14 @@ def item_counts(train_items: np.ndarray, n_items: int) -> np.ndarray:
 def log_prior(counts: np.ndarray) -> Tensor:
     """log(1 + n_i) per item, float32 like the logits it is added to: (n_items,)."""
     return torch.from_numpy(np.log1p(counts.astype(np.float64))).to(torch.float32)
+
+
+def split_prior(split: Split) -> Tensor | None:
+    """The prior of ``split``'s training counts; None without validation items to choose its
+    weight on."""
+    if not split.has_validation:
+        return None
+    return log_prior(item_counts(split.train_items, split.n_items))
 
 
 def key(weight: float, name: str) -> str:

@@ -24,7 +24,7 @@ from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
-from fedrecgel.prior import choose, item_counts, log_prior
+from fedrecgel.prior import choose, split_prior
 from fedrecgel.privacy import AdaptiveClip, ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape
@@ -141,6 +141,13 @@ class RoundRecord:
     model_test: dict[str, float] = field(default_factory=dict)
     model_val: dict[str, float] = field(default_factory=dict)
 
+    def take_evaluation(self, test: dict[str, float], val: dict[str, float], n_val: int) -> None:
+        """Record an evaluation's means (with the prior's rankings, if any): the figures served
+        (:func:`fedrecgel.prior.choose` over ``n_val`` validation users) and the model's own."""
+        served = choose(test, val, n_val)
+        self.test, self.val, self.prior_weight = served.test, served.val, served.weight
+        self.model_test, self.model_val = served.model_test, served.model_val
+
 
 @dataclass
 class RunResult:
@@ -242,8 +249,8 @@ class Simulator:
             )
         #: the popularity prior ranked beside the model at each evaluation (fedrecgel.prior)
         self.prior: torch.Tensor | None = None
-        if config.popularity_prior and split.has_validation and self.privacy is None:
-            self.prior = log_prior(item_counts(split.train_items, split.n_items))
+        if config.popularity_prior and self.privacy is None:
+            self.prior = split_prior(split)
         self.round_id = 0
 
     def samples_for(
@@ -271,9 +278,7 @@ class Simulator:
         )
         every = cfg.eval_every
         if every and (r % every == 0 or r == self.total_rounds):
-            served = choose(*self.evaluate(), n_val=self.split.n_users)
-            rec.test, rec.val, rec.prior_weight = served.test, served.val, served.weight
-            rec.model_test, rec.model_val = served.model_test, served.model_val
+            rec.take_evaluation(*self.evaluate(), n_val=self.split.n_users)
         rec.seconds = time.perf_counter() - t0
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)
         return rec
