@@ -110,7 +110,7 @@ class CentralConfig:
     seed: int = 0
     eval_every: int = 1
     #: rank with the popularity prior too, as the federated run does (fedrecgel.prior)
-    popularity_prior: bool = True
+    popularity_prior: bool = DEFAULTS.popularity_prior
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""

@@ -216,13 +216,6 @@ def train(
             min=0, help="Evaluate every this many rounds and after the last; 0: never evaluate."
         ),
     ] = 1,
-    popularity_prior: Annotated[
-        bool,
-        typer.Option(
-            help="Rank by the model's logit + w*log(1 + item count), w chosen on validation at "
-            "each evaluation among 0 (the model alone) to 8; needs --validation, off under DP."
-        ),
-    ] = True,
     out: Annotated[
         Path,
         typer.Option(
@@ -287,7 +280,6 @@ def train(
             params,
             method=method if federated else "fedrecgel",
             eval_every=eval_every,
-            popularity_prior=popularity_prior,
         )
         split = load_data(dataset, data_dir, validation, protocol, split_dir)
     except (DataError, ValueError) as err:

@@ -279,6 +279,15 @@ class RunParams(BaseModel):
         "of every coordinate (rounded down to whole uploads).",
     )
 
+    popularity_prior: bool = Field(
+        default=True,
+        description="Rank by the model's logit + w*log(1 + item count), w chosen on the "
+        "validation items at each evaluation among 0 (the model alone) to 8; needs validation "
+        "items. The counts are summed over the clients (over HTTP each worker reports its "
+        "users' sum once a run); off in a DP or secure-aggregation run, whose guarantees do "
+        "not cover them.",
+    )
+
     @model_validator(mode="after")
     def _robust_mean_fits(self) -> RunParams:
         if self.server_mean == "mean":
@@ -337,6 +346,12 @@ class RunParams(BaseModel):
                 "clients' clip-norm count as it adds the noise of their sum"
             )
         return self
+
+    @property
+    def prior_enabled(self) -> bool:
+        """Whether the popularity prior is ranked: asked for, and neither DP nor secure
+        aggregation (the item counts would leave the clients outside their guarantees)."""
+        return self.popularity_prior and not self.dp_enabled and self.secure_aggregation == "off"
 
     @property
     def dp_enabled(self) -> bool:

@@ -61,10 +61,6 @@ class TrainConfig(RunParams):
     # With per-client uploads, compute them for groups of clients together, as client workers
     # started with ``grouped_uploads`` do (SAMConfig.grouped_uploads); otherwise one at a time.
     grouped_uploads: bool = False
-    # Serve the model's logits plus w * log(1 + item count), w chosen on the validation items at
-    # each evaluation (fedrecgel.prior). Needs validation items; off under DP, whose budget
-    # does not cover the counts.
-    popularity_prior: bool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -249,7 +245,7 @@ class Simulator:
             )
         #: the popularity prior ranked beside the model at each evaluation (fedrecgel.prior)
         self.prior: torch.Tensor | None = None
-        if config.popularity_prior and self.privacy is None:
+        if config.prior_enabled:
             self.prior = split_prior(split)
         self.round_id = 0
 

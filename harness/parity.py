@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedrecgel.simulate import TrainConfig
+from fedrecgel.simulate import RoundRecord, TrainConfig
 from harness.loopback import free_port
 from services.launcher import Cluster, UpOptions, cluster
 
@@ -31,6 +31,7 @@ def parity_options(
     cohort, which the simulator does not.
     """
     length = {} if rounds is None else {"rounds": rounds}
+    options.setdefault("validation", False)  # the reference splits hold no validation items
     return UpOptions(
         run=train.run_params(dataset=dataset, deadline_s=3600.0, **length),
         aggregator_port=free_port(),
@@ -55,3 +56,12 @@ def start_workers(c: Cluster, n_users: int) -> None:
     for i in range(c.opts.workers):
         c.start_worker(i)
     c.wait_registered(n_users)
+
+
+def served_and_model(rec: RoundRecord) -> dict[str, float]:
+    """The test figures an aggregator publishes for a simulated evaluation: the served
+    ranking's under the plain names and, when the popularity prior was ranked, the model's
+    own under ``model/`` (:func:`services.aggregator.evaluation.served_metrics`)."""
+    if rec.prior_weight is None:
+        return dict(rec.test)
+    return {**rec.test, **{f"model/{k}": v for k, v in rec.model_test.items()}}

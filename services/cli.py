@@ -125,6 +125,13 @@ def up(
             "postgresql+psycopg://user@host/db); default: SQLite in --workdir."
         ),
     ] = _UP.database_url,
+    validation: Annotated[
+        bool,
+        typer.Option(
+            help="Hold out each user's second-latest item on the workers (as fedrec train "
+            "does): the best round is chosen on it and the popularity prior's weight too."
+        ),
+    ] = _UP.validation,
     recommend: Annotated[
         bool, typer.Option(help="Also start the recommendation API.")
     ] = _UP.recommend,
@@ -161,6 +168,7 @@ def up(
         workdir=workdir,
         redis_url=redis_url,
         database_url=database_url,
+        validation=validation,
         recommend=recommend,
         keep_running=keep_running,
     )

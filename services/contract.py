@@ -17,6 +17,8 @@ Type names follow the endpoints:
   /v1/rounds/{round_id}/secagg/{step}``: :mod:`fedrecgel.secagg.messages` bodies ->
   :class:`UploadResponse`
 * ``POST /v1/evaluations``: :class:`EvaluationRequest` -> :class:`EvaluationAck`
+* ``POST /v1/runs/{run_id}/item-counts``: :class:`ItemCountsRequest` -> :class:`ItemCountsAck`;
+  ``GET /v1/runs/{run_id|current}/prior``: :class:`PriorInfo` (the popularity prior)
 * ``POST /v1/runs``: :class:`RunConfig`
 * ``POST /v1/recommendations`` (recommend_api, called by devices and by the worker's device
   API): :class:`RecommendationRequest` -> :class:`RecommendationResponse`
@@ -326,6 +328,51 @@ class EvaluationAck(BaseModel):
     complete: bool
 
 
+# ----------------------------------------------------------------------------- popularity prior
+
+
+class ItemCountsRequest(BaseModel):
+    """``POST /v1/runs/{run_id}/item-counts``: how many of the listed clients hold each item in
+    their training data (items with a count of 0 left out), once per run and client."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_ids: list[int] = Field(min_length=1)
+    items: list[int]
+    counts: list[int]
+
+    @field_validator("client_ids", "items")
+    @classmethod
+    def _distinct(cls, ids: list[int]) -> list[int]:
+        if len(set(ids)) != len(ids):
+            raise ValueError("ids must be distinct")
+        return ids
+
+
+class ItemCountsAck(BaseModel):
+    """What a count report did: newly counted clients, repeats ignored, whether the counts now
+    cover every registered client (the run's prior is then fixed)."""
+
+    accepted: int
+    ignored: int
+    complete: bool
+
+
+class PriorInfo(BaseModel):
+    """``GET /v1/runs/{run_id|current}/prior``: the run's popularity prior, the clients'
+    summed item counts once they cover every registered client (null before), and the weight
+    chosen at the newest evaluated version (null: none chosen; 0: the model alone)."""
+
+    run_id: int
+    enabled: bool
+    complete: bool
+    counted: int
+    registered: int
+    counts: list[int] | None = None
+    weight: float | None = None
+    weight_version: int | None = None
+
+
 # ----------------------------------------------------------------------------- recommendations
 
 
@@ -356,17 +403,21 @@ class RecommendationRequest(BaseModel):
 
 
 class ScoredItem(BaseModel):
-    """One recommended item: its id as recommend_api names it, and its model logit."""
+    """One recommended item: its id as recommend_api names it, and its served score (the
+    model's logit, plus the popularity prior's term when one is served)."""
 
     item: str
     score: float
 
 
 class RecommendationResponse(BaseModel):
-    """The ranking and the model version that produced it."""
+    """The ranking, the model version that produced it, and the popularity prior's weight in
+    its scores: each score is the model's logit plus ``prior_weight * log(1 + n_item)`` (the
+    item's training count over all clients); ``prior_weight`` null: the model's logits alone."""
 
     model_version: int
     items: list[ScoredItem]
+    prior_weight: float | None = None
 
 
 class TrainingItems(BaseModel):

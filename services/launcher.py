@@ -91,7 +91,7 @@ class UpOptions:
     run: RunParams = field(default_factory=RunParams)
     data_dir: Path | None = None
     workers: int = 2
-    validation: bool = False
+    validation: bool = True  # as fedrec train: the round and the prior's weight chosen on it
     host: str = "127.0.0.1"
     aggregator_port: int = AGGREGATOR_PORT
     recommend_port: int = RECOMMEND_PORT

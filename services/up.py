@@ -190,21 +190,38 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
                 pass
             time.sleep(0.3)
     rounds = history.get("rounds", [])
-    best = max(
-        (r for r in rounds if r.get("metrics")), key=lambda r: r["metrics"]["hr@10"], default=None
-    )
     last = rounds[-1] if rounds else None
     if last and last.get("metrics"):
-        m = last["metrics"]
-        console.print(
-            f"final round {last['round_id']}: HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f}"
-        )
+        console.print(f"final round {last['round_id']}: {_figures(last['metrics'])}")
+    evaluated = [r for r in rounds if r.get("metrics")]
+
+    # chosen as fedrec train chooses: on the model's own validation HR@10 (with the prior,
+    # ``model/val/``), on test only without validation items
+    def val_of(r: dict[str, Any]) -> float | None:
+        m = r["metrics"]
+        v = m.get("model/val/hr@10", m.get("val/hr@10"))
+        return None if v is None else float(v)
+
+    has_val = any(val_of(r) is not None for r in evaluated)
+    best = max(
+        evaluated,
+        key=lambda r: (val_of(r) or -1.0) if has_val else float(r["metrics"]["hr@10"]),
+        default=None,
+    )
     if best:
-        console.print(
-            f"best round {best['round_id']}: HR@10 {best['metrics']['hr@10']:.4f} "
-            f"NDCG@10 {best['metrics']['ndcg@10']:.4f}"
-        )
+        on = "validation" if has_val else "test (no validation items to choose on)"
+        console.print(f"best round {best['round_id']} on {on}: {_figures(best['metrics'])}")
     return history
+
+
+def _figures(m: dict[str, float]) -> str:
+    """A round's published test figures; with the popularity prior, its weight and the
+    model's own HR@10."""
+    out = f"HR@10 {m['hr@10']:.4f} NDCG@10 {m['ndcg@10']:.4f}"
+    if m.get("prior_weight"):
+        out += f" (popularity prior weight {m['prior_weight']:g}; the model alone HR@10 "
+        out += f"{m['model/hr@10']:.4f})"
+    return out
 
 
 def _show_popularity(split: Split) -> None:
@@ -219,13 +236,20 @@ def _show_popularity(split: Split) -> None:
 
 
 def _wait_serving(c: Cluster, version: int) -> None:
-    """Wait until recommend_api serves model ``version`` (it follows the aggregator)."""
+    """Wait until recommend_api serves model ``version`` with the popularity prior's weight
+    the aggregator chose last (it follows both)."""
     deadline = time.monotonic() + c.opts.startup_timeout_s
     while time.monotonic() < deadline:
         c.check_alive()
-        with contextlib.suppress(httpx.HTTPError, ValueError):
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             body = httpx.get(f"{c.rec_url}/healthz", timeout=2.0).json()
-            if (body.get("model_version") or -1) >= version:
+            prior = httpx.get(
+                f"{c.agg_url}/v1/runs/current/prior", headers=c.operator_headers(), timeout=2.0
+            ).json()
+            weight = prior["weight"] if prior["complete"] else None
+            if (body.get("model_version") or -1) >= version and body.get("prior_weight") == (
+                weight or None
+            ):
                 return
         time.sleep(0.3)
     raise LaunchError(f"recommend_api did not load model version {version} in time")
@@ -235,7 +259,7 @@ def _show_recommendations(opts: UpOptions, n_users: int) -> None:
     """Ask a few users' workers for their top-10, as their devices would, and print them."""
     users = list(range(min(opts.show_users, n_users)))
     answers: dict[int, list[str]] = {}
-    version = None
+    version, weight = None, None
     for user in users:
         port = opts.worker_http_port + user % opts.workers
         url = f"http://{opts.host}:{port}/v1/users/{user}/recommendations?k=10"
@@ -248,11 +272,12 @@ def _show_recommendations(opts: UpOptions, n_users: int) -> None:
             console.print(f"user {user}: {r.status_code} {r.text}")
             continue
         body = r.json()
-        version = body["model_version"]
+        version, weight = body["model_version"], body.get("prior_weight")
         answers[user] = [f"{it['item']}  {it['score']:+.3f}" for it in body["items"]]
     if not answers:
         return
-    table = Table(title=f"top-10 from recommend_api, model v{version} (item, logit)")
+    served = f"logit + {weight:g} * log(1 + item count)" if weight else "logit"
+    table = Table(title=f"top-10 from recommend_api, model v{version} (item, {served})")
     table.add_column("rank", justify="right")
     for user in answers:
         table.add_column(f"user {user}")

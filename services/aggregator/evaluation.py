@@ -3,13 +3,15 @@ cover every registered client, the version's metrics (the means) are written, on
 
 A report is checked before anything is stored: only ids the caller holds, each at most once
 per version, ``count`` equal to the number of ids, exactly the metrics every worker computes
-(:data:`fedrecgel.metrics.METRIC_NAMES`, with or without all of their ``val/`` twins: the
-protocol fixes them, not the first report, so a report with other names cannot lock honest ones
-out; a version publishes the metrics every report carried), and every metric a finite sum of per-client values in [0, 1]
-(``0 <= sum <= count``). The means are exact sums (``math.fsum``) of values so
-bounded, divided by the number of clients: nothing can overflow, one client cannot move a
-mean by more than 1/population, and the honest reports always complete.
-"""
+(:data:`fedrecgel.metrics.METRIC_NAMES`, with or without all of their ``val/`` twins, and with
+or without all of their ``prior@W/`` twins when the run ranks with the popularity prior: the
+protocol fixes them, not the first report, so a report with other names cannot lock honest
+ones out; a version publishes the metrics every report carried), and every metric a finite sum
+of per-client values in [0, 1] (``0 <= sum <= count``). The means are exact sums
+(``math.fsum``) of values so bounded, divided by the number of clients: nothing can overflow,
+one client cannot move a mean by more than 1/population, and the honest reports always
+complete. With the prior's sums the version publishes the ranking the prior's weight, chosen
+on validation, serves (:func:`served_metrics`)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ import logging
 import math
 
 from fedrecgel.metrics import METRIC_NAMES, VAL_METRIC_NAMES
+from fedrecgel.prior import GUARD_NAMES, PRIOR_WEIGHTS, choose
+from fedrecgel.prior import key as prior_key
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound
 from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.models import Clock
+from services.aggregator.popularity import WEIGHT_KEY
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import EvaluationAck, EvaluationRequest
 
@@ -29,6 +34,12 @@ log = logging.getLogger(__name__)
 
 _NAMES = frozenset(METRIC_NAMES)
 _WITH_VAL = _NAMES | frozenset(VAL_METRIC_NAMES)
+#: the sums of a worker that ranks with the run's popularity prior (services.aggregator.
+#: popularity) too: every metric and the sign test's counts at every weight, test and val/
+_PRIOR = frozenset(
+    prior_key(w, n) for w in PRIOR_WEIGHTS if w for n in (*METRIC_NAMES, *GUARD_NAMES)
+)
+_WITH_PRIOR = _WITH_VAL | _PRIOR | frozenset(f"val/{n}" for n in _PRIOR)
 #: the largest model version (a 32-bit column)
 MAX_VERSION = 2**31 - 1
 
@@ -61,12 +72,14 @@ class Evaluations:
             )
         sums = {k: v for k, v in req.sums.items() if k != "count"}
         names = set(sums)
-        if names not in (_NAMES, _WITH_VAL):
-            unknown = [n[:64] for n in sorted(names - _WITH_VAL)[:5]]
-            missing = sorted((_WITH_VAL if names & set(VAL_METRIC_NAMES) else _NAMES) - names)
+        if names not in (_NAMES, _WITH_VAL, _WITH_PRIOR):
+            unknown = [n[:64] for n in sorted(names - _WITH_PRIOR)[:5]]
+            want = _WITH_PRIOR if names & _PRIOR else _WITH_VAL if names - _NAMES else _NAMES
+            missing = sorted(want - names)[:10]
             raise Malformed(
                 f"a report carries exactly the metrics {list(METRIC_NAMES)}, and the same "
-                "prefixed 'val/' (all or none)"
+                "prefixed 'val/' (all or none), and with the run's popularity prior the same "
+                "again under 'prior@W/' for every weight W, with 'gain' and 'loss' (all or none)"
                 + (f"; unknown: {unknown}" if unknown else "")
                 + (f"; missing: {missing}" if missing else ""),
                 "invalid_metrics",
@@ -120,9 +133,25 @@ class Evaluations:
                 means = {
                     k: math.fsum(float(r.sums.get(k, 0.0)) for r in reports) / total for k in names
                 }
-                complete = repo.set_version_metrics(run.id, v, means)
+                complete = repo.set_version_metrics(run.id, v, served_metrics(means, total))
                 if complete:
                     log.info("version %d evaluated over %d clients: %s", v, total, means)
         return EvaluationAck(
             model_version=v, accepted=len(req.client_ids), ignored=0, complete=complete
         )
+
+
+def served_metrics(means: dict[str, float], n_users: int) -> dict[str, float]:
+    """A version's published metrics from its means over ``n_users``: the served ranking's
+    under the plain names (and ``val/``), as the simulator's record holds them
+    (:func:`fedrecgel.prior.choose`). Ranked with the popularity prior, also the weight chosen
+    on validation (``prior_weight``) and the model's own figures under ``model/``; without it,
+    the means as they are."""
+    test = {k: v for k, v in means.items() if not k.startswith("val/")}
+    val = {k.removeprefix("val/"): v for k, v in means.items() if k.startswith("val/")}
+    served = choose(test, val, n_users)
+    out = {**served.test, **{f"val/{k}": x for k, x in served.val.items()}}
+    if served.weight is None:
+        return out
+    model = {**served.model_test, **{f"val/{k}": x for k, x in served.model_val.items()}}
+    return {**out, WEIGHT_KEY: served.weight, **{f"model/{k}": x for k, x in model.items()}}

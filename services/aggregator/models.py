@@ -254,3 +254,40 @@ class Evaluation(Base):
     version: Mapped[int] = mapped_column(Integer)
     client_id: Mapped[int] = mapped_column(BigInteger)
     report_id: Mapped[int] = mapped_column(ForeignKey("evaluation_reports.id"))
+
+
+class ItemCountReport(Base):
+    """One worker's item counts over a set of its clients, for one run (the popularity prior):
+    parallel lists of items and how many of the clients hold each."""
+
+    __tablename__ = "item_count_reports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    items: Mapped[list[int]] = mapped_column(JSON)
+    counts: Mapped[list[int]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ItemCountClient(Base):
+    """Which client's items a count report covers, once per (run, client)."""
+
+    __tablename__ = "item_count_clients"
+    __table_args__ = (UniqueConstraint("run_id", "client_id", name="uq_item_count_clients"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    client_id: Mapped[int] = mapped_column(BigInteger)
+    report_id: Mapped[int] = mapped_column(ForeignKey("item_count_reports.id"))
+
+
+class RunPrior(Base):
+    """A run's popularity prior, fixed once the count reports cover every registered client:
+    the summed count of each item (little-endian int64, one per item)."""
+
+    __tablename__ = "run_priors"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    counts: Mapped[bytes] = mapped_column(LargeBinary)
+    clients: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

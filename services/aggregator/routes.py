@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from services.aggregator.errors import BodyTooLarge, UnsupportedMediaType
+from services.aggregator.popularity import prior_etag
 from services.aggregator.schemas import (
     DEFAULT_HISTORY_LIMIT,
     MAX_HISTORY_LIMIT,
@@ -31,7 +32,15 @@ from services.aggregator.schemas import (
     UploadResponse,
 )
 from services.aggregator.service import AggregatorService, Caller
-from services.contract import MODEL_VERSION_HEADER, ModelBlob, SecAggRound, SecAggStep
+from services.contract import (
+    MODEL_VERSION_HEADER,
+    ItemCountsAck,
+    ItemCountsRequest,
+    ModelBlob,
+    PriorInfo,
+    SecAggRound,
+    SecAggStep,
+)
 from services.enrolment import Shard
 
 UPLOAD_PATH = "/v1/rounds/{round_id}/updates"
@@ -119,6 +128,11 @@ async def strict_release(request: Request, body: ReleaseRequest) -> ReleaseReque
 async def strict_evaluation(request: Request, body: EvaluationRequest) -> EvaluationRequest:
     """``POST /v1/evaluations`` body, strictly typed."""
     return await _strict(request, EvaluationRequest)
+
+
+async def strict_item_counts(request: Request, body: ItemCountsRequest) -> ItemCountsRequest:
+    """``POST /v1/runs/{run_id}/item-counts`` body, strictly typed."""
+    return await _strict(request, ItemCountsRequest)
 
 
 async def strict_run_config(request: Request, body: RunConfig) -> RunConfig:
@@ -338,6 +352,58 @@ def report_evaluation(
 ) -> EvaluationAck:
     """Federated evaluation: metric sums over some clients for one version."""
     return service.evaluations.report(caller, body)
+
+
+@router.post(
+    "/v1/runs/{run_id}/item-counts", status_code=status.HTTP_202_ACCEPTED, responses=JSON_ERRORS
+)
+def report_item_counts(
+    run_id: RunId,
+    caller: CallerDep,
+    body: Annotated[ItemCountsRequest, Depends(strict_item_counts)],
+    service: ServiceDep,
+) -> ItemCountsAck:
+    """The popularity prior: how many of the listed clients hold each item, once a run."""
+    return service.priors.report(caller, run_id, body)
+
+
+def _prior_response(info: PriorInfo, if_none_match: str | None) -> Response:
+    etag = prior_etag(info)
+    if if_none_match == etag:
+        return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+    return Response(
+        content=info.model_dump_json(), media_type="application/json", headers={"ETag": etag}
+    )
+
+
+@router.get(
+    "/v1/runs/current/prior",
+    responses={**ERRORS, 200: {"model": PriorInfo}},
+    response_class=Response,
+)
+def current_prior(
+    caller: CallerDep,
+    service: ServiceDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The current run's popularity prior: the clients' summed item counts once complete, and
+    the weight chosen at the newest evaluated version (304 when the ETag matches)."""
+    return _prior_response(service.priors.info(None), if_none_match)
+
+
+@router.get(
+    "/v1/runs/{run_id}/prior",
+    responses={**ERRORS, 200: {"model": PriorInfo}},
+    response_class=Response,
+)
+def run_prior(
+    run_id: RunId,
+    caller: CallerDep,
+    service: ServiceDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """A run's popularity prior (as ``/v1/runs/current/prior``)."""
+    return _prior_response(service.priors.info(run_id), if_none_match)
 
 
 @router.get("/v1/rounds/{round_id}", responses=_errors(404))

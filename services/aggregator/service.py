@@ -8,6 +8,7 @@
 * :class:`~services.aggregator.rounds.RoundCloser`: closing rounds (aggregation, retries) and
   resuming the live round after a restart;
 * :class:`~services.aggregator.evaluation.Evaluations`: federated-evaluation reports;
+* :class:`~services.aggregator.popularity.Priors`: the clients' item counts (popularity prior);
 * :class:`~services.aggregator.health.HealthCheck`: the dependencies' health;
 * :class:`~services.aggregator.storage.StorageKeeper`: freeing and compacting storage.
 
@@ -33,6 +34,7 @@ from services.aggregator.metrics import AggregatorMetrics
 from services.aggregator.models import Clock, utcnow
 from services.aggregator.modelstore import ModelStore
 from services.aggregator.pending import PendingUpdates
+from services.aggregator.popularity import Priors
 from services.aggregator.reads import RunReads
 from services.aggregator.rounds import CloseOutcome, RoundCloser
 from services.aggregator.runs import NewestRun, RunLifecycle
@@ -92,6 +94,7 @@ class AggregatorService:
         self.secure = SecureRounds(db, clock, self.rounds.advance)
         self.ingest = Ingest(db, metrics, clock, self.newest, self.pending, self.rounds.close_round)
         self.evaluations = Evaluations(db, clock, settings.max_register_per_request)
+        self.priors = Priors(db, clock, settings.max_register_per_request)
         self.health = HealthCheck(db, bus)
 
     def tick(self) -> CloseOutcome | None:

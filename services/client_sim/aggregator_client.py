@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
+import numpy as np
 from torch import Tensor
 
 from fedrecgel import wire
@@ -28,6 +29,9 @@ from services.contract import (
     MODEL_VERSION_HEADER,
     CurrentRound,
     EvaluationRequest,
+    ItemCountsAck,
+    ItemCountsRequest,
+    PriorInfo,
     RegisterRequest,
     RegisterResponse,
     RoundInfo,
@@ -318,6 +322,27 @@ class AggregatorClient:
             client_ids=[int(c) for c in client_ids],
         )
         self._request("POST", "/v1/evaluations", json=body.model_dump())
+
+    def report_item_counts(
+        self, run_id: int, client_ids: Sequence[int], counts: np.ndarray
+    ) -> ItemCountsAck:
+        """Report how many of ``client_ids`` hold each item (``counts``: one per item) for the
+        popularity prior of run ``run_id``; only the items some client holds are sent."""
+        items = np.flatnonzero(counts)
+        body = ItemCountsRequest.model_construct(
+            client_ids=[int(c) for c in client_ids],
+            items=items.tolist(),
+            counts=counts[items].tolist(),
+        )
+        path = f"/v1/runs/{int(run_id)}/item-counts"
+        return ItemCountsAck.model_validate(
+            self._request("POST", path, json=body.model_dump()).json()
+        )
+
+    def prior(self, run_id: int) -> PriorInfo:
+        """Run ``run_id``'s popularity prior as the aggregator holds it now."""
+        resp = self._request("GET", f"/v1/runs/{int(run_id)}/prior")
+        return PriorInfo.model_validate(resp.json())
 
 
 def _estimate(u: Update) -> int:

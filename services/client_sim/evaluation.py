@@ -19,9 +19,11 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+from torch import Tensor
 
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
+from fedrecgel.prior import log_prior
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
@@ -29,11 +31,14 @@ from services.client_sim.aggregator_client import (
 )
 from services.client_sim.store import UserData, WorkerStore
 from services.client_sim.timings import PhaseTimer
+from services.contract import RunConfig
 
 log = logging.getLogger(__name__)
 
 #: meta key prefix of a kept report (``report:<version>``)
 _REPORT = "report:"
+#: meta key: the run whose item counts this worker reported
+_COUNTED = "item_counts_run"
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,58 @@ class Scores:
     version: int
     sums: dict[str, float]
     count: int
+
+
+class RunPrior:
+    """The popularity prior of the worker's run (:mod:`services.aggregator.popularity`): this
+    worker's share of the item counts, reported once a run, and the run's summed counts, read
+    back once they cover every client (fixed from then on, so kept)."""
+
+    def __init__(self, client: AggregatorClient, store: WorkerStore, data: UserData) -> None:
+        self.client = client
+        self.store = store
+        self.data = data
+        self._fixed: tuple[int, Tensor] | None = None  # (run id, log prior)
+
+    def counts(self, n_items: int) -> np.ndarray:
+        """How many of the owned users hold each item in their training data."""
+        held = [np.unique(t) for t in self.data.train]
+        return np.bincount(np.concatenate([np.empty(0, np.int64), *held]), minlength=n_items)
+
+    def report(self, run_id: int, cfg: RunConfig) -> None:
+        """Report the owned users' item counts for ``run_id`` once, when its settings rank
+        with the prior (a refusal is logged and not retried; an outage is raised)."""
+        if not cfg.prior_enabled or self.store.get_meta(_COUNTED) == str(run_id):
+            return
+        try:
+            users = [int(u) for u in self.data.user_ids]
+            self.client.report_item_counts(run_id, users, self.counts(cfg.n_items))
+        except AggregatorCallError as err:
+            if err.retryable:
+                raise
+            log.warning("item counts of run %d refused: %s", run_id, err)
+        self.store.set_meta(**{_COUNTED: str(run_id)})
+
+    def get(self) -> Tensor | None:
+        """log(1 + n_i) of the current run's summed counts, once they are complete; None
+        before, without validation items (nothing to choose the weight on) or when the run
+        ranks without the prior."""
+        run = self.store.get_meta("run_id")
+        if run is None or self.data.val_items is None:
+            return None
+        if self._fixed is not None and self._fixed[0] == int(run):
+            return self._fixed[1]
+        try:
+            info = self.client.prior(int(run))
+        except AggregatorCallError as err:
+            if err.retryable:
+                raise
+            return None  # an aggregator without the prior (404): the model alone
+        n_items = int(self.store.get_meta("n_items") or -1)
+        if not info.complete or info.counts is None or len(info.counts) != n_items:
+            return None
+        self._fixed = (int(run), log_prior(np.asarray(info.counts, dtype=np.int64)))
+        return self._fixed[1]
 
 
 class Evaluation:
@@ -60,6 +117,7 @@ class Evaluation:
         self.data = data
         self.users: list[int] = np.asarray(data.user_ids).tolist()
         self.timer = timer
+        self.prior = RunPrior(client, store, data)
 
     def done(self) -> int:
         """The newest model version scored and kept (maybe not delivered yet)."""
@@ -139,14 +197,15 @@ class Evaluation:
         if model is None:
             with self.timer.phase("download"):
                 model = self.client.download_model(version)
+        prior = self.prior.get()
         with self.timer.phase("evaluate"):
             scorer = Scorer(model.cfg, model.shared)
             params = self.store.load_states(self.users).params
             d = self.data
-            sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS)
+            sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS, prior=prior)
             count = int(sums.pop("count"))
             if d.val_items is not None and d.val_negatives is not None:
-                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS)
+                val = metric_sums(scorer, params, d.val_items, d.val_negatives, KS, prior=prior)
                 val.pop("count")
                 sums.update({f"val/{k}": v for k, v in val.items()})
         return Scores(version, sums, count)

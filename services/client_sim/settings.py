@@ -56,7 +56,9 @@ class WorkerSettings(ServiceSettings):
     enrolment_token_file: Path | None = None
     dataset: str = DEFAULTS.dataset
     data_dir: Path | None = None
-    validation: bool = False
+    # hold out a validation item per user (as fedrec train and fedrec up do): the aggregator
+    # chooses the popularity prior's weight on its sums
+    validation: bool = True
     store: str = "worker-{shard}.db"  # a shard's own file: another shard's store is refused
     redis_url: RedisUrl = None
     max_rounds: int | None = None

@@ -204,6 +204,8 @@ class Worker:
             self.last_info = None  # a run this worker never joined: wait for the next one
             return False
         cfg = self._ensure_run(info)
+        assert info.run_id is not None  # (a run's round carries its id)
+        self.evaluation.prior.report(info.run_id, cfg)
         did = self.recover(info, cfg)
         version = info.model_version
         trains = (

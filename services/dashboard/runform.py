@@ -32,7 +32,7 @@ class FormField:
     name: str
     label: str
     help: str
-    kind: str  # "integer", "number", "choice", "text"
+    kind: str  # "integer", "number", "choice", "boolean", "text"
     default: Any
     required: bool
     optional: bool  # may be left empty (null)
@@ -58,6 +58,13 @@ def _field(name: str, spec: dict[str, Any], required: bool) -> FormField:
     kind = {"integer": "integer", "number": "number"}.get(spec.get("type", ""), "text")
     if "enum" in spec:
         kind = "choice"
+    if spec.get("type") == "boolean":  # a switch: a choice of the two JSON values
+        spec = {
+            **spec,
+            "enum": ["true", "false"],
+            "default": "true" if spec["default"] else "false",
+        }
+        kind = "boolean"
     minimum = spec.get("minimum", spec.get("exclusiveMinimum"))
     return FormField(
         name=name,

@@ -52,6 +52,16 @@ class _HolderCollector(Collector):
             "Model versions that failed to load (the old one kept serving)",
             value=self.holder.swap_failures,
         )
+        yield GaugeMetricFamily(
+            "fedrec_rec_prior_weight",
+            "Popularity prior weight in the served scores (0: the model alone)",
+            value=self.holder.prior_weight or 0.0,
+        )
+        yield CounterMetricFamily(
+            "fedrec_rec_prior_swaps",
+            "Snapshots swapped in for a changed popularity prior (the model unchanged)",
+            value=self.holder.prior_swaps,
+        )
 
 
 class _LatencyMiddleware:

@@ -1,4 +1,11 @@
-"""Following the aggregator: ETag polling, and Redis version events when configured."""
+"""Following the aggregator: ETag polling, and Redis version events when configured.
+
+Each poll refreshes the model (``GET /v1/models/latest``), then the popularity prior
+(``GET /v1/runs/current/prior``, its own ETag): a changed prior is swapped in with the serving
+model (:meth:`~services.recommend_api.ranking.ModelHolder.set_prior`, no model decoded again);
+a 404 (no run, or an aggregator without the route) means no prior; any other failure keeps the
+current serving state.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,9 @@ import logging
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
+from services.recommend_api.prior import PriorBody, PublishedPrior, publish
 from services.recommend_api.ranking import ModelHolder
 from services.retry import RetryPolicy, any_error, restart_backoff
 
@@ -18,6 +27,9 @@ log = logging.getLogger(__name__)
 #: re-subscribing to version events: 0.5 s doubling to 10 s with jitter, without end (the
 #: poll catches what is missed meanwhile)
 EVENTS_RETRY = RetryPolicy(retries=None, give_up_after_s=None, backoff_s=0.5, max_backoff_s=10.0)
+
+#: the aggregator's popularity prior of the current run
+PRIOR_PATH = "/v1/runs/current/prior"
 
 
 class ModelFollower:
@@ -45,15 +57,15 @@ class ModelFollower:
         self.interval = poll_interval_s * (redis_poll_factor if redis is not None else 1.0)
         self.wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._last_problem: str | None = None
+        self._last_problem: dict[str, str | None] = {"model": None, "prior": None}
 
-    def _problem(self, message: str) -> None:
-        """A failed refresh: a warning when it differs from the previous one, debug when it
-        repeats it (before the first run, or while the aggregator is down, every poll fails
-        the same way)."""
-        level = logging.DEBUG if message == self._last_problem else logging.WARNING
+    def _problem(self, message: str, what: str = "model") -> None:
+        """A failed refresh of ``what`` (model or prior): a warning when it differs from the
+        previous one, debug when it repeats it (before the first run, or while the aggregator is
+        down, every poll fails the same way)."""
+        level = logging.DEBUG if message == self._last_problem[what] else logging.WARNING
         log.log(level, "%s", message)
-        self._last_problem = message
+        self._last_problem[what] = message
 
     def start(self) -> None:
         """Start the poll loop (and the Redis listener when configured)."""
@@ -82,7 +94,7 @@ class ModelFollower:
         if resp.status_code != 200 and resp.status_code != 304:
             self._problem(f"model download answered {resp.status_code}: {resp.text[:200]}")
             return False
-        self._last_problem = None  # answered: the next failure is news again
+        self._last_problem["model"] = None  # answered: the next failure is news again
         if resp.status_code == 304:
             return False
         etag = resp.headers.get("ETag")
@@ -97,12 +109,59 @@ class ModelFollower:
         self.holder.swap(new)
         return True
 
+    async def refresh_prior(self) -> bool:
+        """Fetch the prior if it changed and swap the serving model in with it (or without it,
+        on a 404); True when a snapshot was swapped. A failure keeps the serving state."""
+        published = self.holder.published_prior  # its ETag: that of the body it came from
+        etag = None if published is None else published.etag
+        headers = {"If-None-Match": etag} if etag else {}
+        try:
+            resp = await self.client.get(PRIOR_PATH, headers=headers)
+        except httpx.HTTPError as err:
+            self._problem(f"prior: aggregator unreachable ({err}); prior unchanged", "prior")
+            return False
+        if resp.status_code == 404:  # no run yet, or an aggregator without the route
+            published = None
+        elif resp.status_code == 200:
+            try:
+                published = await asyncio.to_thread(self._parse_prior, resp, published)
+            except (ValidationError, ValueError, OverflowError) as err:
+                self._problem(f"prior: malformed body ({_short(err)}); prior unchanged", "prior")
+                return False
+        elif resp.status_code != 304:
+            self._problem(
+                f"prior answered {resp.status_code}: {resp.text[:200]}; prior unchanged", "prior"
+            )
+            return False
+        # also after a 304: a version swapped in since may have been built with an older prior
+        try:
+            swapped = await asyncio.to_thread(self.holder.set_prior, published)
+        except Exception as err:  # e.g. no memory for the index: the serving state stays
+            self._problem(f"prior: could not be applied ({err}); prior unchanged", "prior")
+            return False
+        self._last_problem["prior"] = None  # answered and applied: a failure is news again
+        return swapped
+
+    @staticmethod
+    def _parse_prior(resp: httpx.Response, previous: PublishedPrior | None) -> PublishedPrior:
+        """The prior of a 200 body (validated; log-prior computed unless the counts repeat)."""
+        body = PriorBody.model_validate_json(resp.content)
+        return publish(body, resp.headers.get("ETag"), previous)
+
+    async def poll_once(self) -> None:
+        """One poll: the model, then the prior (each failure contained and logged)."""
+        try:
+            await self.refresh()
+        except Exception:  # never let the loop die
+            log.exception("model refresh failed")
+        try:
+            await self.refresh_prior()
+        except Exception:  # nor a prior: the model keeps serving as it was
+            log.exception("prior refresh failed")
+
     async def _poll_loop(self) -> None:
         while True:
-            try:
-                await self.refresh()
-            except Exception:  # never let the loop die
-                log.exception("model refresh failed")
+            await self.poll_once()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=self.interval)
             self.wake.clear()
@@ -127,6 +186,15 @@ class ModelFollower:
                 finally:
                     with contextlib.suppress(Exception):
                         await pubsub.aclose()
+
+
+def _short(err: Exception) -> str:
+    """The first line of an error, at most 200 characters (a body's values are not echoed)."""
+    if isinstance(err, ValidationError):
+        first = err.errors(include_input=False, include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"{err.error_count()} error(s), first at {where or 'the body'}: {first['msg']}"
+    return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
 
 
 def _event_version(data: Any) -> int | None:

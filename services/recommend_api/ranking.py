@@ -1,4 +1,11 @@
-"""Serving snapshots of model versions, their atomic hot swap, and top-K ranking."""
+"""Serving snapshots of model versions, their atomic hot swap, and top-K ranking.
+
+A snapshot ranks by the served score ``logit + w * log(1 + n)`` when the aggregator publishes a
+popularity prior that applies (:mod:`services.recommend_api.prior`), by the logit alone
+otherwise. The prior is attached when a version is built (the candidate index built once, with
+its column) and swapped in anew when the prior changes (:meth:`ModelHolder.set_prior`), the
+model itself never decoded again.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +30,7 @@ from services.recommend_api.errors import (
     NoModel,
     UnknownItems,
 )
+from services.recommend_api.prior import PublishedPrior, ServedPrior, fit_prior
 from services.recommend_api.shortlist import Shortlist, ShortlistConfig, build_shortlist
 
 log = logging.getLogger(__name__)
@@ -55,7 +63,8 @@ class RankingConfig:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One immutable serving state: a model version, its scorer, item labels and index."""
+    """One immutable serving state: a model version, its scorer, item labels and index, and
+    the popularity prior it ranks with (``prior``; None: the model alone)."""
 
     version: int
     scorer: Scorer
@@ -63,6 +72,22 @@ class Snapshot:
     label_index: dict[str, int] | None
     shortlist: Shortlist | None = None
     etag: str | None = None
+    prior: ServedPrior | None = None
+    # the published prior this snapshot was fitted to (None: none published); by identity
+    prior_source: PublishedPrior | None = None
+    prior_note: str = "no prior fitted"  # what it does with the prior, and why
+
+    def __post_init__(self) -> None:
+        if self.prior is not None:
+            if self.prior.bias.shape != (self.n_items,):
+                raise ValueError(f"a prior of {len(self.prior.bias)} items for {self.n_items}")
+            if self.shortlist is not None and self.shortlist.log_prior is not self.prior.log_prior:
+                raise ValueError("the candidate index does not hold the served prior")
+
+    @property
+    def prior_weight(self) -> float | None:
+        """The prior's weight in the served scores (None: the model alone)."""
+        return None if self.prior is None else self.prior.weight
 
     @property
     def n_items(self) -> int:
@@ -89,6 +114,7 @@ class Ranked:
 
     version: int
     items: list[tuple[str, float]] = field(default_factory=list)
+    prior_weight: float | None = None  # the popularity prior in the scores (None: none)
 
 
 #: the longest item label read from a labels file
@@ -139,6 +165,9 @@ class ModelHolder:
         self._swap_lock = threading.Lock()  # orders writers only; readers never lock
         self.swaps = 0
         self.swap_failures = 0
+        self._published: PublishedPrior | None = None  # the prior new versions are built with
+        self._prior_note: str | None = None
+        self.prior_swaps = 0
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -150,6 +179,23 @@ class ModelHolder:
         """The version serving now."""
         snap = self._snapshot
         return None if snap is None else snap.version
+
+    @property
+    def published_prior(self) -> PublishedPrior | None:
+        """The prior the aggregator published last (None: none)."""
+        return self._published
+
+    @property
+    def prior_weight(self) -> float | None:
+        """The prior's weight in the served scores now (None: the model alone)."""
+        snap = self._snapshot
+        return None if snap is None else snap.prior_weight
+
+    @property
+    def prior_note(self) -> str | None:
+        """What the serving snapshot does with the published prior, and why (None: none yet)."""
+        snap = self._snapshot
+        return None if snap is None else snap.prior_note
 
     # ------------------------------------------------------------------ loading
 
@@ -189,12 +235,50 @@ class ModelHolder:
             item_first = _first_layer_items(cfg, item_mlp, tensors["tower.0.weight"], in_place)
         del item_mlp
         scorer = Scorer(cfg, tensors, item_first)
+        published = self._published
+        fit = fit_prior(published, cfg.n_items)
         shortlist = None
         if cfg.n_items > self.config.ann_threshold:
             # built here, before the snapshot exists: a request sees a snapshot only after
-            # swap(), with its index complete
-            shortlist = build_shortlist(scorer, self.config.shortlist_config())
-        return Snapshot(version, scorer, labels, label_index, shortlist, etag)
+            # swap(), with its index complete (and the prior's column, if its counts apply)
+            shortlist = build_shortlist(scorer, self.config.shortlist_config(), fit.log_prior)
+        return Snapshot(
+            version, scorer, labels, label_index, shortlist, etag, fit.served, published, fit.note
+        )
+
+    def with_prior(self, snap: Snapshot, published: PublishedPrior | None) -> Snapshot:
+        """``snap``'s model ranked with ``published`` (as far as it applies): the same scorer
+        and labels; the candidate index rebuilt only when the prior's counts changed."""
+        fit = fit_prior(published, snap.n_items)
+        shortlist = snap.shortlist
+        if shortlist is not None:
+            shortlist = shortlist.with_log_prior(fit.log_prior)
+        return replace(
+            snap, shortlist=shortlist, prior=fit.served, prior_source=published, prior_note=fit.note
+        )
+
+    def set_prior(self, published: PublishedPrior | None) -> bool:
+        """Rank with ``published`` from now on: new versions are built with it, and the serving
+        snapshot is swapped for one with it unless it has it already; True when swapped.
+
+        A version swapped in meanwhile (built with the prior before) is fitted again, so the
+        prior swapped in is always the newest published one's. When fitting fails (the error
+        is raised) the serving snapshot and the prior new versions are built with stay as they
+        were."""
+        while True:
+            snap = self._snapshot
+            if snap is None or snap.prior_source is published:
+                self._published = published
+                return False
+            new = self.with_prior(snap, published)  # may rebuild an index: outside the lock
+            with self._swap_lock:
+                if self._snapshot is not snap:
+                    continue  # another version came in: fit that one
+                self._snapshot = new
+                self._published = published
+                self.prior_swaps += 1
+            self._note_prior(new)
+            return True
 
     def build_from_bytes(self, data: bytes, etag: str | None = None) -> Snapshot:
         """Decode a safetensors model blob (``fedrecgel.wire.encode_model``) into a snapshot."""
@@ -211,12 +295,22 @@ class ModelHolder:
             self._snapshot = snapshot
             self.swaps += 1
         log.info(
-            "serving model version %d (%d items, %s) after %s",
+            "serving model version %d (%d items, %s%s) after %s",
             snapshot.version,
             snapshot.n_items,
             "index shortlist" if snapshot.shortlist is not None else "exact",
+            "" if snapshot.prior is None else f", prior weight {snapshot.prior.weight:g}",
             "nothing" if old is None else f"version {old.version}",
         )
+        self._note_prior(snapshot)
+
+    def _note_prior(self, snap: Snapshot) -> None:
+        """Log what ``snap`` does with its prior when that differs from before (once, at info:
+        every version of a run without a prior would otherwise say it again)."""
+        note = snap.prior_note
+        if note != self._prior_note:
+            self._prior_note = note
+            log.info("popularity prior: %s", note)
 
     def record_failure(self, what: str, err: BaseException) -> None:
         """Count and log a failed load; the current snapshot keeps serving."""
@@ -260,6 +354,7 @@ class ModelHolder:
         return Ranked(
             snap.version,
             [(snap.label(i), float(s)) for i, s in zip(idx.tolist(), scores.tolist(), strict=True)],
+            snap.prior_weight,
         )
 
 
@@ -332,28 +427,34 @@ def resolve_items(snap: Snapshot, items: Sequence[str]) -> Tensor:
 def top_k(
     snap: Snapshot, private: dict[str, Tensor], k: int, excluded: Tensor, shortlist: int
 ) -> tuple[Tensor, Tensor]:
-    """(indices, logits) of the best ``k`` non-excluded items, best first.
+    """(indices, served scores) of the best ``k`` non-excluded items, best first: the logit,
+    plus the snapshot's prior bias ``w * log(1 + n)`` when it has one (one add over the rows
+    scored).
 
     Exact over the whole catalogue unless the snapshot has an index, ``shortlist`` > 0 and
-    the request fits in the shortlist; then the index's candidates are re-scored with the
-    exact model.
+    the request fits in the shortlist; then the index's candidates (recalled with the prior's
+    term too) are re-scored with the exact model.
     """
     n_left = snap.n_items - len(excluded)
     k = min(k, n_left)
     if k <= 0:
         return torch.empty(0, dtype=torch.int64), torch.empty(0)
-    index = snap.shortlist
+    index, prior = snap.shortlist, snap.prior
     want = max(shortlist, 4 * k, index.min_candidates if index is not None else 0) + len(excluded)
     if index is not None and shortlist > 0 and want < snap.n_items // 2:
-        cand = index.search(private, want)
+        cand = index.search(private, want, prior)
         if len(excluded):
             cand = cand[~torch.isin(cand, excluded)]
         if len(cand) >= k:
             scores = snap.scorer.score(private, cand[None, :])[0]
+            if prior is not None:
+                scores = scores + prior.bias[cand]
             _check_finite(scores)
             best = torch.topk(scores, k)
             return cand[best.indices], best.values
     scores = snap.scorer.score_all(private)[0]
+    if prior is not None:
+        scores.add_(prior.bias)
     _check_finite(scores)
     if len(excluded):
         scores[excluded] = -math.inf

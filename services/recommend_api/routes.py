@@ -66,12 +66,15 @@ async def recommend(body: RecommendationRequest, state: StateDep) -> Recommendat
     return RecommendationResponse(
         model_version=ranked.version,
         items=[ScoredItem(item=i, score=s) for i, s in ranked.items],
+        prior_weight=ranked.prior_weight,
     )
 
 
 @router.get("/healthz")
 async def healthz(state: StateDep) -> JSONResponse:
-    """200 when a model is loaded (aggregator reachability reported); 503 otherwise."""
+    """200 when a model is loaded (aggregator reachability reported); 503 otherwise. Also the
+    popularity prior's weight in the served scores (``prior_weight``, null: the model alone)
+    and what the serving model does with the aggregator's prior (``prior``)."""
     version = state.holder.version
     aggregator = "disabled"
     if state.client is not None:
@@ -85,6 +88,8 @@ async def healthz(state: StateDep) -> JSONResponse:
         "model": "loaded" if version is not None else "none",
         "model_version": version,
         "aggregator": aggregator,
+        "prior_weight": state.holder.prior_weight,
+        "prior": state.holder.prior_note,
     }
     if version is not None and aggregator not in ("ok", "disabled"):
         body["status"] = "degraded"  # still serving the last good model
@@ -94,7 +99,8 @@ async def healthz(state: StateDep) -> JSONResponse:
 @router.get("/livez")
 async def livez(state: StateDep) -> dict[str, object]:
     """200 while the process serves, model or not (liveness; /healthz is readiness)."""
-    return {"status": "alive", "model_version": state.holder.version}
+    holder = state.holder
+    return {"status": "alive", "model_version": holder.version, "prior_weight": holder.prior_weight}
 
 
 @router.get("/metrics", response_class=Response)

@@ -46,10 +46,23 @@ structure: the ``[b, |b|]`` proxy keeps about 200 of 256 directions) IVF lists s
 top items poorly and the ``[b, |b|]`` proxy loses more; the scan recalls more in less time
 (bench/shortlist_recall.py). faiss is optional: without it :func:`build_shortlist` still builds
 the scan above ``flat_up_to`` items, and below that returns None (ranking stays exact).
+
+Popularity prior (:mod:`services.recommend_api.prior`): the served score adds ``w * p_i``,
+``p_i = log(1 + n_i)``, so the recall stage must add it too, or a popular item the prior ranks
+first could miss the candidates. The term is an exact inner product: the faiss index holds
+``p_i`` as one more column of every item vector and the query carries ``w`` as one more
+coordinate (``q . v + w * p_i``). The column depends on the counts only, not on the weight: it
+is added when the counts become usable (once per run, :meth:`ProxyShortlist.with_log_prior`
+re-adds the vectors to a new index, reusing the fitted projection), while a new weight only
+changes the query (at weight 0 a flat index scores as without the column; an IVF index's lists
+were trained with it). The scan adds the snapshot's precomputed bias ``w * p`` to its proxy
+scores chunk by chunk, so it never rebuilds anything. Either way the candidates are re-ranked
+by the exact served score (:func:`services.recommend_api.ranking.top_k`).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import dataclass
@@ -60,6 +73,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel.model import Scorer
+from services.recommend_api.prior import ServedPrior
 
 log = logging.getLogger(__name__)
 
@@ -113,10 +127,26 @@ class Shortlist(Protocol):
     kind: str
     n_items: int
     min_candidates: int
+    #: the log-prior whose term the recall includes (None: the model's proxy alone)
+    log_prior: Tensor | None
 
-    def search(self, private: dict[str, Tensor], n: int) -> Tensor:
-        """Indices of ``n`` candidate items (int64, unordered)."""
+    def search(
+        self, private: dict[str, Tensor], n: int, prior: ServedPrior | None = None
+    ) -> Tensor:
+        """Indices of ``n`` candidate items (int64, unordered); with ``prior`` (whose
+        ``log_prior`` must be this stage's) recalled by proxy score + ``prior.bias``."""
         ...
+
+    def with_log_prior(self, log_prior: Tensor | None) -> Shortlist:
+        """This stage for the same model with ``log_prior`` as its prior term (itself when it
+        already has that tensor)."""
+        ...
+
+
+def _check_prior(stage: Shortlist, prior: ServedPrior | None) -> None:
+    """A served prior must be the one the stage was built for (a snapshot keeps them so)."""
+    if prior is not None and prior.log_prior is not stage.log_prior:
+        raise ValueError("the served prior is not the one the candidate stage holds")
 
 
 def tower_tail(scorer: Scorer, pre: Tensor) -> Tensor:
@@ -136,12 +166,18 @@ def _features(b: Tensor) -> Tensor:
 class ProxyShortlist:
     """Inner-product index over proxy item vectors; see the module docstring."""
 
-    def __init__(self, scorer: Scorer, config: ShortlistConfig | None = None) -> None:
+    def __init__(
+        self,
+        scorer: Scorer,
+        config: ShortlistConfig | None = None,
+        log_prior: Tensor | None = None,
+    ) -> None:
         if faiss is None:
             raise RuntimeError("faiss is not installed")
         self.config = c = config or ShortlistConfig()
         cfg, s = scorer.cfg, scorer.shared
         self.scorer = scorer
+        self.log_prior = _checked_prior(log_prior, cfg.n_items)
         n = cfg.n_items
         gen = torch.Generator().manual_seed(c.seed)
         if cfg.kind == "ncf":
@@ -167,9 +203,11 @@ class ProxyShortlist:
             self.fit_first = b[self.fit_idx].contiguous()
         else:  # MF: the score is exactly <u_g, i_g>
             self.gmf_scale = None
-        self.dim = cfg.factor + (self.basis.shape[1] if cfg.kind == "ncf" else 0)
+        # the model's proxy dimensions; the index has one more with a prior column
+        self.model_dim = cfg.factor + (self.basis.shape[1] if cfg.kind == "ncf" else 0)
         self.kind = "ivf" if c.kind_for(n) == "ivf" else "flat"
         self.n_items = n
+        self._gen_state = gen.get_state()  # a rebuild trains an IVF index on the same rows
         self.index = self._build_index(n, gen)
         # the fewest candidates a search returns (more for IVF, see ShortlistConfig)
         self.min_candidates = c.ivf_candidates if self.kind == "ivf" else 0
@@ -179,6 +217,21 @@ class ProxyShortlist:
         z: Tensor = (_features(b) - self.mean) @ self.basis
         return z
 
+    @property
+    def dim(self) -> int:
+        """Dimension of the index vectors (the model's proxy, plus the prior column if any)."""
+        return self.model_dim + (self.log_prior is not None)
+
+    def with_log_prior(self, log_prior: Tensor | None) -> ProxyShortlist:
+        """This index with ``log_prior`` as its last column: the fitted projection is shared,
+        the vectors are added to a new index (the old one keeps serving meanwhile)."""
+        if log_prior is self.log_prior:
+            return self
+        other = copy.copy(self)
+        other.log_prior = _checked_prior(log_prior, self.n_items)
+        other.index = other._build_index(self.n_items, torch.Generator().set_state(self._gen_state))
+        return other
+
     def vectors(self, rows: Tensor | slice) -> np.ndarray:
         """Index vectors of the items ``rows`` (float32, C-contiguous)."""
         gmf = self.scorer.shared["item_gmf"][rows]
@@ -187,6 +240,8 @@ class ProxyShortlist:
         else:
             assert self.scorer.item_first is not None
             v = torch.cat([gmf * self.gmf_scale, self.project(self.scorer.item_first[rows])], 1)
+        if self.log_prior is not None:
+            v = torch.cat([v, self.log_prior[rows][:, None]], 1)
         return np.ascontiguousarray(v.numpy(), dtype=np.float32)
 
     def _build_index(self, n: int, gen: torch.Generator) -> Any:
@@ -204,8 +259,9 @@ class ProxyShortlist:
         return index
 
     @torch.no_grad()
-    def query(self, private: dict[str, Tensor]) -> np.ndarray:
-        """The proxy query vector of one user (rows of ``private`` are (1, d))."""
+    def query(self, private: dict[str, Tensor], weight: float = 0.0) -> np.ndarray:
+        """The proxy query vector of one user (rows of ``private`` are (1, d)); with a prior
+        column, ``weight`` is its coordinate."""
         ug = private["user_gmf"][0]
         parts = [ug]
         if self.gmf_scale is not None:
@@ -213,11 +269,17 @@ class ProxyShortlist:
             a = private["user_mlp"][0] @ self.scorer.user_w0.T + s["tower.0.bias"]
             y = tower_tail(self.scorer, a + self.fit_first)
             parts.append(self.fit_proj @ (y - y.mean()))
+        if self.log_prior is not None:
+            parts.append(torch.tensor([weight], dtype=ug.dtype))
         return np.ascontiguousarray(torch.cat(parts).numpy()[None, :], dtype=np.float32)
 
-    def search(self, private: dict[str, Tensor], n: int) -> Tensor:
-        """Indices of the ``n`` items with the highest proxy score (int64, unordered)."""
-        _, idx = self.index.search(self.query(private), n)
+    def search(
+        self, private: dict[str, Tensor], n: int, prior: ServedPrior | None = None
+    ) -> Tensor:
+        """Indices of the ``n`` items with the highest proxy score (+ the prior's term, if
+        any) (int64, unordered)."""
+        _check_prior(self, prior)
+        _, idx = self.index.search(self.query(private, 0.0 if prior is None else prior.weight), n)
         found = idx[0]
         return torch.from_numpy(found[found >= 0].astype(np.int64))
 
@@ -227,11 +289,18 @@ class ScanShortlist:
 
     kind = "scan"
 
-    def __init__(self, scorer: Scorer, config: ShortlistConfig | None = None) -> None:
+    def __init__(
+        self,
+        scorer: Scorer,
+        config: ShortlistConfig | None = None,
+        log_prior: Tensor | None = None,
+    ) -> None:
         self.config = c = config or ShortlistConfig()
         cfg = scorer.cfg
         self.scorer = scorer
         self.n_items = cfg.n_items
+        # the scan reads the served bias per request: nothing depends on the prior but a check
+        self.log_prior = _checked_prior(log_prior, cfg.n_items)
         self.min_candidates = c.scan_candidates
         self.gmf_scale: Tensor | None = None
         self.fit_first: Tensor | None = None
@@ -260,14 +329,23 @@ class ScanShortlist:
         v = torch.linalg.solve(gram, h.T @ (y - y.mean()))
         return a, v
 
+    def with_log_prior(self, log_prior: Tensor | None) -> ScanShortlist:
+        """This scan for a prior with ``log_prior`` (a shallow copy: nothing is rebuilt)."""
+        if log_prior is self.log_prior:
+            return self
+        other = copy.copy(self)
+        other.log_prior = _checked_prior(log_prior, self.n_items)
+        return other
+
     @torch.no_grad()
-    def scores(self, private: dict[str, Tensor]) -> Tensor:
-        """Proxy scores of every item (I,), up to a per-user constant."""
+    def scores(self, private: dict[str, Tensor], bias: Tensor | None = None) -> Tensor:
+        """Proxy scores of every item (I,), up to a per-user constant, plus ``bias`` (I,)."""
         s = self.scorer.shared
         gmf = s["item_gmf"]
         ug = private["user_gmf"][0]
         if self.gmf_scale is None:  # MF: the proxy is the exact score
-            return gmf @ ug
+            exact = gmf @ ug
+            return exact if bias is None else exact.add_(bias)
         first = self.scorer.item_first
         assert first is not None
         a, v = self.fit(private)
@@ -280,23 +358,43 @@ class ScanShortlist:
             o = out[start:stop]
             torch.mv(h, v, out=o)
             o.addmv_(gmf[start:stop], qg)
+            if bias is not None:
+                o.add_(bias[start:stop])
         return out
 
-    def search(self, private: dict[str, Tensor], n: int) -> Tensor:
-        """Indices of the ``n`` items with the highest proxy score (int64, unordered)."""
-        scores = self.scores(private).numpy()
+    def search(
+        self, private: dict[str, Tensor], n: int, prior: ServedPrior | None = None
+    ) -> Tensor:
+        """Indices of the ``n`` items with the highest proxy score (+ the prior's bias, if
+        any) (int64, unordered)."""
+        _check_prior(self, prior)
+        scores = self.scores(private, None if prior is None else prior.bias).numpy()
         if n >= self.n_items:
             return torch.arange(self.n_items)
         # a partition, not a sort: a third of torch.topk's time for 10,000 of 1,000,000
         return torch.from_numpy(np.argpartition(scores, -n)[-n:].astype(np.int64))
 
 
-def build_shortlist(scorer: Scorer, config: ShortlistConfig | None = None) -> Shortlist | None:
-    """The candidate stage for ``scorer``'s catalogue (:meth:`ShortlistConfig.kind_for`), or
-    None (with a warning) when it needs faiss and faiss is not installed."""
+def _checked_prior(log_prior: Tensor | None, n_items: int) -> Tensor | None:
+    """``log_prior`` if it has one float32 value per item; ValueError otherwise."""
+    if log_prior is not None and (
+        log_prior.shape != (n_items,) or log_prior.dtype != torch.float32
+    ):
+        raise ValueError(
+            f"a prior of shape {tuple(log_prior.shape)} ({log_prior.dtype}) for {n_items} items"
+        )
+    return log_prior
+
+
+def build_shortlist(
+    scorer: Scorer, config: ShortlistConfig | None = None, log_prior: Tensor | None = None
+) -> Shortlist | None:
+    """The candidate stage for ``scorer``'s catalogue (:meth:`ShortlistConfig.kind_for`), with
+    ``log_prior``'s term when given, or None (with a warning) when it needs faiss and faiss is
+    not installed."""
     config = config or ShortlistConfig()
     if config.kind_for(scorer.cfg.n_items) == "scan":
-        return ScanShortlist(scorer, config)
+        return ScanShortlist(scorer, config, log_prior)
     if faiss is None:
         log.warning(
             "faiss is not installed: ranking %d items exactly (slow for large catalogues); "
@@ -304,4 +402,4 @@ def build_shortlist(scorer: Scorer, config: ShortlistConfig | None = None) -> Sh
             scorer.cfg.n_items,
         )
         return None
-    return ProxyShortlist(scorer, config)
+    return ProxyShortlist(scorer, config, log_prior)

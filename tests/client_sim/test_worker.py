@@ -240,6 +240,7 @@ def test_nothing_private_leaves_the_worker(tmp_path: Path, split: Split) -> None
     fake, workers = _running(tmp_path, split, shards=2, rounds=2)
     _drive(workers, fake)
     cfg = fake.model_cfg()
+    counted: list[int] = []
     for req in fake.requests:
         assert b"user_gmf" not in req.body and b"user_mlp" not in req.body
         assert b"exp_avg" not in req.body
@@ -249,11 +250,21 @@ def test_nothing_private_leaves_the_worker(tmp_path: Path, split: Split) -> None
             payload = json.loads(req.body)
             assert set(payload) == {"model_version", "sums", "count", "client_ids"}
             assert all(isinstance(v, float) for v in payload["sums"].values())
+        elif req.method == "POST" and req.path.endswith("/item-counts"):
+            # the popularity prior's input: one sum over the worker's users, no user's items
+            payload = json.loads(req.body)
+            assert set(payload) == {"client_ids", "items", "counts"}
+            held = [np.unique(split.user_train(u)) for u in payload["client_ids"]]
+            want = np.bincount(np.concatenate(held), minlength=split.n_items)
+            got = dict(zip(payload["items"], payload["counts"], strict=True))
+            assert got == {i: int(c) for i, c in enumerate(want) if c}
+            counted.append(len(payload["client_ids"]))
         elif req.method == "POST":
             assert req.path == "/v1/clients"
             assert set(json.loads(req.body)) == {"client_ids", "token"}  # the worker's own
         else:
             assert req.body == b""
+    assert sorted(counted) == [30, 30]  # each worker once, for all its users
 
 
 def test_refused_second_body_commits_only_the_accepted_users(tmp_path: Path, split: Split) -> None:

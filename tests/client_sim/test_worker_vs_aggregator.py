@@ -16,6 +16,7 @@ from pydantic import SecretStr
 from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_model
+from harness.parity import served_and_model
 from services.client_sim.loop import follow_rounds
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.worker import Worker
@@ -47,11 +48,20 @@ WIDER = {
 }
 
 
-@pytest.mark.parametrize("extra", [{}, WIDER], ids=["paper", "wider-settings"])
+@pytest.mark.parametrize(
+    ("extra", "validation"),
+    [({}, False), (WIDER, False), ({}, True)],
+    ids=["paper", "wider-settings", "validation-and-prior"],
+)
 def test_two_workers_three_rounds_over_http_match_the_simulator(
-    tmp_path: Path, aggregator: str, extra: dict[str, Any]
+    tmp_path: Path, aggregator: str, extra: dict[str, Any], validation: bool
 ) -> None:
-    split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
+    """With validation items the workers report their item counts and rank with the run's
+    popularity prior: the aggregator then publishes the served figures, the weight and the
+    model's own, each as the simulator computes them."""
+    split = synthetic_split(
+        n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20, validation=validation
+    )
     workers = [
         Worker(
             WorkerSettings(
@@ -99,7 +109,11 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
     assert [r["model_version"] for r in rounds] == [1, 2, 3]
     for rec, row in zip(result.rounds, rounds, strict=True):
         assert row["metrics"], row  # every client reported: the means are set
-        for k, v in rec.model_test.items():  # the services serve the model alone
+        assert row["metrics"].get("prior_weight") == rec.prior_weight, rec.round
+        for k, v in served_and_model(rec).items():
             assert row["metrics"][k] == pytest.approx(v, abs=1e-9), (rec.round, k)
+    if validation:  # the prior was ranked, and served in some round (else nothing was shown)
+        assert all(r.prior_weight is not None for r in result.rounds)
+        assert any(r.prior_weight for r in result.rounds), [r.prior_weight for r in result.rounds]
     for w in workers:
         w.close()

@@ -40,7 +40,10 @@ def other_value(name: str) -> Any:
     """A valid value of field ``name`` that is not its default."""
     field = RunParams.model_fields[name]
     ann, default = field.annotation, field.default
-    if get_origin(ann) is Literal:
+    value: Any
+    if ann is bool:
+        value = not default
+    elif get_origin(ann) is Literal:
         value = next(v for v in get_args(ann) if v != default)
     elif ann is str:
         value = "other"
@@ -85,7 +88,11 @@ def test_every_field_reaches_up_and_the_launchers_run_body(
     assert set(options("up").values()) == set(FIELDS)
     seen: list[UpOptions] = []
     monkeypatch.setattr(services.up, "up", lambda opts: seen.append(opts))
-    r = runner.invoke(app, ["up", flag, str(value)])
+    # a switch is given as its flag or its --no- twin, any other setting with its value
+    args = (
+        [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
+    )
+    r = runner.invoke(app, ["up", *args])
     assert r.exit_code == 0, r.output
     (opts,) = seen
     assert getattr(opts.run, name) == value

@@ -85,6 +85,12 @@ def test_the_page_is_self_contained_and_has_every_run_setting(agg: TestClient) -
         assert tag is not None, name
         if field.is_required() or field.default is None or isinstance(field.default, str):
             continue
+        if isinstance(field.default, bool):  # a switch: its default's option is selected
+            select = re.search(rf'<select[^>]*id="cfg-{name}".*?</select>', html, re.S)
+            assert select is not None, name
+            want = f'<option value="{str(field.default).lower()}" selected>'
+            assert want in select.group(0), name
+            continue
         assert f'value="{field.default}"' in tag.group(0), name
     # the privacy settings have a group of their own, after the training settings
     privacy = html.index("<legend>Privacy: differential privacy and secure aggregation</legend>")

@@ -19,7 +19,7 @@ from torch import Tensor
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 from fedrecgel.wire import decode_model
-from harness.parity import aggregator_started, parity_options, start_workers
+from harness.parity import aggregator_started, parity_options, served_and_model, start_workers
 from services.launcher import Cluster, worker_torch_threads
 
 DATASET = "filmtrust"
@@ -87,6 +87,20 @@ class Agreement:
         return max(self.params.values(), default=0.0)
 
 
+def _metrics_apart(rec: RoundRecord, got: dict[str, Any], problems: list[str]) -> float:
+    """How far a round's published metrics are from the simulator's (problems: what is
+    missing or chosen otherwise)."""
+    want = served_and_model(rec)
+    missing = set(want) - set(got)
+    if missing:
+        problems.append(f"round {rec.round}: metrics {sorted(missing)} missing")
+    if got.get("prior_weight") != rec.prior_weight:
+        problems.append(
+            f"round {rec.round}: prior weight {got.get('prior_weight')}, want {rec.prior_weight}"
+        )
+    return max((abs(float(got[k]) - v) for k, v in want.items() if k in got), default=0.0)
+
+
 def compare(
     history: dict[str, Any], model: bytes, ref: Reference, rounds: int
 ) -> tuple[Agreement, list[str]]:
@@ -103,13 +117,7 @@ def compare(
         if row["n_updates"] != rec.n_clients:
             problems.append(f"round {rec.round}: {row['n_updates']} updates, want {rec.n_clients}")
         agree.loss = max(agree.loss, abs(float(row["loss"]) - rec.loss))
-        got = row["metrics"] or {}
-        missing = set(rec.model_test) - set(got)
-        if missing:
-            problems.append(f"round {rec.round}: metrics {sorted(missing)} missing")
-        for k, v in rec.model_test.items():  # the services serve the model alone
-            if k in got:
-                agree.metrics = max(agree.metrics, abs(float(got[k]) - v))
+        agree.metrics = max(agree.metrics, _metrics_apart(rec, row["metrics"] or {}, problems))
     _, shared, version = decode_model(model)
     if version != rounds:
         problems.append(f"final model version {version}, want {rounds}")

@@ -1,6 +1,7 @@
 """The demo path on real processes: `fedrec up` trains over HTTP, then a user's device asks its
 worker for recommendations, the worker asks recommend_api, and the answer is the exact top-k of
-the latest model for that user's private vector."""
+the latest model for that user's private vector (with the run's popularity prior at the weight
+the aggregator chose)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from fedrecgel.data import load_split
 from fedrecgel.model import ModelConfig, Scorer
+from fedrecgel.prior import log_prior
 from fedrecgel.wire import decode_model
 from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 from services.client_sim.store import WorkerStore
@@ -54,7 +56,14 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
         token = token_file.read_text().strip()
         assert token not in text
 
-        split = load_split("filmtrust")
+        split = load_split("filmtrust", validation=True)  # fedrec up's workers hold it so
+        # the run's popularity prior: the workers' counts summed, equal to the split's own
+        prior = httpx.get(
+            f"http://127.0.0.1:{agg}/v1/runs/current/prior",
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+        assert prior["complete"] is True
+        assert prior["counts"] == np.bincount(split.train_items, minlength=split.n_items).tolist()
         blob = httpx.get(
             f"http://127.0.0.1:{agg}/v1/models/2", headers={"Authorization": "Bearer x"}
         ).status_code
@@ -70,14 +79,19 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
             assert r.status_code == 200, r.text
             body = r.json()
             assert body["model_version"] == 2 and len(body["items"]) == 10
+            assert body["prior_weight"] == (prior["weight"] or None)
             # brute force: the user's vector from its worker's store, the model the
-            # aggregator stored as version 2, every item scored, training items excluded
+            # aggregator stored as version 2, every item scored (plus the prior's term at the
+            # weight served), training items excluded
             store = WorkerStore(workdir / f"worker-{user % 2}.db")
             private = store.load_states([user]).params
             store.close()
             model = workdir / "aggregator.db"
             cfg, shared = _model_from_db(model, 2)
             scores = Scorer(cfg, shared).score_all(private)[0]
+            if body["prior_weight"]:
+                counts = np.asarray(prior["counts"], dtype=np.int64)
+                scores = scores + body["prior_weight"] * log_prior(counts)
             scores[torch.from_numpy(np.unique(split.user_train(user)))] = -torch.inf
             top = torch.topk(scores, 10).indices.tolist()
             want = [str(split.item_labels[i]) for i in top]

@@ -24,7 +24,10 @@ UPDATES_META = {"format", "round", "updates"}
 UPDATE_ENTRY = {"client_id", "n_samples", "loss"}
 PARTIAL_META = {"format", "round", "clients", "loss"}
 PARTIAL_ENTRY = {"client_id", "n_samples"}
-METRIC = r"(val/)?(hr|ndcg)@\d+"
+#: an evaluation sum: a metric, and with the run's popularity prior the same at each weight with
+#: the sign test's counts; published metrics add the weight and the model's own (``model/``)
+METRIC = r"(val/)?((hr|ndcg)@\d+|prior@[\d.]+/((hr|ndcg)@\d+|gain|loss))"
+PUBLISHED = r"(model/)?(val/)?(hr|ndcg)@\d+|prior_weight"
 RUN_CONFIG = (
     "n_items|kind|factor|layers|rounds|fraction|seed|optimizer|server_lr|weighting|clip|"
     "rho_sh|rho_ns|client_lr|n_negatives|negative_pool|chunk_size|deadline_s|quorum|dataset|sampling|"
@@ -32,7 +35,7 @@ RUN_CONFIG = (
     "secagg_neighbours|"
     "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping|server_beta1|server_beta2|"
     "server_momentum|server_warmup|server_decay|client_weight_decay|local_steps|"
-    "server_weight_decay|server_mean|trim_fraction|server_update"
+    "server_weight_decay|server_mean|trim_fraction|server_update|popularity_prior"
 )
 ERROR_KEYS = {"error", "detail"}
 #: the keys of a current-round answer (``GET /v1/rounds/current``, a closing upload's ``current``)
@@ -70,7 +73,20 @@ API_KEYS: list[tuple[str, str, str, str]] = [
         r"/v1/runs/current/history",
         r"",
         rf"run_id|planned_rounds|delta|noise_multiplier|next_after|evaluated_through|rounds|rounds\[\]\.(round_id|model_version|n_updates|loss|metrics"
-        rf"|closed_at|seconds|epsilon|n_bounded)|rounds\[\]\.metrics\.{METRIC}",
+        rf"|closed_at|seconds|epsilon|n_bounded)|rounds\[\]\.metrics\.({PUBLISHED})",
+    ),
+    # the popularity prior: a worker's counts summed over its users, the run's sum read back
+    (
+        "POST",
+        r"/v1/runs/\d+/item-counts",
+        r"client_ids|items|counts",
+        r"accepted|ignored|complete",
+    ),
+    (
+        "GET",
+        r"/v1/runs/(\d+|current)/prior",
+        r"",
+        r"run_id|enabled|complete|counted|registered|counts|weight|weight_version",
     ),
 ]
 

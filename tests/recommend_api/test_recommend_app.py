@@ -166,7 +166,14 @@ def test_polling_follows_new_versions_and_keeps_old_on_bad_blob() -> None:
         async with _serve(settings, holder, agg.transport()) as c:
             await _wait_for(lambda: holder.version == 1)
             h = (await c.get("/healthz")).json()
-            assert h == {"status": "ok", "model": "loaded", "model_version": 1, "aggregator": "ok"}
+            assert h == {
+                "status": "ok",
+                "model": "loaded",
+                "model_version": 1,
+                "aggregator": "ok",
+                "prior_weight": None,  # this aggregator has no prior route (404): model alone
+                "prior": "the aggregator publishes no prior: serving the model alone",
+            }
             await asyncio.sleep(0.3)
             assert agg.downloads == 1  # unchanged ETag -> 304, no re-download
             agg.publish(2, blob=b"garbage")

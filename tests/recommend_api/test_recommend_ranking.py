@@ -12,6 +12,7 @@ import torch
 from fedrecgel.model import ModelConfig, Scorer, forward_batched, init_shared
 from fedrecgel.wire import encode_model
 from services.recommend_api.errors import InvalidRequest, InvalidUserVector, NoModel, UnknownItems
+from services.recommend_api.prior import ServedPrior
 from services.recommend_api.ranking import ModelHolder, RankingConfig, Snapshot, read_labels_file
 from services.recommend_api.shortlist import (
     ProxyShortlist,
@@ -211,9 +212,11 @@ def test_exact_option_ranks_the_whole_catalogue_past_the_index(
     searches: list[int] = []
     real_search = snap.shortlist.search
 
-    def counted_search(p: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+    def counted_search(
+        p: dict[str, torch.Tensor], n: int, prior: ServedPrior | None = None
+    ) -> torch.Tensor:
         searches.append(n)
-        return real_search(p, n)
+        return real_search(p, n, prior)
 
     monkeypatch.setattr(snap.shortlist, "search", counted_search)
     for seed in range(3):
@@ -275,8 +278,10 @@ def test_a_new_version_swaps_in_with_its_index_complete(
     building, release = threading.Event(), threading.Event()
     real_build = build_shortlist
 
-    def slow_build(scorer: Scorer, config: ShortlistConfig | None) -> Shortlist | None:
-        index = real_build(scorer, config)
+    def slow_build(
+        scorer: Scorer, config: ShortlistConfig | None, log_prior: torch.Tensor | None = None
+    ) -> Shortlist | None:
+        index = real_build(scorer, config, log_prior)
         building.set()
         assert release.wait(30)
         return index
@@ -344,9 +349,11 @@ def test_scan_asks_for_its_candidates_and_re_ranks_them_exactly(
     asked: list[int] = []
     real_search = snap.shortlist.search
 
-    def counted_search(p: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+    def counted_search(
+        p: dict[str, torch.Tensor], n: int, prior: ServedPrior | None = None
+    ) -> torch.Tensor:
         asked.append(n)
-        return real_search(p, n)
+        return real_search(p, n, prior)
 
     monkeypatch.setattr(snap.shortlist, "search", counted_search)
     user = _user(cfg, 4, scale=0.3)

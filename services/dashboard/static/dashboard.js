@@ -257,7 +257,7 @@
     cell(tr, `v${r.model_version}`); cell(tr, String(r.round_id));
     cell(tr, new Date(r.closed_at).toLocaleTimeString()); cell(tr, fmt(r.seconds, 1));
     cell(tr, String(r.n_updates)); cell(tr, fmt(r.loss)); cell(tr, fmt(m["hr@10"])); cell(tr, fmt(m["ndcg@10"]));
-    cell(tr, size);
+    cell(tr, m.prior_weight === undefined ? "–" : String(m.prior_weight)); cell(tr, size);
     versions.rows.set(r.round_id, tr);
     return tr;
   }
@@ -567,7 +567,8 @@
     for (const el of document.querySelectorAll("#start-form [data-field]")) {
       const v = el.value.trim();
       if (v === "") { if (el.dataset.optional === "yes") cfg[el.dataset.field] = null; continue; }
-      cfg[el.dataset.field] = el.dataset.kind === "integer" || el.dataset.kind === "number" ? Number(v) : v;
+      const kind = el.dataset.kind;
+      cfg[el.dataset.field] = kind === "integer" || kind === "number" ? Number(v) : kind === "boolean" ? v === "true" : v;
     }
     operator("/ui/api/runs", cfg);
   });
