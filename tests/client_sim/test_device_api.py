@@ -54,7 +54,7 @@ def test_recommendations_are_recommend_api_answer_for_the_users_own_vector(
     ]
     assert got == expected.items
     assert not {it["item"] for it in body["items"]} & {LABELS[i] for i in train}
-    assert set(body) == {"model_version", "items"}  # never the user vector
+    assert set(body) == {"model_version", "items", "prior_weight"}  # never the user vector
 
 
 def test_device_request_excludes_training_items_once_by_label(tmp_path: Path, split: Split) -> None:

@@ -32,7 +32,7 @@ def test_flags_override_the_environment(monkeypatch: pytest.MonkeyPatch) -> None
     )
     assert (s.aggregator, s.shard, s.shards, s.store) == ("http://h:1", 3, 4, "w3.db")
     assert s.redis_url == "redis://127.0.0.1:6379/0" and s.exit_when_finished is False
-    assert s.dataset == "filmtrust" and s.validation is False
+    assert s.dataset == "filmtrust" and s.validation is True  # the default, as fedrec train
 
 
 def test_bad_shard_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
