@@ -198,8 +198,9 @@ class Priors:
                 log.info("run %d: popularity prior fixed over %d clients", run_id, counted)
         return ItemCountsAck(accepted=n, ignored=0, complete=complete)
 
-    def info(self, run_id: int | None) -> PriorInfo:
-        """The prior of run ``run_id`` (None: the current run); 404 without such a run."""
+    def info(self, run_id: int | None, with_counts: bool = True) -> PriorInfo:
+        """The prior of run ``run_id`` (None: the current run), without its counts unless
+        ``with_counts`` (its ETag needs none); 404 without such a run."""
         with self.db.read() as s:
             repo, counts = Repository(s), CountRepository(s)
             rid = repo.latest_run_id() if run_id is None else run_id
@@ -228,7 +229,7 @@ class Priors:
                 complete=True,
                 counted=fixed.clients,
                 registered=registered,
-                counts=decode_counts(fixed.counts).tolist(),
+                counts=decode_counts(fixed.counts).tolist() if with_counts else None,
                 weight=weight,
                 weight_version=version,
             )

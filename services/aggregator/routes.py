@@ -367,12 +367,18 @@ def report_item_counts(
     return service.priors.report(caller, run_id, body)
 
 
-def _prior_response(info: PriorInfo, if_none_match: str | None) -> Response:
-    etag = prior_etag(info)
+def _prior_response(
+    service: AggregatorService, run_id: int | None, if_none_match: str | None
+) -> Response:
+    """The prior's answer; a matching ETag is answered before the counts are read."""
+    etag = prior_etag(service.priors.info(run_id, with_counts=False))
     if if_none_match == etag:
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+    info = service.priors.info(run_id)
     return Response(
-        content=info.model_dump_json(), media_type="application/json", headers={"ETag": etag}
+        content=info.model_dump_json(),
+        media_type="application/json",
+        headers={"ETag": prior_etag(info)},
     )
 
 
@@ -388,7 +394,7 @@ def current_prior(
 ) -> Response:
     """The current run's popularity prior: the clients' summed item counts once complete, and
     the weight chosen at the newest evaluated version (304 when the ETag matches)."""
-    return _prior_response(service.priors.info(None), if_none_match)
+    return _prior_response(service, None, if_none_match)
 
 
 @router.get(
@@ -403,7 +409,7 @@ def run_prior(
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """A run's popularity prior (as ``/v1/runs/current/prior``)."""
-    return _prior_response(service.priors.info(run_id), if_none_match)
+    return _prior_response(service, run_id, if_none_match)
 
 
 @router.get("/v1/rounds/{round_id}", responses=_errors(404))
