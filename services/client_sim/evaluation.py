@@ -60,6 +60,7 @@ class RunPrior:
         self.store = store
         self.data = data
         self._fixed: tuple[int, Tensor] | None = None  # (run id, log prior)
+        self._counted: int | None = None  # the run whose counts were reported (the store's)
 
     def counts(self, n_items: int) -> np.ndarray:
         """How many of the owned users hold each item in their training data."""
@@ -69,7 +70,10 @@ class RunPrior:
     def report(self, run_id: int, cfg: RunConfig) -> None:
         """Report the owned users' item counts for ``run_id`` once, when its settings rank
         with the prior (a refusal is logged and not retried; an outage is raised)."""
-        if not cfg.prior_enabled or self.store.get_meta(_COUNTED) == str(run_id):
+        if not cfg.prior_enabled or self._counted == run_id:
+            return
+        if self.store.get_meta(_COUNTED) == str(run_id):  # before a restart
+            self._counted = run_id
             return
         try:
             users = [int(u) for u in self.data.user_ids]
@@ -79,6 +83,7 @@ class RunPrior:
                 raise
             log.warning("item counts of run %d refused: %s", run_id, err)
         self.store.set_meta(**{_COUNTED: str(run_id)})
+        self._counted = run_id
 
     def get(self) -> Tensor | None:
         """log(1 + n_i) of the current run's summed counts, once they are complete; None

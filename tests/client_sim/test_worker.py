@@ -368,6 +368,22 @@ def test_the_upload_that_closes_a_round_answers_the_next_one_without_a_poll(
         torch.testing.assert_close(fake.shared[name], t, rtol=1e-5, atol=1e-6)
 
 
+def test_item_counts_are_reported_once_a_run_through_a_restart(
+    tmp_path: Path, split: Split
+) -> None:
+    """A worker reports its users' item counts at the first step of a run and never again in
+    that run, not even once restarted (the store keeps which run it reported)."""
+    fake, (w,) = _running(tmp_path, split, rounds=2)
+    w.step()
+    w.step()
+    w.close()
+    restarted = _worker(tmp_path, fake, split, shard=0, shards=1)
+    restarted.register()
+    _drive([restarted], fake)
+    posts = [r for r in fake.requests if r.path.endswith("/item-counts")]
+    assert [r.path for r in posts] == ["/v1/runs/1/item-counts"]
+
+
 def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(
     tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
 ) -> None:
