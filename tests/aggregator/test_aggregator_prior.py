@@ -20,9 +20,12 @@ N_ITEMS = 6
 RUN = {"n_items": N_ITEMS, "factor": 4, "layers": 2, "rounds": 3, "fraction": 0.5, "seed": 7}
 
 
-def _started(aggregator: AggregatorFactory, **run: Any) -> tuple[TestClient, str, str]:
-    """An aggregator with clients 0-3 under token a, 4-5 under b, and a run started."""
-    client = aggregator(database_url=aggregator.url(), population=6)
+def _started(
+    aggregator: AggregatorFactory, database_url: str | None = None, **run: Any
+) -> tuple[TestClient, str, str]:
+    """An aggregator (on ``database_url``, else a SQLite file) with clients 0-3 under token
+    a, 4-5 under b, and a run started."""
+    client = aggregator(database_url=database_url or aggregator.url(), population=6)
     a, b = register(client, [0, 1, 2, 3]), register(client, [4, 5])
     r = client.post("/v1/runs", json={**RUN, **run}, headers=operator_headers())
     assert r.status_code == 201, r.text
@@ -37,8 +40,10 @@ def _counts(
     return r
 
 
-def test_counts_are_summed_once_they_cover_every_client(aggregator: AggregatorFactory) -> None:
-    client, a, b = _started(aggregator)
+def test_counts_are_summed_once_they_cover_every_client(
+    aggregator: AggregatorFactory, database_url: str
+) -> None:
+    client, a, b = _started(aggregator, database_url)
     first = _counts(client, a, [0, 1, 2, 3], [0, 2, 5], [4, 1, 2])
     assert first.status_code == 202, first.text
     assert first.json() == {"accepted": 4, "ignored": 0, "complete": False}
