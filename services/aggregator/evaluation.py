@@ -26,7 +26,7 @@ from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound
 from services.aggregator.evaluation_repository import EvaluationRepository
 from services.aggregator.models import Clock
-from services.aggregator.popularity import WEIGHT_KEY
+from services.aggregator.popularity import WEIGHT_KEY, CountRepository
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import EvaluationAck, EvaluationRequest
 
@@ -112,6 +112,11 @@ class Evaluations:
                 # storage pass drops the per-client rows of such a version)
                 n = len(req.client_ids)
                 return EvaluationAck(model_version=v, accepted=0, ignored=n, complete=True)
+            if sums.keys() & _PRIOR and CountRepository(s).prior(run.id) is None:
+                raise Conflict(
+                    f"run {run.id} has no fixed popularity prior: a report ranks without one",
+                    "no_prior",
+                )
             evals = EvaluationRepository(s)
             # the unique constraint finds a client reported before: only then is it looked up
             if not evals.add_evaluation(run.id, v, sums, req.count, req.client_ids, self.clock()):

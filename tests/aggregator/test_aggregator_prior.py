@@ -179,6 +179,15 @@ def test_a_version_publishes_the_served_figures_the_weight_and_the_models(
     assert (info["weight"], info["weight_version"]) == (2.0, 0)
 
 
+def test_prior_sums_without_a_fixed_prior_are_refused(aggregator: AggregatorFactory) -> None:
+    """Before the counts cover every client (or in a run without the prior) no honest worker
+    ranks with a prior: such sums would publish figures of a ranking nobody serves."""
+    client, a, _ = _started(aggregator)
+    body = {"model_version": 0, "sums": _prior_sums(4, 0.5, {}), "count": 4}
+    r = client.post("/v1/evaluations", json={**body, "client_ids": [0, 1, 2, 3]}, headers=bearer(a))
+    assert r.status_code == 409 and r.json()["error"] == "no_prior", r.text
+
+
 def test_a_report_with_part_of_the_prior_sums_is_refused(aggregator: AggregatorFactory) -> None:
     client, a, _ = _started(aggregator)
     sums = _prior_sums(4, 0.5, {})
