@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel.model import Scorer
-from fedrecgel.prior import GUARD_K, PRIOR_WEIGHTS
+from fedrecgel.prior import GUARD_K, GUARD_NAMES, PRIOR_WEIGHTS
 from fedrecgel.prior import key as prior_key
 
 KS = (5, 10, 15, 20)
@@ -16,6 +16,11 @@ METRIC_NAMES = tuple(f"{m}@{k}" for k in KS for m in ("hr", "ndcg"))
 #: the same on the validation items, reported (all of them, or none) by a worker whose split
 #: holds a validation item per user
 VAL_METRIC_NAMES = tuple(f"val/{name}" for name in METRIC_NAMES)
+#: what :func:`metric_sums` adds with an item prior: every metric and the sign test's counts
+#: under :func:`fedrecgel.prior.key` at every weight but 0
+PRIOR_METRIC_NAMES = tuple(
+    prior_key(w, n) for w in PRIOR_WEIGHTS if w for n in (*METRIC_NAMES, *GUARD_NAMES)
+)
 
 
 def rank_of_positive(pos: Tensor, neg: Tensor) -> Tensor:

@@ -18,9 +18,8 @@ from __future__ import annotations
 import logging
 import math
 
-from fedrecgel.metrics import METRIC_NAMES, VAL_METRIC_NAMES
-from fedrecgel.prior import GUARD_NAMES, PRIOR_WEIGHTS, choose
-from fedrecgel.prior import key as prior_key
+from fedrecgel.metrics import METRIC_NAMES, PRIOR_METRIC_NAMES, VAL_METRIC_NAMES
+from fedrecgel.prior import choose
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound
@@ -35,10 +34,8 @@ log = logging.getLogger(__name__)
 _NAMES = frozenset(METRIC_NAMES)
 _WITH_VAL = _NAMES | frozenset(VAL_METRIC_NAMES)
 #: the sums of a worker that ranks with the run's popularity prior (services.aggregator.
-#: popularity) too: every metric and the sign test's counts at every weight, test and val/
-_PRIOR = frozenset(
-    prior_key(w, n) for w in PRIOR_WEIGHTS if w for n in (*METRIC_NAMES, *GUARD_NAMES)
-)
+#: popularity) too, test and val/
+_PRIOR = frozenset(PRIOR_METRIC_NAMES)
 _WITH_PRIOR = _WITH_VAL | _PRIOR | frozenset(f"val/{n}" for n in _PRIOR)
 #: the largest model version (a 32-bit column)
 MAX_VERSION = 2**31 - 1

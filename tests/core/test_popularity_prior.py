@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from fedrecgel.baselines import CentralConfig, central, popularity
-from fedrecgel.metrics import KS, means, metric_sums, per_user_metrics, rank_of_positive
+from fedrecgel.metrics import (
+    KS,
+    PRIOR_METRIC_NAMES,
+    means,
+    metric_sums,
+    per_user_metrics,
+    rank_of_positive,
+)
 from fedrecgel.model import ModelConfig, Scorer, init_private, init_shared
 from fedrecgel.prior import PRIOR_WEIGHTS, choose, item_counts, key, log_prior
 from fedrecgel.simulate import Simulator, TrainConfig
@@ -39,6 +46,8 @@ def test_each_weight_ranks_by_logit_plus_weight_times_log_count() -> None:
     # the plain names stay the model's own, as without a prior
     plain = metric_sums(scorer, states, SPLIT.test_items, SPLIT.test_negatives, KS)
     assert {k: got[k] for k in plain} == plain
+    # and the rest are exactly the names the protocol fixes (the aggregator checks them)
+    assert set(got) - set(plain) == set(PRIOR_METRIC_NAMES)
 
 
 def test_a_large_weight_ranks_as_popularity_does() -> None:
