@@ -288,6 +288,8 @@ class RunPrior(Base):
     __tablename__ = "run_priors"
 
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
-    counts: Mapped[bytes] = mapped_column(LargeBinary)
+    # deferred: read only where the counts are sent (the ETag answer and the evaluation's
+    # check that the prior is fixed need the row alone; the blob is 8 bytes an item)
+    counts: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     clients: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -213,7 +213,6 @@ class Priors:
             enabled = RunConfig.model_validate(run.config).prior_enabled
             registered = repo.count_clients()
             fixed = counts.prior(run.id)
-            weight, version = counts.newest_weight(run.id)
             if fixed is None:
                 counted = counts.count_counted(run.id)
                 return PriorInfo(
@@ -223,6 +222,7 @@ class Priors:
                     counted=counted,
                     registered=registered,
                 )
+            weight, version = counts.newest_weight(run.id)
             return PriorInfo(
                 run_id=run.id,
                 enabled=enabled,
