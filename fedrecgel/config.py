@@ -137,6 +137,19 @@ class RunParams(BaseModel):
         description="Extra Adam steps a client takes on its private parameters each round, "
         "with the round's samples at the round's model, before its SAM step (0: the paper).",
     )
+    rank_fit_steps: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Adam steps each user takes on a copy of its private parameters against "
+        "the model it ranks with, before each evaluation and recommendation (its own "
+        "training items and fresh negatives; nothing is stored or uploaded; 0: the paper). "
+        "A user that took part in few rounds then ranks with embeddings fitted to the "
+        "current model instead of ones from its last round.",
+    )
+    rank_fit_lr: float = Field(
+        default=0.05, gt=0.0, le=10.0, description="Step size of those Adam steps."
+    )
     deadline_s: float = Field(
         default=60.0, gt=0.0, le=7 * 86400.0, description="Round deadline (seconds)."
     )

@@ -36,6 +36,7 @@ import numpy as np
 from fedrecgel.data import Split
 from fedrecgel.metrics import means
 from fedrecgel.ray_shard import CrashPhase, ShardActor, ShardData
+from fedrecgel.run_config import rank_fit_of
 from fedrecgel.simulate import Simulator, TrainConfig, _add
 from fedrecgel.upload_modes import RoundUploads
 from fedrecgel.uploads import PartialSum
@@ -289,7 +290,11 @@ class RaySimulator(Simulator):
 
         shared = ray.put(self.shared)
         shards = [s for s in range(self.config.shards) if s < self.split.n_users]
-        got = self._each(shards, lambda s: self.actors[s].evaluate.remote(shared, self.prior))
+        fit = rank_fit_of(self.config)
+        got = self._each(
+            shards,
+            lambda s: self.actors[s].evaluate.remote(shared, self.prior, self.round_id, fit),
+        )
         test: dict[str, float] = {}
         val: dict[str, float] = {}
         for s in shards:

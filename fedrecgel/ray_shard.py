@@ -35,6 +35,7 @@ from fedrecgel.data import Split
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import ModelConfig, Scorer
 from fedrecgel.private_store import PrivateStore
+from fedrecgel.rank_fit import RankFit, ranking_params
 from fedrecgel.sam import PrivateState, SAMConfig
 from fedrecgel.uploads import PartialSum
 
@@ -258,14 +259,27 @@ class ShardActor:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def evaluate(
-        self, shared: dict[str, Tensor], prior: Tensor | None = None
+        self,
+        shared: dict[str, Tensor],
+        prior: Tensor | None = None,
+        version: int = 0,
+        fit: RankFit | None = None,
     ) -> tuple[dict[str, float], dict[str, float] | None]:
         """Metric sums (test, and validation when the split has it) over the shard's users,
-        with the popularity ``prior``'s rankings when one is given."""
+        with the popularity ``prior``'s rankings when one is given; with ``fit``, each user's
+        embeddings fitted to model ``version`` first (:func:`fedrecgel.rank_fit.ranking_params`)."""
         d = self.data
         with torch.no_grad():
             scorer = Scorer(self.model, shared)
-            params = self.store.params(d.users)
+            if fit is not None and fit.steps:
+                state = self.store.get(d.users)
+                seed = self.clients.seed
+                hp = self.clients.hp
+                params = ranking_params(
+                    self.model, shared, state, d.users, d.user_train, hp, fit, seed, version
+                )
+            else:
+                params = self.store.params(d.users)
             test = metric_sums(scorer, params, d.test_items, d.test_negatives, KS, prior=prior)
             val = None
             if d.val_items is not None and d.val_negatives is not None:

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from fedrecgel.config import MAX_ITEMS, RunParams
 from fedrecgel.model import ModelConfig
+from fedrecgel.rank_fit import RankFit
 from fedrecgel.sam import SAMConfig
 
 
@@ -34,6 +35,10 @@ class RunConfig(RunParams):
         """The client hyperparameters of this run."""
         return client_hyperparameters(self)
 
+    def rank_fit(self) -> RankFit:
+        """How users fit their embeddings to a model before ranking with it."""
+        return rank_fit_of(self)
+
 
 def model_shape(p: RunParams, n_items: int) -> ModelConfig:
     """The model shape of the run settings ``p`` over a catalogue of ``n_items``."""
@@ -52,3 +57,8 @@ def client_hyperparameters(p: RunParams) -> SAMConfig:
         local_steps=p.local_steps,
         weight_decay=p.client_weight_decay,
     )
+
+
+def rank_fit_of(p: RunParams) -> RankFit:
+    """How users fit their embeddings before ranking, by the run settings ``p``."""
+    return RankFit(steps=p.rank_fit_steps, lr=p.rank_fit_lr)

@@ -27,7 +27,8 @@ from fedrecgel.model import ModelConfig, Scorer, init_shared
 from fedrecgel.prior import choose, split_prior
 from fedrecgel.privacy import AdaptiveClip, ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
-from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape
+from fedrecgel.rank_fit import ranking_params
+from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape, rank_fit_of
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import Strategy, touched_rows
@@ -358,8 +359,22 @@ class Simulator:
         ]
         if split.val_items is not None and split.val_negatives is not None:
             sets.append((split.val_items, split.val_negatives, {}))
+        fit = rank_fit_of(self.config)
         for part in self._shards(self.users):
-            params = self.store.params(part)
+            if fit.steps:
+                params = ranking_params(
+                    self.model_cfg,
+                    self.shared,
+                    self.store.get(part),
+                    part,
+                    split.user_train,
+                    self.hp,
+                    fit,
+                    self.config.seed,
+                    self.round_id,
+                )
+            else:
+                params = self.store.params(part)
             for items, negs, total in sets:
                 sums = metric_sums(scorer, params, items[part], negs[part], KS, prior=self.prior)
                 _add(total, sums)

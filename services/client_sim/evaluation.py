@@ -24,6 +24,7 @@ from torch import Tensor
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
 from fedrecgel.prior import log_prior
+from fedrecgel.rank_fit import ranking_params
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
@@ -123,6 +124,29 @@ class Evaluation:
         self.users: list[int] = np.asarray(data.user_ids).tolist()
         self.timer = timer
         self.prior = RunPrior(client, store, data)
+        #: the run the worker trains (:meth:`adopt`): how its users fit their embeddings to a
+        #: version before ranking it (none yet: the stored embeddings)
+        self.run_cfg: RunConfig | None = None
+        self._run_id: str | None = None
+        self._train_of = dict(zip(self.users, data.train, strict=True))
+        self._row_of = {u: i for i, u in enumerate(self.users)}
+        #: the embeddings the users ranked the newest scored version with, when the run fits
+        #: them (the device API sends these): (version, name -> (U, d))
+        self.fitted: tuple[int, dict[str, Tensor]] | None = None
+
+    def adopt(self, run_id: str, cfg: RunConfig) -> None:
+        """The run the worker trains now (a new one forgets the last run's fitted vectors)."""
+        if run_id != self._run_id:
+            self.fitted = None
+        self._run_id, self.run_cfg = run_id, cfg
+
+    def fitted_vector(self, user_id: int) -> dict[str, list[float]] | None:
+        """The user's embeddings as fitted to the newest scored version (None: the run does
+        not fit them, or no version was scored in this process yet)."""
+        fitted, row = self.fitted, self._row_of.get(int(user_id))
+        if fitted is None or row is None:
+            return None
+        return {name: t[row].tolist() for name, t in fitted[1].items()}
 
     def done(self) -> int:
         """The newest model version scored and kept (maybe not delivered yet)."""
@@ -205,7 +229,7 @@ class Evaluation:
         prior = self.prior.get()
         with self.timer.phase("evaluate"):
             scorer = Scorer(model.cfg, model.shared)
-            params = self.store.load_states(self.users).params
+            params = self.ranking_params(model)
             d = self.data
             sums = metric_sums(scorer, params, d.test_items, d.test_negatives, KS, prior=prior)
             count = int(sums.pop("count"))
@@ -214,3 +238,21 @@ class Evaluation:
                 val.pop("count")
                 sums.update({f"val/{k}": v for k, v in val.items()})
         return Scores(version, sums, count)
+
+    def ranking_params(self, model: DownloadedModel) -> dict[str, Tensor]:
+        """The private parameters the users rank ``model`` with: their stored ones, fitted to
+        it first when the run says so (:func:`fedrecgel.rank_fit.ranking_params`, the
+        simulator's computation)."""
+        states = self.store.load_states(self.users)
+        cfg = self.run_cfg
+        if cfg is None or not cfg.rank_fit_steps:
+            return states.params
+        users = np.asarray(self.users, dtype=np.int64)
+        train = self._train_of.__getitem__
+        hp, fit = cfg.sam(), cfg.rank_fit()
+        params = ranking_params(
+            model.cfg, model.shared, states, users, train, hp, fit, cfg.seed, model.version
+        )
+        if self.fitted is None or self.fitted[0] <= model.version:
+            self.fitted = (model.version, params)
+        return params

@@ -79,7 +79,8 @@ def run_worker(settings: WorkerSettings, **kwargs: Any) -> None:
     server: DeviceApiServer | None = None
     try:
         if settings.http_port is not None:
-            server = serve_in_thread(settings, worker.store, split=kwargs.get("split"))
+            split, fitted = kwargs.get("split"), worker.evaluation.fitted_vector
+            server = serve_in_thread(settings, worker.store, split=split, fitted=fitted)
         follow_rounds(worker)
     finally:
         if server is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -45,6 +45,9 @@ RECOMMEND_PATH = "/v1/recommendations"
 
 router = APIRouter()
 
+#: a user id -> its fitted embeddings by name, or None (then its stored ones are sent)
+FittedVector = Callable[[int], dict[str, list[float]] | None]
+
 # 401: no device token, when one is set; 403 host_not_allowed: another Host, when none is
 ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorBody} for s in (401, 403, 404, 413, 422, 502, 503)
@@ -60,6 +63,9 @@ class AppState:
     labels: Sequence[str] | None
     users: frozenset[int]
     client: httpx.AsyncClient
+    #: a user's embeddings fitted to the newest evaluated version, when the run fits them
+    #: before ranking (``rank_fit_steps``; None: its stored ones are sent)
+    fitted: FittedVector | None = None
 
 
 def get_state(request: Request) -> AppState:
@@ -103,17 +109,24 @@ def device_request(
     user_id: int,
     k: int,
     include_training: bool = False,
+    fitted: FittedVector | None = None,
 ) -> dict[str, Any]:
-    """The body a user's device sends to recommend_api: its vector, k and its training items
-    to leave out (none with ``include_training``)."""
-    try:
-        state = store.load_states([user_id])
-    except StoreError as err:
-        raise ServiceError(
-            f"user {user_id} has no private state yet (no run joined)", "no_private_state", 503
-        ) from err
+    """The body a user's device sends to recommend_api: its vector (as ``fitted`` to the model
+    when the run fits it, else as stored), k and its training items to leave out (none with
+    ``include_training``)."""
+    vector = None if fitted is None else fitted(user_id)
+    if vector is None:
+        try:
+            state = store.load_states([user_id])
+        except StoreError as err:
+            raise ServiceError(
+                f"user {user_id} has no private state yet (no run joined)",
+                "no_private_state",
+                503,
+            ) from err
+        vector = {name: t[0].tolist() for name, t in state.params.items()}
     exclude = [] if include_training else training_items(store, labels, user_id)
-    user = UserVector(**{name: t[0].tolist() for name, t in state.params.items()})
+    user = UserVector(**vector)
     body = RecommendationRequest(user=user, k=k, exclude=exclude)
     return body.model_dump(exclude_none=True)
 
@@ -160,7 +173,7 @@ async def recommendations(
     """Top-``k`` items for one user of this shard, from recommend_api."""
     _check_user(state, user_id)
     body = await anyio.to_thread.run_sync(
-        device_request, state.store, state.labels, user_id, k, include_training
+        device_request, state.store, state.labels, user_id, k, include_training, state.fitted
     )
     try:
         resp = await state.client.post(RECOMMEND_PATH, json=body)

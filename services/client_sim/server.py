@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedrecgel.data import Split, load_split
-from services.client_sim.routes import AppState, router
+from services.client_sim.routes import AppState, FittedVector, router
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.error_handlers import error_response, install_error_handlers, limit_request_bodies
@@ -50,9 +50,12 @@ def create_app(
     store: WorkerStore,
     labels: Sequence[str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    fitted: FittedVector | None = None,
 ) -> FastAPI:
     """Build the worker's device API over ``store``; ``transport`` reaches recommend_api (tests
-    pass an ``httpx.ASGITransport`` of the real app). Nothing connects until the lifespan."""
+    pass an ``httpx.ASGITransport`` of the real app); ``fitted`` gives a user's embeddings as
+    fitted to the newest evaluated version (the worker's evaluation, when the run fits them).
+    Nothing connects until the lifespan."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,7 +64,7 @@ def create_app(
             base_url=settings.recommend_url, transport=transport, timeout=settings.timeout_s
         ) as client:
             app.state.worker_http = AppState(
-                settings, store, labels, frozenset(int(u) for u in users.tolist()), client
+                settings, store, labels, frozenset(int(u) for u in users.tolist()), client, fitted
             )
             yield
 
@@ -146,12 +149,15 @@ class DeviceApiServer:
 
 
 def serve_in_thread(
-    settings: WorkerSettings, store: WorkerStore, split: Split | None = None
+    settings: WorkerSettings,
+    store: WorkerStore,
+    split: Split | None = None,
+    fitted: FittedVector | None = None,
 ) -> DeviceApiServer:
     """Start the device API of a worker on ``settings.http_host:http_port``."""
     if settings.http_port is None:
         raise WorkerError("no http_port configured")
-    app = create_app(settings, store, item_labels(settings, split))
+    app = create_app(settings, store, item_labels(settings, split), fitted=fitted)
     server = DeviceApiServer(app, settings.http_host, settings.http_port, settings.log_level)
     server.start()
     return server

@@ -183,6 +183,7 @@ class Worker:
         elif self.store.get_meta("model_key") != key:
             raise WorkerError(f"run {run_id} changed its model or seed ({key})")
         self.run_cfg = cfg
+        self.evaluation.adopt(run_id, cfg)
         return cfg
 
     # ------------------------------------------------------------------ one poll

@@ -227,3 +227,19 @@ def test_the_device_reads_its_own_training_items_and_may_rank_them_too(
     assert bad_flag.status_code == 422 and bad_id.status_code == 422
     for r in unknown:
         assert r.status_code == 404 and r.json()["error"] == "unknown_user", r.text
+
+
+def test_a_run_that_fits_embeddings_sends_the_fitted_vector(tmp_path: Path, split: Split) -> None:
+    """With ``rank_fit_steps`` the worker's evaluation gives each user's embeddings as fitted
+    to the newest scored version: the device sends those, and its stored ones otherwise."""
+    store = shard_store(tmp_path, split)
+    fitted = {"user_gmf": [0.5] * CFG.factor, "user_mlp": [-0.25] * CFG.mlp_dim}
+
+    def fitted_of(user: int) -> dict[str, list[float]] | None:
+        return fitted if user == 4 else None
+
+    body = device_request(store, LABELS, 4, 3, fitted=fitted_of)
+    assert body["user"] == fitted
+    stored = store.load_states([6]).params
+    body = device_request(store, LABELS, 6, 3, fitted=fitted_of)
+    assert body["user"] == {k: v[0].tolist() for k, v in stored.items()}

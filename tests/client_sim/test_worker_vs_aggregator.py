@@ -13,6 +13,7 @@ import pytest
 import torch
 from pydantic import SecretStr
 
+from fedrecgel.rank_fit import RankFit, ranking_params
 from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
 from fedrecgel.wire import decode_model
@@ -47,11 +48,14 @@ WIDER = {
     "server_weight_decay": 3.0,
 }
 
+#: users fit their embeddings to each version before ranking it (keyed draws, no upload)
+RANK_FIT = {"rank_fit_steps": 4, "rank_fit_lr": 0.2}
+
 
 @pytest.mark.parametrize(
     ("extra", "validation"),
-    [({}, False), (WIDER, False), ({}, True)],
-    ids=["paper", "wider-settings", "validation-and-prior"],
+    [({}, False), (WIDER, False), ({}, True), (RANK_FIT, True)],
+    ids=["paper", "wider-settings", "validation-and-prior", "rank-fit"],
 )
 def test_two_workers_three_rounds_over_http_match_the_simulator(
     tmp_path: Path, aggregator: str, extra: dict[str, Any], validation: bool
@@ -115,5 +119,29 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
     if validation:  # the prior was ranked, and served in some round (else nothing was shown)
         assert all(r.prior_weight is not None for r in result.rounds)
         assert any(r.prior_weight for r in result.rounds), [r.prior_weight for r in result.rounds]
+    if "rank_fit_steps" in extra:  # the fit moved the figures (else it was not shown to run)
+        plain = Simulator(split, train_config(SEED, ROUNDS)).run()
+        assert [served_and_model(r) for r in plain.rounds] != [
+            served_and_model(r) for r in result.rounds
+        ]
+        # what a device of the worker sends for recommendations: the vector ranked with
+        users = workers[1].users[:3]
+        fit = RankFit(steps=extra["rank_fit_steps"], lr=extra["rank_fit_lr"])
+        want = ranking_params(
+            sim.model_cfg,
+            sim.shared,
+            sim.store.get(users),
+            users,
+            split.user_train,
+            sim.hp,
+            fit,
+            SEED,
+            ROUNDS,
+        )
+        for i, u in enumerate(users.tolist()):
+            got = workers[1].evaluation.fitted_vector(u)
+            assert got is not None
+            for name, rows in want.items():
+                torch.testing.assert_close(torch.tensor(got[name]), rows[i], rtol=1e-5, atol=1e-6)
     for w in workers:
         w.close()

@@ -101,6 +101,22 @@ def test_the_ray_run_is_the_simulators_bit_for_bit(
     _assert_checkpoints_hold(tmp_path, reference[0], CFG.rounds)
 
 
+def test_the_ray_run_ranks_with_fitted_embeddings_as_the_simulator_does(
+    local_ray: Any, tmp_path: Path
+) -> None:
+    """With ``rank_fit_steps`` each actor fits its users' embeddings to the evaluated version
+    (keyed draws): the figures are the in-process simulator's, and not the plain run's."""
+    from fedrecgel.ray_backend import RaySimulator
+
+    cfg = CFG.replace(rounds=2, rank_fit_steps=3, rank_fit_lr=0.1)
+    want = Simulator(SPLIT, cfg).run()
+    with RaySimulator(SPLIT, cfg, tmp_path) as sim:
+        res = sim.run()
+    assert _rounds(res) == _rounds(want)
+    plain = Simulator(SPLIT, CFG.replace(rounds=2)).run()
+    assert [r.test for r in plain.rounds] != [r.test for r in res.rounds]
+
+
 def test_actors_killed_mid_run_restart_from_their_checkpoints_and_end_the_same(
     local_ray: Any, reference: tuple[Simulator, RunResult], tmp_path: Path
 ) -> None:
