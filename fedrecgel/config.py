@@ -141,11 +141,11 @@ class RunParams(BaseModel):
         default=0,
         ge=0,
         le=1000,
-        description="Adam steps each user takes on a copy of its private parameters against "
-        "the model it ranks with, before each evaluation and recommendation (its own "
-        "training items and fresh negatives; nothing is stored or uploaded; 0: the paper). "
-        "A user that took part in few rounds then ranks with embeddings fitted to the "
-        "current model instead of ones from its last round.",
+        description="A user whose private parameters took fewer than this many steps in "
+        "training (it took part in few rounds, or none) fits a copy of them to the model it "
+        "ranks with, with this many Adam steps on its own training items and fresh "
+        "negatives, before each evaluation and recommendation; nothing is stored or uploaded "
+        "(0: never, the paper).",
     )
     rank_fit_lr: float = Field(
         default=0.05, gt=0.0, le=10.0, description="Step size of those Adam steps."

@@ -71,6 +71,8 @@ PRESET_FIELDS = (
     "sampling",
     "dp_clip",
     "dp_clip_quantile",
+    "rank_fit_steps",
+    "rank_fit_lr",
 )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from fedrecgel.model import ModelConfig
@@ -33,10 +34,18 @@ FIT_GROUP_SAMPLES = 1 << 16
 @dataclass(frozen=True)
 class RankFit:
     """How users fit their private parameters to a model before ranking with it
-    (:attr:`fedrecgel.config.RunParams.rank_fit_steps`): ``steps`` Adam steps of ``lr``."""
+    (:attr:`fedrecgel.config.RunParams.rank_fit_steps`): those whose parameters took fewer than
+    ``steps`` private steps in training take ``steps`` Adam steps of ``lr``."""
 
     steps: int = 0
     lr: float = 0.05
+
+
+def needs_fit(state: PrivateState, fit: RankFit) -> np.ndarray:
+    """Positions (in ``state``) of the users :func:`ranking_params` fits: those whose private
+    parameters took fewer than ``fit.steps`` steps in training."""
+    todo: np.ndarray = np.flatnonzero(state.step.numpy() < fit.steps)
+    return todo
 
 
 def ranking_params(
@@ -51,18 +60,24 @@ def ranking_params(
     version: int,
 ) -> dict[str, Tensor]:
     """The private parameters ``user_ids`` rank model ``version`` with: their stored ones
-    (``state``, in that order) or, with ``fit.steps``, a copy fitted to the model.
+    (``state``, in that order), but for the users whose stored ones took fewer than
+    ``fit.steps`` private steps in training (they took part in few rounds, or none), whose
+    copies are fitted to the model first.
 
-    Each user takes ``fit.steps`` Adam steps on its own parameters, continuing its own Adam
-    state, on its training items and ``hp.n_negatives`` negatives a positive drawn from the
-    whole catalogue (keyed by the seed, the version and the user, so that any shard of users
-    computes the same values), the shared parameters fixed. ``state`` is left as it is: what is
-    fitted here is neither stored nor uploaded. Users go in groups of at most
-    :data:`FIT_GROUP_SAMPLES` samples, one group at a time (the memory of one group's rows).
+    Such a user takes ``fit.steps`` Adam steps of ``fit.lr`` on its own parameters, continuing
+    its own Adam state, on its training items and ``hp.n_negatives`` negatives a positive
+    drawn from the whole catalogue (keyed by the seed, the version and the user, so that any
+    shard of users computes the same values), the shared parameters fixed. ``state`` is left
+    as it is: what is fitted here is neither stored nor uploaded. Users go in groups of at
+    most :data:`FIT_GROUP_SAMPLES` samples, one group at a time (the memory of one group's
+    rows). A user that took part in many rounds has embeddings fitted to a recent model
+    already, and fitting them again to its few training items only overfits them (measured
+    in ``bench/rank_fit.py``): its stored ones are ranked.
     """
-    if fit.steps <= 0 or len(user_ids) == 0:
+    todo = needs_fit(state, fit)
+    if len(todo) == 0:
         return state.params
-    users = np.asarray(user_ids, dtype=np.int64)
+    users = np.asarray(user_ids, dtype=np.int64)[todo]
     samples = cohort_samples(
         [train_items(int(u)) for u in users],
         cfg.n_items,
@@ -73,8 +88,9 @@ def ranking_params(
     step_hp = replace(hp, local_steps=fit.steps, client_lr=fit.lr)
     out = {k: v.clone() for k, v in state.params.items()}
     for start, stop in groups_of(sizes, True, FIT_GROUP_SAMPLES):
-        part = state.select(slice(start, stop))
+        rows = torch.from_numpy(todo[start:stop])
+        part = state.select(rows)
         fit_private_(cfg, shared, part, samples[start:stop], [(0, stop - start)], step_hp)
         for k, v in part.params.items():
-            out[k][start:stop] = v
+            out[k][rows] = v
     return out

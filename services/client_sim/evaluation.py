@@ -24,7 +24,7 @@ from torch import Tensor
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
 from fedrecgel.prior import log_prior
-from fedrecgel.rank_fit import ranking_params
+from fedrecgel.rank_fit import needs_fit, ranking_params
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
     AggregatorClient,
@@ -129,10 +129,9 @@ class Evaluation:
         self.run_cfg: RunConfig | None = None
         self._run_id: str | None = None
         self._train_of = dict(zip(self.users, data.train, strict=True))
-        self._row_of = {u: i for i, u in enumerate(self.users)}
-        #: the embeddings the users ranked the newest scored version with, when the run fits
-        #: them (the device API sends these): (version, name -> (U, d))
-        self.fitted: tuple[int, dict[str, Tensor]] | None = None
+        #: the embeddings the users the run fits ranked the newest scored version with (the
+        #: device API sends these): (version, user -> name -> its vector)
+        self.fitted: tuple[int, dict[int, dict[str, list[float]]]] | None = None
 
     def adopt(self, run_id: str, cfg: RunConfig) -> None:
         """The run the worker trains now (a new one forgets the last run's fitted vectors)."""
@@ -142,11 +141,10 @@ class Evaluation:
 
     def fitted_vector(self, user_id: int) -> dict[str, list[float]] | None:
         """The user's embeddings as fitted to the newest scored version (None: the run does
-        not fit them, or no version was scored in this process yet)."""
-        fitted, row = self.fitted, self._row_of.get(int(user_id))
-        if fitted is None or row is None:
-            return None
-        return {name: t[row].tolist() for name, t in fitted[1].items()}
+        not fit this user's, or no version was scored in this process yet; its stored ones are
+        the ones to rank with then)."""
+        fitted = self.fitted
+        return None if fitted is None else fitted[1].get(int(user_id))
 
     def done(self) -> int:
         """The newest model version scored and kept (maybe not delivered yet)."""
@@ -254,5 +252,9 @@ class Evaluation:
             model.cfg, model.shared, states, users, train, hp, fit, cfg.seed, model.version
         )
         if self.fitted is None or self.fitted[0] <= model.version:
-            self.fitted = (model.version, params)
+            rows = needs_fit(states, fit).tolist()
+            vectors = {
+                self.users[r]: {name: t[r].tolist() for name, t in params.items()} for r in rows
+            }
+            self.fitted = (model.version, vectors)
         return params

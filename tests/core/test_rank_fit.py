@@ -107,3 +107,31 @@ def test_the_simulator_ranks_with_the_fit_and_trains_as_without_it() -> None:
     scorer = Scorer(fitted.model_cfg, fitted.shared)
     sums = metric_sums(scorer, params, SPLIT.test_items, SPLIT.test_negatives, KS)
     assert means(sums) == b.rounds[-1].test
+
+
+def test_only_users_with_fewer_private_steps_than_the_fit_are_fitted(trained: Simulator) -> None:
+    users = np.arange(SPLIT.n_users)
+    state = trained.store.get(users)
+    state.step[::2] = FIT.steps  # the even users took part in more rounds, the odd in fewer
+    state.step[1::2] = torch.minimum(state.step[1::2], torch.tensor(FIT.steps - 1))
+    before = {k: v.clone() for k, v in state.params.items()}
+    got = ranking_params(
+        trained.model_cfg, trained.shared, state, users, SPLIT.user_train, trained.hp, FIT, 0, 4
+    )
+    for k, v in before.items():
+        assert torch.equal(got[k][::2], v[::2])
+        assert not torch.equal(got[k][1::2], v[1::2])
+        # the fitted users' values do not depend on who was left out beside them
+        odd = state.select(slice(1, None, 2))
+        alone = ranking_params(
+            trained.model_cfg,
+            trained.shared,
+            odd,
+            users[1::2],
+            SPLIT.user_train,
+            trained.hp,
+            FIT,
+            0,
+            4,
+        )
+        torch.testing.assert_close(got[k][1::2], alone[k])

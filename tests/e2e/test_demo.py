@@ -19,6 +19,8 @@ import torch
 from fedrecgel.data import load_split
 from fedrecgel.model import ModelConfig, Scorer
 from fedrecgel.prior import log_prior
+from fedrecgel.rank_fit import ranking_params
+from fedrecgel.run_config import RunConfig
 from fedrecgel.wire import decode_model
 from harness.procs import alive, descendants, fedrec_up_on, spawned, wait_for_text
 from services.client_sim.store import WorkerStore
@@ -72,6 +74,10 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
             f"http://127.0.0.1:{agg}/v1/models/2", headers={"Authorization": f"Bearer {token}"}
         ).status_code
         assert blob == 200  # ... but the operator's token in the file opens them
+        auth = {"Authorization": f"Bearer {token}"}
+        info = httpx.get(f"http://127.0.0.1:{agg}/v1/rounds/current", headers=auth).json()
+        run_cfg = RunConfig(**info["config"])
+        cfg, shared = _model_from_db(workdir / "aggregator.db", 2)
         for user, port in ((0, http0), (3, http1)):
             r = httpx.get(
                 f"http://127.0.0.1:{port}/v1/users/{user}/recommendations?k=10", timeout=30
@@ -80,14 +86,20 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
             body = r.json()
             assert body["model_version"] == 2 and len(body["items"]) == 10
             assert body["prior_weight"] == (prior["weight"] or None)
-            # brute force: the user's vector from its worker's store, the model the
-            # aggregator stored as version 2, every item scored (plus the prior's term at the
-            # weight served), training items excluded
+            # brute force: the user's vector from its worker's store (as the worker's users
+            # fit theirs to version 2 when the run says so), the model the aggregator stored
+            # as version 2, every item scored (plus the prior's term at the weight served),
+            # training items excluded
             store = WorkerStore(workdir / f"worker-{user % 2}.db")
-            private = store.load_states([user]).params
+            ids = store.load_data().user_ids
+            states = store.load_states(ids.tolist())
             store.close()
-            model = workdir / "aggregator.db"
-            cfg, shared = _model_from_db(model, 2)
+            fit, hp = run_cfg.rank_fit(), run_cfg.sam()
+            params = ranking_params(
+                cfg, shared, states, ids, split.user_train, hp, fit, run_cfg.seed, 2
+            )
+            row = ids.tolist().index(user)
+            private = {k: v[row : row + 1] for k, v in params.items()}
             scores = Scorer(cfg, shared).score_all(private)[0]
             if body["prior_weight"]:
                 counts = np.asarray(prior["counts"], dtype=np.int64)
