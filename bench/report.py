@@ -11,6 +11,7 @@ from pathlib import Path
 from bench import (
     diagnosis_report,
     popularity_prior,
+    rank_fit,
     report_dashboard,
     report_http,
     report_ray,
@@ -304,6 +305,8 @@ def accuracy() -> list[str]:
         return []
     return [
         *popularity_prior.section(),
+        "",
+        *rank_fit.section(),
         "",
         *accuracy_section(),
         "",

@@ -100,6 +100,9 @@ def test_demo_trains_then_serves_exact_recommendations(tmp_path: Path) -> None:
             )
             row = ids.tolist().index(user)
             private = {k: v[row : row + 1] for k, v in params.items()}
+            # two rounds in, the default preset fits every user: the vector sent is not stored
+            assert fit.steps > 0 and states.step[row] < fit.steps
+            assert not torch.equal(private["user_gmf"][0], states.params["user_gmf"][row])
             scores = Scorer(cfg, shared).score_all(private)[0]
             if body["prior_weight"]:
                 counts = np.asarray(prior["counts"], dtype=np.int64)
