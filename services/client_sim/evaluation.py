@@ -19,6 +19,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from fedrecgel.metrics import KS, metric_sums
@@ -130,8 +131,8 @@ class Evaluation:
         self._run_id: str | None = None
         self._train_of = dict(zip(self.users, data.train, strict=True))
         #: the embeddings the users the run fits ranked the newest scored version with (the
-        #: device API sends these): (version, user -> name -> its vector)
-        self.fitted: tuple[int, dict[int, dict[str, list[float]]]] | None = None
+        #: device API sends these): (version, user -> row, name -> (fitted users, d))
+        self.fitted: tuple[int, dict[int, int], dict[str, Tensor]] | None = None
 
     def adopt(self, run_id: str, cfg: RunConfig) -> None:
         """The run the worker trains now (a new one forgets the last run's fitted vectors)."""
@@ -144,7 +145,10 @@ class Evaluation:
         not fit this user's, or no version was scored in this process yet; its stored ones are
         the ones to rank with then)."""
         fitted = self.fitted
-        return None if fitted is None else fitted[1].get(int(user_id))
+        row = None if fitted is None else fitted[1].get(int(user_id))
+        if fitted is None or row is None:
+            return None
+        return {name: t[row].tolist() for name, t in fitted[2].items()}
 
     def done(self) -> int:
         """The newest model version scored and kept (maybe not delivered yet)."""
@@ -252,9 +256,8 @@ class Evaluation:
             model.cfg, model.shared, states, users, train, hp, fit, cfg.seed, model.version
         )
         if self.fitted is None or self.fitted[0] <= model.version:
-            rows = needs_fit(states, fit).tolist()
-            vectors = {
-                self.users[r]: {name: t[r].tolist() for name, t in params.items()} for r in rows
-            }
-            self.fitted = (model.version, vectors)
+            rows = needs_fit(states, fit)
+            row_of = {self.users[r]: i for i, r in enumerate(rows.tolist())}
+            idx = torch.from_numpy(rows)
+            self.fitted = (model.version, row_of, {k: v[idx] for k, v in params.items()})
         return params
