@@ -59,7 +59,7 @@ from bench.bench_cli import (
     run,
     validation_split,
 )
-from bench.dp_scale import TASTES, _config, _split
+from bench.dp_scale import TASTES, _config, _figures, _split
 from bench.report_common import load_result
 from fedrecgel.baselines import popularity
 from fedrecgel.config import DEFAULTS
@@ -170,15 +170,6 @@ def _hr(sim: Any, split: Any, params: Any) -> dict[str, float]:
         part: means(metric_sums(scorer, params, items, negs, KS))["hr@10"]
         for part, (items, negs) in sets.items()
     }
-
-
-def _figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"seeds": [r["seed"] for r in runs]}
-    for key in ("hr@10", "ndcg@10"):
-        vals = [r["selected"][key] for r in runs]
-        out[f"{key}.mean"] = float(np.mean(vals))
-        out[f"{key}.std"] = float(np.std(vals))
-    return out
 
 
 def main(
