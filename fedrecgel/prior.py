@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from fedrecgel.data import Split
+if TYPE_CHECKING:  # an annotation only: the recommendation API imports this without the loaders
+    from fedrecgel.data import Split
 
 #: weights of the prior tried at each evaluation; 0 (the model alone) first, so it wins ties
 PRIOR_WEIGHTS: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)

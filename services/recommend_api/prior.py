@@ -28,6 +28,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
+from fedrecgel.prior import log_prior
+
 #: the largest count accepted (an int64 holds it; log1p of it is about 43.7)
 MAX_COUNT = 2**62
 
@@ -60,14 +62,6 @@ class PublishedPrior:
     weight: float | None
     weight_version: int | None
     etag: str | None = None
-
-
-def log_prior(counts: np.ndarray) -> Tensor:
-    """``log(1 + n)`` per item as float32: the evaluation's own function, so the served scores
-    are those the weight was chosen on (imported here: it brings the data loaders)."""
-    from fedrecgel.prior import log_prior as core_log_prior
-
-    return core_log_prior(counts)
 
 
 def publish(
