@@ -35,7 +35,8 @@ RUN_CONFIG = (
     "secagg_neighbours|"
     "secagg_dropout|secagg_range|secagg_scale_bits|upload_grouping|server_beta1|server_beta2|"
     "server_momentum|server_warmup|server_decay|client_weight_decay|local_steps|"
-    "server_weight_decay|server_mean|trim_fraction|server_update|popularity_prior"
+    "server_weight_decay|server_mean|trim_fraction|server_update|popularity_prior|"
+    "rank_fit_steps|rank_fit_lr"
 )
 ERROR_KEYS = {"error", "detail"}
 #: the keys of a current-round answer (``GET /v1/rounds/current``, a closing upload's ``current``)
