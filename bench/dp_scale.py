@@ -93,6 +93,8 @@ TASTES: dict[str, float] = {
     "seed": 0,
 }
 K_GRID = (1, 2, 5, 10, 20)
+#: the DP arms' clip norm, server SGD step and momentum (the probes of the module docstring)
+DP_CLIP, DP_SERVER_LR, DP_MOMENTUM = 0.25, 1.2, 0.9
 TARGETS = {3.0: 3.0, 8.0: 1.0}  # epsilon: the most points below the no-DP run
 
 
@@ -197,9 +199,9 @@ def main(
     epsilons: FloatList = float_list("3,8"),
     seeds: IntList = int_list("0,1,2"),
     tuning_seed: int = 100,
-    dp_clip: float = 0.25,
-    dp_server_lr: float = 1.2,
-    dp_momentum: float = 0.9,
+    dp_clip: float = DP_CLIP,
+    dp_server_lr: float = DP_SERVER_LR,
+    dp_momentum: float = DP_MOMENTUM,
     lr_grid: Annotated[
         Floats, opt("tune the DP server step first", parser=float_list, metavar="NUMBERS")
     ] = Floats([]),

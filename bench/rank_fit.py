@@ -59,7 +59,15 @@ from bench.bench_cli import (
     run,
     validation_split,
 )
-from bench.dp_scale import TASTES, _config, _figures, _split
+from bench.dp_scale import (
+    DP_CLIP,
+    DP_MOMENTUM,
+    DP_SERVER_LR,
+    TASTES,
+    _config,
+    _figures,
+    _split,
+)
 from bench.report_common import load_result
 from fedrecgel.baselines import popularity
 from fedrecgel.config import DEFAULTS
@@ -182,9 +190,9 @@ def main(
     dp_seeds: IntList = int_list("0"),
     epsilon: float = 3.0,
     eval_every: Positive = 100,
-    dp_clip: float = 0.25,
-    dp_server_lr: float = 1.2,
-    dp_momentum: float = 0.9,
+    dp_clip: float = DP_CLIP,
+    dp_server_lr: float = DP_SERVER_LR,
+    dp_momentum: float = DP_MOMENTUM,
     defaults: Annotated[str, opt("shipped data sets to run the default preset on ('': none)")] = (
         "filmtrust,lastfm-2k/clean,amazon-video"
     ),
