@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.report_dp_limits import defaults, spectrum
+from bench.report_dp_limits import defaults, prior_share, spectrum
 from fedrecgel.config import current_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def section() -> list[str]:
         "Epsilon 8's mean carries one seed (1) at 75.4 at its validation-selected round (seeds",
         "2 and 3: 86.7 and 87.1).",
     ]
-    return lines + dp_popularity() + defaults() + dp_scale() + signal() + spectrum()
+    return lines + dp_popularity() + defaults() + prior_share() + dp_scale() + signal() + spectrum()
 
 
 def _eps(target: str) -> str:

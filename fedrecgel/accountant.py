@@ -19,6 +19,13 @@ no ``dp_noise``, gets the smallest z that keeps its ``rounds`` within the target
 The DP popularity baseline (:mod:`fedrecgel.dp_popularity`) releases its noisy item counts once:
 one ``GaussianDpEvent(z)`` under add-or-remove-one-user neighbouring (:func:`release_epsilon`,
 :func:`calibrate_release`).
+
+A DP run that ranks with the popularity prior (``dp_prior_share`` > 0) releases such counts once
+as well, before its rounds: its plan carries the release's noise multiplier, calibrated so that
+the release alone spends ``dp_prior_share`` of the target, and every epsilon it reports is that
+of the release and the rounds composed (their RDP curves add); the rounds' noise is calibrated
+to what the composition leaves. Under replace-one neighbouring (fixed-size cohorts) a user moves
+the count vector by up to sqrt(2k), so the release is ``GaussianDpEvent(z / sqrt(2))``.
 """
 
 from __future__ import annotations
@@ -80,34 +87,74 @@ def _one_round_rdp(
     return tuple(acc._orders), tuple(acc._rdp)
 
 
+def _release_event(z: float, sampling: Sampling) -> dp_accounting.DpEvent:
+    """One release of the item counts at noise multiplier ``z`` (std z*sqrt(k)), under the
+    neighbouring relation of ``sampling``'s accountant."""
+    return dp_accounting.GaussianDpEvent(z if sampling == "poisson" else z / math.sqrt(2.0))
+
+
+@functools.lru_cache(maxsize=256)
+def _release_rdp(z: float, sampling: Sampling) -> tuple[float, ...]:
+    """The RDP of one count release at the orders of :func:`_one_round_rdp` (0 if z == 0)."""
+    acc = _accountant(sampling)
+    if z > 0:
+        acc.compose(_release_event(z, sampling))
+    return tuple(acc._rdp) if z > 0 else tuple(0.0 for _ in acc._orders)
+
+
 @functools.lru_cache(maxsize=4096)
 def epsilon(
-    z: float, sampling: Sampling, n: int, m: int, q: float, rounds: int, delta: float
+    z: float,
+    sampling: Sampling,
+    n: int,
+    m: int,
+    q: float,
+    rounds: int,
+    delta: float,
+    release: float = 0.0,
 ) -> float:
-    """Epsilon at ``delta`` after ``rounds`` rounds of noise multiplier ``z`` (inf if z == 0).
+    """Epsilon at ``delta`` after ``rounds`` rounds of noise multiplier ``z`` (inf if z == 0),
+    composed with one count release of noise multiplier ``release`` when it is > 0.
 
     RDP composes additively: the one-round RDP curve is computed once and scaled by the
-    number of rounds, then converted with the library's ``compute_epsilon`` (the same
-    conversion its accountant's ``get_epsilon`` makes; a test checks the two agree).
+    number of rounds (plus the release's curve), then converted with the library's
+    ``compute_epsilon`` (the same conversion its accountant's ``get_epsilon`` makes; a test
+    checks the two agree).
     """
-    if rounds <= 0:
+    if rounds <= 0 and release <= 0:
         return 0.0
-    if z <= 0:
+    if z <= 0 and rounds > 0:
         return math.inf
-    orders, rdp = _one_round_rdp(z, sampling, n, m, q)
+    orders, rdp = _one_round_rdp(z if z > 0 else 1.0, sampling, n, m, q)
+    total = rounds * np.asarray(rdp) if rounds > 0 else np.zeros(len(orders))
     eps, _ = rdp_privacy_accountant.compute_epsilon(
-        np.asarray(orders), rounds * np.asarray(rdp), delta
+        np.asarray(orders), total + np.asarray(_release_rdp(release, sampling)), delta
     )
     return float(eps)
 
 
 def calibrate(
-    target: float, sampling: Sampling, n: int, m: int, q: float, rounds: int, delta: float
+    target: float,
+    sampling: Sampling,
+    n: int,
+    m: int,
+    q: float,
+    rounds: int,
+    delta: float,
+    release: float = 0.0,
 ) -> float:
-    """The smallest noise multiplier whose ``rounds`` rounds stay within ``target`` epsilon."""
+    """The smallest noise multiplier whose ``rounds`` rounds, after one count release of noise
+    multiplier ``release`` (none if 0), stay within ``target`` epsilon."""
+
+    def event(z: float) -> dp_accounting.DpEvent:
+        rounds_event = _event(z, sampling, n, m, q, rounds)
+        if release <= 0:
+            return rounds_event
+        return dp_accounting.ComposedDpEvent([_release_event(release, sampling), rounds_event])
+
     z = dp_accounting.calibrate_dp_mechanism(
         lambda: _accountant(sampling),
-        lambda z: _event(z, sampling, n, m, q, rounds),
+        event,
         target,
         delta,
         bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 1.0),
@@ -115,7 +162,7 @@ def calibrate(
     )
     z = float(z)
     # Brent's method lands within tol of the boundary: step up until the target holds
-    while epsilon(z, sampling, n, m, q, rounds, delta) > target:
+    while epsilon(z, sampling, n, m, q, rounds, delta, release) > target:
         z *= 1.0 + 1e-4
     return z
 
@@ -136,6 +183,11 @@ class PrivacyPlan:
     target_epsilon: float | None
     #: adaptive clipping: the quantile of the upload norms C follows (``clip`` is the first C)
     clip_quantile: float | None = None
+    #: the popularity prior's count release before the rounds: its noise multiplier (noise std
+    #: prior_noise * sqrt(prior_items) on every item's count; 0: no release) and how many
+    #: distinct training items each user counts at most
+    prior_noise: float = 0.0
+    prior_items: int = 0
 
     @property
     def denominator(self) -> float:
@@ -171,10 +223,23 @@ class PrivacyPlan:
             return 0.0
         return self.noise * self.clip / math.sqrt(self.denominator)
 
+    @property
+    def prior_std(self) -> float:
+        """The noise std on each item's released count: z_p * sqrt(k) (0 without a release)."""
+        return self.prior_noise * math.sqrt(self.prior_items)
+
     def epsilon(self, rounds: int) -> float:
-        """Epsilon at :attr:`delta` once ``rounds`` rounds were released."""
+        """Epsilon at :attr:`delta` once ``rounds`` rounds were released (and the prior's
+        counts, when the run releases them)."""
         return epsilon(
-            self.noise, self.sampling, self.n_users, self.cohort, self.q, rounds, self.delta
+            self.noise,
+            self.sampling,
+            self.n_users,
+            self.cohort,
+            self.q,
+            rounds,
+            self.delta,
+            self.prior_noise,
         )
 
 
@@ -206,17 +271,22 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
         q = m / n_users
     delta = params.dp_delta if params.dp_delta is not None else 1.0 / n_users
     target = params.target_epsilon
+    z_p = 0.0
     try:
+        if params.dp_prior_release:
+            assert target is not None
+            z_p = calibrate_release(params.dp_prior_share * target, delta)
+            z_p *= 1.0 if params.sampling == "poisson" else math.sqrt(2.0)
         if params.dp_noise is not None:
             z = params.dp_noise
         else:
             assert target is not None
-            z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta)
+            z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta, z_p)
         # what every closed round reports: a setting the accountant cannot compute (a noise
         # multiplier whose square underflows, a delta too small for its series) is refused
         # here, not when the first round closes
-        epsilon(z, params.sampling, n_users, m, q, 1, delta)
-        epsilon(z, params.sampling, n_users, m, q, params.rounds, delta)
+        epsilon(z, params.sampling, n_users, m, q, 1, delta, z_p)
+        epsilon(z, params.sampling, n_users, m, q, params.rounds, delta, z_p)
     except (ArithmeticError, ValueError, NoBracketIntervalFoundError) as err:
         field = "dp_noise" if params.dp_noise is not None else "target_epsilon"
         raise ConfigError(
@@ -237,6 +307,8 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
         rounds=params.rounds,
         target_epsilon=target,
         clip_quantile=params.dp_clip_quantile,
+        prior_noise=z_p,
+        prior_items=params.dp_prior_items if z_p > 0 else 0,
     )
     if target is not None and params.dp_noise is not None:
         allowed = rounds_within(plan, target, params.rounds)

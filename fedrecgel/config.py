@@ -297,8 +297,24 @@ class RunParams(BaseModel):
         description="Rank by the model's logit + w*log(1 + item count), w chosen on the "
         "validation items at each evaluation among 0 (the model alone) to 8; needs validation "
         "items. The counts are summed over the clients (over HTTP each worker reports its "
-        "users' sum once a run); off in a DP or secure-aggregation run, whose guarantees do "
-        "not cover them.",
+        "users' sum once a run); off under secure aggregation, and in a DP run unless "
+        "dp_prior_share releases them under the run's budget.",
+    )
+    dp_prior_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="DP: rank with the popularity prior, its counts released once with Gaussian "
+        "noise spending this share of target_epsilon (each user counts at most dp_prior_items "
+        "items); the rounds' noise is calibrated to what is left of the target. 0: no prior in "
+        "a DP run. Acts with target_epsilon and central DP only.",
+    )
+    dp_prior_items: int = Field(
+        default=10,
+        ge=1,
+        le=100_000,
+        description="DP prior: how many of its distinct training items each user counts at most "
+        "(drawn from its own keyed stream when it has more).",
     )
 
     @model_validator(mode="after")
@@ -362,9 +378,25 @@ class RunParams(BaseModel):
 
     @property
     def prior_enabled(self) -> bool:
-        """Whether the popularity prior is ranked: asked for, and neither DP nor secure
-        aggregation (the item counts would leave the clients outside their guarantees)."""
-        return self.popularity_prior and not self.dp_enabled and self.secure_aggregation == "off"
+        """Whether the popularity prior is ranked: asked for, no secure aggregation, and no DP
+        unless the counts are released under the run's budget (:attr:`dp_prior_release`): the
+        item counts would otherwise leave the clients outside their guarantees."""
+        if not self.popularity_prior or self.secure_aggregation != "off":
+            return False
+        return not self.dp_enabled or self.dp_prior_release
+
+    @property
+    def dp_prior_release(self) -> bool:
+        """Whether this DP run releases the prior's item counts with noise: a share of a
+        target epsilon, central DP (the server adds the noise) and the prior asked for."""
+        return (
+            self.dp_enabled
+            and self.popularity_prior
+            and self.secure_aggregation == "off"
+            and self.target_epsilon is not None
+            and self.dp_prior_share > 0
+            and self.dp_mode == "central"
+        )
 
     @property
     def dp_enabled(self) -> bool:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
+from fedrecgel import prior
 from fedrecgel.accountant import calibrate_release, release_epsilon
 from fedrecgel.baselines import _fixed_ranking
 from fedrecgel.config import ConfigError
@@ -35,8 +36,9 @@ from fedrecgel.simulate import RunResult
 #: over FilmTrust, Amazon-Video and Lastfm-2K clean at epsilon 1, 3 and 8:
 #: bench/dp_popularity.py)
 DEFAULT_MAX_ITEMS = 10
-#: the keys of the users' item draws and of the noise (apart from every other stream)
-_DRAW_KEY, _NOISE_KEY = 0xC0117, 0xC0118
+#: the key of the noise (apart from every other stream; the users' draws are
+#: :func:`fedrecgel.prior.user_draw`'s)
+_NOISE_KEY = 0xC0118
 
 
 @dataclass(frozen=True)
@@ -123,22 +125,12 @@ def plan_release(
     return CountRelease(max_items, float(noise), delta, eps, target_epsilon)
 
 
-def user_draw(items: np.ndarray, max_items: int, seed: int, user: int) -> np.ndarray:
-    """The items user ``user`` counts: its distinct ``items``, or ``max_items`` of them drawn
-    without replacement from the stream keyed by (``seed``, ``user``); sorted."""
-    distinct = np.unique(items)
-    if len(distinct) <= max_items:
-        return distinct
-    rng = np.random.default_rng([int(seed), _DRAW_KEY, int(user)])
-    return np.sort(rng.choice(distinct, size=max_items, replace=False))
-
-
 def bounded_counts(split: Split, max_items: int, seed: int) -> np.ndarray:
     """How many users count each item, each user at most ``max_items`` distinct items:
     (n_items,) int64."""
-    drawn = [user_draw(split.user_train(u), max_items, seed, u) for u in range(split.n_users)]
-    flat = np.concatenate(drawn) if drawn else np.zeros(0, dtype=np.int64)
-    return np.bincount(flat, minlength=split.n_items).astype(np.int64)
+    users = range(split.n_users)
+    held = [split.user_train(u) for u in users]
+    return prior.bounded_counts(held, users, max_items, seed, split.n_items)
 
 
 def noisy_counts(split: Split, release: CountRelease, seed: int) -> np.ndarray:

@@ -71,6 +71,8 @@ PRESET_FIELDS = (
     "sampling",
     "dp_clip",
     "dp_clip_quantile",
+    "dp_prior_share",
+    "dp_prior_items",
     "rank_fit_steps",
     "rank_fit_lr",
 )

@@ -19,6 +19,7 @@ round's test and validation means into the served figures and the model's own.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # an annotation only: the recommendation API imports this without the loaders
+if TYPE_CHECKING:  # annotations only: the recommendation API imports this without the loaders
+    from fedrecgel.accountant import PrivacyPlan
     from fedrecgel.data import Split
 
 #: weights of the prior tried at each evaluation; 0 (the model alone) first, so it wins ties
@@ -41,6 +43,11 @@ GUARD_K = 10
 GUARD_Z = 2.0
 #: the metric names that only guard the choice, not reported
 GUARD_NAMES = ("gain", "loss")
+#: the key of a user's draw of the items it counts under DP (:func:`user_draw`)
+DRAW_KEY = 0xC0117
+#: the key of the noise of a simulated DP run's count release (the services draw theirs from
+#: the operating system's secret randomness)
+RELEASE_KEY = 0xC0119
 
 
 def item_counts(train_items: np.ndarray, n_items: int) -> np.ndarray:
@@ -59,6 +66,48 @@ def split_prior(split: Split) -> Tensor | None:
     if not split.has_validation:
         return None
     return log_prior(item_counts(split.train_items, split.n_items))
+
+
+def user_draw(items: np.ndarray, max_items: int, seed: int, user: int) -> np.ndarray:
+    """The items user ``user`` counts under DP: its distinct ``items``, or ``max_items`` of them
+    drawn without replacement from the stream keyed by (``seed``, ``user``); sorted."""
+    distinct = np.unique(items)
+    if len(distinct) <= max_items:
+        return distinct
+    rng = np.random.default_rng([int(seed), DRAW_KEY, int(user)])
+    return np.sort(rng.choice(distinct, size=max_items, replace=False))
+
+
+def bounded_counts(
+    held: Sequence[np.ndarray], users: Sequence[int], max_items: int, seed: int, n_items: int
+) -> np.ndarray:
+    """How many of ``users`` (their training items ``held``) count each item, each at most
+    ``max_items`` distinct items (:func:`user_draw`): (n_items,) int64."""
+    drawn = [user_draw(items, max_items, seed, u) for items, u in zip(held, users, strict=True)]
+    flat = np.concatenate([np.zeros(0, dtype=np.int64), *drawn])
+    return np.bincount(flat, minlength=n_items).astype(np.int64)
+
+
+def release_counts(counts: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
+    """The counts a DP run ranks with: ``counts`` plus N(0, std^2) on every item (items nobody
+    counted included), rounded to whole counts and at least 0 (post-processing): int64."""
+    noisy = counts.astype(np.float64) + rng.normal(0.0, std, size=counts.shape)
+    return np.maximum(np.rint(noisy), 0).astype(np.int64)
+
+
+def run_prior(split: Split, enabled: bool, plan: PrivacyPlan | None, seed: int) -> Tensor | None:
+    """The prior a simulated run ranks with: None when ``enabled`` is false or without
+    validation items; the training counts without DP; under DP the counts of ``plan``'s release
+    (noise from the stream keyed by ``seed``), None when the plan releases none."""
+    if not enabled or plan is None:
+        return split_prior(split) if enabled else None
+    if plan.prior_noise <= 0 or not split.has_validation:
+        return None
+    users = range(split.n_users)
+    held = [split.user_train(u) for u in users]
+    counts = bounded_counts(held, users, plan.prior_items, seed, split.n_items)
+    rng = np.random.default_rng([int(seed), RELEASE_KEY])
+    return log_prior(release_counts(counts, plan.prior_std, rng))
 
 
 def key(weight: float, name: str) -> str:

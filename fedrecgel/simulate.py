@@ -24,7 +24,7 @@ from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
-from fedrecgel.prior import choose, split_prior
+from fedrecgel.prior import choose, run_prior
 from fedrecgel.privacy import AdaptiveClip, ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.rank_fit import ranking_params
@@ -244,10 +244,9 @@ class Simulator:
                 "differential privacy together with secure aggregation is not wired into the "
                 "simulator yet: choose one"
             )
-        #: the popularity prior ranked beside the model at each evaluation (fedrecgel.prior)
-        self.prior: torch.Tensor | None = None
-        if config.prior_enabled:
-            self.prior = split_prior(split)
+        #: the popularity prior ranked beside the model at each evaluation (fedrecgel.prior;
+        #: under DP the counts the plan releases)
+        self.prior = run_prior(split, config.prior_enabled, self.privacy, config.seed)
         self.round_id = 0
 
     def samples_for(

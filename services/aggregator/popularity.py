@@ -3,21 +3,30 @@
 The served ranking is the model's logit plus w * log(1 + n_i) (:mod:`fedrecgel.prior`), n_i
 the number of clients holding item i in their training data. The server never sees a client's
 items: at the start of a run whose settings enable the prior
-(:attr:`fedrecgel.config.RunParams.prior_enabled`: not under DP or secure aggregation, whose
-guarantees do not cover the counts) each worker reports the counts summed over its clients
-(``POST /v1/runs/{run_id}/item-counts``), as it reports evaluation sums. A report is checked
-before anything is stored: only ids the caller holds, each counted at most once a run, items
-in the catalogue, each count between 1 and the report's clients (a client holds an item once,
-so one worker cannot move an item's count by more than its own clients). Once the reports
-cover every registered client the counts are summed into the run's prior, fixed from then on
-(the reports are then deleted), and the workers rank every version they evaluate with it
-(``GET /v1/runs/{run_id}/prior``). The weight is chosen per evaluated version, where the
-version's metrics are published (:mod:`services.aggregator.evaluation`).
+(:attr:`fedrecgel.config.RunParams.prior_enabled`: not under secure aggregation, whose
+guarantee does not cover the counts, nor under DP without a share of the budget for them) each
+worker reports the counts summed over its clients (``POST /v1/runs/{run_id}/item-counts``), as
+it reports evaluation sums. A report is checked before anything is stored: only ids the caller
+holds, each counted at most once a run, items in the catalogue, each count between 1 and the
+report's clients (a client holds an item once, so one worker cannot move an item's count by
+more than its own clients). Once the reports cover every registered client the counts are
+summed into the run's prior, fixed from then on (the reports are then deleted), and the
+workers rank every version they evaluate with it (``GET /v1/runs/{run_id}/prior``). The weight
+is chosen per evaluated version, where the version's metrics are published
+(:mod:`services.aggregator.evaluation`).
+
+In a DP run with ``dp_prior_share`` each client counts at most ``dp_prior_items`` of its items
+(a report whose counts sum to more than that per client is refused), and the sum is fixed once
+with Gaussian noise from the operating system's secret randomness on every item's count, of the
+std the run's privacy plan gives (:attr:`fedrecgel.accountant.PrivacyPlan.prior_std`): central
+DP, the trust the run's noisy mean of uploads already places in the aggregator. Only the noisy
+counts are stored.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterable
 from datetime import datetime
 
@@ -26,6 +35,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fedrecgel.prior import release_counts
 from fedrecgel.run_config import RunConfig
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
@@ -38,6 +48,7 @@ from services.aggregator.models import (
     Run,
     RunPrior,
 )
+from services.aggregator.privacy import run_plan
 from services.aggregator.repository import Repository, chunks
 from services.contract import ItemCountsAck, ItemCountsRequest, PriorInfo
 
@@ -174,12 +185,18 @@ class Priors:
             cfg = RunConfig.model_validate(run.config)
             if not cfg.prior_enabled:
                 raise Conflict(
-                    f"run {run_id} ranks without the popularity prior (popularity_prior off, DP "
-                    "or secure aggregation): it takes no item counts",
+                    f"run {run_id} ranks without the popularity prior (popularity_prior off, "
+                    "secure aggregation, or DP without dp_prior_share): it takes no item counts",
                     "prior_off",
                 )
             self.check(caller, req, cfg.n_items)
             n = len(req.client_ids)
+            if cfg.dp_prior_release and sum(req.counts) > n * cfg.dp_prior_items:
+                raise Malformed(
+                    f"the counts sum to {sum(req.counts)}, but in this DP run each of the {n} "
+                    f"clients counts at most dp_prior_items={cfg.dp_prior_items} items",
+                    "count_out_of_range",
+                )
             if counts.prior(run_id) is not None:  # fixed: nothing a report says changes it
                 return ItemCountsAck(accepted=0, ignored=n, complete=True)
             if not counts.add_report(run_id, req, self.clock()):
@@ -194,7 +211,12 @@ class Priors:
             counted, registered = counts.count_counted(run_id), repo.count_clients()
             complete = counted >= registered
             if complete:
-                counts.fix(run_id, counts.summed(run_id, cfg.n_items), counted, self.clock())
+                summed = counts.summed(run_id, cfg.n_items)
+                plan = run_plan(repo, cfg) if cfg.dp_prior_release else None
+                if plan is not None:  # the run's one release of its counts
+                    rng = np.random.default_rng(secrets.randbits(128))
+                    summed = release_counts(summed, plan.prior_std, rng)
+                counts.fix(run_id, summed, counted, self.clock())
                 log.info("run %d: popularity prior fixed over %d clients", run_id, counted)
         return ItemCountsAck(accepted=n, ignored=0, complete=complete)
 

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from fedrecgel.metrics import KS, metric_sums
 from fedrecgel.model import Scorer
-from fedrecgel.prior import log_prior
+from fedrecgel.prior import bounded_counts, log_prior
 from fedrecgel.rank_fit import needs_fit, ranking_params
 from services.client_sim.aggregator_client import (
     AggregatorCallError,
@@ -64,10 +64,15 @@ class RunPrior:
         self._fixed: tuple[int, Tensor] | None = None  # (run id, log prior)
         self._counted: int | None = None  # the run whose counts were reported (the store's)
 
-    def counts(self, n_items: int) -> np.ndarray:
-        """How many of the owned users hold each item in their training data."""
+    def counts(self, cfg: RunConfig) -> np.ndarray:
+        """How many of the owned users hold each item in their training data; in a DP run
+        that releases the counts, each user counts at most ``dp_prior_items`` of its items
+        (the draw the simulator makes: :func:`fedrecgel.prior.user_draw`)."""
+        if cfg.dp_prior_release:
+            users = [int(u) for u in self.data.user_ids]
+            return bounded_counts(self.data.train, users, cfg.dp_prior_items, cfg.seed, cfg.n_items)
         held = [np.unique(t) for t in self.data.train]
-        return np.bincount(np.concatenate([np.empty(0, np.int64), *held]), minlength=n_items)
+        return np.bincount(np.concatenate([np.empty(0, np.int64), *held]), minlength=cfg.n_items)
 
     def report(self, run_id: int, cfg: RunConfig) -> None:
         """Report the owned users' item counts for ``run_id`` once, when its settings rank
@@ -79,7 +84,7 @@ class RunPrior:
             return
         try:
             users = [int(u) for u in self.data.user_ids]
-            self.client.report_item_counts(run_id, users, self.counts(cfg.n_items))
+            self.client.report_item_counts(run_id, users, self.counts(cfg))
         except AggregatorCallError as err:
             if err.retryable:
                 raise

@@ -196,3 +196,31 @@ def test_a_report_with_part_of_the_prior_sums_is_refused(aggregator: AggregatorF
     r = client.post("/v1/evaluations", json=body, headers=bearer(a))
     assert r.status_code == 422 and r.json()["error"] == "invalid_metrics"
     assert "val/prior@8/loss" in r.json()["detail"]
+
+
+DP_PRIOR = {"target_epsilon": 1.0, "dp_prior_share": 0.5, "dp_prior_items": 2, "dp_clip": 0.5}
+
+
+def test_a_dp_run_releases_its_counts_with_noise_once(aggregator: AggregatorFactory) -> None:
+    """Under DP with a prior share the summed counts are fixed with Gaussian noise on every
+    item (std z_p * sqrt(k), about 5 counts here): whole counts, at least 0, not the sums."""
+    client, a, b = _started(aggregator, **DP_PRIOR)
+    assert _counts(client, a, [0, 1, 2, 3], [0, 2, 5], [4, 2, 2]).status_code == 202
+    assert _counts(client, b, [4, 5], [0, 1], [2, 1]).json()["complete"] is True
+    got = client.get("/v1/runs/1/prior", headers=bearer(b)).json()
+    counts = got["counts"]
+    assert got["enabled"] is True and len(counts) == N_ITEMS
+    assert all(isinstance(c, int) and c >= 0 for c in counts)
+    # noise of std ~5 on six items: all six landing on the exact sums has odds below 1e-5
+    assert counts != [6, 1, 2, 0, 0, 2]
+    again = client.get("/v1/runs/1/prior", headers=bearer(a)).json()["counts"]
+    assert again == counts  # one release, stored: reading it again draws nothing new
+
+
+def test_a_dp_report_above_its_clients_item_bound_is_refused(aggregator: AggregatorFactory) -> None:
+    client, a, _ = _started(aggregator, **DP_PRIOR)
+    r = _counts(client, a, [0, 1], [0, 1, 2], [2, 1, 2])  # 5 > 2 clients * 2 items
+    assert r.status_code == 422 and r.json()["error"] == "count_out_of_range", r.text
+    assert "dp_prior_items" in r.json()["detail"]
+    info = client.get("/v1/runs/current/prior", headers=bearer(a)).json()
+    assert info["counted"] == 0

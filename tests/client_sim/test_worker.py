@@ -16,6 +16,8 @@ from pydantic import SecretStr
 
 from fedrecgel.data import Split
 from fedrecgel.metrics import means
+from fedrecgel.prior import bounded_counts
+from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import PrivateState, client_rng, client_samples, cohort_step
 from fedrecgel.simulate import RunResult, Simulator
 from fedrecgel.synthetic import synthetic_split
@@ -382,6 +384,23 @@ def test_item_counts_are_reported_once_a_run_through_a_restart(
     _drive([restarted], fake)
     posts = [r for r in fake.requests if r.path.endswith("/item-counts")]
     assert [r.path for r in posts] == ["/v1/runs/1/item-counts"]
+
+
+def test_in_a_dp_run_with_a_prior_share_each_user_counts_at_most_k_items(
+    tmp_path: Path, split: Split
+) -> None:
+    """The counts a worker reports under DP are the simulator's draw: each owned user at most
+    ``dp_prior_items`` of its distinct training items (fedrecgel.prior.user_draw)."""
+    _, (w,) = _running(tmp_path, split, rounds=1)
+    base = {"n_items": split.n_items, "seed": 4}
+    dp = RunConfig(**base, target_epsilon=3.0, dp_prior_share=0.5, dp_prior_items=2)
+    users = [int(u) for u in w.data.user_ids]
+    held = [split.user_train(u) for u in users]
+    got = w.evaluation.prior.counts(dp)
+    assert np.array_equal(got, bounded_counts(held, users, 2, 4, split.n_items))
+    assert got.sum() == sum(min(2, len(np.unique(h))) for h in held)
+    plain = w.evaluation.prior.counts(RunConfig(**base))
+    assert plain.sum() == sum(len(np.unique(h)) for h in held) > got.sum()
 
 
 def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(

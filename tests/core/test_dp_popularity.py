@@ -28,8 +28,8 @@ from fedrecgel.dp_popularity import (
     dp_popularity,
     noisy_counts,
     plan_release,
-    user_draw,
 )
+from fedrecgel.prior import user_draw
 from fedrecgel.synthetic import synthetic_split
 
 runner = CliRunner()

@@ -54,3 +54,45 @@ def test_a_dp_run_over_http_finishes_within_its_target_epsilon(tmp_path: Path) -
     assert all(r["metrics"] and 0.0 <= r["metrics"]["hr@10"] <= 1.0 for r in rounds)
     m = re.search(r"^fedrec_agg_dp_epsilon (\S+)$", metrics, re.M)
     assert m is not None and float(m.group(1)) == pytest.approx(rounds[-1]["epsilon"], rel=1e-6)
+
+
+def test_a_dp_run_with_a_prior_share_ranks_with_counts_released_under_its_budget(
+    tmp_path: Path,
+) -> None:
+    """dp_prior_share over HTTP: the workers report bounded counts, the aggregator fixes them
+    once with noise, every round's epsilon is the plan's with the release composed in, and the
+    evaluated versions are ranked with the released prior."""
+    split = load_split(DATASET)
+    run = DP.run_params(
+        dataset=DATASET, deadline_s=3600.0, rounds=2, dp_noise=None, target_epsilon=3.0
+    ).model_copy(update={"dp_prior_share": 0.5})
+    plan = plan_privacy(run, split.n_users)
+    assert plan is not None and plan.prior_noise > 0
+    opts = UpOptions(
+        run=run,
+        workers=2,
+        aggregator_port=free_port(),
+        workdir=tmp_path,
+        recommend=False,
+        worker_poll_max_s=0.5,
+        startup_timeout_s=300.0,
+    )
+    with cluster(opts) as c:
+        c.start_aggregator()
+        start_workers(c, split.n_users)
+        c.start_run(split.n_items)
+        history = c.wait_complete(600.0)
+        prior = httpx.get(
+            f"{c.agg_url}/v1/runs/current/prior", headers=c.operator_headers(), timeout=30
+        ).json()
+    rounds = history["rounds"]
+    assert [r["epsilon"] for r in rounds] == pytest.approx(
+        [plan.epsilon(1), plan.epsilon(2)], rel=1e-9
+    )
+    assert plan.epsilon(0) == pytest.approx(1.5, rel=1e-3) and rounds[-1]["epsilon"] <= 3.0
+    assert prior["enabled"] and prior["complete"] and prior["counted"] == split.n_users
+    counts = prior["counts"]
+    assert len(counts) == split.n_items and min(counts) >= 0
+    # each user counted at most 10 items, and the noise (std about 6.6) went on every item
+    assert sum(counts) != sum(min(10, len(set(split.user_train(u)))) for u in range(split.n_users))
+    assert all("prior_weight" in r["metrics"] for r in rounds)
