@@ -198,7 +198,12 @@ def test_a_report_with_part_of_the_prior_sums_is_refused(aggregator: AggregatorF
     assert "val/prior@8/loss" in r.json()["detail"]
 
 
-DP_PRIOR = {"target_epsilon": 1.0, "dp_prior_share": 0.5, "dp_prior_items": 2, "dp_clip": 0.5}
+DP_PRIOR: dict[str, Any] = {
+    "target_epsilon": 1.0,
+    "dp_prior_share": 0.5,
+    "dp_prior_items": 2,
+    "dp_clip": 0.5,
+}
 
 
 def test_a_dp_run_releases_its_counts_with_noise_once(aggregator: AggregatorFactory) -> None:

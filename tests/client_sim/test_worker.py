@@ -392,7 +392,7 @@ def test_in_a_dp_run_with_a_prior_share_each_user_counts_at_most_k_items(
     """The counts a worker reports under DP are the simulator's draw: each owned user at most
     ``dp_prior_items`` of its distinct training items (fedrecgel.prior.user_draw)."""
     _, (w,) = _running(tmp_path, split, rounds=1)
-    base = {"n_items": split.n_items, "seed": 4}
+    base: dict[str, Any] = {"n_items": split.n_items, "seed": 4}
     dp = RunConfig(**base, target_epsilon=3.0, dp_prior_share=0.5, dp_prior_items=2)
     users = [int(u) for u in w.data.user_ids]
     held = [split.user_train(u) for u in users]

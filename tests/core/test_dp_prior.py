@@ -4,6 +4,8 @@ settings that turn it on; the release the simulator ranks with."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -48,7 +50,8 @@ def test_the_composed_epsilon_agrees_with_the_accountants_own(
 
 
 def test_a_share_buys_the_release_its_part_and_the_rounds_the_rest() -> None:
-    base = {"target_epsilon": 3.0, "sampling": "poisson", "fraction": 0.1, "rounds": 30}
+    base: dict[str, Any] = {"target_epsilon": 3.0, "sampling": "poisson", "fraction": 0.1}
+    base["rounds"] = 30
     plain = plan_privacy(RunParams(**base), 1500)
     shared = plan_privacy(RunParams(**base, dp_prior_share=0.5, dp_prior_items=7), 1500)
     assert plain is not None and shared is not None
@@ -69,7 +72,7 @@ def test_a_share_buys_the_release_its_part_and_the_rounds_the_rest() -> None:
 
 def test_under_fixed_cohorts_a_user_moves_the_counts_by_sqrt_2k() -> None:
     """Replace-one neighbouring: the release's noise is sqrt(2) times that of add-or-remove."""
-    base = {"target_epsilon": 3.0, "dp_prior_share": 0.5, "rounds": 10}
+    base: dict[str, Any] = {"target_epsilon": 3.0, "dp_prior_share": 0.5, "rounds": 10}
     poisson = plan_privacy(RunParams(**base, sampling="poisson"), 1500)
     fixed = plan_privacy(RunParams(**base, sampling="fixed"), 1500)
     assert poisson is not None and fixed is not None
@@ -132,8 +135,9 @@ def test_the_released_counts_are_the_users_bounded_counts_plus_seeded_noise() ->
 
 def test_a_simulated_dp_run_with_a_share_ranks_with_the_released_prior() -> None:
     split = synthetic_split(n_users=80, n_items=40, seed=0, n_test_negatives=20, validation=True)
-    common = {"rounds": 6, "factor": 4, "layers": 1, "fraction": 0.3, "sampling": "poisson"}
-    dp = {"target_epsilon": 4.0, "dp_clip": 0.5, "eval_every": 3}
+    common: dict[str, Any] = {"rounds": 6, "factor": 4, "layers": 1, "fraction": 0.3}
+    common["sampling"] = "poisson"
+    dp: dict[str, Any] = {"target_epsilon": 4.0, "dp_clip": 0.5, "eval_every": 3}
     without = Simulator(split, TrainConfig(**common, **dp))
     assert without.prior is None
     sim = Simulator(split, TrainConfig(**common, **dp, dp_prior_share=0.4))
