@@ -1,7 +1,7 @@
 """The popularity prior in a DP run: how much of the budget its counts should take
 (``dp_prior_share``), against the same private run without it and DP popularity.
 
-    nice -n 5 .venv/bin/python -m bench.dp_prior [--epsilon 3] [--shares 0,0.25,0.5,0.75]
+    nice -n 5 .venv/bin/python -m bench.dp_prior [--epsilon 3] [--shares 0,0.25,0.5,0.75,0.9]
         [--seeds 1,2,3] [--tuning-seed 100] [--datasets filmtrust/paper,...]
         [--out bench/results/dp_prior.json]
 
@@ -102,7 +102,7 @@ def _references(
 
 def main(
     epsilon: float = 3.0,
-    shares: FloatList = Floats([0.0, 0.25, 0.5, 0.75]),
+    shares: FloatList = Floats([0.0, 0.25, 0.5, 0.75, 0.9]),
     seeds: IntList = Ints([1, 2, 3]),
     tuning_seed: int = 100,
     datasets: str = "filmtrust/paper,lastfm-2k/clean,amazon-video/paper",

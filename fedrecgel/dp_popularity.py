@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
-from fedrecgel import prior
 from fedrecgel.accountant import calibrate_release, release_epsilon
 from fedrecgel.baselines import _fixed_ranking
 from fedrecgel.config import ConfigError
 from fedrecgel.data import Split
+from fedrecgel.prior import split_bounded_counts
 from fedrecgel.simulate import RunResult
 
 #: items a user counts at most when none is named (chosen on validation HR@10 only, seed 100,
@@ -125,17 +125,9 @@ def plan_release(
     return CountRelease(max_items, float(noise), delta, eps, target_epsilon)
 
 
-def bounded_counts(split: Split, max_items: int, seed: int) -> np.ndarray:
-    """How many users count each item, each user at most ``max_items`` distinct items:
-    (n_items,) int64."""
-    users = range(split.n_users)
-    held = [split.user_train(u) for u in users]
-    return prior.bounded_counts(held, users, max_items, seed, split.n_items)
-
-
 def noisy_counts(split: Split, release: CountRelease, seed: int) -> np.ndarray:
     """The released count vector: bounded counts plus N(0, (z*sqrt(k))^2) on every item."""
-    counts = bounded_counts(split, release.max_items, seed).astype(np.float64)
+    counts = split_bounded_counts(split, release.max_items, seed).astype(np.float64)
     rng = np.random.default_rng([int(seed), _NOISE_KEY])
     return counts + rng.normal(0.0, release.noise_std, size=split.n_items)
 

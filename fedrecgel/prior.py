@@ -88,6 +88,13 @@ def bounded_counts(
     return np.bincount(flat, minlength=n_items).astype(np.int64)
 
 
+def split_bounded_counts(split: Split, max_items: int, seed: int) -> np.ndarray:
+    """:func:`bounded_counts` of every user of ``split``."""
+    users = range(split.n_users)
+    held = [split.user_train(u) for u in users]
+    return bounded_counts(held, users, max_items, seed, split.n_items)
+
+
 def release_counts(counts: np.ndarray, std: float, rng: np.random.Generator) -> np.ndarray:
     """The counts a DP run ranks with: ``counts`` plus N(0, std^2) on every item (items nobody
     counted included), rounded to whole counts and at least 0 (post-processing): int64."""
@@ -103,9 +110,7 @@ def run_prior(split: Split, enabled: bool, plan: PrivacyPlan | None, seed: int) 
         return split_prior(split) if enabled else None
     if plan.prior_noise <= 0 or not split.has_validation:
         return None
-    users = range(split.n_users)
-    held = [split.user_train(u) for u in users]
-    counts = bounded_counts(held, users, plan.prior_items, seed, split.n_items)
+    counts = split_bounded_counts(split, plan.prior_items, seed)
     rng = np.random.default_rng([int(seed), RELEASE_KEY])
     return log_prior(release_counts(counts, plan.prior_std, rng))
 

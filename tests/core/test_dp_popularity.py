@@ -24,12 +24,11 @@ from fedrecgel.config import ConfigError
 from fedrecgel.data import Interactions, Split, apply_protocol
 from fedrecgel.dp_popularity import (
     DEFAULT_MAX_ITEMS,
-    bounded_counts,
     dp_popularity,
     noisy_counts,
     plan_release,
 )
-from fedrecgel.prior import user_draw
+from fedrecgel.prior import split_bounded_counts, user_draw
 from fedrecgel.synthetic import synthetic_split
 
 runner = CliRunner()
@@ -88,7 +87,7 @@ def test_the_noise_multiplier_spends_the_target_and_no_more(target: float) -> No
 def test_the_noise_has_std_z_sqrt_k_on_every_item() -> None:
     split = synthetic_split(300, 4000, interactions_per_user=12, seed=1, validation=True)
     r = plan_release(split.n_users, 4, target_epsilon=2.0)
-    noise = noisy_counts(split, r, seed=5) - bounded_counts(split, 4, seed=5)
+    noise = noisy_counts(split, r, seed=5) - split_bounded_counts(split, 4, seed=5)
     assert abs(float(noise.mean())) < 4 * r.noise_std / math.sqrt(split.n_items)
     assert float(noise.std()) == pytest.approx(r.noise_std, rel=0.05)
 
@@ -107,11 +106,11 @@ def test_each_user_adds_at_most_k_of_its_own_distinct_items() -> None:
         one = np.bincount(drawn, minlength=split.n_items)
         assert np.linalg.norm(one) <= math.sqrt(k) + 1e-12  # the L2 sensitivity
         total += one
-    assert np.array_equal(total, bounded_counts(split, k, seed))
+    assert np.array_equal(total, split_bounded_counts(split, k, seed))
     # users with more than k items are sampled, differently under another seed
-    assert not np.array_equal(total, bounded_counts(split, k, seed + 1))
+    assert not np.array_equal(total, split_bounded_counts(split, k, seed + 1))
     # a k above every profile counts every distinct training item once
-    everyone = bounded_counts(split, 10**6, seed)
+    everyone = split_bounded_counts(split, 10**6, seed)
     assert np.array_equal(everyone, item_popularity(split))
 
 
