@@ -69,8 +69,9 @@ def measure(
     """The spectrum and the rankings of one data set, a record per epsilon."""
     from fedrecgel.accountant import calibrate_release
     from fedrecgel.baselines import popularity
-    from fedrecgel.cooccurrence import co_occurrence, cooccurrence, history, top_eigen
+    from fedrecgel.cooccurrence import cooccurrence
     from fedrecgel.dp_popularity import dp_popularity, plan_release
+    from fedrecgel.item_spectrum import co_occurrence, history, top_eigen
 
     split = _split(name, data_dir)
     n, items = split.n_users, split.n_items

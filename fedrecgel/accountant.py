@@ -20,12 +20,14 @@ The DP popularity baseline (:mod:`fedrecgel.dp_popularity`) releases its noisy i
 one ``GaussianDpEvent(z)`` under add-or-remove-one-user neighbouring (:func:`release_epsilon`,
 :func:`calibrate_release`).
 
-A DP run that ranks with the popularity prior (``dp_prior_share`` > 0) releases such counts once
-as well, before its rounds: its plan carries the release's noise multiplier, calibrated so that
-the release alone spends ``dp_prior_share`` of the target, and every epsilon it reports is that
-of the release and the rounds composed (their RDP curves add); the rounds' noise is calibrated
-to what the composition leaves. Under replace-one neighbouring (fixed-size cohorts) a user moves
-the count vector by up to sqrt(2k), so the release is ``GaussianDpEvent(z / sqrt(2))``.
+A DP run may make up to two releases before its rounds, each one Gaussian release calibrated so
+that it alone spends its share of the target: the popularity prior's item counts
+(``dp_prior_share``) and the item co-occurrence its item tables start from (``dp_item_share``,
+:mod:`fedrecgel.item_spectrum`). Its plan carries their noise multipliers, every epsilon it
+reports is that of the releases and the rounds composed (their RDP curves add), and the rounds'
+noise is calibrated to what the composition leaves. Under replace-one neighbouring (fixed-size
+cohorts) a user moves the counts by up to sqrt(2k) and the co-occurrence by up to sqrt(2), so a
+release of noise multiplier z is ``GaussianDpEvent(z / sqrt(2))`` there.
 """
 
 from __future__ import annotations
@@ -88,18 +90,19 @@ def _one_round_rdp(
 
 
 def _release_event(z: float, sampling: Sampling) -> dp_accounting.DpEvent:
-    """One release of the item counts at noise multiplier ``z`` (std z*sqrt(k)), under the
-    neighbouring relation of ``sampling``'s accountant."""
+    """One release before the rounds at noise multiplier ``z`` (the noise std over the L2
+    sensitivity under add-or-remove), under the neighbouring relation of ``sampling``'s
+    accountant."""
     return dp_accounting.GaussianDpEvent(z if sampling == "poisson" else z / math.sqrt(2.0))
 
 
 @functools.lru_cache(maxsize=256)
-def _release_rdp(z: float, sampling: Sampling) -> tuple[float, ...]:
-    """The RDP of one count release at the orders of :func:`_one_round_rdp` (0 if z == 0)."""
+def _release_rdp(releases: tuple[float, ...], sampling: Sampling) -> tuple[float, ...]:
+    """The RDP of the releases at the orders of :func:`_one_round_rdp` (0 without any)."""
     acc = _accountant(sampling)
-    if z > 0:
+    for z in releases:
         acc.compose(_release_event(z, sampling))
-    return tuple(acc._rdp) if z > 0 else tuple(0.0 for _ in acc._orders)
+    return tuple(acc._rdp) if releases else tuple(0.0 for _ in acc._orders)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -111,24 +114,24 @@ def epsilon(
     q: float,
     rounds: int,
     delta: float,
-    release: float = 0.0,
+    releases: tuple[float, ...] = (),
 ) -> float:
     """Epsilon at ``delta`` after ``rounds`` rounds of noise multiplier ``z`` (inf if z == 0),
-    composed with one count release of noise multiplier ``release`` when it is > 0.
+    composed with one release of each noise multiplier in ``releases``.
 
     RDP composes additively: the one-round RDP curve is computed once and scaled by the
-    number of rounds (plus the release's curve), then converted with the library's
+    number of rounds (plus the releases' curves), then converted with the library's
     ``compute_epsilon`` (the same conversion its accountant's ``get_epsilon`` makes; a test
     checks the two agree).
     """
-    if rounds <= 0 and release <= 0:
+    if rounds <= 0 and not releases:
         return 0.0
     if z <= 0 and rounds > 0:
         return math.inf
     orders, rdp = _one_round_rdp(z if z > 0 else 1.0, sampling, n, m, q)
     total = rounds * np.asarray(rdp) if rounds > 0 else np.zeros(len(orders))
     eps, _ = rdp_privacy_accountant.compute_epsilon(
-        np.asarray(orders), total + np.asarray(_release_rdp(release, sampling)), delta
+        np.asarray(orders), total + np.asarray(_release_rdp(releases, sampling)), delta
     )
     return float(eps)
 
@@ -141,16 +144,17 @@ def calibrate(
     q: float,
     rounds: int,
     delta: float,
-    release: float = 0.0,
+    releases: tuple[float, ...] = (),
 ) -> float:
-    """The smallest noise multiplier whose ``rounds`` rounds, after one count release of noise
-    multiplier ``release`` (none if 0), stay within ``target`` epsilon."""
+    """The smallest noise multiplier whose ``rounds`` rounds, after one release of each noise
+    multiplier in ``releases``, stay within ``target`` epsilon."""
 
     def event(z: float) -> dp_accounting.DpEvent:
         rounds_event = _event(z, sampling, n, m, q, rounds)
-        if release <= 0:
+        if not releases:
             return rounds_event
-        return dp_accounting.ComposedDpEvent([_release_event(release, sampling), rounds_event])
+        before = [_release_event(r, sampling) for r in releases]
+        return dp_accounting.ComposedDpEvent([*before, rounds_event])
 
     z = dp_accounting.calibrate_dp_mechanism(
         lambda: _accountant(sampling),
@@ -162,7 +166,7 @@ def calibrate(
     )
     z = float(z)
     # Brent's method lands within tol of the boundary: step up until the target holds
-    while epsilon(z, sampling, n, m, q, rounds, delta, release) > target:
+    while epsilon(z, sampling, n, m, q, rounds, delta, releases) > target:
         z *= 1.0 + 1e-4
     return z
 
@@ -188,6 +192,9 @@ class PrivacyPlan:
     #: distinct training items each user counts at most
     prior_noise: float = 0.0
     prior_items: int = 0
+    #: the release of the item co-occurrence the item tables start from (and stay at): its
+    #: noise multiplier (0: none, the item tables are trained)
+    item_noise: float = 0.0
 
     @property
     def denominator(self) -> float:
@@ -228,9 +235,14 @@ class PrivacyPlan:
         """The noise std on each item's released count: z_p * sqrt(k) (0 without a release)."""
         return self.prior_noise * math.sqrt(self.prior_items)
 
+    @property
+    def releases(self) -> tuple[float, ...]:
+        """The noise multipliers of the releases before the rounds."""
+        return tuple(z for z in (self.prior_noise, self.item_noise) if z > 0)
+
     def epsilon(self, rounds: int) -> float:
-        """Epsilon at :attr:`delta` once ``rounds`` rounds were released (and the prior's
-        counts, when the run releases them)."""
+        """Epsilon at :attr:`delta` once ``rounds`` rounds were released (and the releases
+        before them)."""
         return epsilon(
             self.noise,
             self.sampling,
@@ -239,7 +251,7 @@ class PrivacyPlan:
             self.q,
             rounds,
             self.delta,
-            self.prior_noise,
+            self.releases,
         )
 
 
@@ -271,22 +283,26 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
         q = m / n_users
     delta = params.dp_delta if params.dp_delta is not None else 1.0 / n_users
     target = params.target_epsilon
-    z_p = 0.0
+    scale = 1.0 if params.sampling == "poisson" else math.sqrt(2.0)  # replace-one: sqrt(2) more
+    z_p = z_g = 0.0
     try:
         if params.dp_prior_release:
             assert target is not None
-            z_p = calibrate_release(params.dp_prior_share * target, delta)
-            z_p *= 1.0 if params.sampling == "poisson" else math.sqrt(2.0)
+            z_p = scale * calibrate_release(params.dp_prior_share * target, delta)
+        if params.dp_item_release:
+            assert target is not None
+            z_g = scale * calibrate_release(params.dp_item_share * target, delta)
+        releases = tuple(z for z in (z_p, z_g) if z > 0)
         if params.dp_noise is not None:
             z = params.dp_noise
         else:
             assert target is not None
-            z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta, z_p)
+            z = calibrate(target, params.sampling, n_users, m, q, params.rounds, delta, releases)
         # what every closed round reports: a setting the accountant cannot compute (a noise
         # multiplier whose square underflows, a delta too small for its series) is refused
         # here, not when the first round closes
-        epsilon(z, params.sampling, n_users, m, q, 1, delta, z_p)
-        epsilon(z, params.sampling, n_users, m, q, params.rounds, delta, z_p)
+        epsilon(z, params.sampling, n_users, m, q, 1, delta, releases)
+        epsilon(z, params.sampling, n_users, m, q, params.rounds, delta, releases)
     except (ArithmeticError, ValueError, NoBracketIntervalFoundError) as err:
         field = "dp_noise" if params.dp_noise is not None else "target_epsilon"
         raise ConfigError(
@@ -309,6 +325,7 @@ def plan_privacy(params: RunParams, n_users: int) -> PrivacyPlan | None:
         clip_quantile=params.dp_clip_quantile,
         prior_noise=z_p,
         prior_items=params.dp_prior_items if z_p > 0 else 0,
+        item_noise=z_g,
     )
     if target is not None and params.dp_noise is not None:
         allowed = rounds_within(plan, target, params.rounds)

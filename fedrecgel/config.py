@@ -309,6 +309,16 @@ class RunParams(BaseModel):
         "items); the rounds' noise is calibrated to what is left of the target. 0: no prior in "
         "a DP run. Acts with target_epsilon and central DP only.",
     )
+    dp_item_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="DP: start the item tables from one Gaussian release of the users' item "
+        "co-occurrence spending this share of target_epsilon (its top eigenvectors), and keep "
+        "them fixed: the rounds train and release the score network only, each user fits its "
+        "own embeddings to these items. 0: item tables trained as usual. Acts with "
+        "target_epsilon and central DP only; in the simulator (fedrec train) only.",
+    )
     dp_prior_items: int = Field(
         default=10,
         ge=1,
@@ -366,6 +376,15 @@ class RunParams(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _shares_fit(self) -> RunParams:
+        if self.dp_prior_share + self.dp_item_share >= 1.0:
+            raise ValueError(
+                f"dp_prior_share {self.dp_prior_share:g} + dp_item_share {self.dp_item_share:g} "
+                "leave nothing of target_epsilon for the rounds: their sum must be below 1"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _dp_consistent(self) -> RunParams:
         if self.dp_enabled and self.weighting != "mean":
             raise ValueError("a DP run needs weighting 'mean' (a sample weight is not bounded)")
@@ -396,6 +415,18 @@ class RunParams(BaseModel):
             and self.target_epsilon is not None
             and self.dp_prior_share > 0
             and self.dp_mode == "central"
+        )
+
+    @property
+    def dp_item_release(self) -> bool:
+        """Whether this DP run starts its item tables from a release of the item co-occurrence
+        (and keeps them fixed): a share of a target epsilon, central DP."""
+        return (
+            self.dp_enabled
+            and self.target_epsilon is not None
+            and self.dp_item_share > 0
+            and self.dp_mode == "central"
+            and self.secure_aggregation == "off"
         )
 
     @property

@@ -22,18 +22,23 @@ G is dense: catalogues above :data:`MAX_ITEMS` are refused.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from scipy.sparse import csr_matrix, diags
-from scipy.sparse.linalg import eigsh
+from scipy.sparse import csr_matrix
 from torch import Tensor
 
 from fedrecgel.baselines import _fixed_ranking
 from fedrecgel.data import Split
+from fedrecgel.item_spectrum import (
+    MAX_ITEMS,
+    co_occurrence,
+    history,
+    noisy_release,
+    top_eigen,
+)
 from fedrecgel.simulate import RunResult
 
 #: the ranks tried on validation, and the one taken without validation items
@@ -42,48 +47,6 @@ DEFAULT_RANK = 16
 #: the largest rank tried on a private release: past the few directions above its noise a rank
 #: adds noise, and 256 eigenpairs of a dense noisy matrix take minutes
 PRIVATE_MAX_RANK = 64
-#: the largest catalogue whose dense co-occurrence (float32) is built: 1.6 GB at 20,000 items
-MAX_ITEMS = 20_000
-_NOISE_KEY = 0x5BEC
-
-
-def history(split: Split) -> csr_matrix:
-    """The users' distinct training items as a sparse 0/1 matrix (users x items)."""
-    rows = split.train_user_of_rows()
-    x = csr_matrix(
-        (np.ones(len(rows), np.float32), (rows, split.train_items)),
-        shape=(split.n_users, split.n_items),
-    )
-    x.sum_duplicates()
-    x.data[:] = 1.0
-    return x
-
-
-def co_occurrence(x: csr_matrix) -> np.ndarray:
-    """G = sum of x_u x_u^T over the users' unit-norm rows: (items, items) float32."""
-    norms = np.sqrt(np.maximum(np.asarray(x.sum(axis=1)).ravel(), 1.0))
-    xn = diags(1.0 / norms) @ x
-    return np.asarray((xn.T @ xn).toarray(), dtype=np.float32)
-
-
-def noisy_release(g: np.ndarray, noise: float, seed: int) -> np.ndarray:
-    """``g`` plus symmetric Gaussian noise: std ``noise`` off the diagonal, sqrt(2) times it on
-    the diagonal (at least ``noise`` on every released entry of the upper triangle)."""
-    rng = np.random.default_rng([int(seed), _NOISE_KEY])
-    n = rng.standard_normal(g.shape, dtype=np.float32)
-    n += n.T
-    n *= np.float32(noise / math.sqrt(2.0))
-    n += g
-    return n
-
-
-def top_eigen(m: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` largest eigenvalues of symmetric ``m`` (descending) and their eigenvectors
-    (at most one fewer than its size)."""
-    k = min(k, m.shape[0] - 1)
-    lam, vec = eigsh(m, k=k, which="LA", v0=np.ones(m.shape[0]))
-    order = np.argsort(-lam)
-    return lam[order], vec[:, order]
 
 
 def scorer(

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel.accountant import PrivacyPlan
+from fedrecgel.model import ITEM_TABLES
 from fedrecgel.strategy import Strategy, Wrapped, clip_update, update_norm
 from fedrecgel.uploads import Update
 
@@ -156,8 +157,10 @@ class GaussianMean(Wrapped):
         generator: torch.Generator,
         adaptive: AdaptiveClip | None = None,
         noise_multiplier: float = 0.0,
+        frozen: tuple[str, ...] = (),
     ) -> None:
         self.inner = inner
+        self.frozen = frozen
         self.bound = bound
         self.noise_std = noise_std
         self.denominator = denominator
@@ -179,8 +182,15 @@ class GaussianMean(Wrapped):
             if update_norm(u) > self.bound:
                 raise ValueError(f"client {u.client_id}: upload norm beyond {self.bound:g}")
         denominator = self.denominator if cohort_size is None else cohort_size
-        total = sum_updates(updates, shapes)
-        return noisy_mean(total, denominator, self.noise_std, self.generator)
+        for u in updates:
+            if any(n in self.frozen for n in (*u.rows, *u.dense)):
+                raise ValueError(f"client {u.client_id}: an upload of a fixed parameter")
+        released = {n: s for n, s in shapes.items() if n not in self.frozen}
+        mean = noisy_mean(
+            sum_updates(updates, released), denominator, self.noise_std, self.generator
+        )
+        # the fixed parameters take no step and carry no noise: nothing of them is released
+        return {**{n: torch.zeros(s) for n, s in shapes.items() if n in self.frozen}, **mean}
 
 
 def with_privacy(
@@ -205,7 +215,14 @@ def with_privacy(
         generator,
         adaptive,
         plan.sum_noise,
+        tuple(n for n in frozen_names(plan) if n in shapes),
     )
+
+
+def frozen_names(plan: PrivacyPlan) -> tuple[str, ...]:
+    """The shared parameters a run's plan keeps fixed: the item tables when they start from a
+    release of the item co-occurrence (``item_noise`` > 0), else none."""
+    return ITEM_TABLES if plan.item_noise > 0 else ()
 
 
 @dataclass(frozen=True)
@@ -217,11 +234,15 @@ class ClientPrivacy:
     local_sigma: float = 0.0
     #: adaptive clipping: each client also reports whether its upload was within ``clip``
     report_within: bool = False
+    #: shared parameters the run keeps fixed (spectral item tables): left out of every upload
+    frozen: tuple[str, ...] = ()
 
     @staticmethod
     def of(plan: PrivacyPlan) -> ClientPrivacy:
         """A run plan's client side (the simulator's: its planned denominator)."""
-        return ClientPrivacy(plan.clip, plan.local_sigma, plan.clip_quantile is not None)
+        return ClientPrivacy(
+            plan.clip, plan.local_sigma, plan.clip_quantile is not None, frozen_names(plan)
+        )
 
     @staticmethod
     def announced(clip: float, noise: float | None, mode: str, cohort_size: int) -> ClientPrivacy:
@@ -244,6 +265,10 @@ def privatize(
     out = []
     within = np.zeros(len(uploads), dtype=bool)
     for k, (u, gen) in enumerate(zip(uploads, generators, strict=True)):
+        if dp.frozen:  # fixed parameters are not uploaded: the clip norm is all the network's
+            rows = {n: r for n, r in u.rows.items() if n not in dp.frozen}
+            dense = {n: g for n, g in u.dense.items() if n not in dp.frozen}
+            u = Update(u.client_id, u.n_samples, rows, dense, u.loss)
         norm = update_norm(u)
         within[k] = norm <= dp.clip
         c = clip_update(u, dp.clip, norm)

@@ -22,6 +22,7 @@ from fedrecgel.client_round import ClientRound
 from fedrecgel.cohort import cohort_size, select_cohort
 from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
+from fedrecgel.item_spectrum import spectral_tables
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
 from fedrecgel.prior import choose, run_prior
@@ -233,6 +234,10 @@ class Simulator:
             private = with_privacy(self.strategy, self.privacy, shapes, gen)
             self.strategy, self.adaptive = private, private.adaptive
             self.total_rounds = self.privacy.rounds
+            if self.privacy.item_noise > 0:  # fixed item tables from a co-occurrence release
+                tables = spectral_tables(split, self.privacy.item_noise, config.seed, shapes)
+                for name, table in tables.items():
+                    self.shared[name].copy_(table)
         self.clients = ClientRound(
             self.model_cfg,
             self.hp,

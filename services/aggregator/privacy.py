@@ -48,6 +48,12 @@ def run_plan(repo: Repository, params: RunParams) -> PrivacyPlan | None:
             "dp_clip",
             "invalid_config",
         )
+    if params.dp_item_share > 0:
+        raise Malformed(
+            "dp_item_share (item tables from a release of the item co-occurrence) runs in the "
+            "simulator (fedrec train) only: the workers do not report their users' co-occurrence",
+            "invalid_config",
+        )
     if params.dp_mode == "distributed" and params.dp_noise is None:
         raise Malformed(
             "dp_mode distributed over HTTP needs dp_noise (the workers add their share of it; "

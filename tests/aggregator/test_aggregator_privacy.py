@@ -145,15 +145,17 @@ def test_concurrent_history_reads_share_one_calibration(
     assert calls == [5]
 
 
-def test_adaptive_clipping_is_refused_over_http_before_the_run_starts(
-    aggregator: AggregatorFactory,
+@pytest.mark.parametrize(("field", "value"), [("dp_clip_quantile", 0.5), ("dp_item_share", 0.3)])
+def test_simulator_only_dp_settings_are_refused_over_http_before_the_run_starts(
+    aggregator: AggregatorFactory, field: str, value: float
 ) -> None:
-    """The workers do not report whether they were within the clip norm: a run asking for
-    adaptive clipping is 422, not a run that silently keeps C fixed."""
+    """The workers do not report whether they were within the clip norm, nor their users'
+    co-occurrence: a run asking for adaptive clipping or spectral item tables is 422, not a
+    run that silently keeps C fixed or trains its item tables."""
     client = aggregator(population=4)
     register(client, IDS)
-    r = client.post("/v1/runs", json={**RUN, "dp_clip_quantile": 0.5}, headers=operator_headers())
+    r = client.post("/v1/runs", json={**RUN, field: value}, headers=operator_headers())
     assert r.status_code == 422, r.text
     assert r.json()["error"] == "invalid_config"
-    assert "dp_clip_quantile" in r.json()["detail"]
+    assert field in r.json()["detail"]
     assert client.get("/v1/runs/current/history").json()["run_id"] is None

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedrecgel import cooccurrence as co
+from fedrecgel import item_spectrum as sp
 from fedrecgel.baselines import popularity, random_ranking
 from fedrecgel.cli import app
 from fedrecgel.data import Split
@@ -37,23 +38,23 @@ def _tastes(n_users: int = 400, validation: bool = True) -> Split:
 def test_one_user_moves_the_co_occurrence_by_at_most_one() -> None:
     """The accounting's sensitivity: G with and without a user differ by ||x x^T||_F = 1."""
     split = _tastes(60)
-    x = co.history(split)
-    g = co.co_occurrence(x)
+    x = sp.history(split)
+    g = sp.co_occurrence(x)
     for u in (0, 7, 59):
         keep = np.setdiff1d(np.arange(split.n_users), [u])
-        without = co.co_occurrence(x[keep])
+        without = sp.co_occurrence(x[keep])
         assert np.linalg.norm(g - without) == pytest.approx(1.0, rel=1e-5)
 
 
 def test_the_release_is_symmetric_noise_of_std_z_and_repeats_by_seed() -> None:
     g = np.zeros((300, 300), dtype=np.float32)
-    n = co.noisy_release(g, 2.0, seed=4)
+    n = sp.noisy_release(g, 2.0, seed=4)
     assert np.array_equal(n, n.T)
     off = n[np.triu_indices(300, 1)]
     assert off.std() == pytest.approx(2.0, rel=0.02)
     assert np.diag(n).std() == pytest.approx(2.0 * np.sqrt(2), rel=0.15)
-    assert np.array_equal(n, co.noisy_release(g, 2.0, seed=4))
-    assert not np.array_equal(n, co.noisy_release(g, 2.0, seed=5))
+    assert np.array_equal(n, sp.noisy_release(g, 2.0, seed=4))
+    assert not np.array_equal(n, sp.noisy_release(g, 2.0, seed=5))
 
 
 def test_on_data_with_tastes_it_beats_popularity_and_noise_takes_that_away() -> None:

@@ -40,10 +40,10 @@ def test_the_composed_epsilon_agrees_with_the_accountants_own(
         if rounds:
             events.append(_event(1.3, sampling, n, m, q, rounds))
         acc.compose(dp_accounting.ComposedDpEvent(events))
-        fast = epsilon(1.3, sampling, n, m, q, rounds, 1 / n, 2.0)
+        fast = epsilon(1.3, sampling, n, m, q, rounds, 1 / n, (2.0,))
         assert fast == pytest.approx(acc.get_epsilon(1 / n), rel=1e-9)
     # the release adds to the rounds' cost, and without one nothing changes
-    assert epsilon(1.3, sampling, n, m, q, 40, 1 / n, 2.0) > epsilon(
+    assert epsilon(1.3, sampling, n, m, q, 40, 1 / n, (2.0,)) > epsilon(
         1.3, sampling, n, m, q, 40, 1 / n
     )
     assert epsilon(1.3, sampling, n, m, q, 0, 1 / n) == 0.0
@@ -61,7 +61,7 @@ def test_a_share_buys_the_release_its_part_and_the_rounds_the_rest() -> None:
     assert shared.epsilon(0) == pytest.approx(1.5, rel=1e-3)
     assert 2.99 < shared.epsilon(30) <= 3.0
     assert shared.noise == pytest.approx(
-        calibrate(3.0, "poisson", 1500, 0, 0.1, 30, 1 / 1500, shared.prior_noise)
+        calibrate(3.0, "poisson", 1500, 0, 0.1, 30, 1 / 1500, (shared.prior_noise,))
     )
     # the rounds get less than the whole target (more noise), but more than half of it
     assert shared.noise > plain.noise
