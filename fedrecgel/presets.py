@@ -12,7 +12,8 @@
 * ``private``: what ``fedrec train`` runs when no preset is named and the run is
   differentially private (``presets.json``, its ``rule`` says how it was chosen): server SGD
   with momentum (a server Adam scales DP noise up to the signal's size on every coordinate),
-  adaptive clipping, fewer rounds, Poisson cohorts;
+  adaptive clipping, fewer rounds, Poisson cohorts, and the popularity prior under 0.9 of the
+  budget;
 * ``tuned``: ``tuned-<dataset>`` when the dataset has one, else ``default`` (chosen across
   datasets with a leave-one-dataset-out check), else, in a presets file without a default, the
   settings learned across its tuned datasets (geometric mean of step sizes and radii, median
