@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.report_dp_limits import defaults, prior_share, spectrum
+from bench.report_dp_limits import defaults, item_tables, prior_share, spectrum
 from fedrecgel.config import current_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,8 @@ def section() -> list[str]:
         "Epsilon 8's mean carries one seed (1) at 75.4 at its validation-selected round (seeds",
         "2 and 3: 86.7 and 87.1).",
     ]
-    return lines + dp_popularity() + defaults() + prior_share() + dp_scale() + signal() + spectrum()
+    tail = [dp_popularity(), defaults(), prior_share(), dp_scale(), item_tables(), signal()]
+    return lines + [line for part in tail for line in part] + spectrum()
 
 
 def _eps(target: str) -> str:
