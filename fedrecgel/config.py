@@ -315,8 +315,8 @@ class RunParams(BaseModel):
         lt=1.0,
         description="DP: start the item tables from one Gaussian release of the users' item "
         "co-occurrence spending this share of target_epsilon (its top eigenvectors), and keep "
-        "them fixed: the rounds train and release the score network only, each user fits its "
-        "own embeddings to these items. 0: item tables trained as usual. Acts with "
+        "them fixed: the rounds train and release the score network only, and each user's "
+        "private vectors learn these items. 0: item tables trained as usual. Acts with "
         "target_epsilon and central DP only; in the simulator (fedrec train) only.",
     )
     dp_prior_items: int = Field(
@@ -380,7 +380,8 @@ class RunParams(BaseModel):
         if self.dp_prior_share + self.dp_item_share >= 1.0:
             raise ValueError(
                 f"dp_prior_share {self.dp_prior_share:g} + dp_item_share {self.dp_item_share:g} "
-                "leave nothing of target_epsilon for the rounds: their sum must be below 1"
+                "leave nothing of target_epsilon for the rounds: their sum must be below 1 (lower one "
+                "of them)"
             )
         return self
 
