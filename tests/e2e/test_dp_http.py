@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from fedrecgel.accountant import plan_privacy
-from fedrecgel.data import load_split
+from fedrecgel.config import RunParams
+from fedrecgel.data import Split, load_split
 from fedrecgel.simulate import TrainConfig
 from harness.parity import start_workers
 from services.launcher import UpOptions, cluster
@@ -24,13 +26,11 @@ DATASET = "filmtrust"
 DP = TrainConfig(rounds=5, sampling="poisson", dp_noise=1.0, dp_clip=1.0, shards=2)
 
 
-def test_a_dp_run_over_http_finishes_within_its_target_epsilon(tmp_path: Path) -> None:
-    split = load_split(DATASET)
-    plan = plan_privacy(DP.run_params(), split.n_users)
-    assert plan is not None
-    target = (plan.epsilon(2) + plan.epsilon(3)) / 2  # room for exactly two rounds
+def _run(tmp_path: Path, split: Split, run: RunParams, read: str) -> tuple[dict[str, Any], Any]:
+    """The aggregator and two workers on loopback run ``run`` to its end: its history, and
+    what GET ``read`` answered then (JSON, or text for /metrics)."""
     opts = UpOptions(
-        run=DP.run_params(dataset=DATASET, deadline_s=3600.0, target_epsilon=target),
+        run=run,
         workers=2,
         aggregator_port=free_port(),
         workdir=tmp_path,
@@ -43,7 +43,17 @@ def test_a_dp_run_over_http_finishes_within_its_target_epsilon(tmp_path: Path) -
         start_workers(c, split.n_users)
         c.start_run(split.n_items)
         history = c.wait_complete(600.0)
-        metrics = httpx.get(f"{c.agg_url}/metrics", timeout=10).text
+        got = httpx.get(f"{c.agg_url}{read}", headers=c.operator_headers(), timeout=30)
+    return history, got.text if read == "/metrics" else got.json()
+
+
+def test_a_dp_run_over_http_finishes_within_its_target_epsilon(tmp_path: Path) -> None:
+    split = load_split(DATASET)
+    plan = plan_privacy(DP.run_params(), split.n_users)
+    assert plan is not None
+    target = (plan.epsilon(2) + plan.epsilon(3)) / 2  # room for exactly two rounds
+    run = DP.run_params(dataset=DATASET, deadline_s=3600.0, target_epsilon=target)
+    history, metrics = _run(tmp_path, split, run, "/metrics")
     assert history["planned_rounds"] == 2
     rounds = history["rounds"]
     assert [r["round_id"] for r in rounds] == [1, 2]
@@ -68,23 +78,7 @@ def test_a_dp_run_with_a_prior_share_ranks_with_counts_released_under_its_budget
     ).model_copy(update={"dp_prior_share": 0.5})
     plan = plan_privacy(run, split.n_users)
     assert plan is not None and plan.prior_noise > 0
-    opts = UpOptions(
-        run=run,
-        workers=2,
-        aggregator_port=free_port(),
-        workdir=tmp_path,
-        recommend=False,
-        worker_poll_max_s=0.5,
-        startup_timeout_s=300.0,
-    )
-    with cluster(opts) as c:
-        c.start_aggregator()
-        start_workers(c, split.n_users)
-        c.start_run(split.n_items)
-        history = c.wait_complete(600.0)
-        prior = httpx.get(
-            f"{c.agg_url}/v1/runs/current/prior", headers=c.operator_headers(), timeout=30
-        ).json()
+    history, prior = _run(tmp_path, split, run, "/v1/runs/current/prior")
     rounds = history["rounds"]
     assert [r["epsilon"] for r in rounds] == pytest.approx(
         [plan.epsilon(1), plan.epsilon(2)], rel=1e-9
