@@ -33,11 +33,9 @@ from bench.bench_cli import (
     in_fresh_processes,
     write_result,
 )
-from bench.dp_scale import DP_CLIP, _split
+from bench.dp_scale import DP_CLIP, DP_POPULARITY_K, _split
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_item_tables.json"
-#: the items a user counts in the DP popularity reference (bench.dp_scale's choice at epsilon 3)
-DP_POPULARITY_K = 2
 
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:

@@ -93,6 +93,9 @@ TASTES: dict[str, float] = {
     "seed": 0,
 }
 K_GRID = (1, 2, 5, 10, 20)
+#: the k of K_GRID that _dp_popularity chose at epsilon 3 on the tuning seed
+#: (bench/results/dp_scale.json): the DP popularity reference of the benches on this split
+DP_POPULARITY_K = 2
 #: the DP arms' clip norm, server SGD step and momentum (the probes of the module docstring)
 DP_CLIP, DP_SERVER_LR, DP_MOMENTUM = 0.25, 1.2, 0.9
 TARGETS = {3.0: 3.0, 8.0: 1.0}  # epsilon: the most points below the no-DP run

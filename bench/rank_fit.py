@@ -62,6 +62,7 @@ from bench.bench_cli import (
 from bench.dp_scale import (
     DP_CLIP,
     DP_MOMENTUM,
+    DP_POPULARITY_K,
     DP_SERVER_LR,
     TASTES,
     _config,
@@ -76,8 +77,6 @@ from fedrecgel.dp_popularity import dp_popularity, plan_release
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "rank_fit.json"
-#: DP popularity's items per user at epsilon 3 (bench/dp_scale.py's choice on its tuning seed)
-DP_POPULARITY_K = 2
 
 
 def _one(job: tuple[SimpleNamespace, int, float | None, int]) -> dict[str, Any]:
