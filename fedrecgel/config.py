@@ -405,30 +405,28 @@ class RunParams(BaseModel):
             return False
         return not self.dp_enabled or self.dp_prior_release
 
+    def _released_under(self, share: float) -> bool:
+        """Whether a release before the rounds takes ``share`` of the budget: a target epsilon
+        (so a DP run), a share > 0, central DP (the server adds the noise), no secure
+        aggregation."""
+        return (
+            self.target_epsilon is not None
+            and share > 0
+            and self.dp_mode == "central"
+            and self.secure_aggregation == "off"
+        )
+
     @property
     def dp_prior_release(self) -> bool:
-        """Whether this DP run releases the prior's item counts with noise: a share of a
-        target epsilon, central DP (the server adds the noise) and the prior asked for."""
-        return (
-            self.dp_enabled
-            and self.popularity_prior
-            and self.secure_aggregation == "off"
-            and self.target_epsilon is not None
-            and self.dp_prior_share > 0
-            and self.dp_mode == "central"
-        )
+        """Whether this DP run releases the prior's item counts with noise (the prior asked
+        for, :meth:`_released_under` its share)."""
+        return self.popularity_prior and self._released_under(self.dp_prior_share)
 
     @property
     def dp_item_release(self) -> bool:
         """Whether this DP run starts its item tables from a release of the item co-occurrence
-        (and keeps them fixed): a share of a target epsilon, central DP."""
-        return (
-            self.dp_enabled
-            and self.target_epsilon is not None
-            and self.dp_item_share > 0
-            and self.dp_mode == "central"
-            and self.secure_aggregation == "off"
-        )
+        (and keeps them fixed): :meth:`_released_under` its share."""
+        return self._released_under(self.dp_item_share)
 
     @property
     def dp_enabled(self) -> bool:

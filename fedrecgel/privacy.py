@@ -181,10 +181,9 @@ class GaussianMean(Wrapped):
         for u in updates:
             if update_norm(u) > self.bound:
                 raise ValueError(f"client {u.client_id}: upload norm beyond {self.bound:g}")
-        denominator = self.denominator if cohort_size is None else cohort_size
-        for u in updates:
             if any(n in self.frozen for n in (*u.rows, *u.dense)):
                 raise ValueError(f"client {u.client_id}: an upload of a fixed parameter")
+        denominator = self.denominator if cohort_size is None else cohort_size
         released = {n: s for n, s in shapes.items() if n not in self.frozen}
         mean = noisy_mean(
             sum_updates(updates, released), denominator, self.noise_std, self.generator
