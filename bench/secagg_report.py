@@ -22,6 +22,7 @@ HTTP_BEFORE = RES.with_name("secagg_http_before.json")
 HTTP_EARLIER = RES.with_name("secagg_http_earlier.json")
 ROWS = RES.with_name("secagg_rows.json")
 POOL = RES.with_name("negative_pool.json")
+UNION = RES.with_name("secagg_union.json")
 
 
 def _mb(b: float) -> str:
@@ -67,7 +68,7 @@ def section() -> list[str]:
         "benchmark run checks that the unmasked sum equals the plain sum within the",
         "fixed-point step (`max_abs_error_of_sum` in the JSON).",
     ]
-    return lines + sparse_section() + http_section() + rows_section()
+    return lines + sparse_section() + http_section() + rows_section() + union_section()
 
 
 def sparse_section() -> list[str]:
@@ -276,4 +277,72 @@ def rows_section() -> list[str]:
         "`secure_aggregation=sparse` above: negatives from a pool shared by the round (the",
         "union shrinks towards the positives' union and the pool) and 32-bit words.",
     ]
+    return lines
+
+
+def _named(m: dict[str, Any]) -> str:
+    return f"{100 * m['single_named']:.1f}% ({m['single_suspects']:.1f})"
+
+
+def union_section() -> list[str]:
+    """What the rounds' unions reveal across a run, and cohorts of whole groups
+    (bench/secagg_union.py), when it has run."""
+    if not UNION.exists():
+        return []
+    d: dict[str, Any] = json.loads(UNION.read_text())
+    marks = [m["round"] for m in d["attack"][0]["clients"]["marks"]]
+    lines = [
+        "",
+        "### What the rounds' unions reveal across a run (`bench/secagg_union.py`)",
+        "",
+        f"Produced by `{as_module(d['command'])}`. A sparse secure round unmasks how many of its",
+        "cohort hold each item outside its public pool (instance A), and lays out the union of",
+        "those items in B; a dense round with a pool shows the same union as the nonzero rows",
+        "of its sum. The server drew the cohorts, so it can rule out, for every item, each",
+        "client that took part in a round whose union lacked it; whoever holds the item is",
+        "never ruled out. The cohorts and pools are a default run's (fraction 0.1, fixed-size,",
+        f"seed 0, a pool of {d['pool']}); the counts are the protocol's own instance A in the",
+        "first rounds (checked equal to the plain count) and the plain count after them.",
+        "*Named*: the share of the items held by one user alone for which every other user is",
+        "ruled out (in brackets: the users left per such item, on average); *precision*: the",
+        "share of the (user, item) pairs left standing that are true. *Groups*: the same",
+        f"run with `cohort_groups` = users / {d['group_size']}: each round draws whole groups.",
+        "",
+        "| dataset | users | items held by one user | cohorts | "
+        + " | ".join(f"named after {r} rounds" for r in marks)
+        + f" | precision after {marks[-1]} |",
+        "|---|---|---|---|" + "---|" * (len(marks) + 1),
+    ]
+    for a in d["attack"]:
+        for arm, label in (("clients", "clients one by one"), ("groups", "whole groups")):
+            got = a[arm]
+            cells = " | ".join(_named(m) for m in got["marks"])
+            arm_label = label
+            if got["cohort_groups"]:
+                arm_label += f" ({got['cohort_groups']} groups)"
+            lines.append(
+                f"| {a['dataset']} | {a['users']} | {int(got['marks'][0]['single_items'])} | "
+                f"{arm_label}, {got['mean_cohort']:.0f} a round | {cells} | "
+                f"{100 * got['marks'][-1]['precision']:.1f}% |"
+            )
+    acc = d.get("accuracy", [])
+    if acc:
+        lines += [
+            "",
+            "What whole groups cost in accuracy (filmtrust, the default preset with the pool,",
+            "plain uploads: a secure round's mean is the plain one to within its fixed-point",
+            "step; test HR@10 at the round chosen on validation):",
+            "",
+            "| cohorts | command | HR@10 per seed | mean HR@10 | mean NDCG@10 |",
+            "|---|---|---|---|---|",
+        ]
+        for arm in acc:
+            runs = arm["runs"]
+            per = ", ".join(f"{100 * r['hr@10']:.2f}" for r in runs)
+            lines.append(
+                f"| {'whole groups' if arm['cohort_groups'] else 'clients one by one'} | "
+                f"`{arm['command']}` | {per} | "
+                f"{100 * float(np.mean([r['hr@10'] for r in runs])):.2f} | "
+                f"{100 * float(np.mean([r['ndcg@10'] for r in runs])):.2f} |"
+            )
     return lines

@@ -172,7 +172,8 @@ class RunParams(BaseModel):
         "each one), dense (masked dense vectors: the server learns only the cohort's sum) or "
         "sparse (needs negative_pool: a first masked round sums the clients' positive items, a "
         "second masks only the rows of those items and the pool, in 32-bit words; the server "
-        "learns the sum and how many clients have each item). Simulator and HTTP; the ray "
+        "learns the sum and how many clients have each item, which over many rounds of cohorts "
+        "it drew names who holds a rare item: see cohort_groups). Simulator and HTTP; the ray "
         "backend refuses secure aggregation.",
     )
     secagg_neighbours: int = Field(
@@ -231,6 +232,15 @@ class RunParams(BaseModel):
         default="fixed",
         description="Cohort draw: fixed-size (m = fraction * n, without replacement) or "
         "Poisson (each client with probability fraction).",
+    )
+    cohort_groups: int | None = Field(
+        default=None,
+        ge=2,
+        le=10_000_000,
+        description="Cohorts of whole groups: each client falls in one of this many groups "
+        "(a keyed hash of its id) and a round draws groups, as sampling draws clients, taking "
+        "every candidate of each; what a secure round reveals, summed over rounds, then points "
+        "to groups, not clients. None: clients drawn one by one. Not with DP.",
     )
     dp_clip: float = Field(
         default=1.0,
@@ -382,6 +392,15 @@ class RunParams(BaseModel):
                 f"dp_prior_share {self.dp_prior_share:g} + dp_item_share {self.dp_item_share:g} "
                 "leave nothing of target_epsilon for the rounds: their sum must be below 1 (lower one "
                 "of them)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _groups_fit(self) -> RunParams:
+        if self.cohort_groups is not None and self.dp_enabled:
+            raise ValueError(
+                "cohort_groups cannot be combined with differential privacy: the accountant "
+                "assumes each client is drawn on its own"
             )
         return self
 

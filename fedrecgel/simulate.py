@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 
 from fedrecgel.accountant import PrivacyPlan, plan_privacy
 from fedrecgel.client_round import ClientRound
-from fedrecgel.cohort import cohort_size, select_cohort
+from fedrecgel.cohort import cohort_size, largest_group_cohort, select_cohort
 from fedrecgel.config import RunParams, check
 from fedrecgel.data import Split
 from fedrecgel.item_spectrum import spectral_tables
@@ -215,7 +215,12 @@ class Simulator:
         self.users = np.arange(split.n_users, dtype=np.int64)
         self.params = config.run_config(split.n_items)  # its checks against the catalogue too
         self.mode = mode_of(self.params, self.model_cfg)
-        self.mode.check_cohorts(split.n_users, cohort_size(split.n_users, config.fraction))
+        largest = cohort_size(split.n_users, config.fraction)
+        if config.cohort_groups is not None:
+            largest = largest_group_cohort(
+                self.users, config.fraction, config.seed, config.sampling, config.cohort_groups
+            )
+        self.mode.check_cohorts(split.n_users, largest)
         if config.sampling == "fixed" and config.fraction * split.n_users < 0.5:
             # int() would round it up to one client a round (Poisson cohorts may be empty)
             raise ValueError(
@@ -266,7 +271,9 @@ class Simulator:
         self.round_id += 1
         r = self.round_id
         cfg = self.config
-        cohort = select_cohort(self.users, cfg.fraction, cfg.seed, r, sampling=cfg.sampling)
+        cohort = select_cohort(
+            self.users, cfg.fraction, cfg.seed, r, sampling=cfg.sampling, groups=cfg.cohort_groups
+        )
         clip = None if self.clients.dp is None else self.clients.dp.clip
         loss = self._train(r, cohort)
         rec = RoundRecord(

@@ -18,7 +18,12 @@ revealed; only the key that encrypts the shares, never revealed, serves both):
   upload touches outside the pool (its positives outside the pool: its negatives are pool
   items), in words of the fewest bits that hold the cohort's count (8 for up to 127 clients,
   else 16, else 32). The server learns how many of A's survivors hold each such item: an
-  aggregate over the cohort, never which client holds it.
+  aggregate over the cohort, not which client holds it. Across rounds it is more: the server
+  drew every cohort, and whoever holds an item is in every round whose union holds it, so a
+  run's rounds name who holds an item held by one client alone (every such item by round
+  300 of a default run, ``bench/secagg_union.py``; a dense round with a pool shows the same
+  union as its sum's nonzero rows). Cohorts of whole groups (``cohort_groups``) leave the
+  server the holder's group, not the holder.
 * **B, the update**: the union U (items counted in A, plus the pool; sorted, public) is the
   only item rows laid out, with the score network and the loss slot. B's cohort is A's (over
   HTTP both instances' keys and shares are dealt before A's inputs: :func:`carried_into_b`

@@ -159,6 +159,7 @@ class RoundCloser:
                 assert nxt is not None
                 union = None
                 try:
+                    secagg.check_whole_groups(sa, rnd, cfg, phase)
                     if phase == "unmask":  # a sparse attempt's counts give its union
                         union = secagg.count_union(sa, rnd, cfg)
                 except RoundFailed as err:

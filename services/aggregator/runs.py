@@ -103,7 +103,9 @@ def open_round(
 ) -> Round:
     """Insert a round attempt with its cohort drawn from the registered clients."""
     ids = np.asarray(candidates if candidates is not None else repo.all_client_ids())
-    cohort = select_cohort(ids, cfg.fraction, cfg.seed, round_id, attempt, cfg.sampling)
+    cohort = select_cohort(
+        ids, cfg.fraction, cfg.seed, round_id, attempt, cfg.sampling, cfg.cohort_groups
+    )
     deadline = now + timedelta(seconds=cfg.deadline_s)
     rnd = repo.add_round(
         run_id, round_id, attempt, [int(c) for c in cohort], base_version, now, deadline

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from fedrecgel.cohort import broken_groups
 from fedrecgel.secagg import messages
 from fedrecgel.secagg.aggregate import (
     counts_spec,
@@ -139,6 +140,22 @@ def spec_b(cfg: RunConfig, rnd: Round, union: list[int] | None) -> RoundSpec:
 def minimum(cfg: RunConfig, cohort_size: int) -> int:
     """Clients a phase must end with for the attempt to go on."""
     return max(2, cfg.quorum_count(cohort_size))
+
+
+def check_whole_groups(sa: SecAggRepository, rnd: Round, cfg: RunConfig, phase: str) -> None:
+    """:class:`RoundFailed` when a run with ``cohort_groups`` ends a masked phase with some of
+    a group's members' inputs and not all: the survivors are never announced, so nothing of
+    such a sum is unmasked (a new attempt draws new groups)."""
+    if cfg.cohort_groups is None or phase not in MASKED_STEPS:
+        return
+    inst, stored = SLOT[STEP_OF_PHASE[phase]]
+    sent = sa.bodies(rnd.id, stored, inst=inst).keys()
+    broken = broken_groups(rnd.cohort, sent, cfg.cohort_groups, cfg.seed)
+    if broken:
+        raise RoundFailed(
+            f"round {rnd.round_id}: {len(broken)} group(s) of the cohort sent masked inputs in "
+            "part; a run with cohort_groups unmasks whole groups only"
+        )
 
 
 def _count(sa: SecAggRepository, pk: int, step: str) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from fedrecgel.cohort import select_cohort
+from fedrecgel.cohort import client_groups, select_cohort
 from fedrecgel.model import ModelConfig
 from harness.aggregator import AggregatorFactory
 from tests.aggregator.scenarios import (
@@ -156,6 +156,16 @@ def test_below_quorum_at_deadline_retries_with_a_new_cohort(clocked: Clocked) ->
     assert models.headers["X-Model-Version"] == "0"
     _upload(client, token, 1, want)
     assert client.get("/v1/rounds/1").json()["state"] == "closed"
+
+
+def test_a_run_with_cohort_groups_draws_whole_groups(clocked: Clocked) -> None:
+    client, _, _ = clocked
+    cohort = _start(client, fraction=0.5, cohort_groups=4)
+    want = select_cohort(np.arange(20), 0.5, 1, 1, groups=4).tolist()
+    assert cohort == want
+    groups = client_groups(np.arange(20), 4, 1)
+    drawn = set(groups[cohort].tolist())
+    assert len(drawn) == 2 and cohort == [c for c in range(20) if groups[c] in drawn]
 
 
 def test_nothing_received_at_deadline_retries(clocked: Clocked) -> None:

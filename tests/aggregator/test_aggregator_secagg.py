@@ -207,6 +207,34 @@ def test_a_client_that_drops_before_masking_is_left_out_of_the_sum(
     rnd.check_model(IDS[1:])
 
 
+def test_with_cohort_groups_a_group_that_masked_in_part_fails_the_attempt(
+    aggregator: AggregatorFactory, tmp_path: Path
+) -> None:
+    rnd = Round(aggregator, tmp_path, quorum=0.5, cohort_groups=2)
+    assert rnd.view(0)["cohort"] == IDS  # fraction 1: both groups
+    rnd.keys()
+    rnd.shares()
+    rnd.masked(IDS[1:])  # client 0 dropped: its group would be summed in part
+    rnd.clock.advance(61)
+    rnd.http.app.state.service.tick()  # type: ignore[attr-defined]
+    info = rnd.http.get("/v1/rounds/1").json()
+    assert info["attempt"] == 1 and rnd.version() == 0  # never unmasked: a new attempt
+    view = rnd.http.get("/v1/rounds/1/secagg", headers=bearer(rnd.tokens[0])).json()
+    assert view["phase"] == "keys" and view["survivors"] == []
+
+
+def test_with_cohort_groups_whole_groups_are_unmasked(
+    aggregator: AggregatorFactory, tmp_path: Path
+) -> None:
+    rnd = Round(aggregator, tmp_path, cohort_groups=2)
+    rnd.keys()
+    rnd.shares()
+    rnd.masked()
+    rnd.reveal()
+    assert rnd.version() == 1
+    rnd.check_model(IDS)
+
+
 def test_too_few_clients_fail_the_attempt_and_publish_nothing(rnd: Round) -> None:
     rnd.keys()
     rnd.shares(IDS[:1])
