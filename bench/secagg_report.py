@@ -307,6 +307,9 @@ def union_section() -> list[str]:
         "ruled out (in brackets: the users left per such item, on average); *precision*: the",
         "share of the (user, item) pairs left standing that are true. *Groups*: the same",
         f"run with `cohort_groups` = users / {d['group_size']}: each round draws whole groups.",
+        "*Dense, no pool*: `secure_aggregation=dense` with negatives drawn from the whole",
+        "catalogue, whose sum is nonzero on every row some cohort member's samples touched",
+        "(its positives and its uniform negatives, drawn as a training round draws them).",
         "",
         "| dataset | users | items held by one user | cohorts | "
         + " | ".join(f"named after {r} rounds" for r in marks)
@@ -314,7 +317,14 @@ def union_section() -> list[str]:
         "|---|---|---|---|" + "---|" * (len(marks) + 1),
     ]
     for a in d["attack"]:
-        for arm, label in (("clients", "clients one by one"), ("groups", "whole groups")):
+        arms = (
+            ("clients", "clients one by one"),
+            ("groups", "whole groups"),
+            ("dense", "dense, no pool, clients one by one"),
+        )
+        for arm, label in arms:
+            if arm not in a:
+                continue
             got = a[arm]
             cells = " | ".join(_named(m) for m in got["marks"])
             arm_label = label

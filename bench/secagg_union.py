@@ -10,7 +10,9 @@ of 128 items; each round, instance A's unmasked counts (the protocol itself for 
 ``--protocol-rounds`` rounds, checked equal to the plain count, then the plain count). The
 server marks every (user, item) that was in no round whose union lacked the item; figures at
 each round of ``--marks``. Two arms: clients drawn one by one (the default), and cohorts of
-whole groups, ``cohort_groups`` = users / ``--group-size``.
+whole groups, ``cohort_groups`` = users / ``--group-size``; and, for comparison, dense secure
+aggregation without a pool (negatives uniform over the catalogue), whose sum shows the rows
+some cohort member's samples touched.
 
 *Accuracy*: ``fedrec train`` on FilmTrust at the defaults with ``--negative-pool 128`` (what a
 sparse secure run needs), with and without ``--cohort-groups``, plain uploads (a secure round's
@@ -36,7 +38,7 @@ from bench.accuracy_diagnosis import load
 from bench.bench_cli import ROOT, IntList, Ints, Positive, default_data_dir, run
 from fedrecgel.config import RunParams
 from fedrecgel.presets import run_settings
-from harness.union_attack import Attribution, holdings, observe, scores
+from harness.union_attack import Attribution, holdings, observe, observe_dense, scores
 
 OUT = ROOT / "bench" / "results" / "secagg_union.json"
 DATASETS = ("filmtrust/paper", "lastfm-2k/clean", "amazon-video/paper")
@@ -60,11 +62,15 @@ def attack(
     truth = holdings(held, split.n_items)
     groups = max(2, round(split.n_users / size))
     out: dict[str, Any] = {"dataset": key, "users": split.n_users, "items": split.n_items}
-    for arm, g in (("clients", None), ("groups", groups)):
+    for arm, g in (("clients", None), ("groups", groups), ("dense", None)):
         params = run_params(g)
         att = Attribution(split.n_users, split.n_items)
         rows, cohorts, t0 = [], [], time.perf_counter()
-        for obs in observe(held, split.n_items, params, max(marks), protocol_rounds):
+        if arm == "dense":
+            seen = observe_dense(held, split.n_items, params, max(marks))
+        else:
+            seen = observe(held, split.n_items, params, max(marks), protocol_rounds)
+        for obs in seen:
             att.add(obs)
             cohorts.append(len(obs.cohort))
             if obs.round_id in marks:

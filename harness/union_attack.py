@@ -13,7 +13,8 @@ passed by that user alone once the rounds have told the others apart.
 :func:`observe` gives each round's cohort, pool and counts as a run draws them
 (:func:`fedrecgel.cohort.select_cohort`, :func:`fedrecgel.sam.negative_pool`), the counts from
 the protocol's own instance A for the first ``protocol_rounds`` rounds (checked equal to the
-plain count) and from the plain count after them.
+plain count) and from the plain count after them; :func:`observe_dense` gives a dense round's nonzero rows when
+negatives are drawn from the whole catalogue.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import numpy as np
 from fedrecgel.cohort import select_cohort
 from fedrecgel.config import RunParams
 from fedrecgel.model import ModelConfig
-from fedrecgel.sam import negative_pool
+from fedrecgel.sam import client_rng, negative_pool
+from fedrecgel.sampling import cohort_samples
 from fedrecgel.secagg.aggregate import counts_spec
 from fedrecgel.secagg.local import secure_sum
 
@@ -79,6 +81,28 @@ def observe(
             unmasked = np.rint(secure_sum(spec, inputs).outcome.total).astype(np.int64)
             assert np.array_equal(unmasked, counts), "instance A's sum is not the plain count"
         yield Observed(r, cohort, pool, counts)
+
+
+def observe_dense(
+    held: Sequence[np.ndarray], n_items: int, params: RunParams, rounds: int
+) -> Iterator[Observed]:
+    """Rounds 1..``rounds`` of a dense secure run without a pool: each round's ``counts`` are
+    1 on the item rows of the sum that are not zero, the rows some cohort member's samples
+    touch (its positives, and its negatives drawn uniformly as a training round draws them:
+    :func:`fedrecgel.sampling.cohort_samples` on each client's own stream); no pool."""
+    users = np.arange(len(held), dtype=np.int64)
+    none = np.zeros(0, dtype=np.int64)
+    for r in range(1, rounds + 1):
+        cohort = select_cohort(
+            users, params.fraction, params.seed, r, 0, params.sampling, params.cohort_groups
+        )
+        streams = [client_rng(params.seed, r, int(u)) for u in cohort]
+        pos = [held[int(u)] for u in cohort]
+        samples = cohort_samples(pos, n_items, params.n_negatives, streams)
+        touched = np.zeros(n_items, dtype=np.int64)
+        for items, _ in samples:
+            touched[items] = 1
+        yield Observed(r, cohort, none, touched)
 
 
 def _outside(holds: np.ndarray, pool: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ from fedrecgel.cohort import client_groups, cohort_size, largest_group_cohort, s
 from fedrecgel.config import RunParams
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
-from harness.union_attack import attribute, holdings, observe, scores
+from harness.union_attack import attribute, holdings, observe, observe_dense, scores
 
 IDS = np.arange(500)
 
@@ -103,3 +103,13 @@ def test_a_sparse_secure_run_on_whole_groups_trains_the_plain_runs_model() -> No
     diff = torch.cat([(b.shared[n] - p).abs().flatten() for n, p in a.shared.items()])
     assert float(diff.max()) < 1e-3 and float((diff > 1e-5).float().mean()) < 0.01
     assert rb.rounds[-1].test == pytest.approx(ra.rounds[-1].test, abs=1e-6)
+
+
+def test_a_dense_rounds_nonzero_rows_are_its_positives_and_many_negatives() -> None:
+    held = _population()
+    params = RunParams(fraction=0.1, seed=1, n_negatives=4)
+    observed = list(observe_dense(held, 80, params, rounds=50))
+    for obs in observed:  # every cohort member's items are among the nonzero rows
+        assert obs.counts[np.concatenate([held[u] for u in obs.cohort])].all()
+    # 6 clients x 16 samples over 80 items: most rows are touched by negatives each round
+    assert np.mean([o.counts.mean() for o in observed]) > 0.5

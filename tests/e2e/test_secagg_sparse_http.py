@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedrecgel.cohort import client_groups, select_cohort
 from fedrecgel.data import Split
 from fedrecgel.secagg import messages
 from fedrecgel.secagg.aggregate import update_spec
@@ -106,6 +107,21 @@ def test_a_sparse_secure_run_over_http_publishes_the_plain_runs_model(
     ]
     dense_bytes = 8 * vector_length(SPARSE.model(split.n_items))
     assert b_inputs and max(b_inputs) < dense_bytes / 2, (max(b_inputs), dense_bytes)
+
+
+def test_a_sparse_run_of_whole_groups_over_http_is_the_simulators(
+    tmp_path: Path, split: Split, threads: None
+) -> None:
+    """``cohort_groups`` over HTTP: the aggregator draws the simulator's cohorts of whole
+    groups (100 groups, 5 a round) and the sparse run equals the simulator's."""
+    grouped = SPARSE.replace(cohort_groups=100)
+    secure, model, _ = stepped_run(options(grouped, tmp_path / "groups"), split)
+    assert_matches(secure, model, simulate(split, grouped), ROUNDS)
+    groups = client_groups(np.arange(split.n_users), 100, grouped.seed)
+    for r in range(1, ROUNDS + 1):
+        cohort = select_cohort(np.arange(split.n_users), 0.05, grouped.seed, r, groups=100)
+        assert secure["rounds"][r - 1]["n_updates"] == len(cohort)
+        assert len(set(groups[cohort].tolist())) == 5
 
 
 class Misbehaves(SecureParticipant):
