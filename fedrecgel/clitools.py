@@ -17,7 +17,7 @@ import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
-from fedrecgel.config import ConfigError, RunParams, bounds
+from fedrecgel.config import ConfigError, RunParams
 from fedrecgel.data import (
     DATASETS,
     PROTOCOLS,
@@ -237,3 +237,14 @@ def run_app(app: typer.Typer, argv: Sequence[str] | None, prog_name: str) -> int
             raise
         return stop.code or 0
     return 0
+
+
+def bounds(name: str, model: type[RunParams] = RunParams) -> dict[str, float]:
+    """The numeric bounds of field ``name``: keys among ``ge``, ``gt``, ``le``, ``lt``."""
+    out: dict[str, float] = {}
+    for meta in model.model_fields[name].metadata:
+        for key in ("ge", "gt", "le", "lt"):
+            value = getattr(meta, key, None)
+            if value is not None:
+                out[key] = value
+    return out

@@ -237,10 +237,9 @@ class RunParams(BaseModel):
         default=None,
         ge=2,
         le=10_000_000,
-        description="Cohorts of whole groups: each client falls in one of this many groups "
-        "(a keyed hash of its id) and a round draws groups, as sampling draws clients, taking "
-        "every candidate of each; what a secure round reveals, summed over rounds, then points "
-        "to groups, not clients. None: clients drawn one by one. Not with DP.",
+        description="Cohorts of whole groups (a keyed hash of the client id), drawn as "
+        "sampling draws clients: across secure rounds the sums point to groups, not clients. "
+        "None: clients one by one. Not with DP.",
     )
     dp_clip: float = Field(
         default=1.0,
@@ -307,8 +306,9 @@ class RunParams(BaseModel):
         description="Rank by the model's logit + w*log(1 + item count), w chosen on the "
         "validation items at each evaluation among 0 (the model alone) to 8; needs validation "
         "items. The counts are summed over the clients (over HTTP each worker reports its "
-        "users' sum once a run); off under secure aggregation, and in a DP run unless "
-        "dp_prior_share releases them under the run's budget.",
+        "users' sum once a run); under sparse secure aggregation, estimated from the counts its "
+        "rounds unmask once they cover the clients twice; off under dense secure aggregation, "
+        "and in a DP run unless dp_prior_share releases them under the run's budget.",
     )
     dp_prior_share: float = Field(
         default=0.0,
@@ -386,25 +386,6 @@ class RunParams(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _shares_fit(self) -> RunParams:
-        if self.dp_prior_share + self.dp_item_share >= 1.0:
-            raise ValueError(
-                f"dp_prior_share {self.dp_prior_share:g} + dp_item_share {self.dp_item_share:g} "
-                "leave nothing of target_epsilon for the rounds: their sum must be below 1 (lower one "
-                "of them)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _groups_fit(self) -> RunParams:
-        if self.cohort_groups is not None and self.dp_enabled:
-            raise ValueError(
-                "cohort_groups cannot be combined with differential privacy: the accountant "
-                "assumes each client is drawn on its own"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _dp_consistent(self) -> RunParams:
         if self.dp_enabled and self.weighting != "mean":
             raise ValueError("a DP run needs weighting 'mean' (a sample weight is not bounded)")
@@ -413,16 +394,33 @@ class RunParams(BaseModel):
                 "dp_clip_quantile needs dp_mode central: the server adds the noise of the "
                 "clients' clip-norm count as it adds the noise of their sum"
             )
+        if self.dp_prior_share + self.dp_item_share >= 1.0:
+            raise ValueError(
+                f"dp_prior_share {self.dp_prior_share:g} + dp_item_share {self.dp_item_share:g} "
+                "leave nothing of target_epsilon for the rounds: their sum must be below 1 (lower one "
+                "of them)"
+            )
+        if self.cohort_groups is not None and self.dp_enabled:
+            raise ValueError(
+                "cohort_groups cannot be combined with differential privacy: the accountant "
+                "assumes each client is drawn on its own"
+            )
         return self
 
     @property
     def prior_enabled(self) -> bool:
-        """Whether the popularity prior is ranked: asked for, no secure aggregation, and no DP
-        unless the counts are released under the run's budget (:attr:`dp_prior_release`): the
-        item counts would otherwise leave the clients outside their guarantees."""
-        if not self.popularity_prior or self.secure_aggregation != "off":
+        """Whether the popularity prior is ranked: asked for, not under dense secure
+        aggregation (sparse: :attr:`prior_from_rounds`), and no DP unless the counts are
+        released under the run's budget (:attr:`dp_prior_release`)."""
+        if not self.popularity_prior or self.secure_aggregation == "dense":
             return False
         return not self.dp_enabled or self.dp_prior_release
+
+    @property
+    def prior_from_rounds(self) -> bool:
+        """Whether the prior's counts come from the rounds' unmasked item counts (sparse secure
+        aggregation, :class:`fedrecgel.prior.RoundCounts`), not from the clients' reports."""
+        return self.prior_enabled and self.secure_aggregation == "sparse"
 
     def _released_under(self, share: float) -> bool:
         """Whether a release before the rounds takes ``share`` of the budget: a target epsilon
@@ -494,14 +492,3 @@ def check(values: dict[str, Any], model: type[M]) -> M:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "config"
         raise ConfigError(field, first["msg"]) from None
-
-
-def bounds(name: str, model: type[RunParams] = RunParams) -> dict[str, float]:
-    """The numeric bounds of field ``name``: keys among ``ge``, ``gt``, ``le``, ``lt``."""
-    out: dict[str, float] = {}
-    for meta in model.model_fields[name].metadata:
-        for key in ("ge", "gt", "le", "lt"):
-            value = getattr(meta, key, None)
-            if value is not None:
-                out[key] = value
-    return out

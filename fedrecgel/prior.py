@@ -103,8 +103,9 @@ def release_counts(counts: np.ndarray, std: float, rng: np.random.Generator) -> 
 
 
 def run_prior(split: Split, enabled: bool, plan: PrivacyPlan | None, seed: int) -> Tensor | None:
-    """The prior a simulated run ranks with: None when ``enabled`` is false or without
-    validation items; the training counts without DP; under DP the counts of ``plan``'s release
+    """The prior a simulated run ranks with from its start: None when ``enabled`` is false or
+    without validation items (or, under sparse secure aggregation, until :class:`RoundPrior`
+    fixes it); the training counts without DP; under DP the counts of ``plan``'s release
     (noise from the stream keyed by ``seed``), None when the plan releases none."""
     if not enabled or plan is None:
         return split_prior(split) if enabled else None
@@ -113,6 +114,51 @@ def run_prior(split: Split, enabled: bool, plan: PrivacyPlan | None, seed: int) 
     counts = split_bounded_counts(split, plan.prior_items, seed)
     rng = np.random.default_rng([int(seed), RELEASE_KEY])
     return log_prior(release_counts(counts, plan.prior_std, rng))
+
+
+#: under sparse secure aggregation the prior is fixed once the rounds' counts have counted the
+#: clients this many times over (on average): then it ranks as the exact counts do on FilmTrust,
+#: Lastfm-2K and Amazon-Video, where once over it fell up to 1.5 points short on test
+ROUND_COVER = 2
+
+
+@dataclass(frozen=True)
+class RoundCounts:
+    """What a sparse secure round unmasks of its cohort's items (instance A): how many of its
+    ``counted`` survivors hold each item outside the round's public ``pool``."""
+
+    counts: np.ndarray
+    pool: np.ndarray
+    counted: int
+
+
+class RoundPrior:
+    """The popularity prior of a sparse secure run, from the counts its rounds unmask anyway
+    (nothing more is revealed): item i's count over all clients is estimated as its summed
+    counts times ``n_clients`` over the clients counted in rounds whose pool left i out; fixed
+    once the rounds have counted ``ROUND_COVER * n_clients`` clients."""
+
+    def __init__(self, n_items: int) -> None:
+        self.counts = np.zeros(n_items, dtype=np.int64)
+        self.exposure = np.zeros(n_items, dtype=np.int64)
+        self.counted = 0
+
+    def add(self, got: RoundCounts) -> None:
+        """Take one round's counts."""
+        self.counts += got.counts
+        seen = np.full(len(self.exposure), got.counted, dtype=np.int64)
+        seen[got.pool] = 0
+        self.exposure += seen
+        self.counted += got.counted
+
+    def covers(self, n_clients: int) -> bool:
+        """Whether the counts are enough to fix the prior."""
+        return self.counted >= ROUND_COVER * n_clients
+
+    def estimate(self, n_clients: int) -> np.ndarray:
+        """Each item's estimated count over ``n_clients`` clients, rounded: (n_items,) int64."""
+        rate = self.counts / np.maximum(self.exposure, 1)
+        return np.rint(rate * n_clients).astype(np.int64)
 
 
 def key(weight: float, name: str) -> str:

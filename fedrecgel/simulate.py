@@ -25,7 +25,7 @@ from fedrecgel.data import Split
 from fedrecgel.item_spectrum import spectral_tables
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import ModelConfig, Scorer, init_shared
-from fedrecgel.prior import choose, run_prior
+from fedrecgel.prior import RoundPrior, choose, log_prior, run_prior
 from fedrecgel.privacy import AdaptiveClip, ClientPrivacy, seeded_generator, with_privacy
 from fedrecgel.private_store import PrivateStore
 from fedrecgel.rank_fit import ranking_params
@@ -33,7 +33,7 @@ from fedrecgel.run_config import RunConfig, client_hyperparameters, model_shape,
 from fedrecgel.sam import SAMConfig, cohort_step
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.strategy import Strategy, touched_rows
-from fedrecgel.upload_modes import RoundUploads, Upload, mode_of
+from fedrecgel.upload_modes import Aggregate, RoundUploads, Upload, mode_of
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,11 @@ class Simulator:
             )
         #: the popularity prior ranked beside the model at each evaluation (fedrecgel.prior;
         #: under DP the counts the plan releases)
-        self.prior = run_prior(split, config.prior_enabled, self.privacy, config.seed)
+        self.prior = run_prior(
+            split, config.prior_enabled and not config.prior_from_rounds, self.privacy, config.seed
+        )
+        #: under sparse secure aggregation: the rounds' counts until they fix the prior
+        self.round_prior = RoundPrior(split.n_items) if config.prior_from_rounds else None
         self.round_id = 0
 
     def samples_for(
@@ -317,7 +321,17 @@ class Simulator:
         if agg is None:
             return float("nan")
         agg.apply(self.strategy, self.shared)
+        self._count(agg)
         return agg.loss
+
+    def _count(self, agg: Aggregate) -> None:
+        """Take a sparse secure round's counts into the prior until they fix it."""
+        rp, n = self.round_prior, self.split.n_users
+        if rp is None or agg.counts is None or self.prior is not None:
+            return
+        rp.add(agg.counts)
+        if rp.covers(n) and self.split.has_validation:
+            self.prior = log_prior(rp.estimate(n))
 
     def _train_summed(
         self,

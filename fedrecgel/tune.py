@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedrecgel.config import bounds, current_names
+from fedrecgel.clitools import bounds
+from fedrecgel.config import current_names
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
 

@@ -33,10 +33,12 @@ from fedrecgel.client_round import ClientRound, TrainItems
 from fedrecgel.cohort import cohort_size
 from fedrecgel.config import RunParams, UploadGrouping
 from fedrecgel.model import ModelConfig
+from fedrecgel.prior import RoundCounts
 from fedrecgel.robust import screen
 from fedrecgel.sam import PrivateState, StepResult
 from fedrecgel.secagg.aggregate import (
     counting_ring,
+    round_pool,
     secure_mean,
     secure_sparse_mean,
     sparse_fixed_point,
@@ -92,6 +94,8 @@ class Aggregate:
     n: int
     rows: dict[str, Tensor] | None = None
     bounded: list[int] = field(default_factory=list)
+    #: a sparse secure round's unmasked item counts (the popularity prior's input)
+    counts: RoundCounts | None = None
 
     def apply(self, strategy: Strategy, params: dict[str, Tensor]) -> None:
         """The server's step on ``params`` (in place)."""
@@ -257,8 +261,11 @@ class SecureSparse(SecureDense):
 
     def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
         ups = _only(Update, got.uploads)
-        mean = secure_sparse_mean(self.model, self.params, got.round_id, ups).mean
-        return Aggregate(mean.grads, mean.loss, len(mean.survivors))
+        sparse = secure_sparse_mean(self.model, self.params, got.round_id, ups)
+        pool = round_pool(self.params, self.model.n_items, got.round_id)
+        counts = RoundCounts(sparse.counts, pool, len(sparse.counted))
+        mean = sparse.mean
+        return Aggregate(mean.grads, mean.loss, len(mean.survivors), counts=counts)
 
     def check_ring(self, largest: int) -> None:
         counting_ring(largest)

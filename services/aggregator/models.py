@@ -293,3 +293,17 @@ class RunPrior(Base):
     counts: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
     clients: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RoundItemCounts(Base):
+    """A sparse secure run's item counts summed over its rounds' unmasked instance A
+    (:class:`fedrecgel.prior.RoundPrior`) until they fix its prior: per item the summed counts
+    and the clients counted in rounds whose pool left it out (little-endian int64 each)."""
+
+    __tablename__ = "round_item_counts"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    counts: Mapped[bytes] = mapped_column(LargeBinary)
+    exposure: Mapped[bytes] = mapped_column(LargeBinary)
+    counted: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -15,6 +15,13 @@ workers rank every version they evaluate with it (``GET /v1/runs/{run_id}/prior`
 is chosen per evaluated version, where the version's metrics are published
 (:mod:`services.aggregator.evaluation`).
 
+A run with ``secure_aggregation=sparse`` takes no reports: each round's instance A unmasks how
+many of its cohort hold each item outside the round's pool, and those counts, summed over the
+rounds in the transaction that moves each round on (``round_item_counts``), fix the prior to
+their estimate once they have counted the registered clients twice over
+(:class:`fedrecgel.prior.RoundPrior`, as the simulator does): nothing the server did not
+already learn.
+
 In a DP run with ``dp_prior_share`` each client counts at most ``dp_prior_items`` of its items
 (a report whose counts sum to more than that per client is refused), and the sum is fixed once
 with Gaussian noise from the operating system's secret randomness on every item's count, of the
@@ -35,7 +42,7 @@ from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from fedrecgel.prior import release_counts
+from fedrecgel.prior import RoundCounts, RoundPrior, release_counts
 from fedrecgel.run_config import RunConfig
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
@@ -45,6 +52,7 @@ from services.aggregator.models import (
     ItemCountClient,
     ItemCountReport,
     ModelVersion,
+    RoundItemCounts,
     Run,
     RunPrior,
 )
@@ -118,6 +126,31 @@ class CountRepository:
         self.session.execute(delete(ItemCountClient).where(ItemCountClient.run_id == run_id))
         self.session.execute(delete(ItemCountReport).where(ItemCountReport.run_id == run_id))
 
+    def add_round(self, run_id: int, got: RoundCounts, clients: int, now: datetime) -> bool:
+        """Add a sparse secure round's unmasked counts to the run's (in the transaction that
+        moves the round on); once they cover the ``clients`` registered (:class:`RoundPrior`)
+        fix the run's prior to their estimate. True when this round fixed it."""
+        if self.prior(run_id) is not None:
+            return False
+        row = self.session.get(RoundItemCounts, run_id)
+        acc = RoundPrior(len(got.counts))
+        if row is not None:
+            acc.counts, acc.exposure = decode_counts(row.counts), decode_counts(row.exposure)
+            acc.counted = int(row.counted)
+        acc.add(got)
+        if row is None:
+            row = RoundItemCounts(run_id=run_id)
+            self.session.add(row)
+        row.counts, row.exposure = (
+            acc.counts.astype(_DTYPE).tobytes(),
+            acc.exposure.astype(_DTYPE).tobytes(),
+        )
+        row.counted, row.updated_at = acc.counted, now
+        if not acc.covers(clients):
+            return False
+        self.fix(run_id, acc.estimate(clients), clients, now)
+        return True
+
     def prior(self, run_id: int) -> RunPrior | None:
         """The run's fixed prior, if its counts are complete."""
         return self.session.get(RunPrior, run_id)
@@ -183,10 +216,11 @@ class Priors:
             if repo.latest_run_id() != run_id:
                 raise Conflict(f"run {run_id} is not the current run", "not_current_run")
             cfg = RunConfig.model_validate(run.config)
-            if not cfg.prior_enabled:
+            if not cfg.prior_enabled or cfg.prior_from_rounds:
                 raise Conflict(
-                    f"run {run_id} ranks without the popularity prior (popularity_prior off, "
-                    "secure aggregation, or DP without dp_prior_share): it takes no item counts",
+                    f"run {run_id} takes no item counts: it ranks without the popularity prior "
+                    "(popularity_prior off, dense secure aggregation, or DP without "
+                    "dp_prior_share), or with one from its sparse secure rounds' counts",
                     "prior_off",
                 )
             self.check(caller, req, cfg.n_items)

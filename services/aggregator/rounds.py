@@ -161,7 +161,7 @@ class RoundCloser:
                 try:
                     secagg.check_whole_groups(sa, rnd, cfg, phase)
                     if phase == "unmask":  # a sparse attempt's counts give its union
-                        union = secagg.count_union(sa, rnd, cfg)
+                        union = secagg.count_union(sa, rnd, cfg, now)
                 except RoundFailed as err:
                     failed = err
                 else:

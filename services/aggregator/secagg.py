@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from fedrecgel.cohort import broken_groups
+from fedrecgel.prior import RoundCounts
 from fedrecgel.secagg import messages
 from fedrecgel.secagg.aggregate import (
     counts_spec,
@@ -64,6 +65,7 @@ from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, not_in_cohort, not_owned
 from services.aggregator.models import Clock, Round
+from services.aggregator.popularity import CountRepository
 from services.aggregator.repository import Repository
 from services.aggregator.schemas import RunConfig, UploadResult
 from services.aggregator.secagg_checks import (
@@ -208,13 +210,19 @@ def _unmask(
     return out
 
 
-def count_union(sa: SecAggRepository, rnd: Round, cfg: RunConfig) -> list[int]:
+def count_union(sa: SecAggRepository, rnd: Round, cfg: RunConfig, now: datetime) -> list[int]:
     """A sparse attempt's public union, from its unmasked counts (instance A) and the round's
-    negative pool; :class:`RoundFailed` when A cannot be unmasked."""
+    negative pool; :class:`RoundFailed` when A cannot be unmasked. The counts go to the run's
+    popularity prior when it takes them (:meth:`CountRepository.add_round`)."""
     out = _unmask(sa, rnd, cfg, spec_of(cfg, rnd), "a")
     counts = np.rint(out.total).astype(np.int64)
     model = cfg.model()
     pool = round_pool(cfg, model.n_items, rnd.round_id)
+    if cfg.prior_from_rounds:  # the popularity prior's input: what A unmasked anyway
+        got = RoundCounts(counts, pool, len(out.survivors))
+        clients = Repository(sa.session).count_clients()
+        if CountRepository(sa.session).add_round(rnd.run_id, got, clients, now):
+            log.info("run %d: popularity prior fixed from the rounds' counts", rnd.run_id)
     return [int(i) for i in union_of(counts, pool)]
 
 

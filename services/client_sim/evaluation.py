@@ -77,8 +77,8 @@ class RunPrior:
     def report(self, run_id: int, cfg: RunConfig) -> None:
         """Report the owned users' item counts for ``run_id`` once, when its settings rank
         with the prior (a refusal is logged and not retried; an outage is raised)."""
-        if not cfg.prior_enabled or self._counted == run_id:
-            return
+        if not cfg.prior_enabled or cfg.prior_from_rounds or self._counted == run_id:
+            return  # (a sparse secure run's counts come from its rounds)
         if self.store.get_meta(_COUNTED) == str(run_id):  # before a restart
             self._counted = run_id
             return

@@ -403,6 +403,16 @@ def test_in_a_dp_run_with_a_prior_share_each_user_counts_at_most_k_items(
     assert plain.sum() == sum(len(np.unique(h)) for h in held) > got.sum()
 
 
+def test_a_sparse_secure_run_takes_no_count_report(tmp_path: Path, split: Split) -> None:
+    """Its prior comes from the counts its rounds unmask (fedrecgel.prior.RoundPrior)."""
+    fake, (w,) = _running(tmp_path, split, rounds=1)
+    cfg = RunConfig(n_items=split.n_items, secure_aggregation="sparse", negative_pool=16)
+    w.evaluation.prior.report(7, cfg)
+    assert not [r for r in fake.requests if r.path.endswith("/item-counts")]
+    w.evaluation.prior.report(7, RunConfig(n_items=split.n_items))  # a plain run's: sent
+    assert [r.path for r in fake.requests if r.path.endswith("/item-counts")]
+
+
 def test_a_scored_version_is_kept_through_a_crash_and_delivered_after_it(
     tmp_path: Path, split: Split, sim3: tuple[Simulator, RunResult]
 ) -> None:

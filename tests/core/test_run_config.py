@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 import services.up
 from fedrecgel import presets
-from fedrecgel.config import DEFAULTS, RunParams, bounds
+from fedrecgel.clitools import bounds
+from fedrecgel.config import DEFAULTS, RunParams
 from fedrecgel.run_config import RunConfig
 from fedrecgel.sam import SAMConfig
 from fedrecgel.simulate import TrainConfig
