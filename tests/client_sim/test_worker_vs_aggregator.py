@@ -13,6 +13,7 @@ import pytest
 import torch
 from pydantic import SecretStr
 
+from fedrecgel.data import Split
 from fedrecgel.rank_fit import RankFit, ranking_params
 from fedrecgel.simulate import Simulator
 from fedrecgel.synthetic import synthetic_split
@@ -66,43 +67,7 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
     split = synthetic_split(
         n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20, validation=validation
     )
-    workers = [
-        Worker(
-            WorkerSettings(
-                aggregator=aggregator,
-                shard=i,
-                shards=2,
-                enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
-                dataset="synthetic",
-                store=str(tmp_path / f"worker-{i}.db"),
-                poll_min_s=0.01,
-                poll_max_s=0.05,
-            ),
-            split=split,
-        )
-        for i in range(2)
-    ]
-    for w in workers:
-        w.register()
-    run = run_body(split.n_items, SEED, ROUNDS, kind="ncf", deadline_s=600.0, **extra)
-    with httpx.Client(base_url=aggregator) as http:
-        resp = http.post(
-            "/v1/runs", json=run, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
-        )
-        assert resp.status_code == 201, resp.text
-
-        threads = [threading.Thread(target=follow_rounds, args=(w,)) for w in workers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not any(t.is_alive() for t in threads)
-
-        history = http.get("/v1/runs/current/history").json()
-        token = workers[0].store.get_meta("token")
-        blob = http.get("/v1/models/latest", headers={"Authorization": f"Bearer {token}"})
-        assert blob.status_code == 200
-
+    workers, history, blob = _run_over_http(tmp_path, aggregator, split, ROUNDS, extra)
     sim = Simulator(split, train_config(SEED, ROUNDS, **extra))
     result = sim.run()
     _, shared, version = decode_model(blob.content)
@@ -144,4 +109,79 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
             for name, rows in want.items():
                 torch.testing.assert_close(torch.tensor(got[name]), rows[i], rtol=1e-5, atol=1e-6)
     for w in workers:
+        w.close()
+
+
+def _run_over_http(
+    tmp_path: Path, aggregator: str, split: Split, rounds: int, extra: dict[str, Any]
+) -> tuple[list[Worker], dict[str, Any], httpx.Response]:
+    """Two workers run ``rounds`` rounds of the run ``extra`` sets: the workers, the run's
+    history and its latest model."""
+    workers = [
+        Worker(
+            WorkerSettings(
+                aggregator=aggregator,
+                shard=i,
+                shards=2,
+                enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
+                dataset="synthetic",
+                store=str(tmp_path / f"worker-{i}.db"),
+                poll_min_s=0.01,
+                poll_max_s=0.05,
+            ),
+            split=split,
+        )
+        for i in range(2)
+    ]
+    for w in workers:
+        w.register()
+    run = run_body(split.n_items, SEED, rounds, kind="ncf", deadline_s=600.0, **extra)
+    with httpx.Client(base_url=aggregator) as http:
+        resp = http.post(
+            "/v1/runs", json=run, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        )
+        assert resp.status_code == 201, resp.text
+
+        threads = [threading.Thread(target=follow_rounds, args=(w,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+
+        history = http.get("/v1/runs/current/history").json()
+        token = workers[0].store.get_meta("token")
+        blob = http.get("/v1/models/latest", headers={"Authorization": f"Bearer {token}"})
+        assert blob.status_code == 200
+    return workers, history, blob
+
+
+#: a sparse secure run: its prior from the rounds' counts, fixed at round 7 (18 clients a round)
+SPARSE = {"secure_aggregation": "sparse", "negative_pool": 16, "secagg_neighbours": 3}
+
+
+def test_a_sparse_secure_run_over_http_ranks_with_the_simulators_round_prior(
+    tmp_path: Path, aggregator: str
+) -> None:
+    """No worker reports counts; the aggregator fixes the prior from instance A's counts at
+    the round the simulator does, and the served figures and weights are the simulator's."""
+    split = synthetic_split(
+        n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20, validation=True
+    )
+    rounds = 8
+    workers, history, blob = _run_over_http(tmp_path, aggregator, split, rounds, SPARSE)
+    sim = Simulator(split, train_config(SEED, rounds, **SPARSE))
+    result = sim.run()
+    _, shared, version = decode_model(blob.content)
+    assert version == rounds
+    for name, param in sim.shared.items():  # the same integer sums: the same model
+        torch.testing.assert_close(shared[name], param, rtol=1e-5, atol=1e-6)
+    weights = [r.prior_weight for r in result.rounds]
+    assert weights[:6] == [None] * 6 and None not in weights[6:], weights
+    for rec, row in zip(result.rounds, history["rounds"], strict=True):
+        assert row["metrics"].get("prior_weight") == rec.prior_weight, rec.round
+        for k, v in served_and_model(rec).items():
+            assert row["metrics"][k] == pytest.approx(v, abs=1e-6), (rec.round, k)
+    for w in workers:
+        assert w.store.get_meta("item_counts_run") is None  # no count report
         w.close()
