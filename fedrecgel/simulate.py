@@ -43,6 +43,10 @@ Method = Literal[
 METHODS: tuple[str, ...] = get_args(Method)
 
 
+#: the cohorts a round may draw before a secure run gives up (each as the aggregator's attempts)
+MAX_ATTEMPTS = 1000
+
+
 class TrainConfig(RunParams):
     """Everything that defines a simulated run: the settings of a federated run
     (:class:`~fedrecgel.config.RunParams`, their defaults and bounds), and the simulator's own.
@@ -275,9 +279,7 @@ class Simulator:
         self.round_id += 1
         r = self.round_id
         cfg = self.config
-        cohort = select_cohort(
-            self.users, cfg.fraction, cfg.seed, r, sampling=cfg.sampling, groups=cfg.cohort_groups
-        )
+        cohort = self.cohort(r)
         clip = None if self.clients.dp is None else self.clients.dp.clip
         loss = self._train(r, cohort)
         rec = RoundRecord(
@@ -294,6 +296,22 @@ class Simulator:
         rec.seconds = time.perf_counter() - t0
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)
         return rec
+
+    def cohort(self, r: int) -> np.ndarray:
+        """Round ``r``'s cohort. A secure round needs at least 2 clients: as the aggregator
+        fails an attempt with fewer and draws a new cohort for the next attempt, so does this
+        (a Poisson draw, or whole groups, can hold fewer)."""
+        cfg = self.config
+        for attempt in range(MAX_ATTEMPTS):
+            cohort = select_cohort(
+                self.users, cfg.fraction, cfg.seed, r, attempt, cfg.sampling, cfg.cohort_groups
+            )
+            if self.mode.plain or len(cohort) >= 2:
+                return cohort
+        raise ValueError(
+            f"round {r}: {MAX_ATTEMPTS} draws gave no cohort of 2 clients for secure "
+            "aggregation: raise --fraction"
+        )
 
     def _train(self, r: int, cohort: np.ndarray) -> float:
         """The cohort's client step and the server's step; the clients' mean loss."""

@@ -113,3 +113,23 @@ def test_a_dense_rounds_nonzero_rows_are_its_positives_and_many_negatives() -> N
         assert obs.counts[np.concatenate([held[u] for u in obs.cohort])].all()
     # 6 clients x 16 samples over 80 items: most rows are touched by negatives each round
     assert np.mean([o.counts.mean() for o in observed]) > 0.5
+
+
+def test_a_secure_round_draws_again_until_its_cohort_holds_two_clients() -> None:
+    """As the aggregator fails an attempt of fewer than 2 clients and draws a new cohort."""
+    split = synthetic_split(n_users=80, n_items=120, interactions_per_user=12.0, seed=3)
+    cfg = TrainConfig(
+        rounds=6, fraction=0.03, factor=8, layers=2, eval_every=0, sampling="poisson"
+    ).replace(secure_aggregation="dense", secagg_neighbours=1)
+    sim = Simulator(split, cfg)
+    redrawn = 0
+    for r in range(1, 7):
+        first = select_cohort(sim.users, 0.03, cfg.seed, r, 0, "poisson")
+        want, attempt = first, 0
+        while len(want) < 2:
+            attempt += 1
+            want = select_cohort(sim.users, 0.03, cfg.seed, r, attempt, "poisson")
+        redrawn += attempt > 0
+        assert np.array_equal(sim.cohort(r), want)
+        assert sim.step().n_clients == len(want)
+    assert redrawn  # at 2.4 clients a round some first draws hold fewer than 2
