@@ -39,12 +39,11 @@ from bench.bench_cli import (
     subset,
     write_result,
 )
+from bench.secagg_union import POOL
 
 OUT = ROOT / "bench" / "results" / "secagg_prior.json"
 DATASETS = ("filmtrust/paper", "lastfm-2k/clean", "amazon-video/paper")
 ARMS = ("round", "exact")
-#: the public pool of a sparse secure run (as in bench/secagg_union.py)
-POOL = 128
 
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:
@@ -54,8 +53,8 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
 
     from fedrecgel.presets import run_settings
     from fedrecgel.prior import RoundCounts, RoundPrior, log_prior
-    from fedrecgel.sam import negative_pool
     from fedrecgel.simulate import Simulator, TrainConfig
+    from harness.union_attack import observe
 
     torch.set_num_threads(1)
     split = load(job["dataset"], job["data_dir"])
@@ -65,24 +64,22 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
         settings["rounds"] = job["rounds"]
     cfg = TrainConfig(**settings, seed=job["seed"], eval_every=10, negative_pool=POOL)
     sim = Simulator(split, cfg)
-    held = [np.unique(split.user_train(u)) for u in range(split.n_users)]
     fixed_at = None
     if job["arm"] == "round":
-        sim.prior, acc = None, RoundPrior(split.n_items)
-        train = sim._train
+        # the prior the sparse run fixes: instance A's counts of the same cohorts and pools
+        held = [split.user_train(u) for u in range(split.n_users)]
+        acc = RoundPrior(split.n_items)
+        for obs in observe(held, split.n_items, cfg, cfg.rounds):
+            acc.add(RoundCounts(obs.counts, obs.pool, len(obs.cohort)))
+            if acc.covers(split.n_users):
+                fixed_at, prior = obs.round_id, log_prior(acc.estimate(split.n_users))
+                break
+        sim.prior, train = None, sim._train
 
         def counted_train(r: int, cohort: np.ndarray) -> float:
-            nonlocal fixed_at
             loss = train(r, cohort)
-            if sim.prior is None:  # what instance A unmasks: the cohort's items outside the pool
-                pool = negative_pool(cfg.seed, r, split.n_items, POOL)
-                counts = np.bincount(
-                    np.concatenate([held[int(u)] for u in cohort]), minlength=split.n_items
-                )
-                counts[pool] = 0
-                acc.add(RoundCounts(counts.astype(np.int64), pool, len(cohort)))
-                if acc.covers(split.n_users):
-                    sim.prior, fixed_at = log_prior(acc.estimate(split.n_users)), r
+            if r == fixed_at:  # fixed after that round's counts, as the secure run fixes it
+                sim.prior = prior
             return loss
 
         sim._train = counted_train  # type: ignore[method-assign]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from bench.report_common import as_module, load_result
+from bench.secagg_prior import ARMS
 from fedrecgel.model import ModelConfig
 from fedrecgel.secagg.layout import vector_length
 
@@ -410,7 +411,3 @@ def prior_section() -> list[str]:
             f"{ws(rd)} | {hr(ex, 'served')} | {ws(ex)} | {pop:.2f} |"
         )
     return lines
-
-
-#: the arms of bench/secagg_prior.py
-ARMS = ("round", "exact")

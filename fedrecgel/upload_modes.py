@@ -38,7 +38,6 @@ from fedrecgel.robust import screen
 from fedrecgel.sam import PrivateState, StepResult
 from fedrecgel.secagg.aggregate import (
     counting_ring,
-    round_pool,
     secure_mean,
     secure_sparse_mean,
     sparse_fixed_point,
@@ -262,8 +261,7 @@ class SecureSparse(SecureDense):
     def combine(self, strategy: Strategy, shapes: Shapes, got: RoundUploads) -> Aggregate | None:
         ups = _only(Update, got.uploads)
         sparse = secure_sparse_mean(self.model, self.params, got.round_id, ups)
-        pool = round_pool(self.params, self.model.n_items, got.round_id)
-        counts = RoundCounts(sparse.counts, pool, len(sparse.counted))
+        counts = RoundCounts(sparse.counts, sparse.pool, len(sparse.counted))
         mean = sparse.mean
         return Aggregate(mean.grads, mean.loss, len(mean.survivors), counts=counts)
 

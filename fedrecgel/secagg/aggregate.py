@@ -86,13 +86,15 @@ class SecureMean:
 @dataclass(frozen=True)
 class SparseMean:
     """A sparse secure round: its mean (over B's survivors), the union of rows B laid out,
-    the per-item counts A revealed (over A's survivors) and both instances' public specs."""
+    the per-item counts A revealed (over A's survivors) outside the round's ``pool`` and both
+    instances' public specs."""
 
     mean: SecureMean
     union: np.ndarray
     counts: np.ndarray
     counted: tuple[int, ...]
     specs: tuple[RoundSpec, RoundSpec]
+    pool: np.ndarray
 
 
 def round_spec(
@@ -256,4 +258,4 @@ def secure_sparse_mean(
     total = out.total / row_gain(cfg, union)
     grads, loss = unflatten(cfg, total / len(out.survivors), union)
     mean = SecureMean(grads, loss, out.survivors, out.dropped, r.clipped)
-    return SparseMean(mean, union, counts, a.survivors, (spec_a, spec_b))
+    return SparseMean(mean, union, counts, a.survivors, (spec_a, spec_b), pool)

@@ -121,16 +121,16 @@ class CountRepository:
 
     def fix(self, run_id: int, counts: np.ndarray, clients: int, now: datetime) -> None:
         """Store the run's prior and delete the reports it sums (nothing reads them again)."""
-        blob = counts.astype(_DTYPE).tobytes()
+        blob = encode_counts(counts)
         self.session.add(RunPrior(run_id=run_id, counts=blob, clients=clients, created_at=now))
         self.session.execute(delete(ItemCountClient).where(ItemCountClient.run_id == run_id))
         self.session.execute(delete(ItemCountReport).where(ItemCountReport.run_id == run_id))
 
-    def add_round(self, run_id: int, got: RoundCounts, clients: int, now: datetime) -> bool:
+    def add_round(self, run_id: int, got: RoundCounts, now: datetime) -> bool:
         """Add a sparse secure round's unmasked counts to the run's (in the transaction that
-        moves the round on); once they cover the ``clients`` registered (:class:`RoundPrior`)
-        fix the run's prior to their estimate. True when this round fixed it."""
-        if self.prior(run_id) is not None:
+        moves the round on); once they cover the registered clients (:class:`RoundPrior`) fix
+        the run's prior to their estimate. True when this round fixed it."""
+        if self.prior(run_id) is not None:  # fixed: nothing more to count (no query below)
             return False
         row = self.session.get(RoundItemCounts, run_id)
         acc = RoundPrior(len(got.counts))
@@ -141,11 +141,9 @@ class CountRepository:
         if row is None:
             row = RoundItemCounts(run_id=run_id)
             self.session.add(row)
-        row.counts, row.exposure = (
-            acc.counts.astype(_DTYPE).tobytes(),
-            acc.exposure.astype(_DTYPE).tobytes(),
-        )
+        row.counts, row.exposure = encode_counts(acc.counts), encode_counts(acc.exposure)
         row.counted, row.updated_at = acc.counted, now
+        clients = Repository(self.session).count_clients()
         if not acc.covers(clients):
             return False
         self.fix(run_id, acc.estimate(clients), clients, now)
@@ -166,6 +164,11 @@ class CountRepository:
             return None, None
         weight = row.metrics.get(WEIGHT_KEY)
         return (None if weight is None else float(weight)), int(row.version)
+
+
+def encode_counts(counts: np.ndarray) -> bytes:
+    """How counts are stored: little-endian int64, one per item."""
+    return counts.astype(_DTYPE).tobytes()
 
 
 def decode_counts(blob: bytes) -> np.ndarray:

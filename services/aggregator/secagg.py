@@ -220,8 +220,7 @@ def count_union(sa: SecAggRepository, rnd: Round, cfg: RunConfig, now: datetime)
     pool = round_pool(cfg, model.n_items, rnd.round_id)
     if cfg.prior_from_rounds:  # the popularity prior's input: what A unmasked anyway
         got = RoundCounts(counts, pool, len(out.survivors))
-        clients = Repository(sa.session).count_clients()
-        if CountRepository(sa.session).add_round(rnd.run_id, got, clients, now):
+        if CountRepository(sa.session).add_round(rnd.run_id, got, now):
             log.info("run %d: popularity prior fixed from the rounds' counts", rnd.run_id)
     return [int(i) for i in union_of(counts, pool)]
 

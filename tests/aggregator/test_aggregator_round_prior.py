@@ -59,9 +59,9 @@ def test_the_prior_is_fixed_to_the_estimate_once_the_counts_cover_twice(
     with service_of(rnd.http).db.transaction() as s:
         for got in rounds:
             want.add(got)
-            fixed = CountRepository(s).add_round(1, got, len(IDS), NOW)
+            fixed = CountRepository(s).add_round(1, got, NOW)
         assert fixed  # the second round covered the 8 clients twice
-        assert not CountRepository(s).add_round(1, rounds[0], len(IDS), NOW)  # kept as fixed
+        assert not CountRepository(s).add_round(1, rounds[0], NOW)  # kept as fixed
     info = rnd.http.get("/v1/runs/1/prior", headers=bearer(rnd.tokens[0])).json()
     assert info["complete"] is True and info["counted"] == len(IDS)
     assert info["counts"] == want.estimate(len(IDS)).tolist()
