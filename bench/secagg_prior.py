@@ -9,8 +9,10 @@ masking its rows with 16 neighbours), against about 1 s plain, so 300 rounds of 
 bench. Its mean is the plain mean to within its fixed-point step
 (``tests/core/test_secagg_sparse.py``) and its instance A unmasks exactly the plain count of
 the cohort's items outside the round's pool (``harness/union_attack.observe`` checks it against
-the protocol), so each arm here is a plain run of the default preset with the public pool of
-128 a sparse run needs, ranked with:
+the protocol), so each run here is a plain run of the default preset with the public pool of
+128 a sparse run needs, its cohorts drawn client by client or as whole groups of about 10 users
+(``cohort_groups``, what hides single items' holders: ``bench/secagg_union.py``). Every
+evaluation ranks twice, with:
 
 * *round prior*: the prior a sparse secure run fixes (the same cohorts' counts outside the same
   pools, into the simulator's own :class:`~fedrecgel.prior.RoundPrior`, as
@@ -18,8 +20,8 @@ the protocol), so each arm here is a plain run of the default preset with the pu
 * *exact prior*: the training counts, what a plain run ranks with.
 
 The model alone is each run's own figure at the same round (what a secure run served before
-the round prior). Test HR@10 at the round chosen on the model's validation HR@10.
-Writes bench/results/secagg_prior.json.
+the round prior). Test HR@10 at the round chosen on the model's validation HR@10 (the same
+round for both priors). Writes bench/results/secagg_prior.json.
 """
 
 from __future__ import annotations
@@ -39,20 +41,23 @@ from bench.bench_cli import (
     subset,
     write_result,
 )
-from bench.secagg_union import POOL
+from bench.secagg_union import GROUP_SIZE, POOL
 
 OUT = ROOT / "bench" / "results" / "secagg_prior.json"
 DATASETS = ("filmtrust/paper", "lastfm-2k/clean", "amazon-video/paper")
 ARMS = ("round", "exact")
+#: how each job's cohorts are drawn: clients one by one, or whole groups (``cohort_groups``)
+COHORTS = ("clients", "groups")
 
 
-def _one(job: dict[str, Any]) -> dict[str, Any]:
-    """One plain run in a worker process, ranked with the arm's prior."""
-    import numpy as np
+def _one(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """One plain run in a worker process, each evaluation ranked with both arms' priors: a row
+    an arm, at the same round (chosen on the model's own validation HR@10, which no prior
+    moves)."""
     import torch
 
     from fedrecgel.presets import run_settings
-    from fedrecgel.prior import RoundCounts, RoundPrior, log_prior
+    from fedrecgel.prior import RoundCounts, RoundPrior, choose, log_prior
     from fedrecgel.simulate import Simulator, TrainConfig
     from harness.union_attack import observe
 
@@ -62,41 +67,57 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
     settings = run_settings("default", name)
     if job["rounds"]:
         settings["rounds"] = job["rounds"]
-    cfg = TrainConfig(**settings, seed=job["seed"], eval_every=10, negative_pool=POOL)
+    groups = max(2, round(split.n_users / GROUP_SIZE)) if job["cohorts"] == "groups" else None
+    cfg = TrainConfig(
+        **settings, seed=job["seed"], eval_every=10, negative_pool=POOL, cohort_groups=groups
+    )
     sim = Simulator(split, cfg)
-    fixed_at = None
-    if job["arm"] == "round":
-        # the prior the sparse run fixes: instance A's counts of the same cohorts and pools
-        held = [split.user_train(u) for u in range(split.n_users)]
-        acc = RoundPrior(split.n_items)
-        for obs in observe(held, split.n_items, cfg, cfg.rounds):
-            acc.add(RoundCounts(obs.counts, obs.pool, len(obs.cohort)))
-            if acc.covers(split.n_users):
-                fixed_at, prior = obs.round_id, log_prior(acc.estimate(split.n_users))
-                break
-        sim.prior, train = None, sim._train
+    # the prior the sparse run fixes: instance A's counts of the same cohorts and pools
+    held = [split.user_train(u) for u in range(split.n_users)]
+    acc, fixed_at, prior = RoundPrior(split.n_items), None, None
+    for obs in observe(held, split.n_items, cfg, cfg.rounds):
+        acc.add(RoundCounts(obs.counts, obs.pool, len(obs.cohort)))
+        if acc.covers(split.n_users):
+            fixed_at, prior = obs.round_id, log_prior(acc.estimate(split.n_users))
+            break
+    exact, evaluate = sim.prior, sim.evaluate
+    with_exact: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
 
-        def counted_train(r: int, cohort: np.ndarray) -> float:
-            loss = train(r, cohort)
-            if r == fixed_at:  # fixed after that round's counts, as the secure run fixes it
-                sim.prior = prior
-            return loss
+    def both() -> tuple[dict[str, float], dict[str, float]]:
+        sim.prior = exact
+        with_exact[sim.round_id] = evaluate()
+        # fixed after that round's counts, as the secure run fixes it
+        fixed = fixed_at is not None and sim.round_id >= fixed_at
+        sim.prior = prior if fixed else None
+        return evaluate()
 
-        sim._train = counted_train  # type: ignore[method-assign]
+    sim.evaluate = both  # type: ignore[method-assign]
     t0 = time.perf_counter()
     res = sim.run()
-    served = res.selected()
-    assert served is not None  # the split has validation items
-    return {
-        **{k: v for k, v in job.items() if k != "data_dir"},
-        "prior_fixed_at": fixed_at,
-        "served": {k: served[k] for k in ("round", "hr@10", "ndcg@10")},
-        "weight": served.get("prior_weight"),
-        "model_alone": {
-            k: served.get(f"model.{k}", served[k]) for k in ("round", "hr@10", "ndcg@10")
-        },
-        "seconds": time.perf_counter() - t0,
+    at = res.selected()
+    assert at is not None  # the split has validation items
+    other = choose(*with_exact[at["round"]], n_val=split.n_users)
+    served = {
+        "round": {k: at[k] for k in ("round", "hr@10", "ndcg@10")},
+        "exact": {"round": at["round"], **{k: other.test[k] for k in ("hr@10", "ndcg@10")}},
     }
+    weights = {"round": at.get("prior_weight"), "exact": other.weight}
+    model = {k: at.get(f"model.{k}", at[k]) for k in ("round", "hr@10", "ndcg@10")}
+    seconds = time.perf_counter() - t0
+    head = {k: v for k, v in job.items() if k != "data_dir"}
+    return [
+        {
+            **head,
+            "cohort_groups": groups,
+            "arm": arm,
+            "prior_fixed_at": fixed_at if arm == "round" else None,
+            "served": served[arm],
+            "weight": weights[arm],
+            "model_alone": model,
+            "seconds": seconds,
+        }
+        for arm in ARMS
+    ]
 
 
 def main(
@@ -107,23 +128,30 @@ def main(
 ) -> None:
     chosen = subset(datasets, DATASETS, "--datasets")
     jobs = [
-        {"dataset": d, "arm": arm, "seed": s, "data_dir": data_dir, "rounds": rounds}
+        {"dataset": d, "cohorts": c, "seed": s, "data_dir": data_dir, "rounds": rounds}
         for d in chosen
+        for c in COHORTS
         for s in seeds
-        for arm in ARMS
     ]
     t0 = time.perf_counter()
-    runs = in_fresh_processes(_one, jobs)
+    runs = [row for rows in in_fresh_processes(_one, jobs) for row in rows]
     for r in runs:
         print(
-            f"{r['dataset']} {r['arm']} seed {r['seed']}: served {100 * r['served']['hr@10']:.2f} "
-            f"(w {r['weight']}), model alone {100 * r['model_alone']['hr@10']:.2f}"
+            f"{r['dataset']} {r['cohorts']} {r['arm']} seed {r['seed']}: "
+            f"served {100 * r['served']['hr@10']:.2f} (w {r['weight']}), "
+            f"model alone {100 * r['model_alone']['hr@10']:.2f}"
         )
     from fedrecgel.baselines import popularity
 
     refs = {d: {"popularity": popularity(load(d, data_dir)).rounds[0].test} for d in chosen}
     command = f"python -m bench.secagg_prior --seeds {','.join(map(str, seeds))}"
-    settings = {"seeds": seeds, "pool": POOL, "rounds": rounds or None, "command": command}
+    settings = {
+        "seeds": seeds,
+        "pool": POOL,
+        "group_size": GROUP_SIZE,
+        "rounds": rounds or None,
+        "command": command,
+    }
     write_result(OUT, {"settings": settings, "runs": runs, "references": refs}, t0)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from bench.report_common import as_module, load_result
-from bench.secagg_prior import ARMS
+from bench.secagg_prior import ARMS, COHORTS
 from fedrecgel.model import ModelConfig
 from fedrecgel.secagg.layout import vector_length
 
@@ -382,32 +382,47 @@ def prior_section() -> list[str]:
         "the prior its rounds' instance A counts fix (the cohorts' items outside each round's",
         "pool, summed until they counted the clients twice over, then scaled to an estimate of",
         "each item's count: `fedrecgel.prior.RoundPrior`): nothing the server did not already",
-        "learn. Each arm is a plain run of the default preset with the pool of",
+        "learn. Each run is a plain run of the default preset with the pool of",
         f"{d['settings']['pool']} a sparse run needs (a secure round's mean is the plain one to",
         "within its fixed-point step, and A's counts are the plain counts, so this is what the",
         "secure run serves; a secure round costs about 50 s on Amazon-Video in the simulator).",
-        "Test HR@10 (%) at the round chosen on the model's validation HR@10; *model alone*:",
-        "what a secure run served before (no prior); *exact prior*: a plain run's.",
+        "Test HR@10 (%) at the round chosen on the model's validation HR@10, mean over the seeds;",
+        "*model alone*: what a secure run served before (no prior); *exact prior*: a plain run's",
+        "ranking at the same round. *Whole groups*: the same with cohorts of whole groups of",
+        f"about {d['settings'].get('group_size', 10)} users (`--cohort-groups`), which keep",
+        "single items' holders from being named (the union table above).",
         "",
         "| dataset | seeds | round prior fixed at | model alone | served, round prior "
-        "| weights | served, exact prior | weights | popularity |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| weights | served, exact prior | weights | whole groups: model alone "
+        "| whole groups: served, round prior | weights | popularity |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def hr(rs: list[dict[str, Any]], what: str) -> str:
+        if not rs:
+            return "-"
+        return f"{100 * float(np.mean([r[what]['hr@10'] for r in rs])):.2f}"
+
+    def ws(rs: list[dict[str, Any]]) -> str:
+        return ", ".join("-" if r["weight"] is None else f"{r['weight']:g}" for r in rs) or "-"
+
     for name in dict.fromkeys(r["dataset"] for r in runs):
-        by = {a: [r for r in runs if r["dataset"] == name and r["arm"] == a] for a in ARMS}
-        rd, ex = by["round"], by["exact"]
+        by = {
+            (c, a): [
+                r
+                for r in runs
+                if r["dataset"] == name and r.get("cohorts", "clients") == c and r["arm"] == a
+            ]
+            for c in COHORTS
+            for a in ARMS
+        }
+        rd, ex, gr = by["clients", "round"], by["clients", "exact"], by["groups", "round"]
         seeds = ", ".join(str(r["seed"]) for r in rd)
-
-        def hr(rs: list[dict[str, Any]], what: str) -> str:
-            return f"{100 * float(np.mean([r[what]['hr@10'] for r in rs])):.2f}"
-
-        def ws(rs: list[dict[str, Any]]) -> str:
-            return ", ".join("-" if r["weight"] is None else f"{r['weight']:g}" for r in rs)
-
         fixed = ", ".join(str(r["prior_fixed_at"]) for r in rd)
         pop = 100 * refs[name]["popularity"]["hr@10"]
         lines.append(
             f"| {name} | {seeds} | {fixed} | {hr(rd, 'model_alone')} | {hr(rd, 'served')} | "
-            f"{ws(rd)} | {hr(ex, 'served')} | {ws(ex)} | {pop:.2f} |"
+            f"{ws(rd)} | {hr(ex, 'served')} | {ws(ex)} | {hr(gr, 'model_alone')} | "
+            f"{hr(gr, 'served')} | {ws(gr)} | {pop:.2f} |"
         )
     return lines

@@ -46,6 +46,8 @@ DATASETS = ("filmtrust/paper", "lastfm-2k/clean", "amazon-video/paper")
 PRESET_ROUNDS = int(run_settings("default", "filmtrust")["rounds"])
 #: the public pool of negatives a sparse secure run draws from (bench/secagg_cost's middle one)
 POOL = 128
+#: users per group in the grouped arm: ``cohort_groups`` = users / this
+GROUP_SIZE = 10
 
 
 def run_params(groups: int | None) -> RunParams:
@@ -110,7 +112,7 @@ SEL = ("round", "hr@10", "ndcg@10")
 def main(
     marks: IntList = Ints([10, 30, 100, PRESET_ROUNDS]),
     protocol_rounds: Positive = 3,
-    group_size: Positive = 10,
+    group_size: Positive = GROUP_SIZE,
     accuracy_seeds: IntList = Ints([0, 1, 2]),
     accuracy: bool = True,
     data_dir: Path | None = default_data_dir(),
