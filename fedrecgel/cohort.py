@@ -79,3 +79,24 @@ def broken_groups(
     g = client_groups(ids, groups, seed)
     here = np.isin(ids, np.fromiter(present, dtype=np.int64, count=len(present)))
     return sorted(set(g[here].tolist()) & set(g[~here].tolist()))
+
+
+def groups_summary(ids: np.ndarray, groups: int, seed: int) -> str:
+    """What cohorts of whole groups hide among clients ``ids``: the groups' sizes, and a
+    warning naming how many clients are alone in theirs (a round's union names such a client's
+    items as its own)."""
+    sizes = np.bincount(client_groups(ids, groups, seed), minlength=groups)
+    held = sizes[sizes > 0]
+    if len(held) == 0:
+        return "cohorts of whole groups: no clients yet"
+    line = (
+        f"cohorts of whole groups: {len(held)} groups of {int(held.min())} to {int(held.max())} "
+        f"clients (mean {len(ids) / len(held):.1f})"
+    )
+    alone = int((held == 1).sum())
+    if alone:
+        line += (
+            f"; warning: {alone} clients are alone in their group, and the rounds' unions can "
+            "name their items (fewer groups make larger ones)"
+        )
+    return line

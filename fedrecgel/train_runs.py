@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedrecgel.clitools import config_error, console, fail, option_flag
+from fedrecgel.cohort import groups_summary
 from fedrecgel.config import MAX_MODEL_PARAMS, ConfigError
 from fedrecgel.data import Split
 from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig, with_seed
@@ -158,6 +159,8 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
                 "server sgd keeps noise and signal in proportion (the private preset, "
                 "which a DP run without --preset takes; see docs/RESULTS.md)"
             )
+    if cfg.cohort_groups is not None:
+        console.print(groups_summary(sim.users, cfg.cohort_groups, seed))
     with Progress(
         TextColumn(f"seed {seed}"),
         BarColumn(),

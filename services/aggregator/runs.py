@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import numpy as np
 from sqlalchemy.exc import IntegrityError
 
-from fedrecgel.cohort import select_cohort
+from fedrecgel.cohort import groups_summary, select_cohort
 from fedrecgel.model import ModelConfig, init_shared
 from fedrecgel.server_strategy import strategy_of
 from fedrecgel.upload_modes import UploadMode, mode_of
@@ -239,6 +239,12 @@ class RunLifecycle:
         self.models.put_state(ModelState(run_id, 0, params, strategy))
         self.models.remember(ModelBlob(run_id, 0, blob, digest))
         log.info("run %d started: %d rounds, cohort %d", run_id, cfg.rounds, cohort_size)
+        if cfg.cohort_groups is not None:
+            log.info(
+                "run %d: %s",
+                run_id,
+                groups_summary(np.asarray(candidates), cfg.cohort_groups, cfg.seed),
+            )
         return RunStarted(
             run_id=run_id,
             state="running",

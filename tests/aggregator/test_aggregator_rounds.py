@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from fedrecgel.cohort import client_groups, select_cohort
+from fedrecgel.cohort import client_groups, groups_summary, select_cohort
 from fedrecgel.model import ModelConfig
 from harness.aggregator import AggregatorFactory
 from tests.aggregator.scenarios import (
@@ -158,9 +159,14 @@ def test_below_quorum_at_deadline_retries_with_a_new_cohort(clocked: Clocked) ->
     assert client.get("/v1/rounds/1").json()["state"] == "closed"
 
 
-def test_a_run_with_cohort_groups_draws_whole_groups(clocked: Clocked) -> None:
+def test_a_run_with_cohort_groups_draws_whole_groups(
+    clocked: Clocked, caplog: pytest.LogCaptureFixture
+) -> None:
     client, _, _ = clocked
-    cohort = _start(client, fraction=0.5, cohort_groups=4)
+    with caplog.at_level(logging.INFO, logger="services.aggregator.runs"):
+        cohort = _start(client, fraction=0.5, cohort_groups=4)
+    # the operator reads how large the groups are (and of clients alone in theirs)
+    assert groups_summary(np.arange(20), 4, 1) in caplog.text
     want = select_cohort(np.arange(20), 0.5, 1, 1, groups=4).tolist()
     assert cohort == want
     groups = client_groups(np.arange(20), 4, 1)

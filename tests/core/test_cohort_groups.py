@@ -6,7 +6,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from fedrecgel.cohort import client_groups, cohort_size, largest_group_cohort, select_cohort
+from fedrecgel.cohort import (
+    client_groups,
+    cohort_size,
+    groups_summary,
+    largest_group_cohort,
+    select_cohort,
+)
 from fedrecgel.config import RunParams
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
@@ -21,6 +27,16 @@ def test_a_clients_group_depends_on_its_id_and_the_seed_alone() -> None:
     assert np.array_equal(client_groups(IDS[::7], 20, seed=3), g[::7])  # others do not move it
     assert not np.array_equal(client_groups(IDS, 20, seed=4), g)
     assert np.bincount(g, minlength=20).min() > 5  # spread, not all in a few groups
+
+
+def test_a_run_says_how_large_the_groups_are_and_warns_of_users_alone() -> None:
+    sizes = np.bincount(client_groups(IDS, 50, seed=3), minlength=50)
+    line = groups_summary(IDS, 50, 3)
+    assert f"{(sizes > 0).sum()} groups of {sizes.min()} to {sizes.max()} clients" in line
+    assert "warning" not in line and sizes.min() > 1
+    many = np.bincount(client_groups(IDS, 1000, seed=3), minlength=1000)
+    alone = int((many == 1).sum())
+    assert alone > 0 and f"warning: {alone} clients are alone" in groups_summary(IDS, 1000, 3)
 
 
 @pytest.mark.parametrize("sampling", ["fixed", "poisson"])
