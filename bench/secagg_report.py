@@ -386,11 +386,12 @@ def prior_section() -> list[str]:
         f"{d['settings']['pool']} a sparse run needs (a secure round's mean is the plain one to",
         "within its fixed-point step, and A's counts are the plain counts, so this is what the",
         "secure run serves; a secure round costs about 50 s on Amazon-Video in the simulator).",
-        "Test HR@10 (%) at the round chosen on the model's validation HR@10, mean over the seeds;",
-        "*model alone*: what a secure run served before (no prior); *exact prior*: a plain run's",
-        "ranking at the same round. *Whole groups*: the same with cohorts of whole groups of",
-        f"about {d['settings'].get('group_size', 10)} users (`--cohort-groups`), which keep",
-        "single items' holders from being named (the union table above).",
+        "Test HR@10 (%) at the round chosen on the model's validation HR@10, mean ± std over",
+        "the seeds; *model alone*: what a secure run served before (no prior); *exact prior*:",
+        "a plain run's ranking at the same round. *Whole groups*: the same with cohorts of",
+        f"whole groups of about {d['settings'].get('group_size', 10)} users (`--cohort-groups`,",
+        "users / that), which keep single items' holders from being named (the table above);",
+        "their round prior is fixed at the round its counts cover the clients twice over too.",
         "",
         "| dataset | seeds | round prior fixed at | model alone | served, round prior "
         "| weights | served, exact prior | weights | whole groups: model alone "
@@ -401,7 +402,8 @@ def prior_section() -> list[str]:
     def hr(rs: list[dict[str, Any]], what: str) -> str:
         if not rs:
             return "-"
-        return f"{100 * float(np.mean([r[what]['hr@10'] for r in rs])):.2f}"
+        got = 100 * np.array([r[what]["hr@10"] for r in rs])
+        return f"{got.mean():.2f}" + (f" ± {got.std(ddof=1):.2f}" if len(got) > 1 else "")
 
     def ws(rs: list[dict[str, Any]]) -> str:
         return ", ".join("-" if r["weight"] is None else f"{r['weight']:g}" for r in rs) or "-"
