@@ -26,6 +26,13 @@ result is kept in memory), ``unmask`` A's reveals; then ``masked_b`` sends, for 
 whose count was taken, its clipped update on the rows of the union the aggregator published
 (and commits the new private state once acknowledged), and ``unmask_b`` B's reveals.
 
+In a run of whole groups (``cohort_groups``) the worker checks the cohort it is shown before
+its clients join: when the cohort holds some of this worker's clients of a group and not the
+others, the aggregator did not draw whole groups, and this worker's clients sit the attempt
+out (logged as an error), so no sum over part of their group holds their data. Only the
+groups this worker sees whole can be checked: a client alone on its worker trusts the
+aggregator's draw.
+
 A worker that restarts in the middle of a round has lost its clients' keys: they sit the
 attempt out (the protocol counts them as dropped, and their private state stays as it was).
 A client refused at one step (409, 422, or refused on its own in a batch of masked inputs)
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedrecgel.cohort import broken_groups
 from fedrecgel.sam import StepResult
 from fedrecgel.secagg import messages
 from fedrecgel.secagg.aggregate import (
@@ -116,10 +124,18 @@ class Attempt:
 class SecureParticipant:
     """The secure-aggregation side of a worker (one attempt at a time)."""
 
-    def __init__(self, client: AggregatorClient, store: WorkerStore, compute: Compute) -> None:
+    def __init__(
+        self,
+        client: AggregatorClient,
+        store: WorkerStore,
+        compute: Compute,
+        owned: Iterable[int] = (),
+    ) -> None:
         self.client = client
         self.store = store
         self.compute = compute
+        #: this worker's registered clients: what it checks a cohort of whole groups against
+        self.owned = list(owned)
         self.attempt: Attempt | None = None
 
     def step(self, info: CurrentRound, cfg: RunConfig, version: int, todo: list[int]) -> bool:
@@ -153,6 +169,9 @@ class SecureParticipant:
                 )
                 att.out = True
                 return False
+            if self._split_groups(cfg, view):
+                att.out = True
+                return False
             self._join(att, cfg, view.cohort)
         if step not in att.outbox:
             att.outbox[step] = getattr(self, f"_{step}")(att, cfg, view)
@@ -168,6 +187,22 @@ class SecureParticipant:
             att.result = None
             log.info("round %d attempt %d: %d masked inputs sent", key[1], key[2], len(sent))
         return True
+
+    def _split_groups(self, cfg: RunConfig, view: SecAggRound) -> list[int]:
+        """The groups of this worker's clients that the attempt's cohort holds in part (none
+        outside a run of whole groups), logged as an error."""
+        if cfg.cohort_groups is None:
+            return []
+        split = broken_groups(self.owned, view.cohort, cfg.cohort_groups, cfg.seed)
+        if split:
+            log.error(
+                "round %d attempt %d: the cohort holds part of group(s) %s of this worker's "
+                "clients, not whole groups: its clients sit the attempt out",
+                view.round_id,
+                view.attempt,
+                split,
+            )
+        return split
 
     def _train_now(self, cfg: RunConfig, att: Attempt, cohort_size: int) -> Future[StepResult]:
         """The attempt's client step, taken now, its failure kept for the masked step. Not in a

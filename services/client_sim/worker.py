@@ -100,7 +100,7 @@ class Worker:
         self.run_cfg: RunConfig | None = None
         self.last_info: CurrentRound | None = None
         self._refused: set[tuple[int, int]] = set()
-        self.secure = SecureParticipant(self.client, self.store, self._compute)
+        self.secure = SecureParticipant(self.client, self.store, self._compute, self.users.tolist())
         self.timer = PhaseTimer()
         self.evaluation = Evaluation(self.client, self.store, self.data, self.timer)
         #: the model version this step downloaded for its cohort (None: none yet)

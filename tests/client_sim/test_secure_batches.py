@@ -6,14 +6,20 @@ once; the client step taken after the keys keeps its failure for the masked step
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pytest
 
+from fedrecgel.cohort import client_groups, select_cohort
 from fedrecgel.secagg import messages
 from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.secure import MASKED_BODY_BYTES, Attempt, SecureParticipant
+from services.contract import CurrentRound, RunConfig, SecAggRound
 
 
 def test_masked_inputs_are_batched_within_the_budget() -> None:
@@ -109,3 +115,54 @@ def test_a_client_step_failed_after_the_keys_raises_at_the_masked_step_then_runs
         p._trained(att, None, 2)  # type: ignore[arg-type]
     assert p._trained(att, None, 2) == "the step's result"  # type: ignore[arg-type,comparison-overlap]
     assert calls == [[4, 5], [4, 5]]
+
+
+class Shows:
+    """An aggregator client that shows one attempt's keys phase with a given cohort and records
+    what is sent."""
+
+    def __init__(self, cohort: list[int]) -> None:
+        self.cohort = cohort
+        self.sent: list[str] = []
+
+    def secagg_round(self, round_id: int) -> SecAggRound:
+        deadline = datetime(2026, 1, 1, tzinfo=UTC)
+        return SecAggRound(
+            round_id=round_id, attempt=0, phase="keys", deadline=deadline, cohort=self.cohort
+        )
+
+    def secagg_send(self, round_id: int, step: str, body: bytes) -> dict[int, str]:
+        self.sent.append(step)
+        ids = [int(d["client_id"]) for d in json.loads(body)]
+        return dict.fromkeys(ids, "accepted")
+
+
+def test_a_worker_keeps_its_clients_out_of_a_cohort_that_splits_one_of_their_groups(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run of whole groups: the worker's clients take part only when the cohort holds each
+    of its groups whole, as far as this worker's clients show (an aggregator that draws part
+    of a group to single a client out is caught by the group's other clients here)."""
+    cfg = RunConfig(n_items=50, secure_aggregation="dense", cohort_groups=4, fraction=0.5, seed=7)
+    owned = list(range(0, 40, 2))  # this worker's clients; the others are another worker's
+    everyone = np.arange(40)
+    groups = client_groups(everyone, 4, 7)
+    whole = select_cohort(everyone, 0.5, 7, 1, groups=4).tolist()
+    mine = [u for u in owned if u in whole]
+    info = CurrentRound(run_id=1, round_id=1, attempt=0, state="open", cohort=mine, config=cfg)
+
+    victim = mine[0]
+    mates = [u for u in whole if groups[u] == groups[victim] and u != victim and u in owned]
+    assert mates  # the victim's group has other members on this worker
+    partial = [u for u in whole if u not in mates]  # the victim's group without its mates here
+    fake = Shows(partial)
+    p = SecureParticipant(fake, None, lambda *a: None, owned)  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="services.client_sim.secure"):
+        assert not p.step(info, cfg, 0, [u for u in mine if u in partial])
+    assert fake.sent == [] and p.attempt is not None and p.attempt.out
+    assert f"part of group(s) [{groups[victim]}]" in caplog.text
+
+    fair = Shows(whole)
+    p = SecureParticipant(fair, None, lambda *a: None, owned)  # type: ignore[arg-type]
+    assert p.step(info, cfg, 0, mine)
+    assert fair.sent == ["keys"]
