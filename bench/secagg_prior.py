@@ -159,8 +159,12 @@ def main(
 
     refs = {d: {"popularity": popularity(load(d, data_dir)).rounds[0].test} for d in chosen}
     command = f"python -m bench.secagg_prior --seeds {','.join(map(str, seeds))}"
-    if pool != POOL:
-        command += f" --pool {pool}"
+    if chosen != list(DATASETS):
+        command += f" --datasets {','.join(chosen)}"
+    if cohorts != ",".join(COHORTS):
+        command += f" --cohorts {cohorts}"
+    if pool != POOL or out != OUT:
+        command += f" --pool {pool} --out {out}"
     settings = {
         "seeds": seeds,
         "pool": pool,

@@ -25,6 +25,8 @@ ROWS = RES.with_name("secagg_rows.json")
 POOL = RES.with_name("negative_pool.json")
 UNION = RES.with_name("secagg_union.json")
 PRIOR = RES.with_name("secagg_prior.json")
+#: probes of other pools (``python -m bench.secagg_prior --pool N --out ...``)
+PROBES = "secagg_prior-pool*.json"
 
 
 def _mb(b: float) -> str:
@@ -373,7 +375,6 @@ def prior_section() -> list[str]:
     if not PRIOR.exists():
         return []
     d: dict[str, Any] = json.loads(PRIOR.read_text())
-    runs, refs = d["runs"], d["references"]
     lines = [
         "",
         "### The popularity prior under sparse secure aggregation (`bench/secagg_prior.py`)",
@@ -394,11 +395,41 @@ def prior_section() -> list[str]:
         "users / that), which keep single items' holders from being named (the table above);",
         "their round prior is fixed at the round its counts cover the clients twice over too.",
         "",
-        "| dataset | seeds | round prior fixed at | model alone | served, round prior "
+        "| dataset | pool | seeds | round prior fixed at | model alone | served, round prior "
         "| weights | served, exact prior | weights | whole groups: model alone "
         "| whole groups: served, round prior | weights | popularity |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *prior_rows(d),
     ]
+    probes = {f.name: json.loads(f.read_text()) for f in sorted(RES.parent.glob(PROBES))}
+    for probe in probes.values():
+        lines += prior_rows(probe)
+    if probes:
+        lines += [
+            "",
+            "Other pools, probes written apart: "
+            + "; ".join(f"`{probe_command(name, p)}`" for name, p in probes.items())
+            + ". A secure run's bytes and seconds at each pool: the cost table above.",
+        ]
+    return lines
+
+
+def probe_command(name: str, d: dict[str, Any]) -> str:
+    """The command that wrote the probe ``d`` to bench/results/``name``: its seeds, pool, and
+    the data sets and cohorts its runs hold."""
+    runs = d["runs"]
+    seeds = ",".join(map(str, d["settings"]["seeds"]))
+    sets = ",".join(dict.fromkeys(r["dataset"] for r in runs))
+    cohorts = ",".join(dict.fromkeys(r["cohorts"] for r in runs))
+    return (
+        f"python -m bench.secagg_prior --seeds {seeds} --datasets {sets} --cohorts {cohorts} "
+        f"--pool {d['settings']['pool']} --out bench/results/{name}"
+    )
+
+
+def prior_rows(d: dict[str, Any]) -> list[str]:
+    """One row a data set of a bench/secagg_prior.py result ``d``."""
+    runs, refs, pool = d["runs"], d["references"], d["settings"]["pool"]
 
     def hr(rs: list[dict[str, Any]], what: str) -> str:
         if not rs:
@@ -409,6 +440,7 @@ def prior_section() -> list[str]:
     def ws(rs: list[dict[str, Any]]) -> str:
         return ", ".join("-" if r["weight"] is None else f"{r['weight']:g}" for r in rs) or "-"
 
+    lines = []
     for name in dict.fromkeys(r["dataset"] for r in runs):
         by = {
             (c, a): [
@@ -420,12 +452,12 @@ def prior_section() -> list[str]:
             for a in ARMS
         }
         rd, ex, gr = by["clients", "round"], by["clients", "exact"], by["groups", "round"]
-        seeds = ", ".join(str(r["seed"]) for r in rd)
-        fixed = ", ".join(str(r["prior_fixed_at"]) for r in rd)
+        seeds = ", ".join(str(r["seed"]) for r in rd or gr)
+        fixed = ", ".join(str(r["prior_fixed_at"]) for r in rd or gr)
         pop = 100 * refs[name]["popularity"]["hr@10"]
         lines.append(
-            f"| {name} | {seeds} | {fixed} | {hr(rd, 'model_alone')} | {hr(rd, 'served')} | "
-            f"{ws(rd)} | {hr(ex, 'served')} | {ws(ex)} | {hr(gr, 'model_alone')} | "
-            f"{hr(gr, 'served')} | {ws(gr)} | {pop:.2f} |"
+            f"| {name} | {pool} | {seeds} | {fixed} | {hr(rd, 'model_alone')} | "
+            f"{hr(rd, 'served')} | {ws(rd)} | {hr(ex, 'served')} | {ws(ex)} | "
+            f"{hr(gr, 'model_alone')} | {hr(gr, 'served')} | {ws(gr)} | {pop:.2f} |"
         )
     return lines
