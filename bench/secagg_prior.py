@@ -7,13 +7,13 @@ defaults, against the exact counts' prior and the model alone.
 
 A sparse secure round in the simulator costs about 21 s on Amazon-Video here (807 clients each
 masking its rows with 16 neighbours, one after another: 2026-12-07, idle machine, 2 torch
-threads), against 0.3 s plain, so 300 rounds of it per run do not fit a bench. Its mean is the plain mean to within its fixed-point step
-(``tests/core/test_secagg_sparse.py``) and its instance A unmasks exactly the plain count of
-the cohort's items outside the round's pool (``harness/union_attack.observe`` checks it against
-the protocol), so each run here is a plain run of the default preset with the public pool of
-128 a sparse run needs, its cohorts drawn client by client or as whole groups of about 10 users
-(``cohort_groups``, what hides single items' holders: ``bench/secagg_union.py``). Every
-evaluation ranks twice, with:
+threads), against 0.3 s plain, so 300 rounds of it per run do not fit a bench. Its mean is the
+plain mean to within its fixed-point step (``tests/core/test_secagg_sparse.py``) and its
+instance A unmasks exactly the plain count of the cohort's items outside the round's pool
+(``harness/union_attack.observe`` checks it against the protocol), so each run here is a plain
+run of the default preset with the public pool of 128 a sparse run needs, its cohorts drawn
+client by client or as whole groups of about 10 users (``cohort_groups``, what hides single
+items' holders: ``bench/secagg_union.py``). Every evaluation ranks twice, with:
 
 * *round prior*: the prior a sparse secure run fixes (the same cohorts' counts outside the same
   pools, into the simulator's own :class:`~fedrecgel.prior.RoundPrior`, as
