@@ -134,6 +134,7 @@ def main(
     """``--pool`` and ``--out``: a probe of another pool, written apart (the report reads
     bench/results/secagg_prior.json only)."""
     chosen = subset(datasets, DATASETS, "--datasets")
+    kinds = subset(cohorts, COHORTS, "--cohorts")
     jobs = [
         {
             "dataset": d,
@@ -144,7 +145,7 @@ def main(
             "pool": pool,
         }
         for d in chosen
-        for c in subset(cohorts, COHORTS, "--cohorts")
+        for c in kinds
         for s in seeds
     ]
     t0 = time.perf_counter()
@@ -161,8 +162,8 @@ def main(
     command = f"python -m bench.secagg_prior --seeds {','.join(map(str, seeds))}"
     if chosen != list(DATASETS):
         command += f" --datasets {','.join(chosen)}"
-    if cohorts != ",".join(COHORTS):
-        command += f" --cohorts {cohorts}"
+    if kinds != list(COHORTS):
+        command += f" --cohorts {','.join(kinds)}"
     if pool != POOL or out != OUT:
         command += f" --pool {pool} --out {out}"
     settings = {

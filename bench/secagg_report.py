@@ -391,7 +391,7 @@ def prior_section() -> list[str]:
         "Test HR@10 (%) at the round chosen on the model's validation HR@10, mean ± std over",
         "the seeds; *model alone*: what a secure run served before (no prior); *exact prior*:",
         "a plain run's ranking at the same round. *Whole groups*: the same with cohorts of",
-        f"whole groups of about {d['settings'].get('group_size', 10)} users (`--cohort-groups`,",
+        f"whole groups of about {d['settings']['group_size']} users (`--cohort-groups`,",
         "users / that), which keep single items' holders from being named (the table above);",
         "their round prior is fixed at the round its counts cover the clients twice over too.",
         "",
@@ -444,9 +444,7 @@ def prior_rows(d: dict[str, Any]) -> list[str]:
     for name in dict.fromkeys(r["dataset"] for r in runs):
         by = {
             (c, a): [
-                r
-                for r in runs
-                if r["dataset"] == name and r.get("cohorts", "clients") == c and r["arm"] == a
+                r for r in runs if r["dataset"] == name and r["cohorts"] == c and r["arm"] == a
             ]
             for c in COHORTS
             for a in ARMS
