@@ -66,8 +66,13 @@ def largest_group_cohort(
     ``candidates`` can hold: the largest groups drawn (all of them under Poisson sampling)."""
     if sampling == "poisson":
         return len(candidates)
-    sizes = np.bincount(client_groups(np.asarray(candidates), groups, seed), minlength=groups)
+    sizes = group_sizes(np.asarray(candidates), groups, seed)
     return int(np.sort(sizes)[::-1][: cohort_size(groups, fraction)].sum())
+
+
+def group_sizes(ids: np.ndarray, groups: int, seed: int) -> np.ndarray:
+    """How many of clients ``ids`` fall in each group (:func:`client_groups`): (groups,)."""
+    return np.bincount(client_groups(ids, groups, seed), minlength=groups)
 
 
 def broken_groups(
@@ -85,7 +90,7 @@ def groups_summary(ids: np.ndarray, groups: int, seed: int) -> str:
     """What cohorts of whole groups hide among clients ``ids``: the groups' sizes, and a
     warning naming how many clients are alone in theirs (a round's union names such a client's
     items as its own)."""
-    sizes = np.bincount(client_groups(ids, groups, seed), minlength=groups)
+    sizes = group_sizes(ids, groups, seed)
     held = sizes[sizes > 0]
     if len(held) == 0:
         return "cohorts of whole groups: no clients yet"
