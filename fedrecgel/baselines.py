@@ -108,7 +108,7 @@ class CentralConfig:
     batch_size: int = 1024
     n_negatives: int = DEFAULTS.n_negatives
     seed: int = 0
-    eval_every: int = 1
+    eval_every: int = DEFAULTS.eval_every  # (epochs)
     #: rank with the popularity prior too, as the federated run does (fedrecgel.prior)
     popularity_prior: bool = DEFAULTS.popularity_prior
 

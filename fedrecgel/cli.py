@@ -210,12 +210,6 @@ def train(
         bool,
         typer.Option(help="Hold out each user's second-latest item to select the round honestly."),
     ] = True,
-    eval_every: Annotated[
-        int,
-        typer.Option(
-            min=0, help="Evaluate every this many rounds and after the last; 0: never evaluate."
-        ),
-    ] = 1,
     out: Annotated[
         Path,
         typer.Option(
@@ -279,7 +273,6 @@ def train(
         base = TrainConfig.from_params(
             params,
             method=method if federated else "fedrecgel",
-            eval_every=eval_every,
         )
         split = load_data(dataset, data_dir, validation, protocol, split_dir)
     except (DataError, ValueError) as err:
@@ -327,7 +320,7 @@ def train(
         "runs": [r.to_json() for r in results],
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    plotted = bool((eval_every and federated) or method == "central")
+    plotted = bool((base.eval_every and federated) or method == "central")
     if plotted:
         plot_run(results, out / "hr_ndcg.png")
     else:  # an earlier run's plot beside these results would pass for theirs

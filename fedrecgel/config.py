@@ -48,6 +48,12 @@ class RunParams(BaseModel):
     factor: int = Field(default=32, ge=1, le=1024, description="Embedding size.")
     layers: int = Field(default=3, ge=1, le=8, description="MLP tower layers.")
     rounds: int = Field(default=100, ge=1, le=100_000, description="Federated rounds.")
+    eval_every: int = Field(
+        default=1,
+        ge=0,
+        le=100_000,
+        description="Evaluate the model every this many rounds and after the last (0: never).",
+    )
     fraction: float = Field(
         default=0.1, gt=0.0, le=1.0, description="Clients per round, as a fraction of users."
     )
@@ -343,10 +349,7 @@ class RunParams(BaseModel):
             return self
         for on, what in (
             (self.weighting != "mean", "weighting=samples (it is unweighted)"),
-            (
-                self.dp_enabled,
-                "differential privacy (its noise is calibrated to the mean)",
-            ),
+            (self.dp_enabled, "differential privacy (its noise is calibrated to the mean)"),
             (self.secure_aggregation != "off", "secure aggregation (the server sees only a sum)"),
         ):
             if on:
@@ -363,10 +366,7 @@ class RunParams(BaseModel):
                     "server needs each client's upload)",
                 ),
                 (self.clip is not None, "clip (the server clips each client's update)"),
-                (
-                    self.dp_enabled,
-                    "differential privacy (each client's update is clipped)",
-                ),
+                (self.dp_enabled, "differential privacy (each client's update is clipped)"),
                 (self.secure_aggregation != "off", "secure aggregation (it masks each client)"),
             ):
                 if on:
@@ -449,6 +449,10 @@ class RunParams(BaseModel):
     def dp_enabled(self) -> bool:
         """Whether the run is differentially private: dp_noise or target_epsilon set."""
         return self.dp_noise is not None or self.target_epsilon is not None
+
+    def evaluates(self, round_id: int, last: int) -> bool:
+        """Whether the model after round ``round_id`` is evaluated, ``last`` the run's last."""
+        return self.eval_every > 0 and (round_id % self.eval_every == 0 or round_id == last)
 
     def quorum_count(self, cohort_size: int) -> int:
         """Updates needed to close at the deadline: ceil(quorum * cohort), at least 1."""

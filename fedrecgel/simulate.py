@@ -53,8 +53,6 @@ class TrainConfig(RunParams):
     The model ``kind`` follows the ``method`` (given only a kind, the method follows it)."""
 
     method: Method = "fedrecgel"
-    #: evaluate every this many rounds and after the last (0: never)
-    eval_every: int = Field(default=1, ge=0)
     # Compute each round's cohort in this many groups (user id % shards), as that many client
     # workers do. The maths is the same; only float rounding depends on which clients share a
     # batch, so set it to the worker count to reproduce a federated run bit for bit.
@@ -290,8 +288,7 @@ class Simulator:
             epsilon=None if self.privacy is None else self.privacy.epsilon(r),
             dp_clip=clip,
         )
-        every = cfg.eval_every
-        if every and (r % every == 0 or r == self.total_rounds):
+        if cfg.evaluates(r, self.total_rounds):
             rec.take_evaluation(*self.evaluate(), n_val=self.split.n_users)
         rec.seconds = time.perf_counter() - t0
         log.info("round %d: %d clients, loss %.4f, test %s", r, len(cohort), rec.loss, rec.test)

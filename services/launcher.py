@@ -2,13 +2,11 @@
 
 Everything runs on loopback with embedded defaults (SQLite files under the work directory, no
 Redis unless ``--redis-url`` is given). The launcher starts the processes, waits until every
-user of the dataset is registered, starts a training run through the operator API, shows
-live progress (round, updates in, global HR@10) and stops everything on Ctrl-C, SIGTERM or
-SIGHUP, or at the end.
-
-It cannot hurt a neighbour: every port is checked before anything starts, and the work directory
-is locked for the life of the instance (a second ``fedrec up`` on the same directory is refused
-before it touches a file there).
+user is registered, starts a run through the operator API, shows live progress (round, updates
+in, global HR@10) and stops everything on Ctrl-C, SIGTERM or SIGHUP, or at the end. It cannot
+hurt a neighbour: every port is checked before anything starts, and the work directory is
+locked for the life of the instance (a second ``fedrec up`` on it is refused before it touches
+a file there).
 """
 
 from __future__ import annotations
@@ -444,7 +442,7 @@ class Cluster:
             self.check_workers()
             with contextlib.suppress(httpx.HTTPError):
                 history = self.history()
-                if run_complete(history, self.opts.rounds):
+                if run_complete(history, self.opts.run):
                     return history
             time.sleep(poll_s)
         done = len(history.get("rounds", []))
@@ -465,12 +463,14 @@ class Cluster:
         return self._history.body()
 
 
-def run_complete(history: dict[str, Any], rounds: int) -> bool:
-    """Whether ``history`` has ``rounds`` closed rounds (fewer when the run plans fewer: a
-    target epsilon stops it), each with its global metrics."""
-    rounds = min(rounds, history.get("planned_rounds") or rounds)
-    closed = history.get("rounds", [])
-    return len(closed) >= rounds and all(r.get("metrics") for r in closed[:rounds])
+def run_complete(history: dict[str, Any], run: RunParams) -> bool:
+    """Whether ``history`` has the run's closed rounds (fewer when the run plans fewer: a
+    target epsilon stops it), each the run evaluates (``eval_every``, the last) with its
+    global metrics."""
+    rounds = min(run.rounds, history.get("planned_rounds") or run.rounds)
+    closed = history.get("rounds", [])[:rounds]
+    due = [r for r in closed if run.evaluates(r["round_id"], rounds)]
+    return len(closed) >= rounds and all(r.get("metrics") for r in due)
 
 
 def worker_torch_threads(workers: int) -> int:

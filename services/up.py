@@ -184,7 +184,7 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
                             f"updates in  " + info
                         )
                 progress.update(task, completed=done, info=info)
-                if run_complete(history, opts.rounds):
+                if run_complete(history, opts.run):
                     break
             except httpx.HTTPError:
                 pass

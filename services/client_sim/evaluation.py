@@ -52,6 +52,16 @@ class Scores:
     count: int
 
 
+@dataclass(frozen=True)
+class Scored:
+    """What one pass over the versions after the last scored one did: the versions through
+    ``through`` were considered, and those the run evaluates (its ``eval_every``, and its
+    last) were scored."""
+
+    through: int
+    scores: list[Scores]
+
+
 class RunPrior:
     """The popularity prior of the worker's run (:mod:`services.aggregator.popularity`): this
     worker's share of the item counts, reported once a run, and the run's summed counts, read
@@ -173,31 +183,34 @@ class Evaluation:
             out[v] = Scores(v, {k: float(x) for k, x in body["sums"].items()}, int(body["count"]))
         return dict(sorted(out.items()))
 
-    def up_to(self, version: int, model: DownloadedModel | None = None) -> bool:
-        """Score, keep and deliver every version after the last scored one up to ``version``
-        (``model``: one of them, already downloaded), and deliver what else was kept; whether
-        there was anything to do."""
-        scores = self.score_up_to(version, model)
-        self.keep(scores)
+    def up_to(
+        self, version: int, model: DownloadedModel | None = None, final: bool = False
+    ) -> bool:
+        """Score, keep and deliver the versions after the last scored one up to ``version``
+        that the run evaluates (``model``: one of them, already downloaded; ``final``:
+        ``version`` is the run's last), and deliver what else was kept; whether there was
+        anything to do."""
+        scored = self.score_up_to(version, model, final)
+        self.keep(scored)
         delivered = self.deliver()
-        return bool(scores) or delivered > 0
+        return bool(scored.scores) or delivered > 0
 
-    def keep(self, scores: list[Scores]) -> None:
+    def keep(self, scored: Scored) -> None:
         """Write scored versions to the store (one transaction), to be delivered."""
-        if scores:
-            self.store.set_meta(**self.meta(scores))
+        meta = self.meta(scored)
+        if meta:
+            self.store.set_meta(**meta)
 
-    @staticmethod
-    def meta(scores: list[Scores]) -> dict[str, str | int | None]:
-        """The store meta values that keep ``scores`` (none for none): what :meth:`keep`
-        writes, for a caller that writes them in a transaction of its own."""
-        if not scores:
+    def meta(self, scored: Scored) -> dict[str, str | int | None]:
+        """The store meta values that keep ``scored`` (none when it considered no version):
+        what :meth:`keep` writes, for a caller that writes them in a transaction of its own."""
+        if scored.through <= self.done():
             return {}
         reports: dict[str, str | int | None] = {
             f"{_REPORT}{sc.version}": json.dumps({"sums": sc.sums, "count": sc.count})
-            for sc in scores
+            for sc in scored.scores
         }
-        return {"evaluated_version": scores[-1].version, **reports}
+        return {"evaluated_version": scored.through, **reports}
 
     def deliver(self) -> int:
         """Deliver the kept reports in version order; how many. A refusal that waiting cannot
@@ -220,12 +233,20 @@ class Evaluation:
             )
         return len(kept)
 
-    def score_up_to(self, version: int, model: DownloadedModel | None = None) -> list[Scores]:
-        """Score (not report yet) every version after the last reported one up to ``version``."""
-        return [
-            self.score(v, model if model is not None and model.version == v else None)
-            for v in range(self.done() + 1, version + 1)
+    def score_up_to(
+        self, version: int, model: DownloadedModel | None = None, final: bool = False
+    ) -> Scored:
+        """Score (not report yet) the versions after the last scored one up to ``version``
+        that the run evaluates: every ``eval_every``-th, and ``version`` when ``final`` (the
+        run's last), as the simulator evaluates its rounds."""
+        cfg, last = self.run_cfg, version if final else -1
+        todo = [
+            v for v in range(self.done() + 1, version + 1) if cfg is None or cfg.evaluates(v, last)
         ]
+        scores = [
+            self.score(v, model if model is not None and model.version == v else None) for v in todo
+        ]
+        return Scored(max(version, self.done()), scores)
 
     def score(self, version: int, model: DownloadedModel | None = None) -> Scores:
         """Metric sums of model ``version`` (downloaded unless given) over all owned users,

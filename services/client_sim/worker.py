@@ -12,7 +12,8 @@ The worker owns the users ``u % shards == shard`` of a split. Each poll (:meth:`
    :class:`fedrecgel.client_round.ClientRound`, as the simulator does), upload (their
    per-client updates, or with ``upload_grouping=worker`` one partial sum of them all), and
    only after the 2xx commit their new private state (one transaction);
-3. evaluate every model version it has not evaluated yet over ALL its users, with their
+3. evaluate the model versions the run evaluates (every ``eval_every``-th and the last) that
+   it has not evaluated yet over ALL its users, with their
    private state as the store holds it, and report metric sums (federated evaluation,
    :mod:`services.client_sim.evaluation`). A version v is scored before the new states of
    round v + 1 are committed, so with the states after round v: in step 2 while the upload is
@@ -220,7 +221,7 @@ class Worker:
             # evaluates ``version`` itself, between its upload and its commit
             did = self.train(info, cfg, version) or did
         if version is not None:
-            did = self.evaluate_up_to(version) or did
+            did = self.evaluate_up_to(version, info.state == "finished") or did
         if trains and not plain and version is not None:
             did = self.secure.step(info, cfg, version, self.pending(info)) or did
         return did
@@ -229,17 +230,18 @@ class Worker:
         """The newest model version this worker has reported metrics for."""
         return self.evaluation.reported()
 
-    def evaluate_up_to(self, version: int) -> bool:
-        """Evaluate and report every version after the last evaluated one, up to ``version``,
-        and deliver the reports kept but not delivered yet; while reports are being delivered
-        in the background or wait for their round's end, only if there is a version to score
-        (then waiting for them)."""
+    def evaluate_up_to(self, version: int, final: bool = False) -> bool:
+        """Evaluate and report the versions after the last evaluated one up to ``version``
+        that the run evaluates (``final``: ``version`` is the run's last), and deliver the
+        reports kept but not delivered yet; while reports are being delivered in the
+        background or wait for their round's end, only if there is a version to score (then
+        waiting for them)."""
         busy = self._delivering is not None and not self._delivering.done()
         if (busy or self._deliver_when_over is not None) and self.evaluation.done() >= version:
             return False
         self.settle()
         self._deliver_when_over = None  # delivered below, with the rest
-        return self.evaluation.up_to(version, self._base)
+        return self.evaluation.up_to(version, self._base, final)
 
     def _deliver_if_over(self, info: CurrentRound) -> None:
         """Deliver (in the upload thread) the reports an upload kept, once its round is over."""
@@ -329,11 +331,11 @@ class Worker:
         sending.exception()  # the upload is waited for, even when the evaluation fails
         if self._announced is None:  # not the round's last upload: the round now waits for
             scoring.yield_cpu()  # another's and the close, not this (services/priority.py)
-        scores = scoring.result()
+        scored = scoring.result()
         try:
             statuses = sending.result()
         except AggregatorCallError as err:
-            self.evaluation.keep(scores)
+            self.evaluation.keep(scored)
             if err.retryable:
                 raise
             # round closed meanwhile, not in the cohort after all, ...: keep the old state,
@@ -355,11 +357,11 @@ class Worker:
             raise
         with self.timer.phase("commit"):  # the states, the scores kept, the note cleared:
             # one transaction (each is a commit, and a commit an fsync of the store)
-            meta = {"pending_upload": None, **self.evaluation.meta(scores)}
+            meta = {"pending_upload": None, **self.evaluation.meta(scored)}
             self.store.save_states(todo, result.state, r, a, meta=meta)
-        if scores and self._announced is None:  # the round waits for others' uploads
+        if scored.scores and self._announced is None:  # the round waits for others' uploads
             self._deliver_when_over = (r, a)
-        elif scores:  # before this worker's next upload (the same thread)
+        elif scored.scores:  # before this worker's next upload (the same thread)
             self._deliver_in_background()
         return statuses
 

@@ -52,11 +52,14 @@ WIDER = {
 #: users fit their embeddings to each version before ranking it (keyed draws, no upload)
 RANK_FIT = {"rank_fit_steps": 4, "rank_fit_lr": 0.2}
 
+#: the fit, with versions 2 and 3 (the last) evaluated only
+EVERY_2ND = {"eval_every": 2, **RANK_FIT}
+
 
 @pytest.mark.parametrize(
     ("extra", "validation"),
-    [({}, False), (WIDER, False), ({}, True), (RANK_FIT, True)],
-    ids=["paper", "wider-settings", "validation-and-prior", "rank-fit"],
+    [({}, False), (WIDER, False), ({}, True), (RANK_FIT, True), (EVERY_2ND, True)],
+    ids=["paper", "wider-settings", "validation-and-prior", "rank-fit", "eval-every-2"],
 )
 def test_two_workers_three_rounds_over_http_match_the_simulator(
     tmp_path: Path, aggregator: str, extra: dict[str, Any], validation: bool
@@ -76,16 +79,23 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
         torch.testing.assert_close(shared[name], param, rtol=1e-5, atol=1e-6)
     rounds = history["rounds"]
     assert [r["model_version"] for r in rounds] == [1, 2, 3]
+    scheduled = [sim.config.evaluates(r, ROUNDS) for r in range(1, ROUNDS + 1)]
+    assert [bool(r["metrics"]) for r in rounds] == [bool(r.test) for r in result.rounds]
+    assert [bool(r["metrics"]) for r in rounds] == scheduled, scheduled
+    evaluated = [rec for rec in result.rounds if rec.test]
     for rec, row in zip(result.rounds, rounds, strict=True):
+        if not rec.test:  # a version the run does not evaluate: no worker scored it
+            continue
         assert row["metrics"], row  # every client reported: the means are set
         assert row["metrics"].get("prior_weight") == rec.prior_weight, rec.round
         for k, v in served_and_model(rec).items():
             assert row["metrics"][k] == pytest.approx(v, abs=1e-9), (rec.round, k)
     if validation:  # the prior was ranked, and served in some round (else nothing was shown)
-        assert all(r.prior_weight is not None for r in result.rounds)
-        assert any(r.prior_weight for r in result.rounds), [r.prior_weight for r in result.rounds]
+        assert all(r.prior_weight is not None for r in evaluated)
+        assert any(r.prior_weight for r in evaluated), [r.prior_weight for r in evaluated]
     if "rank_fit_steps" in extra:  # the fit moved the figures (else it was not shown to run)
-        plain = Simulator(split, train_config(SEED, ROUNDS)).run()
+        unfitted = {k: v for k, v in extra.items() if k not in RANK_FIT}
+        plain = Simulator(split, train_config(SEED, ROUNDS, **unfitted)).run()
         assert [served_and_model(r) for r in plain.rounds] != [
             served_and_model(r) for r in result.rounds
         ]

@@ -99,6 +99,19 @@ def test_every_option_takes_effect(change: dict[str, Any]) -> None:
     assert [r.loss for r in base.rounds] != [r.loss for r in other.rounds]
 
 
+@pytest.mark.parametrize(
+    ("every", "rounds", "evaluated"),
+    [(1, 3, [1, 2, 3]), (2, 5, [2, 4, 5]), (3, 3, [3]), (0, 3, [])],
+)
+def test_rounds_are_evaluated_every_eval_every_and_at_the_last(
+    every: int, rounds: int, evaluated: list[int]
+) -> None:
+    cfg = SMALL.replace(rounds=rounds, eval_every=every)
+    result = Simulator(SPLIT, cfg).run()
+    assert [r.round for r in result.rounds if r.test] == evaluated
+    assert [r for r in range(1, rounds + 1) if cfg.evaluates(r, rounds)] == evaluated
+
+
 def test_methods_map_to_their_ablations() -> None:
     assert TrainConfig(method="fedncf").effective_rho() == (0.0, 0.0)
     assert TrainConfig(method="fedrecgel-no-shared-sam", rho_ns=0.3).effective_rho() == (0.0, 0.3)

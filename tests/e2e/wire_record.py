@@ -29,7 +29,7 @@ PARTIAL_ENTRY = {"client_id", "n_samples"}
 METRIC = r"(val/)?((hr|ndcg)@\d+|prior@[\d.]+/((hr|ndcg)@\d+|gain|loss))"
 PUBLISHED = r"(model/)?(val/)?(hr|ndcg)@\d+|prior_weight"
 RUN_CONFIG = (
-    "n_items|kind|factor|layers|rounds|fraction|seed|optimizer|server_lr|weighting|clip|"
+    "n_items|kind|factor|layers|rounds|eval_every|fraction|seed|optimizer|server_lr|weighting|clip|"
     "rho_sh|rho_ns|client_lr|n_negatives|negative_pool|chunk_size|deadline_s|quorum|dataset|sampling|"
     "cohort_groups|"
     "dp_clip|dp_clip_quantile|dp_noise|dp_mode|dp_delta|target_epsilon|dp_prior_share|dp_item_share|"
