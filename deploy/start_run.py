@@ -17,7 +17,8 @@
 * ``DASHBOARD_PORT``: when set, the web dashboard's address on the host is printed first.
 
 With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
-until every round is closed and evaluated (or, once the last round closed, for at most
+until every round is closed and those the run evaluates (``eval_every``) are evaluated (or,
+once the last round closed, for at most
 ``FEDREC_DEMO_EVAL_WAIT_S``, default 120 s, naming the rounds still unevaluated: each
 evaluation waits for every registered client's report, which a worker that never comes back
 does not send); when a round's uploads stop coming while some of its
@@ -281,6 +282,7 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
     Two requests a poll (the history, the open round's count), the run's state every tenth:
     the demo shares the machine with the run it shows."""
     workers = workers or []
+    from fedrecgel.config import DEFAULTS, RunParams
     from services.history import HistoryCopy
 
     t0 = time.monotonic()
@@ -297,6 +299,8 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
         return (200, copy.body()) if copy.refresh(page) else (0, None)
 
     run_id, total = cur["run_id"], int(cur["config"]["rounds"])
+    # which rounds the run evaluates
+    cfg = RunParams(eval_every=int(cur["config"].get("eval_every", DEFAULTS.eval_every)))
     quorum = float(cur["config"].get("quorum", 1.0))
     # the open round's (round, attempt, updates) and since when; the missing shards last told
     progress: tuple[int, int, int] | None = None
@@ -327,19 +331,26 @@ def follow(  # noqa: C901  # one polling loop: history, open round and state, ea
                 if note:
                     say(f"round {rid:>3}/{total}: {note}")
             # a round is shown with its evaluation, or without once two later rounds closed
-            ready = bool(r.get("metrics")) or (rid < total and len(rounds) - rid >= 2)
+            # (at once when the run does not evaluate it: eval_every)
+            due = cfg.evaluates(rid, total)
+            ready = bool(r.get("metrics")) or not due or (rid < total and len(rounds) - rid >= 2)
             if rid in printed or not ready:
                 continue
             printed.add(rid)
+            figures = _hr(r.get("metrics")) or ("not evaluated yet" if due else "")
             say(
                 f"round {rid:>3}/{total} closed: {r['n_updates']} updates, "
-                f"loss {r['loss'] if r['loss'] is not None else float('nan'):.4f}, "
-                f"{_hr(r.get('metrics')) or 'not evaluated yet'}  ({r['seconds']:.1f} s)"
+                f"loss {r['loss'] if r['loss'] is not None else float('nan'):.4f}"
+                f"{', ' + figures if figures else ''}  ({r['seconds']:.1f} s)"
             )
 
         if len(rounds) >= total:
             all_closed_at = all_closed_at or time.monotonic()
-            unevaluated = [int(r["round_id"]) for r in rounds[:total] if not r.get("metrics")]
+            unevaluated = [
+                int(r["round_id"])
+                for r in rounds[:total]
+                if not r.get("metrics") and cfg.evaluates(int(r["round_id"]), total)
+            ]
             if not unevaluated or time.monotonic() - all_closed_at >= eval_wait_s:
                 return {
                     "run_id": run_id,

@@ -155,3 +155,43 @@ def test_the_follower_stops_waiting_for_an_evaluation_a_gone_worker_holds(
     rounds[1]["metrics"] = metrics
     done = start_run.follow("http://aggregator", "token", poll_s=0.01, eval_wait_s=60)
     assert done["unevaluated"] == [] and done["seconds"] < 30
+
+
+def test_the_follower_waits_only_for_the_rounds_the_run_evaluates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run of 3 rounds with eval_every 2 evaluates rounds 2 and 3 (the last): round 1 never
+    gets metrics and is shown without them at once; the follower returns as soon as rounds 2
+    and 3 have theirs, and waits (naming it) while round 3's is missing."""
+    metrics = {"hr@10": 0.5, "ndcg@10": 0.3}
+    rounds: list[dict[str, Any]] = [
+        {"round_id": r, "n_updates": 10, "loss": 0.5, "seconds": 1.0, "metrics": m}
+        for r, m in ((1, None), (2, metrics), (3, None))
+    ]
+
+    def fake_request(
+        url: str, token: Any = None, data: Any = None, timeout_s: float = 10.0
+    ) -> tuple[int, Any]:
+        path = urlsplit(url).path
+        if path == "/v1/rounds/current":
+            config = {"rounds": 3, "eval_every": 2}
+            return 200, {"run_id": 1, "state": "finished", "config": config}
+        if path == "/v1/runs/current/history":
+            return 200, {"run_id": 1, "rounds": rounds, "next_after": None}
+        if path.startswith("/v1/rounds/"):
+            return 200, {"round_id": int(path.rsplit("/", 1)[1]), "attempt": 0}
+        return 404, None
+
+    lines: list[str] = []
+    monkeypatch.setattr(start_run, "_request", fake_request)
+    monkeypatch.setattr(start_run, "say", lines.append)
+    done = start_run.follow("http://aggregator", "token", poll_s=0.01, eval_wait_s=0.3)
+    assert done["unevaluated"] == [3] and done["seconds"] >= 0.3
+    rounds[2]["metrics"] = metrics
+    lines.clear()
+    done = start_run.follow("http://aggregator", "token", poll_s=0.01, eval_wait_s=60)
+    assert done["unevaluated"] == [] and done["seconds"] < 30
+    shown = {line.split(":")[0]: line for line in lines if "closed:" in line}
+    assert shown["round   1/3 closed"].endswith("loss 0.5000  (1.0 s)"), shown
+    assert "HR@10 0.5000" in shown["round   2/3 closed"]
+    assert "HR@10 0.5000" in shown["round   3/3 closed"]
