@@ -59,10 +59,10 @@ def phase_seconds(log: str) -> dict[str, float]:
     return totals
 
 
-def figures(stdout: str) -> dict[str, Any]:
+def figures(output: str) -> dict[str, Any]:
     """The final, validation-selected and popularity figures ``fedrec up`` printed."""
     out: dict[str, Any] = {}
-    for line in stdout.splitlines():
+    for line in output.splitlines():
         line = line.strip()
         m = FIGURES.search(line)
         if m is None:
@@ -118,7 +118,7 @@ def one_arm(name: str, rounds: int) -> dict[str, Any]:
         "rounds": rounds,
         "wall_seconds": wall,
         "worker_seconds": phases,
-        **figures(done.stdout),
+        **figures(done.stderr),  # (fedrec up prints to stderr)
     }
 
 

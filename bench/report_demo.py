@@ -34,7 +34,8 @@ def section() -> list[str]:
         f"({runs[0]['rounds']} rounds, seed 0), two workers, SQLite, no Redis, dashboard or "
         "recommendation API, the arms one after the other on this machine. *Wall*: the whole "
         "command, start-up and registration included; *compute*, *evaluate*: a worker's seconds "
-        "in those phases over the run (mean of the two workers); HR@10 (%): the last round's "
+        "in those phases over its training rounds (mean of the two workers; the scoring of the "
+        "last version, after the last round, is in no round's timings); HR@10 (%): the last round's "
         "test figure, and the test figure at the round chosen on validation, as `fedrec up` "
         "prints them. `scripts/demo.sh` runs the last row's settings.",
         "",
