@@ -6,9 +6,10 @@ evaluated every round (the default) or every 10th and after the last (``--eval-e
 ``scripts/demo.sh`` runs). The arms run one after the other on the same machine.
 
 Per arm: the wall seconds of the whole command (start-up and registration included), the
-seconds a worker spent computing its cohort members' rounds and scoring its users over the run
-(the sums of the ``compute`` and ``evaluate`` phases of its ``round timings`` log lines,
-services/client_sim/timings.py, mean over the two workers), and the figures ``fedrec up``
+seconds a worker spent computing its cohort members' rounds and scoring its users over its
+training rounds (the sums of the ``compute`` and ``evaluate`` phases of its ``round timings``
+log lines, services/client_sim/timings.py, mean over the two workers; the last version is
+scored after the last round, outside them), and the figures ``fedrec up``
 prints at the end: the last round's test HR@10 / NDCG@10, the round chosen on validation and its
 figures, and the popularity count on the same candidates. Writes
 ``bench/results/demo_settings.json``.
