@@ -211,6 +211,8 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
     if best:
         on = "validation" if has_val else "test (no validation items to choose on)"
         console.print(f"best round {best['round_id']} on {on}: {_figures(best['metrics'])}")
+    elif rounds and not opts.run.eval_every:
+        console.print("no round was evaluated (--eval-every 0)")
     return history
 
 

@@ -6,9 +6,11 @@ the aggregator chose)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -144,3 +146,33 @@ def _model_from_db(path: Path, version: int) -> tuple[ModelConfig, dict[str, tor
     cfg, shared, v = decode_model(bytes(row[0]))
     assert v == version
     return cfg, shared
+
+
+@pytest.mark.parametrize(
+    ("every", "said", "unsaid"),
+    [
+        ("2", r"best round [23] on validation: HR@10", "no round was evaluated"),
+        ("0", r"no round was evaluated \(--eval-every 0\)", "final round"),
+    ],
+)
+def test_up_with_the_demos_settings_evaluates_the_rounds_eval_every_names(
+    tmp_path: Path, every: str, said: str, unsaid: str
+) -> None:
+    """The demo's settings (partial sums, an evaluation every few rounds) on 3 rounds: with
+    eval_every 2 rounds 2 and 3 (the last) are evaluated, and the best round is chosen among
+    them; with 0 none is, and `fedrec up` says so instead of printing figures."""
+    ports = (free_port(), free_port(), free_port(2))
+    up = fedrec_up_on(
+        tmp_path / "up",
+        ports,
+        *("--rounds", "3", "--eval-every", every, "--upload-grouping", "worker"),
+        *("--no-recommend", "--no-dashboard"),
+    )
+    done = subprocess.run(
+        up, capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(said, done.stderr) and unsaid not in done.stderr, done.stderr[-3000:]
+    log = (tmp_path / "up" / "aggregator.log").read_text()
+    evaluated = sorted({int(v) for v in re.findall(r"version (\d+) evaluated over", log)})
+    assert evaluated == ([2, 3] if every == "2" else []), evaluated
