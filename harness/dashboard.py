@@ -36,8 +36,13 @@ class FakeAggregator(httpx.AsyncBaseTransport):
     """The aggregator's current round and paged history over rounds held here; every other
     service refuses to connect."""
 
-    def __init__(self, n: int) -> None:
-        self.rounds = [round_row(rid, evaluated=rid < n) for rid in range(1, n + 1)]
+    def __init__(self, n: int, eval_every: int = 1) -> None:
+        """``n`` closed rounds, each evaluated but the newest; with ``eval_every``, only every
+        ``eval_every``-th (the run's config says so)."""
+        self.eval_every = eval_every
+        self.rounds = [
+            round_row(rid, evaluated=rid < n and rid % eval_every == 0) for rid in range(1, n + 1)
+        ]
 
     def _history(self, request: httpx.Request) -> dict[str, Any]:
         after = int(request.url.params.get("after", "0"))
@@ -71,7 +76,7 @@ class FakeAggregator(httpx.AsyncBaseTransport):
                     "model_version": n,
                     "cohort": [],
                     "cohort_size": 2,
-                    "config": CONFIG,
+                    "config": {**CONFIG, "eval_every": self.eval_every},
                 },
             )
         return httpx.Response(404, json={"error": "not_found", "detail": path})

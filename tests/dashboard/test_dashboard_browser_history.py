@@ -134,3 +134,23 @@ def test_a_short_history_shows_every_row_and_no_buttons(n: int) -> None:
         assert _rows(page) == [str(r) for r in range(n, 0, -1)]
         assert page.is_hidden("#versions-more") and page.is_hidden("#versions-newest")
         assert page.text_content("#versions-note") == ""
+
+
+def test_a_long_run_that_evaluates_every_10th_round_keeps_evaluated_rounds_in_the_chart() -> None:
+    """Before the newest rounds the chart keeps every k-th round (k a power of two): in a run
+    that evaluates every 10th round those must include evaluated ones, or the older part of
+    the metrics chart is empty."""
+    agg = FakeAggregator(ROUNDS, eval_every=10)
+    with served(agg) as url, chromium() as browser:
+        page = browser.new_context(viewport=LAPTOP, locale="en-US").new_page()
+        page.goto(url)
+        _wait_rounds(page, ROUNDS)
+        metrics = _chart(page, "chart-metrics")
+        labels, first = metrics["labels"], metrics["first"]
+        assert TAIL_POINTS < len(labels) <= MAX_POINTS
+        assert labels[-TAIL_POINTS:] == list(range(ROUNDS - TAIL_POINTS + 1, ROUNDS + 1))
+        older = [(r, v) for r, v in zip(labels[:-TAIL_POINTS], first[:-TAIL_POINTS], strict=True)]
+        evaluated = [r for r, v in older if v is not None]
+        assert len(evaluated) >= len(older) // 10, (len(evaluated), len(older))
+        assert all(r % 10 == 0 for r in evaluated)
+        assert len({b - a for a, b in itertools.pairwise(r for r, _ in older)}) == 1

@@ -74,7 +74,9 @@
   const MAX_POINTS = 2000;
   const TAIL_POINTS = 500;
   const DOTS_UP_TO = 300;
-  const plot = { idx: [], stride: 1, target: null };
+  // off: the first older index kept (eval_every - 1), so that in a run evaluating every few
+  // rounds the kept rounds include evaluated ones (every lcm(stride, eval_every)-th round)
+  const plot = { idx: [], stride: 1, off: 0, target: null };
   const metricOf = (r, key) => (r.metrics && key in r.metrics ? r.metrics[key] : null);
   const SERIES = {
     loss: [(r) => r.loss],
@@ -100,7 +102,7 @@
     const older = Math.max(0, rounds.length - TAIL_POINTS);
     while (Math.ceil(older / plot.stride) > MAX_POINTS - TAIL_POINTS) plot.stride *= 2;
     plot.idx = [];
-    for (let i = 0; i < older; i += plot.stride) plot.idx.push(i);
+    for (let i = Math.min(plot.off, older); i < older; i += plot.stride) plot.idx.push(i);
     for (let i = older; i < rounds.length; i += 1) plot.idx.push(i);
     eachChart((chart) => { chart.data.labels = []; for (const d of chart.data.datasets) d.data = []; });
     plot.idx.forEach((i, p) => putPoint(p, i, true));
@@ -121,7 +123,7 @@
     putPoint(plot.idx.length - 1, i, true);
     // the round that just left the exact tail stays only on the stride
     const left = i - TAIL_POINTS;
-    if (left >= 0 && left % plot.stride !== 0) {
+    if (left >= 0 && (left < plot.off || (left - plot.off) % plot.stride !== 0)) {
       const p = plot.idx.length - TAIL_POINTS - 1;
       plot.idx.splice(p, 1);
       dropPoint(p);
@@ -135,7 +137,10 @@
       : cfg ? "Privacy spent (ε): no differential privacy in this run" : "Privacy spent (ε) after each round");
     const retarget = target !== plot.target;
     plot.target = target;
-    if (change.full) { plot.stride = 1; resample(); } else {
+    const off = cfg && cfg.eval_every > 1 ? cfg.eval_every - 1 : 0;
+    const reoffset = off !== plot.off;
+    plot.off = off;
+    if (change.full || reoffset) { plot.stride = 1; resample(); } else {
       if (retarget && charts.eps) charts.eps.data.datasets[1].data.fill(target);
       for (const i of change.changed) { const p = drawnAt(i); if (p >= 0) putPoint(p, i, false); }
       for (const i of change.added) appendPoint(i);
