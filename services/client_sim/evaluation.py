@@ -239,14 +239,12 @@ class Evaluation:
         """Score (not report yet) the versions after the last scored one up to ``version``
         that the run evaluates: every ``eval_every``-th, and ``version`` when ``final`` (the
         run's last), as the simulator evaluates its rounds."""
-        cfg, last = self.run_cfg, version if final else -1
-        todo = [
-            v for v in range(self.done() + 1, version + 1) if cfg is None or cfg.evaluates(v, last)
-        ]
+        cfg, last, done = self.run_cfg, version if final else -1, self.done()
+        todo = [v for v in range(done + 1, version + 1) if cfg is None or cfg.evaluates(v, last)]
         scores = [
             self.score(v, model if model is not None and model.version == v else None) for v in todo
         ]
-        return Scored(max(version, self.done()), scores)
+        return Scored(max(version, done), scores)
 
     def score(self, version: int, model: DownloadedModel | None = None) -> Scores:
         """Metric sums of model ``version`` (downloaded unless given) over all owned users,
