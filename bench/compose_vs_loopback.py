@@ -54,6 +54,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_cli import OutFile, Positive
+from fedrecgel.config import DEFAULTS
 from harness.loopback import free_port, redis_server
 from harness.postgres import pg_bindir, postgres_cluster
 
@@ -165,6 +166,10 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
         **os.environ,
         **{k: str(v) for k, v in ports.items()},
         "FEDREC_DEMO_ROUNDS": str(rounds),
+        # `fedrec up`'s defaults, which the loopback run takes: every round evaluated, one
+        # upload per client (the compose demo's own are every 10th and per-worker sums)
+        "FEDREC_DEMO_EVAL_EVERY": str(DEFAULTS.eval_every),
+        "FEDREC_DEMO_UPLOAD_GROUPING": DEFAULTS.upload_grouping,
         "FEDREC_WORKER_THREADS": str(threads),
     }
     agg_url = f"http://127.0.0.1:{ports['FEDREC_AGGREGATOR_PORT']}"

@@ -194,6 +194,26 @@ def _hr(metrics: dict[str, float] | None) -> str:
     return f"HR@10 {metrics['hr@10']:.4f}  NDCG@10 {metrics.get('ndcg@10', 0.0):.4f}"
 
 
+def compare_with_popularity(dataset: str, history: dict[str, Any]) -> None:
+    """Print the last evaluated round's test HR@10 beside a popularity count's on the same
+    candidates: the reference a recommender has to beat."""
+    from fedrecgel.baselines import popularity
+    from fedrecgel.data import load_split
+
+    evaluated = [r for r in history.get("rounds", []) if (r.get("metrics") or {}).get("hr@10")]
+    try:
+        pop = popularity(load_split(dataset)).rounds[0].test
+    except (OSError, ValueError, KeyError) as err:
+        say(f"popularity on {dataset}: not computed ({err})")
+        return
+    last = (
+        f"round {evaluated[-1]['round_id']} {_hr(evaluated[-1]['metrics'])}; "
+        if evaluated
+        else "no round evaluated; "
+    )
+    say(f"{last}popularity (each item's count of users) on the same candidates: {_hr(pop)}")
+
+
 #: seconds without a new upload to an open round (after its first) before the demo names the
 #: shards whose clients have not uploaded
 QUIET_S = 15.0
@@ -468,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                 "client, and a worker whose shard stopped uploading has not reported (start it "
                 "again and the aggregator completes them; FEDREC_DEMO_EVAL_WAIT_S sets the wait)"
             )
+        compare_with_popularity(str(cfg.get("dataset", "filmtrust")), done["history"])
         rec_url = os.environ.get("RECOMMEND_URL", "").rstrip("/")
         users = int(os.environ.get("SHOW_USERS", "3"))
         if workers and rec_url and users > 0:

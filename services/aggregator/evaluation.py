@@ -10,7 +10,9 @@ ones out; a version publishes the metrics every report carried), and every metri
 of per-client values in [0, 1] (``0 <= sum <= count``). The means are exact sums
 (``math.fsum``) of values so bounded, divided by the number of clients: nothing can overflow,
 one client cannot move a mean by more than 1/population, and the honest reports always
-complete. With the prior's sums the version publishes the ranking the prior's weight, chosen
+complete. Only the versions the run evaluates take reports (:meth:`RunParams.evaluates`:
+every ``eval_every``-th and the last, the last of a stopped run being its newest). With the
+prior's sums the version publishes the ranking the prior's weight, chosen
 on validation, serves (:func:`served_metrics`)."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 
 from fedrecgel.metrics import METRIC_NAMES, PRIOR_METRIC_NAMES, VAL_METRIC_NAMES
 from fedrecgel.prior import choose
+from fedrecgel.run_config import RunConfig
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import Conflict, Forbidden, Malformed, NotFound
@@ -105,6 +108,20 @@ class Evaluations:
             row = repo.version_meta(run.id, v, for_update=True)
             if row is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
+            cfg = RunConfig.model_validate(run.config)
+            ended = run.state in ("finished", "stopped")
+            last = repo.latest_version_number(run.id) if ended else cfg.rounds
+            if not cfg.evaluates(v, cfg.rounds if last is None else last):
+                raise Conflict(
+                    f"run {run.id} does not evaluate version {v}: "
+                    + (
+                        f"it evaluates the multiples of eval_every {cfg.eval_every} and its "
+                        f"last version ({last})"
+                        if cfg.eval_every
+                        else "its eval_every is 0 (no version is evaluated)"
+                    ),
+                    "version_not_evaluated",
+                )
             if row.metrics is not None:  # final: nothing a report says changes them (and the
                 # storage pass drops the per-client rows of such a version)
                 n = len(req.client_ids)

@@ -19,8 +19,11 @@ from fedrecgel.wire import decode_model
 from tests.aggregator.started_run import MODEL, RUN, Ctx, make_updates
 from tests.support.aggregator import (
     bearer,
+    current_cohort,
     enrol_headers,
     operator_headers,
+    post_run,
+    post_updates,
     register,
     report_sums,
 )
@@ -197,6 +200,27 @@ def test_evaluation_refusals(ctx: Ctx) -> None:
     )
     overlap = post("/v1/evaluations", json=_report(0, [1, 2], 0.1), headers=bearer(ctx.token))
     assert overlap.status_code == 409 and overlap.json()["error"] == "evaluation_overlap"
+
+
+def test_only_the_versions_the_run_evaluates_take_reports(app_client: TestClient) -> None:
+    """eval_every 2 over 3 rounds: versions 0, 2 and 3 (the last) are evaluated, 1 is not;
+    once the run is stopped after round 1, version 1 is its last and is evaluated."""
+    token = register(app_client, list(range(10)))
+    post_run(app_client, {**RUN, "eval_every": 2})
+    for c in current_cohort(app_client):
+        assert post_updates(app_client, token, 1, make_updates([c])).status_code == 200
+    post = app_client.post
+
+    def report(version: int) -> int:
+        r = post("/v1/evaluations", json=_report(version, [1], 0.1), headers=bearer(token))
+        return int(r.status_code)
+
+    assert report(0) == 202
+    refused = post("/v1/evaluations", json=_report(1, [1], 0.1), headers=bearer(token))
+    assert refused.status_code == 409 and refused.json()["error"] == "version_not_evaluated"
+    assert "multiples of eval_every 2" in refused.json()["detail"]
+    assert post("/v1/runs/current/stop", headers=operator_headers()).status_code == 200
+    assert report(1) == 202
 
 
 # ----------------------------------------------------------------------------- run control

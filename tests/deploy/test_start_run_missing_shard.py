@@ -4,12 +4,14 @@ round that closed without them (its model differs from an undisturbed run's)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.deploy.manifests import deploy_script
+from fedrecgel.run_config import RunConfig
+from tests.deploy.manifests import ROOT, compose, deploy_script, fake_compose_env
 
 WORKERS = ["http://worker-0:8710", "http://worker-1:8710"]
 
@@ -195,3 +197,43 @@ def test_the_follower_waits_only_for_the_rounds_the_run_evaluates(
     assert shown["round   1/3 closed"].endswith("loss 0.5000  (1.0 s)"), shown
     assert "HR@10 0.5000" in shown["round   2/3 closed"]
     assert "HR@10 0.5000" in shown["round   3/3 closed"]
+
+
+def test_the_end_compares_the_last_evaluated_round_with_popularity(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fedrecgel.baselines import popularity
+    from fedrecgel.data import load_split
+
+    pop = popularity(load_split("filmtrust")).rounds[0].test
+    history = {
+        "rounds": [
+            {"round_id": 10, "metrics": {"hr@10": 0.5, "ndcg@10": 0.25}},
+            {"round_id": 11, "metrics": None},
+        ]
+    }
+    start_run.compare_with_popularity("filmtrust", history)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("round 10 HR@10 0.5000  NDCG@10 0.2500; popularity (")
+    assert line.endswith(f"candidates: HR@10 {pop['hr@10']:.4f}  NDCG@10 {pop['ndcg@10']:.4f}")
+    start_run.compare_with_popularity("filmtrust", {"rounds": [history["rounds"][1]]})
+    assert capsys.readouterr().out.startswith("no round evaluated; popularity (")
+    start_run.compare_with_popularity("nonesuch", history)
+    assert capsys.readouterr().out.startswith("popularity on nonesuch: not computed (")
+
+
+def test_the_compose_demo_trains_as_the_readme_demo_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``docker compose up`` without a .env posts the settings of ``scripts/demo.sh`` (its
+    rounds, evaluations and upload grouping), as a RunConfig the aggregator accepts."""
+    env = compose()["services"]["demo"]["environment"]
+    for key in ("RUN_CONFIG", "RUN_ROUNDS", "RUN_QUORUM", "RUN_DEADLINE_S", "RUN_DATASET"):
+        monkeypatch.setenv(key, fake_compose_env(env[key]))
+    cfg = RunConfig.model_validate(start_run.run_config())
+    script = (ROOT / "scripts" / "demo.sh").read_text()
+    flags = dict(re.findall(r"--(rounds|eval-every|upload-grouping) (\w+)", script))
+    assert len(flags) == 3, script
+    assert (str(cfg.rounds), str(cfg.eval_every), cfg.upload_grouping) == (
+        flags["rounds"],
+        flags["eval-every"],
+        flags["upload-grouping"],
+    )
