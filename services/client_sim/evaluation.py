@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 _REPORT = "report:"
 #: meta key: the run whose item counts this worker reported
 _COUNTED = "item_counts_run"
+#: meta key: the version considered as its run's last (a stopped run's newest version is its
+#: last, evaluated though passed over before the stop)
+_FINAL = "final_version"
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,11 @@ class Scores:
 class Scored:
     """What one pass over the versions after the last scored one did: the versions through
     ``through`` were considered, and those the run evaluates (its ``eval_every``, and its
-    last) were scored."""
+    last) were scored; ``final``: ``through`` was considered as the run's last."""
 
     through: int
     scores: list[Scores]
+    final: bool = False
 
 
 class RunPrior:
@@ -204,13 +208,15 @@ class Evaluation:
     def meta(self, scored: Scored) -> dict[str, str | int | None]:
         """The store meta values that keep ``scored`` (none when it considered no version):
         what :meth:`keep` writes, for a caller that writes them in a transaction of its own."""
-        if scored.through <= self.done():
+        if scored.through <= self.done() and not scored.scores and not scored.final:
             return {}
         reports: dict[str, str | int | None] = {
             f"{_REPORT}{sc.version}": json.dumps({"sums": sc.sums, "count": sc.count})
             for sc in scored.scores
         }
-        return {"evaluated_version": scored.through, **reports}
+        if scored.final:
+            reports[_FINAL] = f"{self._run_id}:{scored.through}"
+        return {"evaluated_version": max(scored.through, self.done()), **reports}
 
     def deliver(self) -> int:
         """Deliver the kept reports in version order; how many. A refusal that waiting cannot
@@ -238,13 +244,24 @@ class Evaluation:
     ) -> Scored:
         """Score (not report yet) the versions after the last scored one up to ``version``
         that the run evaluates: every ``eval_every``-th, and ``version`` when ``final`` (the
-        run's last), as the simulator evaluates its rounds."""
-        cfg, last, done = self.run_cfg, version if final else -1, self.done()
-        todo = [v for v in range(done + 1, version + 1) if cfg is None or cfg.evaluates(v, last)]
+        run's last), as the simulator evaluates its rounds. A stopped run's last is the
+        newest version when it stopped, which may have been passed over as not evaluated
+        before: it is scored then, once."""
+        todo, final = self.due(version, final)
         scores = [
             self.score(v, model if model is not None and model.version == v else None) for v in todo
         ]
-        return Scored(max(version, done), scores)
+        return Scored(max(version, self.done()), scores, final)
+
+    def due(self, version: int, final: bool = False) -> tuple[list[int], bool]:
+        """The versions :meth:`score_up_to` scores, and whether it considers ``version`` the
+        run's last for the first time."""
+        cfg, last, done = self.run_cfg, version if final else -1, self.done()
+        todo = [v for v in range(done + 1, version + 1) if cfg is None or cfg.evaluates(v, last)]
+        final = final and self.store.get_meta(_FINAL) != f"{self._run_id}:{version}"
+        if final and version <= done and cfg is not None and not cfg.evaluates(version, -1):
+            todo = [version] if cfg.evaluates(version, last) else []
+        return todo, final
 
     def score(self, version: int, model: DownloadedModel | None = None) -> Scores:
         """Metric sums of model ``version`` (downloaded unless given) over all owned users,

@@ -237,7 +237,9 @@ class Worker:
         background or wait for their round's end, only if there is a version to score (then
         waiting for them)."""
         busy = self._delivering is not None and not self._delivering.done()
-        if (busy or self._deliver_when_over is not None) and self.evaluation.done() >= version:
+        if (busy or self._deliver_when_over is not None) and not any(
+            self.evaluation.due(version, final)
+        ):
             return False
         self.settle()
         self._deliver_when_over = None  # delivered below, with the rest

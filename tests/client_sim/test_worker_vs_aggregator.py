@@ -195,3 +195,57 @@ def test_a_sparse_secure_run_over_http_ranks_with_the_simulators_round_prior(
     for w in workers:
         assert w.store.get_meta("item_counts_run") is None  # no count report
         w.close()
+
+
+def test_a_stopped_run_evaluates_the_version_it_stopped_at(tmp_path: Path, aggregator: str) -> None:
+    """eval_every 2 over 10 rounds, stopped by the operator once round 3 closed: version 3 is
+    the run's last and every worker scores it, one of them though it passed it over before."""
+    split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
+    workers = [
+        Worker(
+            WorkerSettings(
+                aggregator=aggregator,
+                shard=i,
+                shards=2,
+                enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
+                dataset="synthetic",
+                store=str(tmp_path / f"worker-{i}.db"),
+            ),
+            split=split,
+        )
+        for i in range(2)
+    ]
+    for w in workers:
+        w.register()
+    run = run_body(split.n_items, SEED, 10, kind="ncf", deadline_s=600.0, eval_every=2)
+    operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    with httpx.Client(base_url=aggregator) as http:
+        assert http.post("/v1/runs", json=run, headers=operator).status_code == 201
+
+        def closed() -> list[dict[str, Any]]:
+            rounds: list[dict[str, Any]] = http.get("/v1/runs/current/history").json()["rounds"]
+            return rounds
+
+        for _ in range(200):
+            if len(closed()) >= 3:
+                break
+            for w in workers:
+                w.step()
+        assert len(closed()) == 3
+        # worker 0 trains its part of round 4 from version 3 and passes it over (not due);
+        # worker 1 has not seen version 3 when the run stops
+        workers[0].step()
+        assert len(closed()) == 3
+        assert [w.evaluation.done() for w in workers] == [3, 2]
+        assert http.post("/v1/runs/current/stop", headers=operator).status_code == 200
+        for _ in range(50):
+            for w in workers:
+                w.step()
+            if all(w.finished() for w in workers):
+                break
+        assert all(w.finished() for w in workers)
+        rounds = closed()
+    assert [r["model_version"] for r in rounds] == [1, 2, 3]
+    assert [bool(r["metrics"]) for r in rounds] == [False, True, True]
+    for w in workers:
+        w.close()
