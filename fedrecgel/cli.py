@@ -117,11 +117,10 @@ def preset_choices(
     preset: str,
     dataset: str,
     presets_file: Path | None = None,
-    keep: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The run settings (RunParams names) preset ``preset`` gives for ``dataset``, but those
-    given on the command line and those in ``keep``; presets are the shipped ones, the user's
-    and those of ``presets_file``, later ones winning."""
+    given on the command line; presets are the shipped ones, the user's and those of
+    ``presets_file``, later ones winning."""
     from fedrecgel.presets import PresetError, run_settings
 
     try:
@@ -131,7 +130,7 @@ def preset_choices(
     given = {k for k in settings if _source(ctx, k) == "COMMANDLINE"}
     if "dp_clip" in given:  # a clip norm named on the command line is the run's, fixed
         given.add("dp_clip_quantile")
-    return {k: v for k, v in settings.items() if k not in keep and k not in given}
+    return {k: v for k, v in settings.items() if k not in given}
 
 
 def _apply_preset(

@@ -24,7 +24,7 @@ from fedrecgel.simulate import TrainConfig
 from services import contract
 from services.aggregator.app import create_app
 from services.aggregator.settings import Settings
-from services.cli import UP_ROUNDS, app
+from services.cli import UP_EVAL_EVERY, app
 from services.launcher import UpOptions, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -229,18 +229,25 @@ def test_nan_and_infinity_are_named_as_such(tmp_path: Path, name: str, value: st
         RunParams.model_validate({name: float(value)})
 
 
-def test_up_runs_the_default_preset_but_its_own_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_up_runs_the_default_preset_with_its_own_evaluations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fedrec up` trains the preset's settings, its rounds included, and evaluates every
+    UP_EVAL_EVERY rounds unless told otherwise."""
     seen: list[UpOptions] = []
     monkeypatch.setattr(services.up, "up", lambda opts: seen.append(opts))
     default = presets.run_settings("default", "filmtrust")
     assert default["server_lr"] != RunParams().server_lr  # else this test shows nothing
-    for args in ([], ["--preset", "paper"], ["--server-lr", "0.5"]):
+    assert default["rounds"] != RunParams().rounds
+    for args in ([], ["--preset", "paper"], ["--server-lr", "0.5"], ["--eval-every", "1"]):
         r = runner.invoke(app, ["up", *args])
         assert r.exit_code == 0, r.output
-    plain, paper, given = (opts.run for opts in seen)
-    assert plain == RunParams(**{**default, "rounds": UP_ROUNDS})
+    plain, paper, given, every = (opts.run for opts in seen)
+    assert plain == RunParams(**{**default, "eval_every": UP_EVAL_EVERY})
     assert "preset default: " in runner.invoke(app, ["up"]).output
-    assert paper == RunParams(rounds=UP_ROUNDS)  # FilmTrust's paper settings: the defaults
-    assert given == RunParams(**{**default, "rounds": UP_ROUNDS, "server_lr": 0.5})
+    # FilmTrust's paper settings: the defaults (the paper's 100 rounds)
+    assert paper == RunParams(eval_every=UP_EVAL_EVERY)
+    assert given == RunParams(**{**default, "eval_every": UP_EVAL_EVERY, "server_lr": 0.5})
+    assert every == RunParams(**default)
     r = runner.invoke(app, ["up", "--preset", "nonesuch"])
     assert r.exit_code == 2 and "unknown preset 'nonesuch'" in r.output, r.output

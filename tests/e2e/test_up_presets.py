@@ -35,7 +35,7 @@ def test_a_private_run_over_http_takes_the_private_preset_with_a_fixed_clip_norm
         private["sampling"],
     )
     assert run.dp_clip == FIXED_PRIVATE_CLIP and run.dp_clip_quantile is None
-    assert run.rounds != private["rounds"]  # fedrec up keeps its own rounds
+    assert run.rounds == private["rounds"]  # the rounds the noise was chosen for
     named = _run_config(monkeypatch, tmp_path, "--dp-noise", "1", "--dp-clip", "0.7")
     assert named.dp_clip == 0.7 and named.dp_clip_quantile is None
     plain = _run_config(monkeypatch, tmp_path)
