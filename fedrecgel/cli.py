@@ -260,8 +260,9 @@ def train(
         ),
     ] = None,
 ) -> None:
-    """Train with the in-process simulator, Ray actors (or a reference point); write
-    results.json and hr_ndcg.png to --out."""
+    """Train in process, on Ray actors, or a reference point.
+
+    Writes results.json and hr_ndcg.png to --out."""
     backend_of = _backend_of(backend, address, checkpoint_dir)
     _refuse_unused_options(method, central_lr, preset, presets_file)
     seed_list = parse_seeds(seeds)

@@ -82,9 +82,10 @@ def tune_command(
         ),
     ] = None,
 ) -> None:
-    """Search step sizes, SAM radii, rounds, the server optimizer and its weight decay, local
-    steps, negatives, embedding size and the private embeddings' weight decay on the
-    validation item only; run it again to resume an interrupted study."""
+    """Tune run settings on the validation item only (resumes an interrupted study).
+
+    Searches step sizes, SAM radii, rounds, the server optimizer and its weight decay, local
+    steps, negatives, embedding size and the private embeddings' weight decay."""
     if method not in TUNABLE:
         raise fail(f"--method must be one of {', '.join(TUNABLE)}")
     seed_list = parse_seeds(seeds)

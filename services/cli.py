@@ -218,8 +218,10 @@ def enrolment_token(
         typer.Option(help="File holding the aggregator's enrolment secret (default: env)."),
     ] = None,
 ) -> None:
-    """Print the enrolment token of worker shard I of N (it registers the users u % N == I),
-    derived from the aggregator's enrolment secret ($FEDREC_AGG_ENROLMENT_SECRET[_FILE])."""
+    """Print the enrolment token of worker shard I of N.
+
+    The token registers the users u % N == I; it is derived from the aggregator's enrolment
+    secret ($FEDREC_AGG_ENROLMENT_SECRET[_FILE])."""
     from services.enrolment import EnrolmentTokenError
     from services.enrolment import enrolment_token as derive
 
