@@ -54,9 +54,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_cli import OutFile, Positive
-from fedrecgel.config import DEFAULTS
+from fedrecgel.config import DEFAULTS, RunParams
 from harness.loopback import free_port, redis_server
 from harness.postgres import pg_bindir, postgres_cluster
+from services.launcher import run_complete
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,11 +66,6 @@ TARGET = 1.2
 #: seconds from `docker compose up` (images built) to the first closed round
 FIRST_ROUND_TARGET_S = 45.0
 PROJECT = "fedrecgel-bench"
-
-
-def _complete(history: dict[str, Any], rounds: int) -> bool:
-    closed = history.get("rounds", [])
-    return len(closed) >= rounds and all(r.get("metrics") for r in closed[:rounds])
 
 
 def watch_run(
@@ -90,7 +86,7 @@ def watch_run(
                     history = client.get("/v1/runs/current/history").json()
                     if history.get("rounds") and first_closed is None:
                         first_closed = time.monotonic()
-                    if _complete(history, rounds):
+                    if run_complete(history, RunParams(rounds=rounds)):
                         return {
                             "started": started,
                             "first_closed": first_closed,
@@ -166,8 +162,8 @@ def compose_run(rounds: int, threads: int) -> dict[str, Any]:
         **os.environ,
         **{k: str(v) for k, v in ports.items()},
         "FEDREC_DEMO_ROUNDS": str(rounds),
-        # `fedrec up`'s defaults, which the loopback run takes: every round evaluated, one
-        # upload per client (the compose demo's own are every 10th and per-worker sums)
+        # what the loopback run takes too: every round evaluated, one upload per client (the
+        # run settings' defaults; the compose demo's own are every 10th and per-worker sums)
         "FEDREC_DEMO_EVAL_EVERY": str(DEFAULTS.eval_every),
         "FEDREC_DEMO_UPLOAD_GROUPING": DEFAULTS.upload_grouping,
         "FEDREC_WORKER_THREADS": str(threads),
@@ -269,6 +265,8 @@ def loopback_run(rounds: int, postgres: bool = False) -> dict[str, Any]:
             "up",
             "--rounds",
             str(rounds),
+            "--eval-every",  # every round, as the compose arm (watch_run waits for each)
+            str(DEFAULTS.eval_every),
             "--workers",
             "2",
             "--aggregator-port",
