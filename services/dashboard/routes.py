@@ -22,13 +22,15 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from services.contract import ErrorBody, ServiceError
-from services.dashboard.runform import run_form_groups
+from services.dashboard.runform import form_presets, run_form_groups
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.upstream import OPERATOR_ACTIONS, Answer, Upstream
 from services.web_assets import CHART_JS
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 #: the largest user id or k the page forwards (the workers bound k themselves)
+#: the presets the start form offers, by name (their settings, read once)
+PRESETS = form_presets()
 MAX_USER = 2**31 - 1
 MAX_K = 1000
 #: the page's own policy: scripts, styles and data from this origin only
@@ -88,6 +90,8 @@ async def page(request: Request) -> Response:
     s: DashboardSettings = request.app.state.settings
     context = {
         "groups": run_form_groups(),
+        "presets": list(PRESETS),
+        "presets_json": json.dumps(PRESETS),
         "chart_js": CHART_JS,
         "poll_ms": int(s.poll_interval_s * 1000),
         "workers": len(s.workers),

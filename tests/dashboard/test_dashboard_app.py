@@ -4,8 +4,10 @@ the aggregator, whatever the page shows), and the local Swagger UI of every serv
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from fedrecgel.config import SIMULATOR_ONLY
+from fedrecgel.presets import FIXED_PRIVATE_CLIP, PRESETS_FILE, stored
 from fedrecgel.run_config import RunConfig
 from services.aggregator.app import create_app as create_aggregator
 from services.dashboard.app import create_app
@@ -75,23 +78,35 @@ def test_the_page_is_self_contained_and_has_every_run_setting(agg: TestClient) -
         assert not url.startswith(("http:", "https:", "//")), url
     assert 'src="/static/vendor/chartjs/chart.umd.min.js"' in html
     assert dash.get("/static/vendor/chartjs/chart.umd.min.js").status_code == 200
-    # the start form has one input per run setting the aggregator runs, with the core
-    # config's default (adaptive clipping, which it refuses, has none)
+    # the start form has one input per run setting the aggregator runs, filled with the
+    # default preset's value where it sets one, else the core config's default, which each
+    # input carries too (adaptive clipping, which the aggregator refuses, has no input)
     for name in SIMULATOR_ONLY:
         assert f'id="cfg-{name}"' not in html, name
+    preset = stored(PRESETS_FILE)["default"]["settings"]
+    assert {"server_lr", "rounds"} <= set(preset)  # else the preset shows nothing here
     settings = {n: f for n, f in RunConfig.model_fields.items() if n not in SIMULATOR_ONLY}
     for name, field in settings.items():
         tag = re.search(rf'<(?:input|select)[^>]*id="cfg-{name}"[^>]*>', html)
         assert tag is not None, name
         if field.is_required() or field.default is None or isinstance(field.default, str):
             continue
-        if isinstance(field.default, bool):  # a switch: its default's option is selected
+        shown = preset.get(name, field.default)
+        if isinstance(field.default, bool):  # a switch: its value's option is selected
             select = re.search(rf'<select[^>]*id="cfg-{name}".*?</select>', html, re.S)
             assert select is not None, name
-            want = f'<option value="{str(field.default).lower()}" selected>'
-            assert want in select.group(0), name
+            assert f'<option value="{str(shown).lower()}" selected>' in select.group(0), name
             continue
-        assert f'value="{field.default}"' in tag.group(0), name
+        assert f'value="{shown}"' in tag.group(0), name
+        assert f'data-default="{field.default}"' in tag.group(0), name
+    # the presets the form offers, each with the settings it fills in
+    select = re.search(r'<select id="cfg-preset" data-presets="([^"]*)"', html)
+    assert select is not None
+    offered = json.loads(unescape(select.group(1)))
+    assert list(offered)[:3] == ["default", "paper", "private"] and offered["paper"] == {}
+    assert offered["default"] == preset and "tuned-amazon-video" in offered
+    assert offered["private"]["dp_clip"] == FIXED_PRIVATE_CLIP
+    assert "dp_clip_quantile" not in offered["private"]
     # the privacy settings have a group of their own, after the training settings
     privacy = html.index("<legend>Privacy: differential privacy and secure aggregation</legend>")
     for name in settings:

@@ -566,6 +566,16 @@
       operator(`/ui/api/runs/current/${b.dataset.action}`);
     });
   }
+  // a preset fills every setting: its own value, else the run settings' default
+  $("cfg-preset").addEventListener("change", () => {
+    const presets = JSON.parse($("cfg-preset").dataset.presets);
+    const chosen = presets[$("cfg-preset").value] || {};
+    for (const el of document.querySelectorAll("#start-form [data-field]")) {
+      if (el.dataset.field === "n_items") continue;  // the catalogue's, not a preset's
+      const v = chosen[el.dataset.field];
+      el.value = v === undefined ? el.dataset.default : v === null ? "" : String(v);
+    }
+  });
   $("start-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const cfg = {};
