@@ -196,13 +196,17 @@ def _hr(metrics: dict[str, float] | None) -> str:
 
 def compare_with_popularity(dataset: str, history: dict[str, Any]) -> None:
     """Print the last evaluated round's test HR@10 beside a popularity count's on the same
-    candidates: the reference a recommender has to beat."""
+    candidates (the workers' split: a validation item held out, their default): the reference
+    a recommender has to beat."""
     from fedrecgel.baselines import popularity
     from fedrecgel.data import load_split
+    from services.client_sim.settings import WorkerSettings
+
+    validation = bool(WorkerSettings.model_fields["validation"].default)
 
     evaluated = [r for r in history.get("rounds", []) if (r.get("metrics") or {}).get("hr@10")]
     try:
-        pop = popularity(load_split(dataset)).rounds[0].test
+        pop = popularity(load_split(dataset, validation=validation)).rounds[0].test
     except (OSError, ValueError, KeyError) as err:
         say(f"popularity on {dataset}: not computed ({err})")
         return

@@ -12,7 +12,8 @@
 # 4. the project image (classic builder; the CPU torch wheel from pip's find-links folder when
 #    it has one, served to a `--network host` build on a loopback port) and the balancer's
 #    (Debian's haproxy, deploy/balancer), leaving no dangling image behind;
-# 5. `docker compose up` of the demo with $SMOKE_ROUNDS (4) rounds and a round deadline of
+# 5. `docker compose up` of the demo (its own settings: per-worker partial sums, an evaluation
+#    every 10 rounds) with $SMOKE_ROUNDS (30) rounds and a round deadline of
 #    $SMOKE_DEADLINE_S (45) s under its own project name and free host ports: every service
 #    healthy (the aggregator's $FEDREC_AGGREGATOR_REPLICAS (3) replicas each); once the first
 #    round closed, worker-1 stopped with `docker kill` (an operator's stop: Docker does not
@@ -33,9 +34,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-# Rounds take about 2 s here: worker-1, killed after round 1, may still have sent a round or
-# two, and the round it misses must not be the last (the last one checks that it rejoined).
-ROUNDS=${SMOKE_ROUNDS:-7}
+# The demo's rounds take under a second here: worker-1, killed after round 1, may still have
+# sent a few rounds, and the round it misses must not be the last (the last one checks that it
+# rejoined); 30 rounds also hold evaluated rounds (10, 20) before the last.
+ROUNDS=${SMOKE_ROUNDS:-30}
 DEADLINE_S=${SMOKE_DEADLINE_S:-45}
 PROJECT=${SMOKE_PROJECT:-fedrecgel-smoke}
 IMAGE=fedrecgel:0.1.0
@@ -342,6 +344,15 @@ docker logs "$(compose ps -aq demo)" 2>&1 | tee "$WORK/demo.log"
 grep -q "run [0-9]*: $ROUNDS rounds closed and evaluated" "$WORK/demo.log" || fail "the run did not finish"
 grep -qF "dashboard: http://127.0.0.1:$FEDREC_DASHBOARD_PORT/ui/" "$WORK/demo.log" || fail "the demo did not print the dashboard's address"
 [ "$(grep -cE '^ +[0-9]+  ' "$WORK/demo.log")" -ge 10 ] || fail "no top-10 in the demo's log"
+grep -qE "^round $ROUNDS HR@10 [0-9.]+  NDCG@10 [0-9.]+; popularity \(each item's count of users\) on the same candidates: HR@10" \
+  "$WORK/demo.log" || fail "the demo did not compare its last round with popularity"
+# the rounds the demo's run evaluates (every 10th and the last) have metrics, no other
+evaluated=$(for r in $(seq 1 "$ROUNDS"); do
+  py_get "$agg/v1/rounds/$r" 'bool(b["metrics"])' | grep -q True && echo -n "$r "
+done)
+echo "evaluated rounds: $evaluated"
+want=$(for r in $(seq 1 "$ROUNDS"); do { [ $((r % 10)) = 0 ] || [ "$r" = "$ROUNDS" ]; } && echo -n "$r "; done)
+[ "$evaluated" = "$want" ] || fail "rounds evaluated: $evaluated; the run evaluates $want"
 [ "$(closed_rounds)" = "$ROUNDS" ] || fail "$(closed_rounds) rounds closed, not $ROUNDS"
 # worker-1 rejoined: the last round took every update of its cohort
 last=$(py_get "$agg/v1/rounds/$ROUNDS" '(b["state"], b["updates_received"] == b["cohort_size"], b["missing_by_shard"])')
