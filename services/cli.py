@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from fedrecgel.cli import app, checked, preset_choices, run_options
+from fedrecgel.cli import CLI_EVAL_EVERY, app, checked, preset_choices, run_options
 from fedrecgel.cli import main as _run_app
 from fedrecgel.clitools import console, fail, option_flag
 from fedrecgel.data import DATASETS, DataError
@@ -24,11 +24,6 @@ __all__ = ["app", "main"]
 
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
-#: ``fedrec up`` evaluates every this many rounds (and the last) unless --eval-every says
-#: otherwise: over the preset's 300 FilmTrust rounds an evaluation every round took the run from
-#: 287 s to 396 s (docs/RESULTS.md, "The demo's settings"), and the rounds are chosen among
-#: evaluated ones every 10, as the accuracy tables choose them
-UP_EVAL_EVERY = 10
 
 
 def _port(help: str) -> Any:
@@ -77,7 +72,7 @@ _UP = UpOptions()
 
 @app.command()
 @run_options(
-    defaults={"eval_every": UP_EVAL_EVERY},
+    defaults={"eval_every": CLI_EVAL_EVERY},
     helps={"dataset": f"One of {', '.join(DATASETS)}."},
 )
 def up(

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 import services.up
 from fedrecgel import presets
+from fedrecgel.cli import CLI_EVAL_EVERY
 from fedrecgel.clitools import bounds
 from fedrecgel.config import DEFAULTS, RunParams
 from fedrecgel.run_config import RunConfig
@@ -24,7 +25,7 @@ from fedrecgel.simulate import TrainConfig
 from services import contract
 from services.aggregator.app import create_app
 from services.aggregator.settings import Settings
-from services.cli import UP_EVAL_EVERY, app
+from services.cli import app
 from services.launcher import UpOptions, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +234,7 @@ def test_up_runs_the_default_preset_with_its_own_evaluations(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`fedrec up` trains the preset's settings, its rounds included, and evaluates every
-    UP_EVAL_EVERY rounds unless told otherwise."""
+    CLI_EVAL_EVERY rounds unless told otherwise."""
     seen: list[UpOptions] = []
     monkeypatch.setattr(services.up, "up", lambda opts: seen.append(opts))
     default = presets.run_settings("default", "filmtrust")
@@ -243,11 +244,11 @@ def test_up_runs_the_default_preset_with_its_own_evaluations(
         r = runner.invoke(app, ["up", *args])
         assert r.exit_code == 0, r.output
     plain, paper, given, every = (opts.run for opts in seen)
-    assert plain == RunParams(**{**default, "eval_every": UP_EVAL_EVERY})
+    assert plain == RunParams(**{**default, "eval_every": CLI_EVAL_EVERY})
     assert "preset default: " in runner.invoke(app, ["up"]).output
     # FilmTrust's paper settings: the defaults (the paper's 100 rounds)
-    assert paper == RunParams(eval_every=UP_EVAL_EVERY)
-    assert given == RunParams(**{**default, "eval_every": UP_EVAL_EVERY, "server_lr": 0.5})
+    assert paper == RunParams(eval_every=CLI_EVAL_EVERY)
+    assert given == RunParams(**{**default, "eval_every": CLI_EVAL_EVERY, "server_lr": 0.5})
     assert every == RunParams(**default)
     r = runner.invoke(app, ["up", "--preset", "nonesuch"])
     assert r.exit_code == 2 and "unknown preset 'nonesuch'" in r.output, r.output
