@@ -25,7 +25,6 @@ __all__ = ["app", "main"]
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-
 def _port(help: str) -> Any:
     """The option of a TCP port."""
     return typer.Option(min=1, max=65535, help=help)
