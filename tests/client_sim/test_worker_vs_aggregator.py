@@ -122,11 +122,10 @@ def test_two_workers_three_rounds_over_http_match_the_simulator(
         w.close()
 
 
-def _run_over_http(
-    tmp_path: Path, aggregator: str, split: Split, rounds: int, extra: dict[str, Any]
-) -> tuple[list[Worker], dict[str, Any], httpx.Response]:
-    """Two workers run ``rounds`` rounds of the run ``extra`` sets: the workers, the run's
-    history and its latest model."""
+def _registered_workers(
+    tmp_path: Path, aggregator: str, split: Split, **settings: Any
+) -> list[Worker]:
+    """The two shards' workers of ``split`` (stores in ``tmp_path``), registered."""
     workers = [
         Worker(
             WorkerSettings(
@@ -136,8 +135,7 @@ def _run_over_http(
                 enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
                 dataset="synthetic",
                 store=str(tmp_path / f"worker-{i}.db"),
-                poll_min_s=0.01,
-                poll_max_s=0.05,
+                **settings,
             ),
             split=split,
         )
@@ -145,6 +143,15 @@ def _run_over_http(
     ]
     for w in workers:
         w.register()
+    return workers
+
+
+def _run_over_http(
+    tmp_path: Path, aggregator: str, split: Split, rounds: int, extra: dict[str, Any]
+) -> tuple[list[Worker], dict[str, Any], httpx.Response]:
+    """Two workers run ``rounds`` rounds of the run ``extra`` sets: the workers, the run's
+    history and its latest model."""
+    workers = _registered_workers(tmp_path, aggregator, split, poll_min_s=0.01, poll_max_s=0.05)
     run = run_body(split.n_items, SEED, rounds, kind="ncf", deadline_s=600.0, **extra)
     with httpx.Client(base_url=aggregator) as http:
         resp = http.post(
@@ -201,22 +208,7 @@ def test_a_stopped_run_evaluates_the_version_it_stopped_at(tmp_path: Path, aggre
     """eval_every 2 over 10 rounds, stopped by the operator once round 3 closed: version 3 is
     the run's last and every worker scores it, one of them though it passed it over before."""
     split = synthetic_split(n_users=N_USERS, n_items=80, seed=7, n_test_negatives=20)
-    workers = [
-        Worker(
-            WorkerSettings(
-                aggregator=aggregator,
-                shard=i,
-                shards=2,
-                enrolment_token=SecretStr(enrolment_token(ENROLMENT_SECRET, i, 2)),
-                dataset="synthetic",
-                store=str(tmp_path / f"worker-{i}.db"),
-            ),
-            split=split,
-        )
-        for i in range(2)
-    ]
-    for w in workers:
-        w.register()
+    workers = _registered_workers(tmp_path, aggregator, split)
     run = run_body(split.n_items, SEED, 10, kind="ncf", deadline_s=600.0, eval_every=2)
     operator = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
     with httpx.Client(base_url=aggregator) as http:
