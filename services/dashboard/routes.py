@@ -28,9 +28,9 @@ from services.dashboard.upstream import OPERATOR_ACTIONS, Answer, Upstream
 from services.web_assets import CHART_JS
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
-#: the largest user id or k the page forwards (the workers bound k themselves)
 #: the presets the start form offers, by name (their settings, read once)
 PRESETS = form_presets()
+#: the largest user id or k the page forwards (the workers bound k themselves)
 MAX_USER = 2**31 - 1
 MAX_K = 1000
 #: the page's own policy: scripts, styles and data from this origin only

@@ -2,7 +2,9 @@
 :class:`~fedrecgel.run_config.RunConfig` with its default, bounds and description as the core
 config declares them (no default is written here again), filled with a shipped preset's
 settings as ``fedrec up`` takes them (the ``default`` preset first: the run settings' own
-defaults are the paper's, which at FilmTrust's 100 rounds rank about as popularity does)."""
+defaults are the paper's, which at FilmTrust's 100 rounds rank about as popularity does), but
+for ``eval_every``: the form keeps the run settings' evaluation every round, which the charts
+show (``fedrec up`` evaluates every 10th)."""
 
 from __future__ import annotations
 
