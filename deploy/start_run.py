@@ -17,19 +17,18 @@
 * ``DASHBOARD_PORT``: when set, the web dashboard's address on the host is printed first.
 
 With ``--follow`` (the compose demo) it then prints a line per round (updates in, loss, HR@10)
-until every round is closed and those the run evaluates (``eval_every``) are evaluated (or,
-once the last round closed, for at most
-``FEDREC_DEMO_EVAL_WAIT_S``, default 120 s, naming the rounds still unevaluated: each
-evaluation waits for every registered client's report, which a worker that never comes back
-does not send); when a round's uploads stop coming while some of its
-cohort has not uploaded, which shards those clients belong to (``missing_by_shard`` of
-``GET /v1/rounds/{id}``, shard ``i`` named by the ``i``-th of ``WORKER_URLS``) and what the
-deadline will do; and when a round closed without some shard's clients or after a retry, that
-from then on the model differs from an undisturbed run's. At the end it waits until
-recommend-api (``RECOMMEND_URL``) serves the final model, and prints the top-10 of the first
-``SHOW_USERS`` users (default 3), asked from their workers (``WORKER_URLS``, comma-separated,
-user ``u`` on worker ``u % n``; bearer token of their device API in ``WORKER_TOKEN_FILE``) as
-their devices would.
+until every round is closed and those the run evaluates (``eval_every``) are evaluated (or, once
+the last round closed, for at most ``FEDREC_DEMO_EVAL_WAIT_S``, default 120 s, naming the rounds
+still unevaluated: each evaluation waits for every registered client's report, which a worker that
+never comes back does not send), then the last evaluated round's HR@10 beside a popularity count's;
+when a round's uploads stop coming while some of its cohort has not uploaded, which shards those
+clients belong to (``missing_by_shard`` of ``GET /v1/rounds/{id}``, shard ``i`` named by the
+``i``-th of ``WORKER_URLS``) and what the deadline will do; and when a round closed without some
+shard's clients or after a retry, that from then on the model differs from an undisturbed run's. At
+the end it waits until recommend-api (``RECOMMEND_URL``) serves the final model, and prints the
+top-10 of the first ``SHOW_USERS`` users (default 3), asked from their workers (``WORKER_URLS``,
+comma-separated, user ``u`` on worker ``u % n``; bearer token of their device API in
+``WORKER_TOKEN_FILE``) as their devices would.
 
 Exit status 0 when the run started (and, with ``--follow``, finished) or one is already active
 (which is then followed), 1 otherwise. The same request by hand::
@@ -74,10 +73,6 @@ def _request(
             return err.code, None
     except (urllib.error.URLError, OSError, ValueError):
         return 0, None
-
-
-def _get_json(url: str, timeout_s: float = 5.0) -> tuple[int, Any]:
-    return _request(url, timeout_s=timeout_s)
 
 
 def wait_until(what: str, ready: Any, timeout_s: float, every_s: float = 1.0) -> None:
@@ -195,27 +190,22 @@ def _hr(metrics: dict[str, float] | None) -> str:
 
 
 def compare_with_popularity(dataset: str, history: dict[str, Any]) -> None:
-    """Print the last evaluated round's test HR@10 beside a popularity count's on the same
-    candidates (the workers' split: a validation item held out, their default): the reference
-    a recommender has to beat."""
+    """Print the last evaluated round's HR@10 beside popularity's on the same test candidates
+    (the workers' split: by default a validation item held out), the reference to beat."""
     from fedrecgel.baselines import popularity
     from fedrecgel.data import load_split
     from services.client_sim.settings import WorkerSettings
 
-    validation = bool(WorkerSettings.model_fields["validation"].default)
-
-    evaluated = [r for r in history.get("rounds", []) if (r.get("metrics") or {}).get("hr@10")]
+    held_out = bool(WorkerSettings.model_fields["validation"].default)
     try:
-        pop = popularity(load_split(dataset, validation=validation)).rounds[0].test
+        pop = popularity(load_split(dataset, validation=held_out)).rounds[0].test
     except (OSError, ValueError, KeyError) as err:
-        say(f"popularity on {dataset}: not computed ({err})")
-        return
-    last = (
-        f"round {evaluated[-1]['round_id']} {_hr(evaluated[-1]['metrics'])}; "
-        if evaluated
-        else "no round evaluated; "
-    )
-    say(f"{last}popularity (each item's count of users) on the same candidates: {_hr(pop)}")
+        return say(f"popularity on {dataset}: not computed ({err})")
+    done = [r for r in history.get("rounds", []) if (r.get("metrics") or {}).get("hr@10")]
+    last = "no round evaluated"
+    if done:
+        last = f"round {done[-1]['round_id']} {_hr(done[-1]['metrics'])}"
+    say(f"{last}; popularity (each item's count of users) on the same candidates: {_hr(pop)}")
 
 
 #: seconds without a new upload to an open round (after its first) before the demo names the
@@ -252,7 +242,7 @@ def missing_line(
 ) -> str:
     """What the demo says of an open round whose uploads stopped coming: whose clients have not
     uploaded (by shard, each worker answering or not), and what the deadline will do."""
-    answering = answering or (lambda url: _get_json(f"{url}/healthz", timeout_s=2.0)[0] == 200)
+    answering = answering or (lambda url: _request(f"{url}/healthz", timeout_s=2.0)[0] == 200)
     n, m = int(info["updates_received"]), int(info["cohort_size"])
     parts = []
     for label, count in info["missing_by_shard"].items():
@@ -426,7 +416,7 @@ def show_recommendations(
     workers answer them; True when every user got an answer."""
 
     def serving() -> bool:
-        status, body = _get_json(f"{rec_url}/healthz")
+        status, body = _request(f"{rec_url}/healthz", timeout_s=5.0)
         return (
             status == 200 and isinstance(body, dict) and (body.get("model_version") or 0) >= version
         )
@@ -465,11 +455,11 @@ def main(argv: list[str] | None = None) -> int:
         timeout_s = float(os.environ.get("WAIT_TIMEOUT_S", "600"))
         token = operator_token()
         cfg = run_config()
-        wait_until("aggregator", lambda: _get_json(f"{base}/healthz")[0] == 200, timeout_s)
+        wait_until("aggregator", lambda: _request(f"{base}/healthz")[0] == 200, timeout_s)
         for url in filter(None, (u.strip() for u in os.environ.get("WAIT_FOR", "").split(","))):
 
             def registered(url: str = url) -> bool:
-                status, body = _get_json(url)
+                status, body = _request(url, timeout_s=5.0)
                 return status == 200 and isinstance(body, dict) and body.get("registered") is True
 
             wait_until(f"worker {url}", registered, timeout_s)

@@ -26,6 +26,10 @@ from tests.support.aggregator import (
 )
 
 SHARDS = 2
+#: the scenario's run with every version evaluated: the honest workers report each one, and
+#: the rogue's reports meet the report checks (a version the run does not evaluate is refused
+#: before them)
+EVALUATED = TRAIN.replace(eval_every=1)
 
 
 def _metric(ids: list[int], version: int) -> dict[str, float]:
@@ -39,7 +43,7 @@ def _metric(ids: list[int], version: int) -> dict[str, float]:
 def _rogue_round(client: TestClient, token: str, owned: list[int], round_id: int) -> None:
     """Everything the rogue tries in one round; each must be refused with a 4xx."""
     cur = client.get("/v1/rounds/current", headers=bearer(token)).json()
-    cfg = run_config_for(TRAIN, small_split().n_items).model()
+    cfg = run_config_for(EVALUATED, small_split().n_items).model()
     target = (cur["cohort"] or owned)[0]
     for name, (body, content_type) in junk_uploads(cfg, round_id, target, seed=round_id).items():
         headers = (
@@ -76,12 +80,12 @@ def _rogue_round(client: TestClient, token: str, owned: list[int], round_id: int
 def _run(client: TestClient, rogue: bool) -> tuple[str, list[dict[str, float] | None]]:
     """The federated run over two shards; the final model's sha256 and every version's metrics."""
     split = small_split()
-    driver = FederatedDriver(split, run_config_for(TRAIN, split.n_items))
+    driver = FederatedDriver(split, run_config_for(EVALUATED, split.n_items))
     shard_ids = [[c for c in range(split.n_users) if c % SHARDS == s] for s in range(SHARDS)]
     tokens = [register(client, ids, s, SHARDS) for s, ids in enumerate(shard_ids)]
     owner = {c: tokens[c % SHARDS] for c in range(split.n_users)}
-    start_run(client, split)
-    for round_id in range(1, TRAIN.rounds + 1):
+    start_run(client, split, EVALUATED)
+    for round_id in range(1, EVALUATED.rounds + 1):
         if rogue:  # shard 1's client token, in hostile hands
             _rogue_round(client, tokens[1], shard_ids[1], round_id)
         cur = client.get("/v1/rounds/current", headers=operator_headers()).json()
@@ -110,7 +114,7 @@ def _run(client: TestClient, rogue: bool) -> tuple[str, list[dict[str, float] | 
             r = client.post("/v1/evaluations", json=report, headers=bearer(owner[ids[0]]))
             assert r.status_code == 202, r.text
     final = client.get("/v1/models/latest", headers=bearer(tokens[0]))
-    assert final.headers["X-Model-Version"] == str(TRAIN.rounds)
+    assert final.headers["X-Model-Version"] == str(EVALUATED.rounds)
     history = client.get("/v1/runs/current/history").json()["rounds"]
 
     return hashlib.sha256(final.content).hexdigest(), [h["metrics"] for h in history]
