@@ -84,6 +84,16 @@ PRESET_FIELDS = (
 FIXED_PRIVATE_CLIP = 0.25
 
 
+def over_http(settings: dict[str, Any]) -> dict[str, Any]:
+    """A preset's ``settings`` as a run over HTTP takes them: the aggregator keeps the clip norm
+    fixed and refuses an adaptive one (``dp_clip_quantile``, simulator only), so a preset that
+    adapts it from a ``dp_clip`` gets :data:`FIXED_PRIVATE_CLIP` instead."""
+    out = dict(settings)
+    if out.pop("dp_clip_quantile", None) is not None and "dp_clip" in out:
+        out["dp_clip"] = FIXED_PRIVATE_CLIP
+    return out
+
+
 class PresetError(ValueError):
     """Unknown preset, or no tuned preset to learn from."""
 

@@ -17,7 +17,7 @@ from fedrecgel.cli import CLI_EVAL_EVERY, app, checked, preset_choices, run_opti
 from fedrecgel.cli import main as _run_app
 from fedrecgel.clitools import console, fail, option_flag
 from fedrecgel.data import DATASETS, DataError
-from fedrecgel.presets import FIXED_PRIVATE_CLIP
+from fedrecgel.presets import over_http
 from services.launcher import UpOptions
 
 __all__ = ["app", "main"]
@@ -146,9 +146,7 @@ def up(
     if preset is None:
         dp = run.get("dp_noise") is not None or run.get("target_epsilon") is not None
         preset = "private" if dp else "default"
-    chosen = preset_choices(ctx, preset, dataset, presets_file)
-    if chosen.pop("dp_clip_quantile", None) is not None and "dp_clip" in chosen:
-        chosen["dp_clip"] = FIXED_PRIVATE_CLIP  # the aggregator keeps C fixed
+    chosen = over_http(preset_choices(ctx, preset, dataset, presets_file))
     if chosen:
         shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
         console.print(f"preset {preset}: {shown}", highlight=False)

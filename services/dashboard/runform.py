@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedrecgel.config import SIMULATOR_ONLY
-from fedrecgel.presets import FIXED_PRIVATE_CLIP, PRESETS_FILE, stored
+from fedrecgel.presets import PRESETS_FILE, over_http, stored
 from fedrecgel.run_config import RunConfig
 
 #: the form's two groups of inputs
@@ -107,10 +107,7 @@ def form_presets() -> dict[str, dict[str, Any]]:
     preset leaves out takes the run settings' default."""
     out: dict[str, dict[str, Any]] = {FIRST_PRESET: {}, "paper": {}}
     for name, preset in stored(PRESETS_FILE).items():
-        settings = {k: _shown(v) for k, v in preset["settings"].items()}
-        if settings.pop("dp_clip_quantile", None) is not None and "dp_clip" in settings:
-            settings["dp_clip"] = FIXED_PRIVATE_CLIP
-        out[name] = settings
+        out[name] = {k: _shown(v) for k, v in over_http(preset["settings"]).items()}
     return out
 
 
