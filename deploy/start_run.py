@@ -9,8 +9,8 @@
   its ``rounds``, ``dataset``, ``quorum`` and ``deadline_s``;
   ``n_items`` is taken from the dataset (default filmtrust) when it is not given;
 * ``RUN_PRESET`` (default ``default``): the settings ``RUN_CONFIG`` leaves out are this
-  preset's, as ``fedrec train --preset`` and ``fedrec up --preset`` take them (all but the
-  rounds); ``paper`` gives the paper's settings;
+  preset's, as ``fedrec up --preset`` takes them (a clip norm fixed), but for the rounds
+  (``RUN_ROUNDS``, else 100); ``paper`` gives the paper's settings;
 * ``WAIT_FOR``: comma-separated worker ``/healthz`` URLs that must report ``registered`` first
   (the first round's cohort is drawn from the clients registered when the run starts);
 * ``WAIT_TIMEOUT_S`` (default 600);
@@ -148,10 +148,10 @@ def run_config() -> dict[str, Any]:
         cfg["deadline_s"] = deadline_s
     cfg.setdefault("rounds", 100)
     preset = os.environ.get("RUN_PRESET", "").strip() or "default"
-    from fedrecgel.presets import PresetError, run_settings
+    from fedrecgel.presets import PresetError, over_http, run_settings
 
-    try:
-        settings = run_settings(preset, str(cfg.get("dataset", "filmtrust")))
+    try:  # a clip norm the aggregator keeps fixed, as fedrec up takes it
+        settings = over_http(run_settings(preset, str(cfg.get("dataset", "filmtrust"))))
     except PresetError as err:
         raise DemoError(f"RUN_PRESET: {err}") from None
     for key, value in settings.items():

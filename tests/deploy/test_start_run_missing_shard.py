@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from fedrecgel.config import SIMULATOR_ONLY
+from fedrecgel.presets import FIXED_PRIVATE_CLIP, stored
 from fedrecgel.run_config import RunConfig
 from tests.deploy.manifests import ROOT, compose, deploy_script, fake_compose_env
 
@@ -238,3 +240,16 @@ def test_the_compose_demo_trains_as_the_readme_demo_does(monkeypatch: pytest.Mon
         flags["eval-every"],
         flags["upload-grouping"],
     )
+
+
+def test_a_private_preset_posts_the_fixed_clip_norm_the_aggregator_keeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RUN_PRESET=private: its adaptive clip norm (simulator only, which the aggregator refuses
+    in a DP run) is posted as the fixed one `fedrec up` takes."""
+    monkeypatch.setenv("RUN_CONFIG", '{"fraction": 0.1, "seed": 0, "target_epsilon": 3}')
+    monkeypatch.setenv("RUN_PRESET", "private")
+    cfg = RunConfig.model_validate(start_run.run_config())
+    assert cfg.dp_enabled and cfg.optimizer == stored()["private"]["settings"]["optimizer"]
+    assert [n for n in SIMULATOR_ONLY if getattr(cfg, n) is not None] == []
+    assert cfg.dp_clip == FIXED_PRIVATE_CLIP
