@@ -208,7 +208,8 @@ class Evaluation:
     def meta(self, scored: Scored) -> dict[str, str | int | None]:
         """The store meta values that keep ``scored`` (none when it considered no version):
         what :meth:`keep` writes, for a caller that writes them in a transaction of its own."""
-        if scored.through <= self.done() and not scored.scores and not scored.final:
+        done = self.done()
+        if scored.through <= done and not scored.scores and not scored.final:
             return {}
         reports: dict[str, str | int | None] = {
             f"{_REPORT}{sc.version}": json.dumps({"sums": sc.sums, "count": sc.count})
@@ -216,7 +217,7 @@ class Evaluation:
         }
         if scored.final:
             reports[_FINAL] = f"{self._run_id}:{scored.through}"
-        return {"evaluated_version": max(scored.through, self.done()), **reports}
+        return {"evaluated_version": max(scored.through, done), **reports}
 
     def deliver(self) -> int:
         """Deliver the kept reports in version order; how many. A refusal that waiting cannot
@@ -247,16 +248,22 @@ class Evaluation:
         run's last), as the simulator evaluates its rounds. A stopped run's last is the
         newest version when it stopped, which may have been passed over as not evaluated
         before: it is scored then, once."""
-        todo, final = self.due(version, final)
+        done = self.done()
+        todo, final = self._due(version, final, done)
         scores = [
             self.score(v, model if model is not None and model.version == v else None) for v in todo
         ]
-        return Scored(max(version, self.done()), scores, final)
+        return Scored(max(version, done), scores, final)
 
-    def due(self, version: int, final: bool = False) -> tuple[list[int], bool]:
-        """The versions :meth:`score_up_to` scores, and whether it considers ``version`` the
-        run's last for the first time."""
-        cfg, last, done = self.run_cfg, version if final else -1, self.done()
+    def due(self, version: int, final: bool = False) -> bool:
+        """Whether :meth:`score_up_to` has a version to score or a run's last to note."""
+        todo, final = self._due(version, final, self.done())
+        return bool(todo) or final
+
+    def _due(self, version: int, final: bool, done: int) -> tuple[list[int], bool]:
+        """The versions to score after ``done`` (the newest considered) up to ``version``, and
+        whether ``version`` is considered the run's last for the first time."""
+        cfg, last = self.run_cfg, version if final else -1
         todo = [v for v in range(done + 1, version + 1) if cfg is None or cfg.evaluates(v, last)]
         final = final and self.store.get_meta(_FINAL) != f"{self._run_id}:{version}"
         if final and version <= done and cfg is not None and not cfg.evaluates(version, -1):

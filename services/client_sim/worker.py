@@ -237,8 +237,8 @@ class Worker:
         background or wait for their round's end, only if there is a version to score (then
         waiting for them)."""
         busy = self._delivering is not None and not self._delivering.done()
-        if (busy or self._deliver_when_over is not None) and not any(
-            self.evaluation.due(version, final)
+        if (busy or self._deliver_when_over is not None) and not self.evaluation.due(
+            version, final
         ):
             return False
         self.settle()
