@@ -109,9 +109,10 @@ class Evaluations:
             if row is None:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
             cfg = RunConfig.model_validate(run.config)
-            ended = run.state in ("finished", "stopped")
-            last = repo.latest_version_number(run.id) if ended else cfg.rounds
-            if not cfg.evaluates(v, cfg.rounds if last is None else last):
+            last = cfg.rounds  # an ended run's last version is its newest (stopped: earlier)
+            if run.state in ("finished", "stopped"):
+                last = repo.latest_version_number(run.id) or last
+            if not cfg.evaluates(v, last):
                 raise Conflict(
                     f"run {run.id} does not evaluate version {v}: "
                     + (
