@@ -28,8 +28,6 @@ from services.dashboard.upstream import OPERATOR_ACTIONS, Answer, Upstream
 from services.web_assets import CHART_JS
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
-#: the presets the start form offers, by name (their settings, read once)
-PRESETS = form_presets()
 #: the largest user id or k the page forwards (the workers bound k themselves)
 MAX_USER = 2**31 - 1
 MAX_K = 1000
@@ -90,8 +88,8 @@ async def page(request: Request) -> Response:
     s: DashboardSettings = request.app.state.settings
     context = {
         "groups": run_form_groups(),
-        "presets": list(PRESETS),
-        "presets_json": json.dumps(PRESETS),
+        "presets": list(form_presets()),
+        "presets_json": json.dumps(form_presets()),
         "chart_js": CHART_JS,
         "poll_ms": int(s.poll_interval_s * 1000),
         "workers": len(s.workers),

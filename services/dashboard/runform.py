@@ -8,6 +8,7 @@ show (``fedrec up`` evaluates every 10th)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -100,11 +101,13 @@ def _shown(value: Any) -> Any:
     return ("true" if value else "false") if isinstance(value, bool) else value
 
 
+@functools.cache
 def form_presets() -> dict[str, dict[str, Any]]:
     """The settings each preset fills the form with, by name: the shipped presets (the private
     preset's clip norm fixed, as the aggregator keeps it, and as ``fedrec up`` takes it), and
     ``paper``, the run settings' own defaults (the paper's, with FilmTrust's radii); a field a
-    preset leaves out takes the run settings' default."""
+    preset leaves out takes the run settings' default. Read once (the shipped file); not to be
+    changed by callers."""
     out: dict[str, dict[str, Any]] = {FIRST_PRESET: {}, "paper": {}}
     for name, preset in stored(PRESETS_FILE).items():
         out[name] = {k: _shown(v) for k, v in over_http(preset["settings"]).items()}
