@@ -129,7 +129,7 @@ def run_config() -> dict[str, Any]:
     try:
         cfg = json.loads(os.environ.get("RUN_CONFIG") or '{"rounds": 100}')
     except ValueError as err:
-        raise DemoError(f"RUN_CONFIG is not JSON: {err}") from None
+        raise DemoError(f"RUN_CONFIG is not JSON ({err}): {os.environ['RUN_CONFIG']}") from None
     if not isinstance(cfg, dict):
         raise DemoError("RUN_CONFIG must be a JSON object")
     rounds = os.environ.get("RUN_ROUNDS", "").strip()
