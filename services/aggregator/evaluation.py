@@ -110,7 +110,7 @@ class Evaluations:
                 raise NotFound(f"model version {v} does not exist", "version_not_found")
             cfg = RunConfig.model_validate(run.config)
             last = cfg.rounds  # an ended run's last version is its newest (stopped: earlier)
-            if run.state in ("finished", "stopped"):
+            if run.ended:
                 last = repo.latest_version_number(run.id) or last
             if not cfg.evaluates(v, last):
                 raise Conflict(

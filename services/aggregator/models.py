@@ -71,6 +71,11 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
+    @property
+    def ended(self) -> bool:
+        """Whether the run finished its rounds or an operator stopped it (no round follows)."""
+        return self.state in ("finished", "stopped")
+
 
 class Client(Base):
     """A registered client (a user index); its credential is stored as a sha256 hash only."""

@@ -59,7 +59,7 @@ class RunReads:
         if live is not None:
             state = "paused" if live.state == "paused" or run.state == "paused" else "open"
         else:
-            state = "finished" if run.state in ("finished", "stopped") else "closed"
+            state = "finished" if run.ended else "closed"
         cohort: list[int] = []
         if rnd is not None and live is not None:
             cohort = (
