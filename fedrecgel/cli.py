@@ -58,13 +58,16 @@ from fedrecgel.train_runs import (
 )
 from fedrecgel.tune_cli import tune_command
 
+# plain help (click's): rich's boxed panels left a 20-column help text beside the 60 run
+# settings' names at 80 columns (600 lines for `fedrec train --help`, 270 plain)
 app = typer.Typer(
     help="FedRecGEL: sharpness-aware federated recommendation.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,
 )
-data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True)
+data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(data_app, name="data")
 
 
@@ -76,15 +79,23 @@ def run_options(
 ) -> Callable[[F], F]:
     """Give a command one option per :class:`RunParams` field (but ``exclude``), with the
     field's default (or ``defaults``), help and bounds; the command receives their values as
-    the dict ``run`` (to check with :func:`fedrecgel.config.check`)."""
+    the dict ``run`` (to check with :func:`fedrecgel.config.check`). A setting the command's
+    preset sets when none is named shows that preset's value as its default in the help."""
+    from fedrecgel.presets import shown_defaults
+
+    def default_of(name: str) -> Any:
+        return (defaults or {}).get(name, RunParams.model_fields[name].default)
+
+    names = [n for n in RunParams.model_fields if n not in exclude]
     return field_options(
         RunParams,
-        [n for n in RunParams.model_fields if n not in exclude],
+        names,
         "run",
-        lambda name: (defaults or {}).get(name, RunParams.model_fields[name].default),
+        default_of,
         lambda name: run_option_help(name, (helps or {}).get(name)),
         {n: (option_flag(n), *a) for n, a in (aliases or {}).items()},
         panel="Run settings",
+        shown=shown_defaults({n: default_of(n) for n in names}),
     )
 
 

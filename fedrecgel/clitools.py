@@ -156,10 +156,12 @@ def field_options(
     flags: Mapping[str, tuple[str, ...]] | None = None,
     panel: str | None = None,
     build: Callable[[dict[str, Any]], Any] = dict,
+    shown: Mapping[str, str] | None = None,
 ) -> Callable[[F], F]:
     """Give a command one option per field ``names`` of ``model`` (``--a-name``, ``--a-name/
     --no-a-name`` for a bool, or ``flags``'), typed as the field, with ``default_of(name)`` and
-    ``help_of(name)``; the command receives ``build`` of their values' dict as ``into``."""
+    ``help_of(name)`` (its help shows ``shown[name]`` as the default where given); the command
+    receives ``build`` of their values' dict as ``into``."""
 
     def decorate(func: F) -> F:
         sig, keyword = inspect.signature(func, eval_str=True), inspect.Parameter.KEYWORD_ONLY
@@ -169,7 +171,10 @@ def field_options(
             if option_type(field_type) in (bool, bool | None):  # an on/off switch
                 flag += f"/--no-{flag[2:]}"
             option = typer.Option(
-                *(flags or {}).get(name, (flag,)), help=help_of(name), rich_help_panel=panel
+                *(flags or {}).get(name, (flag,)),
+                help=help_of(name),
+                rich_help_panel=panel,
+                show_default=(shown or {}).get(name, True),
             )
             params.append(
                 inspect.Parameter(

@@ -206,3 +206,19 @@ def run_settings(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
             f"{', '.join(PRESET_FIELDS)}"
         )
     return settings
+
+
+def shown_defaults(fields: dict[str, Any]) -> dict[str, str]:
+    """What a command's help shows as the default of each run setting a shipped ``default`` or
+    ``private`` preset sets (``fields``: the settings' own defaults): the value a run takes when
+    no --preset is named, the default preset's, and the private preset's where a DP run takes
+    another. Settings neither sets keep their own default's display."""
+    default, private = (resolve(name, "", PRESETS_FILE) for name in ("default", "private"))
+    out: dict[str, str] = {}
+    for name in (n for n in fields if n in default or n in private):
+        value = default.get(name, fields[name])
+        text = f"{'none' if value is None else value}" + (": default preset" * (name in default))
+        if name in private and private[name] != value:
+            text += f"; {private[name]}: private preset"
+        out[name] = text
+    return out

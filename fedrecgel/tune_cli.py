@@ -82,7 +82,9 @@ def tune_command(
         ),
     ] = None,
 ) -> None:
-    """Tune run settings on the validation item only (resumes an interrupted study).
+    """Tune run settings on validation items only (resumable).
+
+    An interrupted study resumes where it stopped.
 
     Searches step sizes, SAM radii, rounds, the server optimizer and its weight decay, local
     steps, negatives, embedding size and the private embeddings' weight decay."""

@@ -40,7 +40,7 @@ def worker(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def aggregator(ctx: typer.Context) -> None:
-    """Run the aggregator service (settings: FEDREC_AGG_* variables; --host, --port)."""
+    """Run the aggregator service (FEDREC_AGG_* settings)."""
     from services.aggregator.__main__ import main as aggregator_main
 
     aggregator_main(ctx.args)
@@ -48,7 +48,7 @@ def aggregator(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def recommend(ctx: typer.Context) -> None:
-    """Run the recommendation API (settings: FEDREC_REC_* variables)."""
+    """Run the recommendation API (FEDREC_REC_* settings)."""
     from services.recommend_api.__main__ import main as recommend_main
 
     recommend_main(ctx.args)
@@ -56,7 +56,7 @@ def recommend(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def dashboard(ctx: typer.Context) -> None:
-    """Run the web dashboard (settings: FEDREC_DASH_* variables)."""
+    """Run the web dashboard (FEDREC_DASH_* settings)."""
     from services.dashboard.__main__ import main as dashboard_main
 
     dashboard_main(ctx.args)
@@ -136,7 +136,11 @@ def up(
         bool, typer.Option(help="Leave the services running after training (Ctrl-C stops them).")
     ] = _UP.keep_running,
 ) -> None:
-    """Start the aggregator, N workers and the recommendation API locally and train."""
+    """Start the services on this machine and train over HTTP.
+
+    The aggregator, N client workers, the recommendation API and the web dashboard (but
+    --no-recommend, --no-dashboard), each a process of its own; they stop when the run ends
+    (with --keep-running, at Ctrl-C)."""
     from services.supervise import LaunchError, Stopped
     from services.up import up as launch
 

@@ -1,5 +1,6 @@
-"""Every option's help text of `fedrec` is shown whole by `--help` (rich reads a bracketed
-``[word: ...]`` as markup and drops it)."""
+"""Every option's help text of `fedrec` is shown whole by `--help` (rich, which drew it before,
+read a bracketed ``[word: ...]`` as markup and dropped it), and the run settings' help shows the
+defaults a run takes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from fedrecgel.cli import app
+from fedrecgel.config import RunParams
 
 
 def _commands(group: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -29,24 +31,23 @@ def _command(path: tuple[str, ...]) -> Any:
     return cmd
 
 
-@pytest.fixture(autouse=True)
-def wide_help(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Help as wide as it needs: typer reads TERMINAL_WIDTH once, when its rich_utils is first
-    imported (by whichever test of the session used a typer app first), so set its width."""
-    from typer import rich_utils
+#: help on one line per option (a wrapped line may break after a hyphen)
+WIDE = {"terminal_width": 4000, "max_content_width": 4000}
 
-    monkeypatch.setattr(rich_utils, "MAX_WIDTH", 4000)
+
+def _help(*args: str) -> str:
+    r = CliRunner().invoke(app, [*args, "--help"], **WIDE)  # type: ignore[arg-type]
+    assert r.exit_code == 0, r.output
+    return r.output
 
 
 def _flat(text: str) -> str:
-    return re.sub(r"[\s│]+", " ", text)
+    return re.sub(r"\s+", " ", text)
 
 
 @pytest.mark.parametrize("path", _commands(typer.main.get_command(app)), ids=" ".join)
 def test_help_shows_every_options_help_whole(path: tuple[str, ...]) -> None:
-    r = CliRunner().invoke(app, [*path, "--help"], env={"TERMINAL_WIDTH": "4000"})
-    assert r.exit_code == 0, r.output
-    shown = _flat(r.output)
+    shown = _flat(_help(*path))
     for param in _command(path).params:
         text = getattr(param, "help", None)
         if text:
@@ -56,8 +57,7 @@ def test_help_shows_every_options_help_whole(path: tuple[str, ...]) -> None:
 def test_tune_fraction_has_the_bounds_of_a_runs_fraction(tmp_path: Path) -> None:
     """`fedrec tune --help` offered 0 <= x <= 1 while a run refuses 0 (after reading the
     data, naming `fraction` rather than the option)."""
-    r = CliRunner().invoke(app, ["tune", "--help"], env={"TERMINAL_WIDTH": "4000"})
-    assert "Clients per round, as a fraction of users. [> 0, <= 1]" in _flat(r.output)
+    assert "Clients per round, as a fraction of users. [> 0, <= 1]" in _flat(_help("tune"))
     storage = tmp_path / "s.db"
     r = CliRunner().invoke(app, ["tune", "--fraction", "0", "--storage", str(storage)])
     assert r.exit_code == 2, r.output
@@ -71,3 +71,23 @@ def test_every_option_says_what_it_does(path: tuple[str, ...]) -> None:
     params = _command(path).params
     bare = [p.name for p in params if p.param_type_name == "option" and not p.help]
     assert not bare, bare
+
+
+@pytest.mark.parametrize("command", ["train", "up"])
+def test_help_shows_the_default_presets_settings_as_defaults(command: str) -> None:
+    """`fedrec train --help` said `--rounds [default: 100]` and `--server-lr [default: 0.001]`
+    (the paper's, RunParams' own) while a run without --preset trains the default preset's 300
+    rounds at its step size; a DP run takes the private preset's."""
+    import services.cli  # noqa: F401  (adds `up` and the services' commands to the app)
+    from fedrecgel.presets import PRESETS_FILE, resolve
+
+    default, private = resolve("default", "", PRESETS_FILE), resolve("private", "", PRESETS_FILE)
+    lines = {
+        line.split()[0]: line for line in _help(command).splitlines() if line.startswith("  --")
+    }
+    for name in ("rounds", "server_lr"):
+        line = lines["--" + name.replace("_", "-")]
+        assert f"[default: ({default[name]}: default preset; {private[name]}: private" in line, line
+    assert f"[default: ({default['client_lr']}: default preset)]" in lines["--client-lr"]
+    line = lines["--server-momentum"]
+    assert f"[default: ({RunParams().server_momentum}; {private['server_momentum']}: private" in line
