@@ -90,4 +90,6 @@ def test_help_shows_the_default_presets_settings_as_defaults(command: str) -> No
         assert f"[default: ({default[name]}: default preset; {private[name]}: private" in line, line
     assert f"[default: ({default['client_lr']}: default preset)]" in lines["--client-lr"]
     line = lines["--server-momentum"]
-    assert f"[default: ({RunParams().server_momentum}; {private['server_momentum']}: private" in line
+    assert (
+        f"[default: ({RunParams().server_momentum}; {private['server_momentum']}: private" in line
+    )
