@@ -205,8 +205,9 @@ def decode_model(data: bytes) -> tuple[ModelConfig, dict[str, Tensor], int]:
 
 
 def update_digest(round_id: int, u: Update) -> str:
-    """Content digest of one update (for idempotent retries): sha256 over its canonical bytes."""
-    return _digest(f"{round_id}:{u.client_id}:{u.n_samples}", u)
+    """Content digest of one update (for idempotent retries): sha256 over its canonical bytes,
+    its sample count and loss included."""
+    return _digest(f"{round_id}:{u.client_id}:{u.n_samples}:{float(u.loss)!r}", u)
 
 
 def _digest(head: str, u: Update | PartialSum) -> str:

@@ -45,17 +45,23 @@ def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -
             parts.append(f"the body is not valid JSON ({reason} at character {where[0]})")
             continue
         loc = ".".join(str(p) for p in e.get("loc", ()) if not (skip_body and p == "body"))
-        parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
     return "; ".join(dict.fromkeys(parts))
+
+
+def sent_as_json(request: Request) -> bool:
+    """Whether the request's Content-Type is JSON (application/json or a +json type)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def not_sent_as_json(request: Request, exc: RequestValidationError) -> str | None:
     """Why a JSON body was refused when it came under another media type (FastAPI reads a body
     as JSON only under application/json or +json, and reports any other, or none, as a body
     of the wrong type, which does not say what to change), else None."""
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media == "application/json" or media.endswith("+json"):
+    if sent_as_json(request):
         return None
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not any(
         tuple(e.get("loc", ())) == ("body",) and e.get("type") != "missing" for e in exc.errors()
     ):

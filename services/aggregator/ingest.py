@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fedrecgel.robust import check_values
 from fedrecgel.upload_modes import Upload
-from fedrecgel.wire import WireError, body_format
+from fedrecgel.wire import PARTIAL_FORMAT, UPDATES_FORMAT, WireError, body_format
 from services.aggregator.auth import Caller
 from services.aggregator.db import Database
 from services.aggregator.errors import (
@@ -167,7 +167,7 @@ class Ingest:
             fmt = body_format(body)
         except WireError as err:
             raise Malformed(str(err), "malformed_update") from None
-        if fmt != mode.format:
+        if fmt in (UPDATES_FORMAT, PARTIAL_FORMAT) and fmt != mode.format:  # the other mode's
             raise Malformed(
                 f"this run takes {mode.what} (upload_grouping={mode.grouping})",
                 "wrong_upload_grouping",

@@ -176,6 +176,15 @@ def decode_counts(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype=_DTYPE).astype(np.int64)
 
 
+def _int64(values: list[int], out_of_range: Malformed) -> np.ndarray:
+    """``values`` as int64, or ``out_of_range`` raised for one beyond int64 (JSON integers are
+    unbounded)."""
+    try:
+        return np.asarray(values, np.int64)
+    except OverflowError:
+        raise out_of_range from None
+
+
 class Priors:
     """Stores the count reports of the current run and reads its prior."""
 
@@ -198,15 +207,17 @@ class Priors:
             raise Malformed(
                 f"{len(req.items)} items but {len(req.counts)} counts", "count_mismatch"
             )
-        items, counts = np.asarray(req.items, np.int64), np.asarray(req.counts, np.int64)
+        bad_item = Malformed(f"an item id is outside 0..{n_items - 1}", "item_out_of_range")
+        bad_count = Malformed(
+            f"a count is outside 1..{n}: each of the {n} clients holds an item at most "
+            "once (items no client holds are left out)",
+            "count_out_of_range",
+        )
+        items, counts = _int64(req.items, bad_item), _int64(req.counts, bad_count)
         if items.size and (items.min() < 0 or items.max() >= n_items):
-            raise Malformed(f"an item id is outside 0..{n_items - 1}", "item_out_of_range")
+            raise bad_item
         if counts.size and (counts.min() < 1 or counts.max() > n):
-            raise Malformed(
-                f"a count is outside 1..{n}: each of the {n} clients holds an item at most "
-                "once (items no client holds are left out)",
-                "count_out_of_range",
-            )
+            raise bad_count
 
     def report(self, caller: Caller, run_id: int, req: ItemCountsRequest) -> ItemCountsAck:
         """Store a count report of ``run_id``; complete coverage fixes the run's prior."""

@@ -243,15 +243,17 @@ class Upstream:
         """An operator action, sent with the caller's own Authorization header (the
         aggregator refuses it without the operator token)."""
         headers = {"Content-Type": "application/json"}
+        if authorization and not authorization.isascii():  # no token is; httpx cannot send it
+            return Answer(401, {"error": "unauthorized", "detail": "unknown token"})
         if authorization:
             headers["Authorization"] = authorization
         try:
             resp = await self.agg.post(path, content=body or b"", headers=headers)
         except httpx.HTTPError as err:
             return _unavailable("aggregator", err)
-        if resp.status_code not in (401, 403):
-            # the next page poll shows the action's effect (a refusal for the token changed
-            # nothing: without the token, a caller cannot make the services be read again)
+        if resp.is_success:
+            # the next page poll shows the action's effect (a refused action changed nothing:
+            # a caller without the token cannot make the services be read again)
             self._cached = None
         return Answer(resp.status_code, _json(resp))
 

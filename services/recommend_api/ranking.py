@@ -417,7 +417,7 @@ def resolve_items(snap: Snapshot, items: Sequence[str]) -> Tensor:
         else:
             idx.append(i)
     if unknown:
-        shown = ", ".join(repr(u) for u in unknown[:20])
+        shown = ", ".join(repr(u if len(u) <= 40 else u[:40] + "...") for u in unknown[:20])
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
         raise UnknownItems(f"unknown item ids in exclude: {shown}{more}")
     return torch.tensor(sorted(set(idx)), dtype=torch.int64)

@@ -3,6 +3,7 @@ control, on an in-process app with two credentials and a started run."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sqlite3
 from pathlib import Path
@@ -135,6 +136,16 @@ def test_conflicting_second_update_is_refused_409(ctx: Ctx) -> None:
     assert r.status_code == 409 and r.json()["error"] == "conflicting_update"
     assert ctx.received() == 1
     assert ctx.latest()[0] == 0
+
+
+def test_a_second_update_differing_only_in_its_loss_is_refused_409(ctx: Ctx) -> None:
+    """Only an identical retry is a duplicate: the digest left the loss out, so another loss
+    with the same tensors was answered `duplicate` and dropped."""
+    u = make_updates(ctx.cohort[:1])
+    assert ctx.upload(1, u).status_code == 200
+    r = ctx.upload(1, [dataclasses.replace(u[0], loss=u[0].loss + 0.1)])
+    assert r.status_code == 409 and r.json()["error"] == "conflicting_update", r.text
+    assert ctx.received() == 1
 
 
 def test_a_refused_body_stores_none_of_itsmake_updates(ctx: Ctx) -> None:

@@ -80,6 +80,8 @@ def test_counts_are_summed_once_they_cover_every_client(
         ([0, 1], [0, 1], [1], 422, "count_mismatch"),
         ([0, 1], [N_ITEMS], [1], 422, "item_out_of_range"),
         ([0, 1], [-1], [1], 422, "item_out_of_range"),
+        ([0, 1], [2**64], [1], 422, "item_out_of_range"),  # beyond int64: was a 500
+        ([0, 1], [0], [2**63], 422, "count_out_of_range"),
         ([0, 1], [0], [3], 422, "count_out_of_range"),  # more holders than clients
         ([0, 1], [0], [0], 422, "count_out_of_range"),
         ([0, 0], [0], [1], 422, "validation_error"),  # a client twice

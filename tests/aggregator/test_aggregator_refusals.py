@@ -110,6 +110,21 @@ def test_malformed_update_is_refused_422_and_model_unchanged(ctx: Ctx, kind: str
     assert ctx.latest() == before
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\x00" * 100, (2**63).to_bytes(8, "little") + b"{}", b"\x02" + b"\x00" * 7 + b"[]"],
+)
+def test_an_unreadable_body_is_malformed_not_the_other_grouping(ctx: Ctx, body: bytes) -> None:
+    """A body whose format cannot be read was answered `wrong_upload_grouping`, as if it were
+    a partial sum sent to a per-client run."""
+    cid = ctx.cohort[0]
+    r = ctx.client.post(
+        "/v1/rounds/1/updates", content=body, headers=upload_headers(ctx.owner(cid))
+    )
+    assert r.status_code == 422 and r.json()["error"] == "malformed_update", r.text
+    assert ctx.received() == 0
+
+
 def test_too_large_body_is_refused_413(ctx: Ctx) -> None:
     before = ctx.latest()
     cid = ctx.cohort[0]

@@ -190,16 +190,38 @@ def test_viewers_polling_together_share_one_snapshot(agg: TestClient) -> None:
         register(agg, [0, 1])
         # within half a poll period: the same snapshot, the services are not asked again
         assert dash.get("/ui/api/state").json()["registered"] == 0
-        # an action refused for its token changes nothing: whoever reaches the page cannot
-        # make the services be read more often by sending them
+        # a refused action changes nothing: whoever reaches the page cannot make the services
+        # be read more often by sending them (a body the aggregator cannot parse was refused
+        # before its token, and re-read the services)
         for headers in ({}, {"Authorization": "Bearer not-the-operator-token"}):
             assert dash.post("/ui/api/runs/current/pause", headers=headers).status_code == 401
             assert dash.get("/ui/api/state").json()["registered"] == 0
-        # an operator action the aggregator answered (done or not) makes the next poll read again
+        bad = dash.post("/ui/api/runs", content=b"{{", headers={"Content-Type": "application/json"})
+        assert bad.status_code == 422, bad.text
         assert (
             dash.post("/ui/api/runs/current/pause", headers=operator_headers()).status_code == 409
         )
+        assert dash.get("/ui/api/state").json()["registered"] == 0
+        # an action done makes the next poll read again
+        config = RunConfig(n_items=50, rounds=3).model_dump(mode="json")
+        assert dash.post("/ui/api/runs", json=config, headers=operator_headers()).status_code == 201
         assert dash.get("/ui/api/state").json()["registered"] == 2
+
+
+def test_a_header_or_body_the_dashboard_cannot_pass_on_is_refused(agg: TestClient) -> None:
+    """A non-ASCII Authorization header was a 500 (httpx cannot send it on), and a body under
+    another media type was passed on as JSON (a cross-site form post needs no preflight)."""
+    with dashboard(agg) as dash:
+        for path in ("/ui/api/runs", "/ui/api/runs/current/stop"):
+            r = dash.post(path, json={}, headers={"Authorization": "Bearer été".encode()})
+            assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
+        for path in ("/ui/api/runs", "/ui/api/recommendations"):
+            for media in ("text/plain", "application/x-www-form-urlencoded", None):
+                headers = {"Content-Type": media} if media else {}
+                r = dash.post(path, content=b"{}", headers={**headers, **operator_headers()})
+                assert r.status_code == 415, (path, media, r.text)
+                assert r.json()["error"] == "unsupported_media_type"
+        assert dash.get("/ui/api/state").json()["run"] == {"state": "idle"}
 
 
 def test_without_the_reader_token_the_state_says_why(agg: TestClient) -> None:
@@ -241,7 +263,7 @@ def test_recommendation_panels_refuse_clearly(agg: TestClient) -> None:
         assert dash.get("/ui/api/users/0/recommendations").json()["error"] == "no_workers"
         assert dash.get("/ui/api/users/-1/recommendations").status_code == 422
         assert dash.get("/ui/api/users/0/recommendations?k=0").status_code == 422
-        assert dash.post("/ui/api/recommendations", content=b"{}").status_code == 503
+        assert dash.post("/ui/api/recommendations", json={}).status_code == 503
         assert dash.get("/ui/api/users/0/training-items").json()["error"] == "no_workers"
         assert dash.get("/ui/api/users/-1/training-items").status_code == 422
         r = dash.get("/ui/api/users/0/recommendations?include_training=maybe")

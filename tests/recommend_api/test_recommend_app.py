@@ -118,6 +118,9 @@ def test_recommendations_name_the_version_and_dataset_item_ids() -> None:
     asyncio.run(go())
 
 
+JSON = {"content-type": "application/json"}
+
+
 def test_bad_requests_get_422_with_error_and_detail(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> None:
         async with _serve(_settings(), _loaded_holder()) as c:
@@ -127,16 +130,20 @@ def test_bad_requests_get_422_with_error_and_detail(caplog: pytest.LogCaptureFix
                 ({"user": short, "k": 3}, "invalid_user_vector", "user_gmf has length 3"),
                 ({"user": u, "k": 0}, "invalid_request", "k must be positive"),
                 ({"user": u, "k": 2, "exclude": ["item-1", "nope"]}, "unknown_items", "'nope'"),
+                # a long unknown id is cut in the answer (it was echoed whole)
+                ({"user": u, "k": 2, "exclude": ["y" * 50_000]}, "unknown_items", "'yyyy"),
+                ({"k": 2}, "invalid_request", "user: Field required"),
                 ({"user": {"user_gmf": "x"}, "k": 2}, "invalid_request", "user.user_gmf"),
             ]
             for body, code, detail in cases:
                 r = await c.post("/v1/recommendations", json=body)
                 assert r.status_code == 422, r.text
                 assert r.json()["error"] == code and detail in r.json()["detail"], r.json()
+                assert len(r.text) < 1000
+            r = await c.post("/v1/recommendations", content=b"", headers=JSON)  # no body at all
+            assert r.json() == {"error": "invalid_request", "detail": "body: Field required"}
             raw = json.dumps({"user": u, "k": 2}).replace(str(u["user_mlp"][0]), "NaN", 1)
-            r = await c.post(
-                "/v1/recommendations", content=raw, headers={"content-type": "application/json"}
-            )
+            r = await c.post("/v1/recommendations", content=raw, headers=JSON)
             assert r.status_code == 422 and "NaN or Inf" in r.json()["detail"]
 
     with caplog.at_level(logging.DEBUG):
