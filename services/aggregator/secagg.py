@@ -319,6 +319,8 @@ class SecureRounds:
         """``POST /v1/rounds/{round_id}/secagg/{step}`` (``cfg``: the newest run's)."""
         if not caller.client_ids:
             raise Forbidden("only clients take part in secure aggregation", "not_owned")
+        if not is_secure(cfg):  # before reading the body (checked again in the transaction)
+            raise Conflict("the run does not aggregate securely", "not_secure")
         most = len(caller.client_ids)
         masked = step in MASKED_STEPS
         items = secagg_masked.frames(body, most) if masked else None

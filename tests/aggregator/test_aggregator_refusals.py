@@ -13,7 +13,7 @@ from safetensors.torch import save as st_save
 from fedrecgel.uploads import Update
 from fedrecgel.wire import encode_updates
 from tests.aggregator.started_run import MODEL, Ctx, make_updates
-from tests.support.aggregator import upload_headers
+from tests.support.aggregator import bearer, upload_headers
 
 
 def _raw_body(
@@ -123,6 +123,15 @@ def test_an_unreadable_body_is_malformed_not_the_other_grouping(ctx: Ctx, body: 
     )
     assert r.status_code == 422 and r.json()["error"] == "malformed_update", r.text
     assert ctx.received() == 0
+
+
+@pytest.mark.parametrize("body", [b"[{}]", b"not json"])
+def test_a_secure_message_in_a_plain_run_is_not_secure(ctx: Ctx, body: bytes) -> None:
+    """It was read first: a message the run would never take was answered as malformed."""
+    cid = ctx.cohort[0]
+    headers = {**bearer(ctx.owner(cid)), "Content-Type": "application/json"}
+    r = ctx.client.post("/v1/rounds/1/secagg/keys", content=body, headers=headers)
+    assert r.status_code == 409 and r.json()["error"] == "not_secure", r.text
 
 
 def test_too_large_body_is_refused_413(ctx: Ctx) -> None:
