@@ -266,7 +266,8 @@ def _check_free_items(
     free = n_items - distinct
     if free.min() < n_neg:
         u = int(np.argmin(free))
-        label = np.asarray(user_labels)[u].item() if user_labels is not None else u
+        label = u if user_labels is None else user_labels[u]
+        label = label.item() if isinstance(label, np.generic) else label  # "7", not np.int64(7)
         raise DataError(
             f"{name}: user {label!r} interacted with {distinct[u]} of {n_items} items, leaving "
             f"{free[u]} candidates for {n_neg} negatives"

@@ -41,11 +41,16 @@ _WHERE_TO_GET = (
 
 
 def read_fields(
-    path: Path, sep: str, n_fields: int | tuple[int, ...], header: bool
+    path: Path,
+    sep: str,
+    n_fields: int | tuple[int, ...],
+    header: bool,
+    quoted: bool = False,
 ) -> tuple[pd.DataFrame, np.ndarray]:
     """Read a delimited file as strings; return the table and each row's 1-based line number.
 
-    Blank lines are skipped; a row with a wrong number of fields raises DataError.
+    Blank lines are skipped; a row with a wrong number of fields raises DataError. ``quoted``: a
+    field may be quoted (a CSV's may; the datasets' raw files quote nothing).
     """
     allowed = (n_fields,) if isinstance(n_fields, int) else n_fields
     if not path.is_file():
@@ -60,7 +65,7 @@ def read_fields(
             skip_blank_lines=False,
             keep_default_na=False,
             na_values=[],
-            quoting=csv.QUOTE_NONE,
+            quoting=csv.QUOTE_MINIMAL if quoted else csv.QUOTE_NONE,
             engine="c",
         )
     except pd.errors.EmptyDataError:
@@ -249,7 +254,8 @@ def packaged_filmtrust() -> Path:
 
 
 def raw_path(name: str, data_dir: Path | None = None) -> Path:
-    """Where the raw file of dataset ``name`` is looked up (see ``load_raw``)."""
+    """Where the raw file of dataset ``name`` is looked up (see ``load_raw``): in ``data_dir``
+    (default: FEDREC_DATA_DIR), FilmTrust also in the package when the folder has none."""
     if name not in RAW_FILES:
         raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
     if data_dir is None:
@@ -268,6 +274,8 @@ def raw_path(name: str, data_dir: Path | None = None) -> Path:
         return nested
     if data_dir.name == name and flat.is_file():
         return flat
+    if name == "filmtrust":  # a data directory for the other datasets need not hold it
+        return packaged_filmtrust()
     raise DataError(
         f"{nested}: file not found for dataset {name!r}. " + _WHERE_TO_GET.format(env=DATA_DIR_ENV)
     )
@@ -279,11 +287,56 @@ def load_raw(name: str, data_dir: Path | None = None) -> Interactions:
     return _LOADERS[name](path)
 
 
-#: column names that mark a first row as a header (compared lower-case, without ``_`` and ``-``)
-HEADER_NAMES = frozenset(
-    {"user", "userid", "uid", "users", "item", "itemid", "iid", "items", "movieid", "artistid"}
-    | {"timestamp", "time", "ts", "date", "rating", "ratings", "score"}
+#: header names of a CSV's columns by what they hold (compared lower-case, without quotes,
+#: spaces, ``_`` and ``-``): a header of names is read by name, other columns ignored
+USER_COLUMNS = frozenset({"user", "userid", "uid", "users", "customerid", "reviewerid"})
+ITEM_COLUMNS = frozenset(
+    {"item", "itemid", "iid", "items", "movieid", "artistid", "productid", "asin", "trackid"}
+    | {"bookid", "isbn", "songid"}
 )
+TIME_COLUMNS = frozenset({"timestamp", "time", "ts", "date", "datetime", "unixreviewtime"})
+#: names of columns a CSV may carry that training does not read (every row is a positive)
+IGNORED_COLUMNS = frozenset({"rating", "ratings", "score", "weight", "count", "playcount"})
+#: column names that mark a first row as a header
+HEADER_NAMES = USER_COLUMNS | ITEM_COLUMNS | TIME_COLUMNS | IGNORED_COLUMNS
+
+
+def _column_name(field: str) -> str:
+    return re.sub(r"[\s_\-]", "", field.strip().strip('"').lower())
+
+
+def _first_rows(path: Path, sep: str) -> list[list[str]]:
+    """The first two rows of a CSV, fields split as the csv module splits them (quotes)."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with path.open("r", encoding="utf-8-sig", newline="") as fh:
+            lines = [fh.readline(), fh.readline()]
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not a text file ({e})") from None
+    return [next(csv.reader([ln.rstrip("\r\n")], delimiter=sep), []) for ln in lines]
+
+
+def csv_columns(path: Path, sep: str = ",") -> tuple[int, int, int | None] | None:
+    """The user, item and timestamp (None: row order) columns a CSV's header names, or None
+    when none of its names is a known one (then the columns are ``user,item[,timestamp]`` in
+    this order). DataError when the names do not say which column is the user's or the
+    item's."""
+    names = [_column_name(f) for f in _first_rows(path, sep)[0]]
+    if not any(n in HEADER_NAMES for n in names):
+        return None
+    found = {
+        role: [k for k, n in enumerate(names) if n in known]
+        for role, known in (("user", USER_COLUMNS), ("item", ITEM_COLUMNS), ("time", TIME_COLUMNS))
+    }
+    if len(found["user"]) != 1 or len(found["item"]) != 1 or len(found["time"]) > 1:
+        raise DataError(
+            f"{path}, line 1: the header {','.join(names)} does not name one user column, one "
+            "item column and at most one timestamp column: name them user, item and timestamp "
+            f"(known names: {', '.join(sorted(USER_COLUMNS | ITEM_COLUMNS | TIME_COLUMNS))}; "
+            "columns of other names are ignored)"
+        )
+    return found["user"][0], found["item"][0], found["time"][0] if found["time"] else None
 
 
 def _is_int(text: str) -> bool:
@@ -298,20 +351,13 @@ def csv_has_header(path: Path, sep: str = ",") -> bool:
     """Whether the first row of a ``user,item[,timestamp]`` file is a header.
 
     It is when every field of it is a known column name (``user,item,timestamp``,
-    ``userId,movieId``, ...), or when its timestamp field is not an integer while the second row's
-    is, or when its ids are not integers while the second row's are.
+    ``userId,movieId``, ...) or two are (``reviewerID,asin,overall``), or when its timestamp
+    field is not an integer while the second row's is, or when its ids are not integers while
+    the second row's are.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    try:
-        with path.open("r", encoding="utf-8") as fh:
-            first = fh.readline().rstrip("\r\n").split(sep)
-            second = fh.readline().rstrip("\r\n").split(sep)
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not a text file ({e})") from None
-    names = [f.strip().lower().replace("_", "").replace("-", "") for f in first]
-    if names and all(n in HEADER_NAMES for n in names):
+    first, second = _first_rows(Path(path), sep)
+    known = sum(_column_name(f) in HEADER_NAMES for f in first)
+    if first and (known == len(first) or known >= 2):
         return True
     if len(second) != len(first):
         return False
@@ -325,18 +371,42 @@ def csv_has_header(path: Path, sep: str = ",") -> bool:
 def load_csv(
     path: Path, sep: str = ",", header: bool | None = None, name: str | None = None
 ) -> Interactions:
-    """Load ``user,item[,timestamp]`` rows; without a timestamp column row order is the time.
+    """Load interaction rows; without a timestamp column row order is the time.
 
-    ``header=None`` detects a header row (``csv_has_header``); True / False force it.
+    A header of known names (``userId,movieId,rating,timestamp``, ``item,user``, ...) is read by
+    name, other columns ignored; else the columns are ``user,item[,timestamp]``. A field may be
+    quoted. ``header=None`` detects a header row (``csv_has_header``); True / False force it.
     """
     path = Path(path)
     if header is None:
         header = csv_has_header(path, sep)
-    df, lines = read_fields(path, sep, (2, 3), header=header)
-    users = id_column(df[0].str.strip())
-    items = id_column(df[1].str.strip())
-    if df.shape[1] == 3:
-        ts = int_column(df[2].str.strip(), path, lines, "timestamp")
+    named = csv_columns(path, sep) if header else None
+    if named is None:
+        df, lines = read_fields(path, sep, (2, 3), header, quoted=True)
+        named = (0, 1, 2 if df.shape[1] == 3 else None)
     else:
+        df, lines = read_fields(path, sep, len(_first_rows(path, sep)[0]), True, quoted=True)
+    user, item, time = named
+    users = id_column(df[user].str.strip())
+    items = id_column(df[item].str.strip())
+    if time is None:
         ts = np.arange(len(df), dtype=np.int64)
+    else:
+        ts = time_column(df[time].str.strip(), path, lines)
     return Interactions(name if name is not None else path.stem, users, items, ts)
+
+
+def time_column(col: pd.Series, path: Path, lines: np.ndarray) -> np.ndarray:
+    """Timestamps: integers as they are, or ISO 8601 dates and times (as nanoseconds)."""
+    numeric = pd.to_numeric(col, errors="coerce").notna().to_numpy()
+    if numeric.all():
+        return int_column(col, path, lines, "timestamp")
+    dates = pd.to_datetime(col, errors="coerce", format="ISO8601", utc=True)
+    bad = dates.isna().to_numpy()
+    if numeric.any() or bad.any():
+        row = int(np.flatnonzero(numeric | bad)[0])
+        raise DataError(
+            f"{path}, line {lines[row]}: timestamp must be an integer or an ISO 8601 date (all "
+            f"rows alike), got {col.iloc[row]!r}"
+        )
+    return np.asarray(dates.to_numpy(dtype="datetime64[ns]").astype(np.int64))
