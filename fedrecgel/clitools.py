@@ -198,15 +198,54 @@ def field_options(
 
 def settings_options(
     model: type[BaseModel],
-    what: str,
     helps: Mapping[str, str],
     flags: Mapping[str, tuple[str, ...]] | None = None,
     code: int = 1,
 ) -> Callable[[F], F]:
     """Give a service's command one option per settings field in ``helps``: one not given leaves
     the field's environment variable or default in force, and its help names both. The command
-    receives the settings as ``settings``; invalid ones end it with their errors and ``code``."""
+    receives the settings as ``settings``; invalid ones end it with ``code`` after one line per
+    error, ``error: --port (PREFIX_PORT): must be at most 65535, got 99999`` (a setting with no
+    option: its variable alone; a rule across settings: each line of its own words)."""
     prefix = str(model.model_config.get("env_prefix", ""))
+    numbers = (int, float, int | None, float | None)  # the settings whose value is shown
+    #: pydantic's error types in the words of a command line (any other: its own message)
+    reasons = {
+        "greater_than_equal": "must be at least {ge}",
+        "greater_than": "must be more than {gt}",
+        "less_than_equal": "must be at most {le}",
+        "less_than": "must be less than {lt}",
+        "int_parsing": "must be an integer",
+        "int_from_float": "must be a whole number",
+        "float_parsing": "must be a number",
+        "finite_number": "must be a finite number",
+        "bool_parsing": "must be on or off (true or false)",
+        "literal_error": "must be one of {expected}",
+    }
+
+    def as_text(value: Any) -> str:
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def error_lines(err: ValidationError) -> list[str]:
+        """One line per error: the setting's option and variable, and why it is refused (the
+        value shown for a number only: a text setting may be a secret)."""
+        lines = []
+        for error in err.errors(include_url=False):
+            name = str(error["loc"][0]) if error["loc"] else ""
+            if name not in model.model_fields:  # a rule across settings: its own words
+                lines += error["msg"].removeprefix("Value error, ").splitlines()
+                continue
+            template = reasons.get(error["type"])
+            why = error["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+            if template is not None:
+                why = template.format(**{k: as_text(v) for k, v in error.get("ctx", {}).items()})
+            if option_type(model.model_fields[name].annotation) in numbers:
+                why += f", got {as_text(error['input'])[:40] or repr(error['input'])}"
+            variable = f"{prefix}{name.upper()}"
+            if name in helps:
+                variable = f"{(flags or {}).get(name, (option_flag(name),))[0]} ({variable})"
+            lines.append(f"{variable}: {why}")
+        return lines
 
     def help_of(name: str) -> str:
         field, note = model.model_fields[name], f"{prefix}{name.upper()}"
@@ -221,7 +260,8 @@ def settings_options(
         try:
             return model(**{name: v for name, v in values.items() if v is not None})
         except ValidationError as err:
-            typer.echo(f"invalid {what} settings:\n{err}", err=True)
+            for line in error_lines(err):
+                typer.echo(f"error: {line}", err=True)
             raise typer.Exit(code) from None
 
     return field_options(model, helps, "settings", lambda _: None, help_of, flags, build=build)

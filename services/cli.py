@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 
@@ -186,23 +186,38 @@ ENROLMENT_SECRET_VAR = "FEDREC_AGG_ENROLMENT_SECRET"
 def enrolment_secret(secret_file: Path | None) -> str:
     """The aggregator's enrolment secret: from ``secret_file``, else the file named by
     ``$FEDREC_AGG_ENROLMENT_SECRET_FILE``, else ``$FEDREC_AGG_ENROLMENT_SECRET``; ValueError
-    naming what to set when none is usable."""
+    naming what to set when none is usable, or when the aggregator would refuse it (in its
+    ``$FEDREC_AGG_ENVIRONMENT``: :func:`~services.aggregator.settings.refused_secret`)."""
+    from services.aggregator.settings import refused_secret
     from services.secret_files import read_secret_file
+    from services.service_settings import Environment
 
-    if secret_file is not None:
-        return read_secret_file(secret_file, "--secret-file")
     from_env = os.environ.get(ENROLMENT_SECRET_VAR, "").strip()
     file_env = os.environ.get(f"{ENROLMENT_SECRET_VAR}_FILE", "").strip()
-    if from_env and file_env:
+    if secret_file is not None:
+        secret, source = read_secret_file(secret_file, "--secret-file"), "--secret-file"
+    elif from_env and file_env:
         raise ValueError(f"set {ENROLMENT_SECRET_VAR} or {ENROLMENT_SECRET_VAR}_FILE, not both")
-    if file_env:
-        return read_secret_file(Path(file_env), f"{ENROLMENT_SECRET_VAR}_FILE")
-    if from_env:
-        return from_env
-    raise ValueError(
-        f"no enrolment secret: pass --secret-file, or set {ENROLMENT_SECRET_VAR}_FILE or "
-        f"{ENROLMENT_SECRET_VAR} (the aggregator's own setting)"
-    )
+    elif file_env:
+        source = f"{ENROLMENT_SECRET_VAR}_FILE"
+        secret = read_secret_file(Path(file_env), source)
+    elif from_env:
+        secret, source = from_env, ENROLMENT_SECRET_VAR
+    else:
+        raise ValueError(
+            f"no enrolment secret: pass --secret-file, or set {ENROLMENT_SECRET_VAR}_FILE or "
+            f"{ENROLMENT_SECRET_VAR} (the aggregator's own setting)"
+        )
+    environment = os.environ.get("FEDREC_AGG_ENVIRONMENT", "").strip() or "production"
+    if environment not in get_args(Environment):
+        raise ValueError(
+            f"FEDREC_AGG_ENVIRONMENT must be one of {', '.join(get_args(Environment))}, "
+            f"got {environment!r}"
+        )
+    why = refused_secret(secret, source, environment)
+    if why is not None:
+        raise ValueError(f"the aggregator would refuse this secret: {why}")
+    return secret
 
 
 @app.command("enrolment-token")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import sys
 from typing import Any
 
 import h11
@@ -48,6 +50,48 @@ def header_timeout_s(environ: dict[str, str] | None = None) -> float:
             f"{MAX_HEADER_TIMEOUT_S:g}"
         )
     return value
+
+
+#: the exit status of a service that cannot listen (uvicorn's own when its bind fails)
+CANNOT_LISTEN = 3
+
+
+def cannot_listen(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` (a port in use, an address that is not
+    this machine's, a privileged port), or None when it could. Bound as asyncio binds (reusing
+    an address left in TIME_WAIT; an IPv6 socket for IPv6 only); port 0 (any free one) is
+    not checked."""
+    if port == 0:
+        return None
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as err:  # socket.gaierror: a host name that does not resolve
+        return f"cannot resolve {host!r}: {err.strerror or err}"
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                s.bind(address)
+            except OSError as err:
+                return (err.strerror or str(err)).lower()
+    return None
+
+
+def check_listen(host: str, port: int, option: str, code: int = CANNOT_LISTEN) -> None:
+    """Stop the service before anything starts, with one line naming ``option`` and the exit
+    status ``code``, when it could not listen on ``host:port`` (:func:`cannot_listen`):
+    uvicorn binds only after the app's startup, and said "Application startup complete"
+    before it failed."""
+    why = cannot_listen(host, port)
+    if why is not None:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        hint = " (stop what uses it, or choose another port)" if "in use" in why else ""
+        sys.stderr.write(f"error: {option}: cannot listen on {where}: {why}{hint}\n")
+        raise SystemExit(code)
 
 
 def _timeout_answer(timeout_s: float) -> bytes:

@@ -446,7 +446,7 @@ class Cluster:
                     return history
             time.sleep(poll_s)
         done = len(history.get("rounds", []))
-        raise LaunchError(f"the run did not complete in {timeout_s:.0f}s ({done} rounds closed)")
+        raise LaunchError(f"the run did not complete in {timeout_s:.0f}s (rounds closed: {done})")
 
     def history(self) -> dict[str, Any]:
         """The whole history of the run (``GET /v1/runs/current/history``, read a page at a

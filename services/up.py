@@ -127,7 +127,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
                 c.wait_healthy(f"{c.dashboard_base}/healthz", "dashboard")
                 console.print(f"dashboard: {c.dashboard_url}")
             c.wait_registered(split.n_users)
-            console.print(f"{split.n_users} clients registered by {opts.workers} workers")
+            console.print(registered(split.n_users, opts.workers))
             c.start_run(split.n_items)
             history = _follow(c, opts)
             _show_popularity(split)
@@ -141,6 +141,11 @@ def up(opts: UpOptions) -> dict[str, Any]:
                         c.check_alive()
                         time.sleep(1.0)
             return history
+
+
+def registered(users: int, workers: int) -> str:
+    """The line once every user is registered ("by 1 worker", not "by 1 workers")."""
+    return f"{users} clients registered by {workers} worker{'s' if workers != 1 else ''}"
 
 
 def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
@@ -181,7 +186,7 @@ def _follow(c: Cluster, opts: UpOptions) -> dict[str, Any]:
                         rj = cur.json()
                         info = (
                             f"round {done + 1}: {rj['updates_received']}/{rj['cohort_size']} "
-                            f"updates in  " + info
+                            "updates in" + (f", {info}" if info else "")
                         )
                 progress.update(task, completed=done, info=info)
                 if run_complete(history, opts.run):

@@ -15,7 +15,7 @@ from fedrecgel.clitools import plain_app, run_app, settings_options
 from services.aggregator.app import create_app
 from services.aggregator.db import Database, ForeignDatabase
 from services.aggregator.settings import Settings, resolve_population
-from services.http_server import header_timeout_s, serve
+from services.http_server import check_listen, header_timeout_s, serve
 
 app = plain_app()
 
@@ -65,9 +65,10 @@ def check_database(settings: Settings) -> None:
 
 
 @app.command()
-@settings_options(Settings, "aggregator", {"host": "bind address", "port": "port"})
+@settings_options(Settings, {"host": "bind address", "port": "port"})
 def aggregator(settings: Settings) -> None:
     """FedRecGEL aggregator (settings: FEDREC_AGG_* environment variables)."""
+    check_listen(settings.host, settings.port, "--port (FEDREC_AGG_PORT)")
     # force: under ``fedrec aggregator`` the command line configured the root logger at
     # WARNING already, and the aggregator's own INFO lines (rounds closed) were lost
     logging.basicConfig(

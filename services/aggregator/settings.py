@@ -114,29 +114,27 @@ class Settings(ServiceSettings):
     @model_validator(mode="after")
     def _refuse_weak_secrets(self) -> Settings:
         """Secrets must be real: in production no placeholder, short or low-entropy value is
-        accepted for any of them; in the test environment the placeholder operator token is
-        refused; development (chosen explicitly) accepts anything non-empty."""
-        if not self.operator_token:
-            raise ValueError("FEDREC_AGG_OPERATOR_TOKEN must not be empty")
-        if self.environment == "production":
-            secrets = {
-                "FEDREC_AGG_OPERATOR_TOKEN": self.operator_token,
-                "FEDREC_AGG_READER_TOKEN": self.reader_token,
-                "FEDREC_AGG_ENROLMENT_SECRET": self.enrolment_secret,
-            }
-            for variable, value in secrets.items():
-                why = None if value is None else weak_secret(value, variable)
-                if why is not None:
-                    raise ValueError(
-                        f"{why} (FEDREC_AGG_ENVIRONMENT=production; set "
-                        "FEDREC_AGG_ENVIRONMENT=development to run with weak secrets)"
-                    )
-        elif self.environment == "test" and self.operator_token == PLACEHOLDER_TOKEN:
-            raise ValueError(
+        accepted for any of them, nor an operator token left unset; in the test environment
+        the placeholder operator token is refused; development (chosen explicitly) accepts
+        anything non-empty. Every refused secret is named, one line each."""
+        env = self.environment
+        problems = [
+            refused_secret(self.operator_token, "FEDREC_AGG_OPERATOR_TOKEN", env),
+            refused_secret(self.reader_token, "FEDREC_AGG_READER_TOKEN", env),
+            refused_secret(self.enrolment_secret, "FEDREC_AGG_ENROLMENT_SECRET", env),
+        ]
+        unset = "operator_token" not in self.model_fields_set and not self.operator_token_file
+        if env == "production" and unset:  # the placeholder default: say it was not set
+            problems[0] = (
+                "FEDREC_AGG_OPERATOR_TOKEN is not set; set it (or FEDREC_AGG_OPERATOR_TOKEN_FILE) "
+                "to a real secret (e.g. `openssl rand -hex 32`)"
+            )
+        elif env == "test" and self.operator_token == PLACEHOLDER_TOKEN:
+            problems[0] = (
                 "FEDREC_AGG_OPERATOR_TOKEN must be set to a real secret outside development"
             )
-        if self.enrolment_secret is not None and not self.enrolment_secret:
-            raise ValueError("FEDREC_AGG_ENROLMENT_SECRET must not be empty")
+        if refused := [p for p in problems if p is not None]:
+            raise ValueError("\n".join(refused))
         return self
 
     @model_validator(mode="after")
@@ -156,6 +154,24 @@ class Settings(ServiceSettings):
                 "population, FEDREC_AGG_POPULATION_DATASET, has its own catalogue)"
             )
         return self
+
+
+def refused_secret(value: str | None, variable: str, environment: str) -> str | None:
+    """Why the aggregator refuses ``value`` as its secret ``variable`` in ``environment`` (an
+    empty one anywhere; in production a weak one: :func:`~services.secret_files.weak_secret`),
+    or None when it is accepted or unset (None). The one rule for its secrets: the aggregator's
+    start and ``fedrec enrolment-token`` apply it alike."""
+    if value is None:
+        return None
+    if not value:
+        return f"{variable} must not be empty"
+    why = weak_secret(value, variable) if environment == "production" else None
+    if why is None:
+        return None
+    return (
+        f"{why} (FEDREC_AGG_ENVIRONMENT=production; set FEDREC_AGG_ENVIRONMENT=development to "
+        "run with weak secrets)"
+    )
 
 
 @dataclass(frozen=True)

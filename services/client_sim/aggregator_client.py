@@ -55,7 +55,12 @@ class AggregatorCallError(ServiceError):
         self, status_code: int, code: str, detail: str, method: str = "", url: str = ""
     ) -> None:
         super().__init__(detail, code, status_code)
-        self.args = (f"{method} {url} -> {status_code} {code}: {detail}".strip(),)
+        call = f"{method} {url}".strip()
+        if status_code == 0:  # no answer came: no status to show
+            text = f"{call + ': ' if call else ''}aggregator unreachable ({detail})"
+        else:
+            text = f"{call} -> {status_code} {code}: {detail}".strip()
+        self.args = (text,)
         self.method = method
         self.url = url
         #: for a split upload: client id -> status of the bodies accepted before the refusal

@@ -18,6 +18,7 @@ from services.client_sim.aggregator_client import AggregatorCallError
 from services.client_sim.loop import run_worker
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import StoreError
+from services.http_server import check_listen
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +69,21 @@ def settings_from_args(argv: Sequence[str] | None = None) -> WorkerSettings:
     return WorkerSettings(**{k: v for k, v in ctx.params.items() if v is not None})
 
 
+#: the signals that stop the worker
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM -> KeyboardInterrupt: stop like Ctrl-C (uncommitted state rolls back)."""
+    """SIGTERM (or Ctrl-C) -> KeyboardInterrupt: stop (uncommitted state rolls back). Once: a
+    further signal while the worker stops is ignored, as its KeyboardInterrupt raised inside
+    the clean-up (SQLAlchemy closing the store's connections) printed a traceback."""
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 @app.command()
-@settings_options(WorkerSettings, "worker", HELP, code=2)
+@settings_options(WorkerSettings, HELP, code=2)
 def worker(settings: WorkerSettings) -> None:
     """Simulate the clients of one shard of users against an aggregator."""
     problem = native.check()  # FEDREC_NATIVE: a bad value or a required build that failed
@@ -88,25 +97,30 @@ def worker(settings: WorkerSettings) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll is noise
     if settings.torch_threads is not None:  # process-wide, so only in the process entry
         torch.set_num_threads(settings.torch_threads)
+    if settings.http_port is not None:  # before the data is loaded (WorkerError: too late)
+        check_listen(
+            settings.http_host, settings.http_port, "--http-port (FEDREC_WORKER_HTTP_PORT)", 1
+        )
     # As PID 1 of a container, a process without a SIGTERM handler ignores `docker stop` and
     # the orchestrator's SIGTERM until it is killed; stop on it as on Ctrl-C instead.
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        previous = {stop: signal.signal(stop, _interrupt) for stop in STOP_SIGNALS}
     try:
         run_worker(settings)
     except (WorkerError, StoreError, DataError) as err:  # DataError: an unknown dataset
         log.error("%s", err)
         raise typer.Exit(1) from None
     except AggregatorCallError as err:  # a refusal no retry can fix (e.g. an unknown token)
-        log.error("the aggregator refused a request: %s", err)
+        # or no answer after every retry: its message says so ("aggregator unreachable")
+        log.error("%s", err if err.status_code == 0 else f"the aggregator refused a request: {err}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         log.info("interrupted")
         raise typer.Exit(130) from None
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

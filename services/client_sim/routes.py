@@ -93,6 +93,20 @@ def _decimal(value: object) -> object:
 Decimal = Annotated[int, BeforeValidator(_decimal)]
 
 
+def _k(value: object) -> object:
+    """``k`` is a plain decimal integer from 1 to :data:`MAX_K`: any other value (``0``,
+    ``-1``, ``1001``, ``ten``, ``010``) is refused with the same message, naming the range."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value) and 1 <= int(value) <= MAX_K:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_K:
+        return value
+    raise ValueError(f"must be an integer from 1 to {MAX_K}, in plain decimal digits")
+
+
+#: how many items a device asks for (recommend_api's own bound is ``FEDREC_REC_MAX_K``)
+TopK = Annotated[int, BeforeValidator(_k)]
+
+
 def _plain_bool(value: object) -> object:
     """A query flag is ``true`` or ``false``, nothing a lax parser would also take."""
     if isinstance(value, str) and value not in ("true", "false"):
@@ -165,7 +179,7 @@ def _upstream_error(resp: httpx.Response) -> ServiceError:
 async def recommendations(
     user_id: Decimal,
     state: StateDep,
-    k: Annotated[Decimal, Query(ge=1, le=MAX_K, description="how many items")] = 10,
+    k: Annotated[TopK, Query(ge=1, le=MAX_K, description=f"how many items, 1 to {MAX_K}")] = 10,
     include_training: Annotated[
         PlainBool, Query(description="rank the user's training items too (left out by default)")
     ] = False,

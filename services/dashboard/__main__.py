@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fedrecgel.clitools import plain_app, run_app, settings_options
 from services.dashboard.app import create_app
 from services.dashboard.settings import DashboardSettings
-from services.http_server import serve
+from services.http_server import check_listen, serve
 
 app = plain_app()
 
@@ -25,11 +25,10 @@ OPTIONS = {
 
 
 @app.command()
-@settings_options(
-    DashboardSettings, "dashboard", OPTIONS, {"poll_interval_s": ("--poll-interval",)}
-)
+@settings_options(DashboardSettings, OPTIONS, {"poll_interval_s": ("--poll-interval",)})
 def dashboard(settings: DashboardSettings) -> None:
     """Serve the federation's dashboard; each option overrides its FEDREC_DASH_* variable."""
+    check_listen(settings.host, settings.port, "--port (FEDREC_DASH_PORT)")
     level = settings.log_level.lower()
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"

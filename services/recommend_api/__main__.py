@@ -11,7 +11,7 @@ import typer
 
 from fedrecgel.clitools import plain_app, run_app, settings_options
 from fedrecgel.data import DataError
-from services.http_server import header_timeout_s, serve
+from services.http_server import check_listen, header_timeout_s, serve
 from services.recommend_api.app import create_app, holder_from_settings
 from services.recommend_api.settings import Settings
 from services.url_settings import check_log_level
@@ -43,12 +43,13 @@ def _log_level(value: str) -> str:
 
 
 @app.command()
-@settings_options(Settings, "recommend_api", OPTIONS, {"poll_interval_s": ("--poll-interval",)})
+@settings_options(Settings, OPTIONS, {"poll_interval_s": ("--poll-interval",)})
 def recommend(
     settings: Settings,
     log_level: Annotated[str, typer.Option(callback=_log_level, help="logging level")] = "info",
 ) -> None:
     """Serve recommendations with uvicorn; each option overrides its FEDREC_REC_* variable."""
+    check_listen(settings.host, settings.port, "--port (FEDREC_REC_PORT)")
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )

@@ -23,6 +23,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     served: list[Any] = []
     monkeypatch.setattr(command, "serve", lambda app, **_: served.append(app))
     monkeypatch.setenv("FEDREC_AGG_ENVIRONMENT", "development")
+    monkeypatch.setenv("FEDREC_AGG_PORT", "0")  # any free port: the default may be in use
     return served
 
 

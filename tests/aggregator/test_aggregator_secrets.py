@@ -28,8 +28,8 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_production_is_the_default_environment() -> None:
     """Regression: the default was development, where ``changethis`` was accepted."""
     assert Settings(operator_token=STRONG).environment == "production"
-    with pytest.raises(ValidationError, match="placeholder"):
-        Settings()  # the placeholder operator token
+    with pytest.raises(ValidationError, match="FEDREC_AGG_OPERATOR_TOKEN is not set"):
+        Settings()  # the placeholder operator token, left unset: told as not set
 
 
 @pytest.mark.parametrize("field", FIELDS)

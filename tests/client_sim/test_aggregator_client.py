@@ -288,3 +288,17 @@ def test_current_round_parses_the_run_config() -> None:
     assert info.cohort == [4] and info.attempt == 1 and info.config is not None
     assert info.config.model() == ModelConfig(n_items=50, kind="mf", factor=4, layers=2)
     assert info.config.sam().rho_sh == 0.0
+
+
+def test_no_answer_is_told_as_an_unreachable_aggregator_not_as_status_0(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker logged 'POST /v1/clients -> 0 unreachable: ...': a status no answer had."""
+    client, _ = _client(Recorder(httpx.ConnectError("[Errno 111] Connection refused")), retries=1)
+    with caplog.at_level("WARNING"), pytest.raises(AggregatorCallError) as err:
+        client.register([0, 2], "enrol-token")
+    said = "POST /v1/clients: aggregator unreachable (ConnectError: [Errno 111] Connection refused)"
+    assert str(err.value) == said and err.value.retryable
+    assert said in caplog.text and "-> 0" not in caplog.text
+    refused = AggregatorCallError(403, "forbidden", "no", "POST", "/v1/clients")
+    assert str(refused) == "POST /v1/clients -> 403 forbidden: no"

@@ -13,7 +13,7 @@ import pytest
 
 from fedrecgel.data import Split
 from fedrecgel.sam import PrivateState
-from services.client_sim.routes import device_request
+from services.client_sim.routes import MAX_K, device_request
 from tests.client_sim.device_api import (
     CFG,
     LABELS,
@@ -243,3 +243,21 @@ def test_a_run_that_fits_embeddings_sends_the_fitted_vector(tmp_path: Path, spli
     stored = store.load_states([6]).params
     body = device_request(store, LABELS, 6, 3, fitted=fitted_of)
     assert body["user"] == {k: v[0].tolist() for k, v in stored.items()}
+
+
+def test_any_k_outside_its_range_has_one_message_naming_the_range(
+    tmp_path: Path, split: Split
+) -> None:
+    """k=-1 was 'a non-negative integer', k=0 'greater than or equal to 1' and k=1001 'less
+    than or equal to 1000': one message now, whatever the value."""
+    store, settings, holder = shard_store(tmp_path, split), settings_for(tmp_path), model_holder()
+    details = set()
+    for k in ["0", "-1", "1001", "ten", "010", "99999999999999999999"]:
+        r = get(settings, store, holder, "/v1/users/0/recommendations", k=k)
+        assert r.status_code == 422, (k, r.text)
+        details.add(r.json()["detail"])
+    assert len(details) == 1, details
+    assert f"from 1 to {MAX_K}" in details.pop()
+    for k in ["1", str(MAX_K)]:
+        r = get(settings, store, holder, "/v1/users/0/recommendations", k=k)
+        assert r.status_code == 200 and 1 <= len(r.json()["items"]) <= int(k), r.text

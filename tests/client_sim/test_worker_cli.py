@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from services.client_sim import cli
 from services.client_sim.cli import main, settings_from_args
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.waiters import RedisWaiter
@@ -107,12 +110,12 @@ def test_a_mistyped_redis_url_is_a_usage_error(capsys: pytest.CaptureFixture[str
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--timeout-s", "-1", "timeout_s"),
-        ("--timeout-s", "inf", "timeout_s"),
-        ("--poll-min-s", "nan", "poll_min_s"),
-        ("--retries", "-5", "retries"),
-        ("--torch-threads", "100000", "torch_threads"),
-        ("--max-body-bytes", "0", "max_body_bytes"),
+        ("--timeout-s", "-1", "--timeout-s (FEDREC_WORKER_TIMEOUT_S): must be more than 0"),
+        ("--timeout-s", "inf", "--timeout-s (FEDREC_WORKER_TIMEOUT_S): must be a finite"),
+        ("--poll-min-s", "nan", "--poll-min-s (FEDREC_WORKER_POLL_MIN_S): must be a finite"),
+        ("--retries", "-5", "--retries (FEDREC_WORKER_RETRIES): must be at least 0, got -5"),
+        ("--torch-threads", "100000", "(FEDREC_WORKER_TORCH_THREADS): must be at most 1024"),
+        ("--max-body-bytes", "0", "(FEDREC_WORKER_MAX_BODY_BYTES): must be at least 1024"),
         ("--log-level", "nope", "log_level"),
         ("--aggregator", "notaurl", "http://"),
         ("--recommend-url", "http://", "host"),
@@ -147,3 +150,30 @@ def test_the_help_shows_the_settings_defaults_and_shards_get_their_own_store(
     assert "--validation / --no-validation" in shown
     stores = {WorkerSettings(shard=i, shards=2).store for i in range(2)}
     assert stores == {"worker-0.db", "worker-1.db"}
+
+
+def test_a_signal_while_the_worker_stops_is_ignored(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGTERM stops the worker as Ctrl-C does; one more signal while it stopped (closing its
+    store) raised a KeyboardInterrupt inside SQLAlchemy's close, printed as a traceback. The
+    first stops it, the others are ignored, and the handlers are given back after."""
+    raised: list[str] = []
+
+    def run(settings: object) -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # interrupted by the signal's KeyboardInterrupt
+        finally:  # the clean-up, where the second signal arrives
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.1)
+            except KeyboardInterrupt as err:
+                raised.append(str(err))
+
+    monkeypatch.setattr(cli, "run_worker", run)
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert main(["--store", str(tmp_path / "w.db")]) == 130
+    assert raised == []
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -61,3 +61,33 @@ def test_a_huge_or_endless_secret_file_is_refused_without_reading_it_whole(
         (tmp_path / name).write_bytes(b"x" * (1 << 20))
     r = _run("--shard", "0", "--shards", "1", "--secret-file", path)
     assert r.exit_code == 2 and "larger than" in r.output, r.output
+
+
+@pytest.mark.parametrize("secret", ["short", "changethis-0123456789", "abababababababababab"])
+def test_a_secret_the_aggregator_refuses_issues_no_token(secret: str, tmp_path: Path) -> None:
+    """A short secret printed a token, but the aggregator refused to start with it: one rule
+    now (services.aggregator.settings.refused_secret), in its environment (production unless
+    FEDREC_AGG_ENVIRONMENT says otherwise)."""
+    from pydantic import ValidationError
+
+    from services.aggregator.settings import Settings
+
+    env = {"FEDREC_AGG_ENROLMENT_SECRET": secret, "FEDREC_AGG_ENVIRONMENT": ""}
+    r = _run("--shard", "0", "--shards", "2", env=env)
+    assert r.exit_code == 2 and "FEDREC_AGG_ENROLMENT_SECRET" in r.output, r.output
+    assert "aggregator would refuse" in r.output and "Traceback" not in r.output
+    with pytest.raises(ValidationError, match="FEDREC_AGG_ENROLMENT_SECRET"):
+        Settings(environment="production", operator_token=SECRET, enrolment_secret=secret)
+    (tmp_path / "secret").write_text(secret + "\n")
+    r = _run("--shard", "0", "--shards", "2", "--secret-file", str(tmp_path / "secret"))
+    assert r.exit_code == 2 and "--secret-file" in r.output, r.output
+    # development, chosen explicitly, accepts it in both
+    r = _run("--shard", "0", "--shards", "2", env={**env, "FEDREC_AGG_ENVIRONMENT": "development"})
+    assert r.exit_code == 0 and verify_enrolment_token(secret, r.output.strip()) is not None
+    Settings(environment="development", enrolment_secret=secret)
+
+
+def test_an_unknown_aggregator_environment_is_refused() -> None:
+    env = {"FEDREC_AGG_ENROLMENT_SECRET": SECRET, "FEDREC_AGG_ENVIRONMENT": "prod"}
+    r = _run("--shard", "0", "--shards", "2", env=env)
+    assert r.exit_code == 2 and "FEDREC_AGG_ENVIRONMENT must be one of" in r.output, r.output
