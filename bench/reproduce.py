@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 from bench.bench_cli import Positive, default_data_dir
+from fedrecgel.clitools import option_flag
 from fedrecgel.config import DEFAULTS
+from fedrecgel.train_runs import OVERRIDDEN
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "reproduce"
@@ -61,10 +63,12 @@ def main(
                     str(rounds),
                     "--seeds",
                     seeds,
-                    "--rho-sh",
-                    str(rho_sh),
-                    "--rho-ns",
-                    str(rho_ns),
+                    *[
+                        arg
+                        for name, rho in (("rho_sh", rho_sh), ("rho_ns", rho_ns))
+                        if name not in OVERRIDDEN.get(method, {})  # 0 in the method: refused
+                        for arg in (option_flag(name), str(rho))
+                    ],
                     "--out",
                     str(out),
                     "--quiet",

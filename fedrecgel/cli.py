@@ -54,7 +54,9 @@ from fedrecgel.train_runs import (
     refuse_model_size,
     run_baseline,
     train_seeds,
+    unused_setting,
     with_backend,
+    with_radii_used,
 )
 from fedrecgel.tune_cli import tune_command
 
@@ -139,13 +141,17 @@ def preset_choices(
 ) -> dict[str, Any]:
     """The run settings (RunParams names) preset ``preset`` gives for ``dataset``, but those
     given on the command line; presets are the shipped ones, the user's and those of
-    ``presets_file``, later ones winning."""
-    from fedrecgel.presets import PresetError, run_settings
+    ``presets_file``, later ones winning. Says which preset ``tuned`` took, and warns of one
+    tuned on another dataset (:func:`fedrecgel.presets.preset_note`)."""
+    from fedrecgel.presets import PresetError, preset_note, run_settings
 
+    files = [presets_file] if presets_file else []
     try:
-        settings = run_settings(preset, dataset, *([presets_file] if presets_file else []))
+        settings = run_settings(preset, dataset, *files)
     except PresetError as err:
         raise fail(str(err)) from None
+    if (note := preset_note(preset, dataset, *files)) is not None:  # which, or a doubt
+        console.print(note, soft_wrap=True, markup=False)
     given = {k for k in settings if _source(ctx, k) == "COMMANDLINE"}
     if "dp_clip" in given:  # a clip norm named on the command line is the run's, fixed
         given.add("dp_clip_quantile")
@@ -304,6 +310,7 @@ def train(
     base = with_backend(
         _apply_preset(ctx, base, preset, split.name, presets_file), backend_of, shards
     )
+    base = with_radii_used(base)  # results.json records the radii the method ran with
     refuse_model_size(method, base, split.n_items)
     # before training: a folder that cannot be written, or holds results, fails now
     no_earlier_outputs(out, TRAIN_OUTPUTS, overwrite or out.resolve() == TRAIN_OUT.resolve())
@@ -346,7 +353,7 @@ def train(
     else:  # an earlier run's plot beside these results would pass for theirs
         (out / "hr_ndcg.png").unlink(missing_ok=True)
     if "best_test.hr@10.mean" in summary:
-        console.print(final_line(summary, len(results)))
+        console.print(final_line(summary, results))
     if refs:
         console.print(references_line(refs))
     console.print(
@@ -372,6 +379,8 @@ def _refuse_unused_options(
         raise fail(f"--method must be one of {', '.join(METHODS + BASELINE_METHODS)}")
     if central_lr is not None and method != "central":
         raise fail("--central-lr is the step size of --method central; it would change nothing")
+    if preset is not None and method in ("popularity", "random", "cooccurrence"):
+        raise fail(f"--method {method} takes no preset's settings; --preset would change nothing")
     if presets_file is not None and preset is None:
         raise fail("--presets-file is read only with --preset (the preset to take from it)")
     if presets_file is not None and not presets_file.is_file():
@@ -395,7 +404,8 @@ def _refuse_run_conflicts(
     shards: int | None,
     dp_max_items: int | None,
 ) -> None:
-    """Refuse run settings the method (a reference point's) or the backend cannot take."""
+    """Refuse run settings the method (a reference point's) or the backend cannot take, and
+    those that would change nothing with the method and the other settings."""
     named = [n for n in run if _source(ctx, n) == "COMMANDLINE"]
     if (problem := baseline_problem(method, run, dp_max_items, named)) is not None:
         raise fail(problem)
@@ -405,6 +415,8 @@ def _refuse_run_conflicts(
         given = _source(ctx, "upload_grouping") == "COMMANDLINE"
         if (problem := ray_problem(method, federated, run, given)) is not None:
             raise fail(problem)
+    if (problem := unused_setting(method, run, named)) is not None:
+        raise fail(problem)
 
 
 app.command("tune")(tune_command)

@@ -208,6 +208,47 @@ def run_settings(name: str, dataset: str, *paths: Path) -> dict[str, Any]:
     return settings
 
 
+def preset_note(name: str, dataset: str, *paths: Path) -> str | None:
+    """One line on what preset ``name`` gives ``dataset`` where a run could not tell it
+    otherwise (None where the name says it all): which preset ``tuned`` took (the dataset's
+    own, else ``default``, else settings learned across the tuned ones), that a
+    ``tuned-<dataset>`` preset was tuned on another dataset, or that its study did not beat
+    popularity on validation (saved with ``fedrec tune --save-preset --force``). Read from the
+    shipped presets, the user's and ``paths``, as :func:`run_settings` reads them."""
+    presets = stored(PRESETS_FILE, user_presets_file(), *paths)
+    if name == "tuned":
+        own = f"tuned-{dataset}"
+        if own in presets:
+            poor = _below_popularity(presets[own])
+            return f"preset tuned: using {own}" + (f"; warning: {poor}" if poor else "")
+        if "default" in presets:
+            return f"preset tuned: no {own} preset saved; using the default preset"
+        tuned = ", ".join(sorted(n for n in presets if n.startswith("tuned-")))
+        return f"preset tuned: no {own} preset saved; using the settings learned across {tuned}"
+    if not name.startswith("tuned-") or name not in presets:
+        return None
+    tuned_on = (presets[name].get("study") or {}).get("dataset") or name.removeprefix("tuned-")
+    problems = [
+        *([f"was tuned on {tuned_on}, not {dataset}"] if tuned_on != dataset else []),
+        *([poor] if (poor := _below_popularity(presets[name])) else []),
+    ]
+    return f"warning: preset {name} " + "; ".join(problems) if problems else None
+
+
+def _below_popularity(preset: dict[str, Any]) -> str | None:
+    """What is wrong with a preset whose study recorded a best validation HR@10 not above
+    popularity's on the same items (saved with --force); None otherwise, or when its study
+    did not record popularity's figure (saved before it did)."""
+    study = preset.get("study") or {}
+    best, pop = study.get("validation_hr@10"), study.get("popularity_validation_hr@10")
+    if best is None or pop is None or best > pop:
+        return None
+    return (
+        f"its study reached validation HR@10 {best:.4f}, not above popularity's {pop:.4f} "
+        "(saved with --force)"
+    )
+
+
 def shown_defaults(fields: dict[str, Any]) -> dict[str, str]:
     """What a command's help shows as the default of each run setting a shipped ``default`` or
     ``private`` preset sets (``fields``: the settings' own defaults): the value a run takes when

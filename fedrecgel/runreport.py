@@ -64,10 +64,26 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
     return out
 
 
+def single_ranking(res: RunResult) -> bool:
+    """Whether ``res`` is one ranking (a reference point's: popularity, random, co-occurrence,
+    recorded as round 0), not a model trained over rounds: it has no round to choose."""
+    return bool(res.rounds) and all(r.round == 0 for r in res.rounds)
+
+
 def seed_line(res: RunResult) -> str:
-    """One seed's time, best test round and validation-selected round."""
+    """One seed's time, best test round and validation-selected round; for a single ranking
+    its test figures (and, for a reference point that draws nothing, that it has no seed)."""
     best, sel = res.best_test(), res.selected()
-    line = f"seed {res.config.get('seed', '-')}: {res.wall_seconds:.1f}s"
+    seed = res.config.get("seed")
+    who = f"seed {seed}" if seed is not None else f"{res.config.get('method', 'run')} (no seed)"
+    line = f"{who}: {res.wall_seconds:.1f}s"
+    if single_ranking(res):
+        test, rank = res.rounds[0].test, res.config.get("rank")
+        line += f"; test HR@10 {test['hr@10']:.4f} NDCG@10 {test['ndcg@10']:.4f} (one ranking"
+        if rank is not None:  # co-occurrence: the rank is what validation chose, if anything
+            tried = len(res.config.get("ranks_tried", ()))
+            line += f" at rank {rank}" + " chosen on validation" * (tried > 1)
+        return line + ", no rounds" + "; the same whatever --seeds" * (seed is None) + ")"
     if best:
         line += (
             f"; best test round {best['round']}: HR@10 {best['hr@10']:.4f} "
@@ -86,8 +102,17 @@ def seed_line(res: RunResult) -> str:
     return line
 
 
-def final_line(summary: dict[str, Any], n_seeds: int) -> str:
-    """The mean over the seeds of the best test round (and of the validation-selected one)."""
+def final_line(summary: dict[str, Any], results: list[RunResult]) -> str:
+    """The mean over the seeds of the best test round (and of the validation-selected one);
+    for single rankings, the mean of their test figures (they have no rounds)."""
+    n_seeds = len(results)
+    if all(single_ranking(r) for r in results):
+        return (
+            f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "
+            f"NDCG@10 {summary['best_test.ndcg@10.mean']:.4f} (test"
+            + (f", mean of {n_seeds} rankings" if n_seeds > 1 else "; one ranking")
+            + ", no rounds)"
+        )
     return (
         f"final: HR@10 {summary['best_test.hr@10.mean']:.4f} "
         f"NDCG@10 {summary['best_test.ndcg@10.mean']:.4f} (best test round, mean of "

@@ -227,6 +227,93 @@ def baseline_problem(
     return None
 
 
+#: the run settings a reference point takes, the others changing nothing: the private
+#: rankings' budget (without one, none), and central's model, epochs (--rounds), negatives,
+#: evaluations and prior (fedrecgel.baselines.CentralConfig; its step size is --central-lr)
+DP_RELEASE = ("target_epsilon", "dp_noise", "dp_delta")
+BASELINE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "popularity": DP_RELEASE,
+    "cooccurrence": DP_RELEASE,
+    "random": (),
+    "central": ("factor", "layers", "rounds", "n_negatives", "eval_every", "popularity_prior"),
+}
+#: the settings a federated method overrides, and why (TrainConfig.effective_rho, the MF model)
+_NO_SAM = "runs with both SAM radii 0"
+OVERRIDDEN: dict[str, dict[str, str]] = {
+    "fedncf": {"rho_sh": _NO_SAM, "rho_ns": _NO_SAM},
+    "fedmf": {
+        "rho_sh": _NO_SAM,
+        "rho_ns": _NO_SAM,
+        "layers": "has no MLP tower",
+        # the decay shrinks the score network's weight matrices; MF shares its item table only
+        "server_weight_decay": "has no score network to decay",
+    },
+    "fedrecgel-no-shared-sam": {"rho_sh": "runs with --rho-sh 0"},
+    "fedrecgel-no-private-sam": {"rho_ns": "runs with --rho-ns 0"},
+}
+#: settings that act only in a DP run (--dp-noise or --target-epsilon set)
+DP_ONLY = (
+    "dp_clip",
+    "dp_clip_quantile",
+    "dp_mode",
+    "dp_delta",
+    "dp_prior_share",
+    "dp_item_share",
+    "dp_prior_items",
+)
+#: DP settings that spend a share of the target before the rounds (RunParams._released_under)
+DP_SHARES = ("dp_prior_share", "dp_item_share", "dp_prior_items")
+#: settings that act only with --secure-aggregation dense or sparse
+SECAGG_ONLY = ("secagg_neighbours", "secagg_dropout", "secagg_range", "secagg_scale_bits")
+
+
+def unused_setting(method: str, run: dict[str, Any], given: list[str]) -> str | None:
+    """Why a run setting named on the command line (``given``) would change nothing with
+    ``method`` and the other settings (None when each takes effect): README promises that
+    every option does. Only what the user typed counts: a preset's values are applied where
+    they act (the private preset's clip quantile under DP only)."""
+    dp = run.get("dp_noise") is not None or run.get("target_epsilon") is not None
+    if method in BASELINE_SETTINGS:
+        private = method in ("popularity", "cooccurrence")  # they have a DP variant
+        used = BASELINE_SETTINGS[method] if dp or not private else ()
+        if (name := next((n for n in given if n not in used), None)) is None:
+            return None
+        if used:
+            takes = f"takes only {', '.join(map(option_flag, used))} of the run settings"
+            takes += " (--rounds: its epochs)" * (method == "central")
+        else:
+            takes = "takes none of the run settings"
+            takes += " without --target-epsilon or --dp-noise" * private
+        return f"--method {method} {takes}; {option_flag(name)} would change nothing"
+    for name, why in OVERRIDDEN.get(method, {}).items():
+        if name in given:
+            return f"--method {method} {why}; {option_flag(name)} would change nothing"
+    for names, off, what in (
+        (DP_ONLY, not dp, "of a differentially private run (--dp-noise or --target-epsilon)"),
+        (
+            DP_SHARES,
+            run.get("target_epsilon") is None
+            or run.get("dp_mode") != "central"
+            or run.get("secure_aggregation") != "off",
+            "of a central DP run with --target-epsilon and no secure aggregation (a share of "
+            "the target spent before the rounds)",
+        ),
+        (SECAGG_ONLY, run.get("secure_aggregation") == "off", "of --secure-aggregation"),
+        (("trim_fraction",), run.get("server_mean") != "trimmed", "of --server-mean trimmed"),
+    ):
+        if off and (name := next((n for n in given if n in names), None)) is not None:
+            return f"{option_flag(name)} is a setting {what}; it would change nothing"
+    return None
+
+
+def with_radii_used(base: TrainConfig) -> TrainConfig:
+    """``base`` with the SAM radii its method runs with (0 where it switches SAM off), so that
+    results.json records the settings the run used, not a radius (the default's, a preset's)
+    that the method overrode."""
+    rho_sh, rho_ns = base.effective_rho()
+    return base.replace(rho_sh=rho_sh, rho_ns=rho_ns)
+
+
 def _dp_popularity(
     split: Split, base: TrainConfig, seeds: list[int], max_items: int | None
 ) -> list[RunResult]:
@@ -284,6 +371,8 @@ def _cooccurrence(split: Split, base: TrainConfig, seeds: list[int]) -> list[Run
             }
             del res.privacy["max_items"]
             res.rounds[0].epsilon = release.epsilon
+        else:  # the exact ranking draws nothing: no seed to record, or to print
+            del res.config["seed"]
         out.append(res)
     return out
 
@@ -308,7 +397,10 @@ def run_baseline(
             return _dp_popularity(split, base, seeds, dp_max_items)
         return [popularity(split)]
     if method == "random":
-        return [random_ranking(split, seed=s) for s in seeds]
+        ranked = [random_ranking(split, seed=s) for s in seeds]
+        for res, seed in zip(ranked, seeds, strict=True):  # each run's figures are its seed's
+            res.config["seed"] = seed
+        return ranked
     out = []
     for seed in seeds:
         cfg = CentralConfig(

@@ -20,7 +20,7 @@ from fedrecgel.clitools import (
     run_option_help,
 )
 from fedrecgel.config import DEFAULTS, ConfigError, RunParams, check
-from fedrecgel.data import DataError
+from fedrecgel.data import DataError, Split
 from fedrecgel.presets import PresetError, check_target, save, user_presets_file
 from fedrecgel.simulate import TrainConfig
 from fedrecgel.tune import ROUND_CHOICES, TuneSpec, best_settings, finished, tune
@@ -81,6 +81,13 @@ def tune_command(
             "folder, which fedrec train --preset reads too)."
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            help="--save-preset: save the best settings even when their validation HR@10 is "
+            "not above popularity's on the same validation items (refused otherwise)."
+        ),
+    ] = False,
 ) -> None:
     """Tune run settings on validation items only (resumable).
 
@@ -95,6 +102,8 @@ def tune_command(
         check({"fraction": fraction}, RunParams)
     except ConfigError as err:
         raise config_error(err) from None
+    if force and not save_preset:
+        raise fail("--force is a setting of --save-preset; it would change nothing")
     target = presets_file or user_presets_file()
     if save_preset:  # a name or file that cannot take the result fails before the study
         try:
@@ -140,9 +149,11 @@ def tune_command(
         f"{result.best_value:.4f} with {best}"
     )
     if save_preset:
+        floor = _popularity_floor(split, result.best_value, force)
         about = {
             "study": name,
             "validation_hr@10": result.best_value,
+            "popularity_validation_hr@10": floor,
             "trials": finished(result),
             "tuning_seeds": list(seed_list),
             "method": method,
@@ -154,6 +165,27 @@ def tune_command(
         except PresetError as err:
             raise fail(str(err)) from None
         console.print(f"saved preset {save_preset} in {target}")
+
+
+def _popularity_floor(split: Split, best: float, force: bool) -> float:
+    """Popularity's validation HR@10 on the study's validation items, printed beside the
+    study's best; a best not above it is refused (unless ``force``): such settings have
+    learned nothing personal, and ``fedrec train --preset tuned`` would take them unasked."""
+    from fedrecgel.baselines import popularity
+
+    pop = popularity(split).rounds[0].val["hr@10"]
+    console.print(
+        f"best validation HR@10 {best:.4f}; popularity on the same validation items {pop:.4f}"
+    )
+    if best <= pop and not force:
+        raise fail(
+            f"the study's best validation HR@10 {best:.4f} is not above popularity's "
+            f"{pop:.4f}: the preset was not saved (more --trials resume the study; --force "
+            "saves it anyway)"
+        )
+    if best <= pop:
+        console.print("warning: saving a preset that does not beat popularity (--force)")
+    return float(pop)
 
 
 def _not_a_study_file(path: Path) -> str | None:

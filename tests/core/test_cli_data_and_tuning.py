@@ -214,7 +214,8 @@ def test_central_lr_out_of_bounds_or_without_method_central_is_refused(tmp_path:
         (["--method", "popularity", "--central-lr", "0.1"], "--central-lr is the step size"),
         (["--central-lr", "0.1"], "--central-lr is the step size"),
     ):
-        r = runner.invoke(app, ["train", *args, *ONE_ROUND, "--out", str(out)])
+        # the settings central takes (--fraction would change nothing: it trains every user)
+        r = runner.invoke(app, ["train", *args, "--rounds", "1", *SMALL, "--out", str(out)])
         assert r.exit_code == 2 and message in r.output, (args, r.output)
         assert not (out / "results.json").exists()
 
