@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from fedrecgel import native
 from fedrecgel.clitools import (
     DatasetOption,
     F,
+    ProtocolOption,
     config_error,
     console,
     fail,
@@ -35,7 +34,8 @@ from fedrecgel.clitools import (
     run_option_help,
 )
 from fedrecgel.config import DEFAULTS, ConfigError, RunParams, check
-from fedrecgel.data import DATASETS, DataError, stats
+from fedrecgel.data import DataError, stats
+from fedrecgel.data_cli import data_app
 from fedrecgel.dp_popularity import DEFAULT_MAX_ITEMS
 from fedrecgel.runreport import (
     final_line,
@@ -69,7 +69,6 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
 )
-data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(data_app, name="data")
 
 
@@ -190,13 +189,7 @@ def train(
             help="Folder with <dataset>/<raw file> (env FEDREC_DATA_DIR). FilmTrust ships inside."
         ),
     ] = None,
-    protocol: Annotated[
-        str,
-        typer.Option(
-            help="paper: every raw row a positive (as the original); clean: repeated "
-            "user-item pairs merged (latest time) before the leave-one-out."
-        ),
-    ] = "paper",
+    protocol: ProtocolOption = "paper",
     split_dir: Annotated[
         Path | None,
         typer.Option(
@@ -420,56 +413,6 @@ def _refuse_run_conflicts(
 
 
 app.command("tune")(tune_command)
-
-
-@data_app.command("stats")
-def data_stats(
-    dataset: Annotated[
-        str, typer.Argument(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
-    ] = "filmtrust",
-    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-) -> None:
-    """Counts and sparsity of a dataset after the paper's protocol."""
-    try:
-        split = load_data(dataset, data_dir, validation=False)
-    except (DataError, ValueError) as err:
-        raise fail(str(err)) from None
-    st = stats(split)
-    if as_json:
-        typer.echo(json.dumps(st, indent=1))
-        return
-    table = Table(title=f"{split.name} after the protocol")
-    table.add_column("statistic")
-    table.add_column("value", justify="right")
-    for k, v in st.items():
-        table.add_row(k, f"{v:,.4f}" if isinstance(v, float) else f"{v:,}")
-    Console().print(table)
-
-
-@data_app.command("export")
-def data_export(
-    dataset: Annotated[str, typer.Argument(help=f"One of {', '.join(DATASETS)}.")],
-    out: Annotated[Path, typer.Option(help="Output folder.")],
-    data_dir: Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")] = None,
-    validation: Annotated[
-        bool, typer.Option(help="Hold out a validation item per user (<name>.val.negative).")
-    ] = False,
-    overwrite: Annotated[
-        bool, typer.Option(help="Replace the files of an earlier export of this dataset in --out.")
-    ] = False,
-) -> None:
-    """Write the ready split in the NCF train / test-negative layout."""
-    from fedrecgel.data import write_ncf
-
-    try:
-        split = load_data(dataset, data_dir, validation)
-    except (DataError, ValueError) as err:
-        raise fail(str(err)) from None
-    suffixes = ("train.csv", "test.negative", "val.negative", "users.txt", "items.txt")
-    no_earlier_outputs(out, [f"{split.name}.{s}" for s in suffixes], overwrite)
-    write_ncf(split, out_dir(out))
-    console.print(f"wrote {split.name} split to {out}")
 
 
 def main() -> None:

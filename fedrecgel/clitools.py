@@ -34,6 +34,14 @@ console = Console(stderr=True)
 
 #: the ``--dataset`` option of the commands that load one (its default: ``DEFAULTS.dataset``)
 DatasetOption = Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")]
+#: the --protocol option of the commands that load a raw dataset
+ProtocolOption = Annotated[
+    str,
+    typer.Option(
+        help="paper: every raw row a positive (as the original); clean: repeated user-item "
+        "pairs merged (latest time) before the leave-one-out."
+    ),
+]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

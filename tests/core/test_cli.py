@@ -103,12 +103,30 @@ def test_missing_data_dir_names_where_to_get_data(tmp_path: Path) -> None:
 
 
 def test_data_stats_prints_the_protocol_counts() -> None:
-    r = runner.invoke(app, ["data", "stats", "filmtrust", "--json"])
+    r = runner.invoke(app, ["data", "stats", "filmtrust", "--json", "--no-validation"])
     assert r.exit_code == 0
     st = json.loads(r.output)
     # 34,889 raw rows of the users kept; two repeat a (user, item) pair and train once
     assert (st["users"], st["items"], st["interactions"]) == (1227, 2059, 34887)
     assert st["train"] == 33660 and st["test"] == 1227
+
+
+def test_data_stats_counts_the_split_train_reports(tmp_path: Path) -> None:
+    """`data stats` split without a validation item while `fedrec train` holds one out: on a CSV
+    with repeated pairs the two reported different interaction counts (1,010 against 1,012)."""
+    rows = [f"u{u},i{(u * 7 + k * 5) % 150},{k}" for u in range(40) for k in range(8)]
+    rows += [f"u{u},i{(u * 7) % 150},{9}" for u in range(0, 40, 3)]  # a repeat, held out
+    csv = tmp_path / "d.csv"
+    csv.write_text("user,item,timestamp\n" + "\n".join(rows) + "\n")
+    r = runner.invoke(app, ["data", "stats", str(csv), "--json"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output)
+    args = ["train", "--dataset", str(csv), "--method", "popularity", "--out", str(tmp_path / "o")]
+    assert runner.invoke(app, args).exit_code == 0
+    trained = json.loads((tmp_path / "o" / "results.json").read_text())["data"]
+    assert shown == trained
+    clean = runner.invoke(app, ["data", "stats", str(csv), "--json", "--protocol", "clean"])
+    assert json.loads(clean.output)["interactions"] < shown["interactions"]
 
 
 def test_data_export_writes_the_ncf_layout(tmp_path: Path) -> None:
