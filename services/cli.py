@@ -43,7 +43,7 @@ def aggregator(ctx: typer.Context) -> None:
     """Run the aggregator service (FEDREC_AGG_* settings)."""
     from services.aggregator.__main__ import main as aggregator_main
 
-    aggregator_main(ctx.args)
+    aggregator_main(ctx.args, "fedrec aggregator")
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
@@ -51,7 +51,7 @@ def recommend(ctx: typer.Context) -> None:
     """Run the recommendation API (FEDREC_REC_* settings)."""
     from services.recommend_api.__main__ import main as recommend_main
 
-    recommend_main(ctx.args)
+    recommend_main(ctx.args, "fedrec recommend")
 
 
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
@@ -59,7 +59,7 @@ def dashboard(ctx: typer.Context) -> None:
     """Run the web dashboard (FEDREC_DASH_* settings)."""
     from services.dashboard.__main__ import main as dashboard_main
 
-    dashboard_main(ctx.args)
+    dashboard_main(ctx.args, "fedrec dashboard")
 
 
 #: the most worker processes ``fedrec up`` starts on one machine (each is a Python process

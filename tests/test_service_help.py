@@ -43,3 +43,15 @@ def test_help_names_the_variable_and_the_settings_default(
     for field in fields:
         default = settings.model_fields[field].default
         assert f"({prefix}{field.upper()}; default {default})" in shown, (field, shown)
+
+
+@pytest.mark.parametrize("command", ["aggregator", "recommend", "dashboard", "worker"])
+def test_fedrec_service_help_names_the_fedrec_command(command: str) -> None:
+    """`fedrec aggregator --help` showed `Usage: python -m services.aggregator`."""
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", command, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.startswith(f"Usage: fedrec {command} "), out[:200]

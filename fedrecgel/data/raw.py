@@ -74,7 +74,8 @@ def read_fields(
         m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
         if m:
             raise DataError(
-                f"{path}, line {m.group(2)}: expected {m.group(1)} fields, saw {m.group(3)}"
+                f"{path}, line {m.group(2)}: expected {m.group(1)} field"
+                f"{'s' * (m.group(1) != '1')}, saw {m.group(3)}"
             ) from None
         raise DataError(f"{path}: cannot parse file ({e})") from None
     except UnicodeDecodeError as e:

@@ -93,9 +93,11 @@ def aggregator(settings: Settings) -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(
+    argv: Sequence[str] | None = None, prog_name: str = "python -m services.aggregator"
+) -> None:
     """Run the aggregator with the options of ``argv`` over its settings."""
-    if code := run_app(app, argv, "python -m services.aggregator"):
+    if code := run_app(app, argv, prog_name):
         raise SystemExit(code)
 
 

@@ -36,9 +36,11 @@ def dashboard(settings: DashboardSettings) -> None:
     serve(create_app(settings), host=settings.host, port=settings.port, log_level=level)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(
+    argv: Sequence[str] | None = None, prog_name: str = "python -m services.dashboard"
+) -> None:
     """Run the dashboard with the options of ``argv`` over its settings."""
-    if code := run_app(app, argv, "python -m services.dashboard"):
+    if code := run_app(app, argv, prog_name):
         raise SystemExit(code)
 
 

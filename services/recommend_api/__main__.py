@@ -65,9 +65,11 @@ def recommend(
     serve(api, host=settings.host, port=settings.port, log_level=log_level)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(
+    argv: Sequence[str] | None = None, prog_name: str = "python -m services.recommend_api"
+) -> None:
     """Run the recommendation API with the options of ``argv`` over its settings."""
-    if code := run_app(app, argv, "python -m services.recommend_api"):
+    if code := run_app(app, argv, prog_name):
         raise SystemExit(code)
 
 
