@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedrecgel.clitools import ProtocolOption, fail, load_data, no_earlier_outputs, out_dir
+from fedrecgel.config import DEFAULTS
 from fedrecgel.data import DATASETS, DataError, stats
 
 data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True, rich_markup_mode=None)
@@ -24,7 +25,7 @@ DataDirOption = Annotated[Path | None, typer.Option(help="Folder with the raw da
 
 @data_app.command("stats")
 def data_stats(
-    dataset: DatasetArgument = "filmtrust",
+    dataset: DatasetArgument = DEFAULTS.dataset,
     data_dir: DataDirOption = None,
     protocol: ProtocolOption = "paper",
     validation: Annotated[
