@@ -45,7 +45,9 @@ def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -
             parts.append(f"the body is not valid JSON ({reason} at character {where[0]})")
             continue
         loc = ".".join(str(p) for p in e.get("loc", ()) if not (skip_body and p == "body"))
-        parts.append(f"{loc or 'body'}: {e.get('msg', 'invalid')}")
+        # a validator's own words, without pydantic's "Value error, " before them
+        why = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{loc or 'body'}: {why}")
     return "; ".join(dict.fromkeys(parts))
 
 
