@@ -318,12 +318,12 @@ def _first_rows(path: Path, sep: str) -> list[list[str]]:
     return [next(csv.reader([ln.rstrip("\r\n")], delimiter=sep), []) for ln in lines]
 
 
-def csv_columns(path: Path, sep: str = ",") -> tuple[int, int, int | None] | None:
-    """The user, item and timestamp (None: row order) columns a CSV's header names, or None
-    when none of its names is a known one (then the columns are ``user,item[,timestamp]`` in
-    this order). DataError when the names do not say which column is the user's or the
-    item's."""
-    names = [_column_name(f) for f in _first_rows(path, sep)[0]]
+def csv_columns(header: list[str], path: Path) -> tuple[int, int, int | None] | None:
+    """The user, item and timestamp (None: row order) columns a CSV's ``header`` (its first
+    row's fields) names, or None when none of its names is a known one (then the columns are
+    ``user,item[,timestamp]`` in this order). DataError naming ``path`` when the names do not
+    say which column is the user's or the item's."""
+    names = [_column_name(f) for f in header]
     if not any(n in HEADER_NAMES for n in names):
         return None
     found = {
@@ -381,12 +381,13 @@ def load_csv(
     path = Path(path)
     if header is None:
         header = csv_has_header(path, sep)
-    named = csv_columns(path, sep) if header else None
+    first = _first_rows(path, sep)[0] if header else []
+    named = csv_columns(first, path) if header else None
     if named is None:
         df, lines = read_fields(path, sep, (2, 3), header, quoted=True)
         named = (0, 1, 2 if df.shape[1] == 3 else None)
     else:
-        df, lines = read_fields(path, sep, len(_first_rows(path, sep)[0]), True, quoted=True)
+        df, lines = read_fields(path, sep, len(first), True, quoted=True)
     user, item, time = named
     users = id_column(df[user].str.strip())
     items = id_column(df[item].str.strip())
