@@ -51,25 +51,25 @@ def validation_detail(exc: RequestValidationError, *, skip_body: bool = False) -
     return "; ".join(dict.fromkeys(parts))
 
 
-def sent_as_json(request: Request) -> bool:
-    """Whether the request's Content-Type is JSON (application/json or a +json type)."""
+def not_json_media(request: Request) -> str | None:
+    """Why a JSON body is refused under the request's Content-Type (None: application/json or
+    a +json type)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    return media == "application/json" or media.endswith("+json")
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    got = media or "no Content-Type"
+    return f"the body is JSON: send it with Content-Type: application/json (got {got})"
 
 
 def not_sent_as_json(request: Request, exc: RequestValidationError) -> str | None:
     """Why a JSON body was refused when it came under another media type (FastAPI reads a body
     as JSON only under application/json or +json, and reports any other, or none, as a body
     of the wrong type, which does not say what to change), else None."""
-    if sent_as_json(request):
-        return None
-    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if not any(
         tuple(e.get("loc", ())) == ("body",) and e.get("type") != "missing" for e in exc.errors()
     ):
         return None
-    got = media or "no Content-Type"
-    return f"the body is JSON: send it with Content-Type: application/json (got {got})"
+    return not_json_media(request)
 
 
 #: told of each refusal the handlers answer that is about the request itself (a

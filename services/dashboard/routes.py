@@ -25,7 +25,7 @@ from services.contract import ErrorBody, ServiceError
 from services.dashboard.runform import form_presets, run_form_groups
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.upstream import OPERATOR_ACTIONS, Answer, Upstream
-from services.error_handlers import sent_as_json
+from services.error_handlers import not_json_media
 from services.web_assets import CHART_JS
 
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
@@ -70,13 +70,8 @@ async def _body(request: Request) -> bytes:
     """The request body, bounded (the app's body limit answers 413 first), sent as JSON (the
     services refuse another media type; a form or text/plain post from another site's page
     would pass a browser's CORS without a preflight)."""
-    if not sent_as_json(request):
-        got = request.headers.get("content-type") or "no Content-Type"
-        raise ServiceError(
-            f"the body is JSON: send it with Content-Type: application/json (got {got})",
-            "unsupported_media_type",
-            415,
-        )
+    if (why := not_json_media(request)) is not None:
+        raise ServiceError(why, "unsupported_media_type", 415)
     return await request.body()
 
 
