@@ -19,11 +19,14 @@ from rich.console import Console
 
 from fedrecgel.config import ConfigError, RunParams
 from fedrecgel.data import (
+    CSV_SUFFIXES,
     DATASETS,
     PROTOCOLS,
     DataError,
     Split,
     apply_protocol,
+    csv_dataset,
+    default_data_dir,
     hold_out_validation,
     load_csv,
     load_split,
@@ -33,7 +36,11 @@ from fedrecgel.data import (
 console = Console(stderr=True)
 
 #: the ``--dataset`` option of the commands that load one (its default: ``DEFAULTS.dataset``)
-DatasetOption = Annotated[str, typer.Option(help=f"One of {', '.join(DATASETS)}, or a CSV path.")]
+DATASET_HELP = (
+    f"One of {', '.join(DATASETS)}, a CSV file's path, or NAME for a NAME.csv in the data "
+    "directory."
+)
+DatasetOption = Annotated[str, typer.Option(help=DATASET_HELP)]
 #: the --protocol option of the commands that load a raw dataset
 ProtocolOption = Annotated[
     str,
@@ -67,7 +74,9 @@ def load_data(
             split = hold_out_validation(split)
         return split
     path = Path(dataset)
-    if dataset not in DATASETS and path.suffix.lower() in (".csv", ".txt", ".tsv"):
+    folder = data_dir or default_data_dir()
+    named = folder is not None and csv_dataset(dataset, Path(folder)) is not None
+    if path.suffix.lower() in CSV_SUFFIXES and (path.is_file() or not named):
         sep = "\t" if path.suffix.lower() == ".tsv" else ","
         return apply_protocol(
             load_csv(path, sep=sep),
@@ -75,6 +84,25 @@ def load_data(
             protocol=protocol,  # type: ignore[arg-type]
         )
     return load_split(dataset, data_dir, validation=validation, protocol=protocol)  # type: ignore[arg-type]
+
+
+def by_name(dataset: str, data_dir: Path | None) -> tuple[str, Path | None]:
+    """``dataset`` and ``data_dir`` as services take them, which name a dataset and never a
+    path: a CSV file's path becomes its file name in its folder (:func:`csv_dataset`)."""
+    path = Path(dataset)
+    if path.suffix.lower() not in CSV_SUFFIXES or not path.is_file():
+        return dataset, data_dir
+    folder = path.resolve().parent
+    if data_dir is not None and Path(data_dir).resolve() != folder:
+        raise fail(
+            f"--dataset {dataset} is a file of {folder}: --data-dir {data_dir} would not hold it"
+        )
+    if csv_dataset(path.name, folder) != folder / path.name:
+        raise fail(
+            f"--dataset {dataset}: the services take a CSV by its file name, which must be "
+            "letters, digits, '.', '_' or '-' (rename the file)"
+        )
+    return path.name, folder
 
 
 def parse_seeds(seeds: str) -> list[int]:

@@ -11,15 +11,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fedrecgel.clitools import ProtocolOption, fail, load_data, no_earlier_outputs, out_dir
+from fedrecgel.clitools import (
+    DATASET_HELP,
+    ProtocolOption,
+    fail,
+    load_data,
+    no_earlier_outputs,
+    out_dir,
+)
 from fedrecgel.config import DEFAULTS
-from fedrecgel.data import DATASETS, DataError, stats
+from fedrecgel.data import DataError, stats
 
 data_app = typer.Typer(help="Dataset tools.", no_args_is_help=True, rich_markup_mode=None)
 
-DatasetArgument = Annotated[
-    str, typer.Argument(help=f"One of {', '.join(DATASETS)}, or a CSV path.")
-]
+DatasetArgument = Annotated[str, typer.Argument(help=DATASET_HELP)]
 DataDirOption = Annotated[Path | None, typer.Option(help="Folder with the raw datasets.")]
 
 

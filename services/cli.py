@@ -15,8 +15,8 @@ import typer
 
 from fedrecgel.cli import CLI_EVAL_EVERY, app, checked, preset_choices, run_options
 from fedrecgel.cli import main as _run_app
-from fedrecgel.clitools import console, fail, option_flag
-from fedrecgel.data import DATASETS, DataError
+from fedrecgel.clitools import DATASET_HELP, by_name, console, fail, option_flag
+from fedrecgel.data import DataError
 from fedrecgel.presets import over_http
 from services.launcher import UpOptions
 
@@ -72,7 +72,7 @@ _UP = UpOptions()
 @app.command()
 @run_options(
     defaults={"eval_every": CLI_EVAL_EVERY},
-    helps={"dataset": f"One of {', '.join(DATASETS)}."},
+    helps={"dataset": DATASET_HELP},
 )
 def up(
     ctx: typer.Context,
@@ -155,6 +155,7 @@ def up(
         shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
         console.print(f"preset {preset}: {shown}", highlight=False)
     run = {**run, **chosen}
+    run["dataset"], data_dir = by_name(str(run["dataset"]), data_dir)
     opts = UpOptions(
         run=checked(run),
         data_dir=data_dir,

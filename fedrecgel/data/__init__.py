@@ -21,9 +21,11 @@ from fedrecgel.data.protocol import (
     sample_negatives,
 )
 from fedrecgel.data.raw import (
+    CSV_SUFFIXES,
     DATA_DIR_ENV,
     DATASETS,
     RAW_FILES,
+    csv_dataset,
     csv_has_header,
     default_data_dir,
     load_csv,
@@ -35,6 +37,7 @@ from fedrecgel.data.stats import stats
 from fedrecgel.data.types import DataError, Interactions, Split
 
 __all__ = [
+    "CSV_SUFFIXES",
     "DATASETS",
     "DATA_DIR_ENV",
     "PROTOCOLS",
@@ -44,6 +47,7 @@ __all__ = [
     "Split",
     "apply_protocol",
     "build_split",
+    "csv_dataset",
     "csv_has_header",
     "default_data_dir",
     "hold_out_validation",

@@ -254,13 +254,45 @@ def packaged_filmtrust() -> Path:
     )
 
 
+#: a name that may stand for a CSV of the data directory: no folder, no leading dot
+CSV_DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+#: suffixes of such a CSV (a ``.tsv`` is tab-separated)
+CSV_SUFFIXES = (".csv", ".tsv", ".txt")
+
+
+def csv_dataset(name: str, data_dir: Path) -> Path | None:
+    """The CSV that stands for dataset ``name`` in ``data_dir``: ``<dir>/<name>.csv`` (or
+    ``.tsv``, ``.txt``), ``<dir>/<name>/<name>.csv`` or, when ``name`` ends in one of those,
+    ``<dir>/<name>``; None when there is none (or ``name`` is not a plain file name)."""
+    if name in RAW_FILES or not CSV_DATASET_NAME.fullmatch(name):
+        return None
+    stem = name[: -len(Path(name).suffix)] if Path(name).suffix in CSV_SUFFIXES else name
+    places = [data_dir / name] if stem != name else []
+    places += [data_dir / f"{stem}{suffix}" for suffix in CSV_SUFFIXES]
+    places += [data_dir / stem / f"{stem}{suffix}" for suffix in CSV_SUFFIXES]
+    return next((place for place in places if place.is_file()), None)
+
+
 def raw_path(name: str, data_dir: Path | None = None) -> Path:
     """Where the raw file of dataset ``name`` is looked up (see ``load_raw``): in ``data_dir``
-    (default: FEDREC_DATA_DIR), FilmTrust also in the package when the folder has none."""
-    if name not in RAW_FILES:
-        raise DataError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+    (default: FEDREC_DATA_DIR), FilmTrust also in the package when the folder has none; a name
+    of no known dataset is a CSV of that folder (:func:`csv_dataset`)."""
     if data_dir is None:
         data_dir = default_data_dir()
+    if name not in RAW_FILES:
+        found = csv_dataset(name, Path(data_dir)) if data_dir is not None else None
+        if found is None:
+            file = name if Path(name).suffix in CSV_SUFFIXES else f"{name}.csv"
+            where = (
+                f"no {file} in the data directory {data_dir}"
+                if data_dir is not None
+                else f"no data directory ({DATA_DIR_ENV} is unset) to hold {file}"
+            )
+            raise DataError(
+                f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}, or a CSV of "
+                f"the data directory by its name ({where})"
+            )
+        return found
     if data_dir is None:
         if name == "filmtrust":
             return packaged_filmtrust()
@@ -283,8 +315,11 @@ def raw_path(name: str, data_dir: Path | None = None) -> Path:
 
 
 def load_raw(name: str, data_dir: Path | None = None) -> Interactions:
-    """Load the raw rows of a known dataset (FilmTrust falls back to the packaged copy)."""
+    """Load the raw rows of a known dataset (FilmTrust falls back to the packaged copy), or of
+    the CSV that stands for ``name`` in the data directory (:func:`csv_dataset`)."""
     path = raw_path(name, data_dir)
+    if name not in _LOADERS:
+        return load_csv(path, sep="\t" if path.suffix == ".tsv" else ",", name=name)
     return _LOADERS[name](path)
 
 
