@@ -133,7 +133,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
             _show_popularity(split)
             if opts.recommend:
                 _wait_serving(c, len(history.get("rounds", [])))
-                _show_recommendations(opts, split.n_users)
+                _show_recommendations(opts, [str(x) for x in split.user_labels[: opts.show_users]])
             if opts.keep_running:
                 _print_try_it(c, opts, token_file)
                 with contextlib.suppress(KeyboardInterrupt, Stopped):
@@ -262,9 +262,10 @@ def _wait_serving(c: Cluster, version: int) -> None:
     raise LaunchError(f"recommend_api did not load model version {version} in time")
 
 
-def _show_recommendations(opts: UpOptions, n_users: int) -> None:
-    """Ask a few users' workers for their top-10, as their devices would, and print them."""
-    users = list(range(min(opts.show_users, n_users)))
+def _show_recommendations(opts: UpOptions, labels: list[str]) -> None:
+    """Ask the first users' workers for their top-10, as their devices would, and print them
+    (``labels``: those users' ids in the data, shown beside their numbers where they differ)."""
+    users = list(range(len(labels)))
     answers: dict[int, list[str]] = {}
     version, weight = None, None
     for user in users:
@@ -287,7 +288,9 @@ def _show_recommendations(opts: UpOptions, n_users: int) -> None:
     table = Table(title=f"top-10 from recommend_api, model v{version} (item, {served})")
     table.add_column("rank", justify="right")
     for user in answers:
-        table.add_column(f"user {user}")
+        table.add_column(
+            f"user {user}" + (f" ({labels[user]})" if labels[user] != str(user) else "")
+        )
     for rank in range(max(len(a) for a in answers.values())):
         table.add_row(str(rank + 1), *(a[rank] if rank < len(a) else "" for a in answers.values()))
     Console().print(table)

@@ -35,3 +35,4 @@ def test_up_trains_and_serves_a_csv_by_its_path(tmp_path: Path) -> None:
     assert "60 clients registered by 1 worker" in out and "final round 2: HR@10" in out
     served = [w for w in out.split() if w.startswith("item") and w[4:].isdigit()]
     assert len(served) == 30  # three users' top-10 in the file's own item ids
+    assert "user 0 (user0)" in out  # and the users by their ids in the file
