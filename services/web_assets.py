@@ -19,6 +19,8 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from services.head_requests import HeadAsGetMiddleware
+
 #: the vendored files (chart.js, swagger-ui-dist)
 VENDOR_DIR = Path(__file__).resolve().parent / "static" / "vendor"
 #: where every service serves them
@@ -58,7 +60,9 @@ def service_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]],
 ) -> FastAPI:
     """A service's app: ``/docs`` served by the app itself (:func:`install_local_docs`), no
-    ReDoc."""
+    ReDoc; HEAD answered for every GET route (:class:`HeadAsGetMiddleware`, added here first so
+    that it is the innermost middleware)."""
     app = FastAPI(title=title, version=version, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(HeadAsGetMiddleware)
     install_local_docs(app)
     return app

@@ -186,7 +186,7 @@ def test_405_names_the_allowed_methods_and_bodies_are_bounded(tmp_path: Path, sp
             ]
 
     not_allowed, too_large = asyncio.run(go())
-    assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "GET"
+    assert not_allowed.status_code == 405 and not_allowed.headers["allow"] == "GET, HEAD"
     assert not_allowed.json()["error"] == "method_not_allowed"
     assert too_large.status_code == 413 and too_large.json()["error"] == "body_too_large"
 
