@@ -48,12 +48,14 @@ from fedrecgel.runreport import (
 from fedrecgel.simulate import METHODS, RunResult, TrainConfig
 from fedrecgel.train_runs import (
     BACKENDS,
+    OPTIMIZER_SETTINGS,
     Backend,
     baseline_problem,
     ray_problem,
     refuse_model_size,
     run_baseline,
     train_seeds,
+    unused_optimizer_setting,
     unused_setting,
     with_backend,
     with_radii_used,
@@ -164,13 +166,22 @@ def _apply_preset(
     dataset: str,
     presets_file: Path | None = None,
 ) -> TrainConfig:
-    """``base`` with the preset's settings, except those given on the command line."""
-    if preset is None:
-        return base
+    """``base`` with the preset's settings, except those given on the command line; refuses a
+    server-optimizer setting given on the command line that the optimizer in effect (the
+    option's, the preset's or the default) ignores."""
+    chosen = {} if preset is None else preset_choices(ctx, preset, dataset, presets_file)
     try:
-        return base.replace(**preset_choices(ctx, preset, dataset, presets_file))
+        config = base.replace(**chosen)
     except ValueError as err:
         raise fail(f"preset {preset}: {err}") from None
+    if _source(ctx, "optimizer") == "COMMANDLINE":
+        source = "from --optimizer"
+    else:
+        source = f"from preset {preset}" if "optimizer" in chosen else "the default"
+    named = [n for n in OPTIMIZER_SETTINGS if _source(ctx, n) == "COMMANDLINE"]
+    if (problem := unused_optimizer_setting(config.optimizer, source, named)) is not None:
+        raise fail(problem)
+    return config
 
 
 @app.command()

@@ -64,7 +64,8 @@ class RunParams(BaseModel):
         default=None,
         ge=0.0,
         lt=1.0,
-        description="beta1 of server adam, fedadam or fedyogi (none: the optimizer's usual 0.9).",
+        description="beta1 of server adam, fedadam, fedyogi or fedadagrad (none: the "
+        "optimizer's usual 0.9).",
     )
     server_beta2: float | None = Field(
         default=None,

@@ -306,6 +306,31 @@ def unused_setting(method: str, run: dict[str, Any], given: list[str]) -> str | 
     return None
 
 
+#: the settings of one server optimizer or a few, with those that use them; the others ignore
+#: them (fedrecgel.strategy.ServerOptimizer.step: sgd keeps no moments, the others no momentum
+#: buffer, fedadagrad sums the squared steps without a beta2 decay)
+OPTIMIZER_SETTINGS: dict[str, tuple[str, ...]] = {
+    "server_momentum": ("sgd",),
+    "server_beta1": ("adam", "fedadam", "fedyogi", "fedadagrad"),
+    "server_beta2": ("adam", "fedadam", "fedyogi"),
+}
+
+
+def unused_optimizer_setting(optimizer: str, source: str, given: list[str]) -> str | None:
+    """Why a server-optimizer setting named on the command line (``given``) would change
+    nothing with the run's server ``optimizer`` (the one in effect after the preset; ``source``
+    says where it came from), or None. A preset's own settings are never refused here."""
+    for name in given:
+        used = OPTIMIZER_SETTINGS.get(name)
+        if used is not None and optimizer not in used:
+            which = " or ".join(filter(None, (", ".join(used[:-1]), used[-1])))
+            return (
+                f"{option_flag(name)} is a setting of the server optimizer {which}; this run's "
+                f"is {optimizer} ({source}); it would change nothing"
+            )
+    return None
+
+
 def with_radii_used(base: TrainConfig) -> TrainConfig:
     """``base`` with the SAM radii its method runs with (0 where it switches SAM off), so that
     results.json records the settings the run used, not a radius (the default's, a preset's)

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from fedrecgel import cli, train_runs
 from fedrecgel.clitools import option_flag
-from fedrecgel.config import DEFAULTS
+from fedrecgel.config import DEFAULTS, OptimizerName, RunParams
+from fedrecgel.server_strategy import strategy_of
+from fedrecgel.strategy import FedAvgGradients
 from tests.core.test_shipped_presets import _Capture, _csv
 
 runner = CliRunner()
@@ -185,3 +188,69 @@ def test_a_secure_aggregation_or_trimming_setting_without_it_is_refused(
     r, out = _train(tmp_path, monkeypatch, *on, *_given(name))
     assert r.exit_code == 0, r.output
     assert str(getattr(_Capture.configs[0], name)) == OTHER[name]
+
+
+def _server_steps(params: RunParams) -> torch.Tensor:
+    """A parameter after three server steps of the optimizer ``params`` builds."""
+    strategy = strategy_of(params)
+    assert isinstance(strategy, FedAvgGradients)
+    weights = {"w": torch.zeros(3)}
+    for k in range(3):
+        grad = {"w": torch.tensor([1.0, -2.0, 0.5]) * (k + 1)}
+        strategy.optimizer.step(weights, grad)
+    return weights["w"]
+
+
+@pytest.mark.parametrize("name", sorted(train_runs.OPTIMIZER_SETTINGS))
+@pytest.mark.parametrize("optimizer", get_args(OptimizerName))
+def test_the_optimizer_settings_act_with_the_optimizers_said_and_no_other(
+    optimizer: str, name: str
+) -> None:
+    """OPTIMIZER_SETTINGS against the server step itself (fedrecgel.strategy): a setting
+    changes the step with each optimizer it names, and with no other."""
+    base = RunParams(optimizer=optimizer)  # type: ignore[arg-type]
+    changed = base.model_copy(update={name: 0.5})
+    acts = not torch.equal(_server_steps(base), _server_steps(changed))
+    assert acts == (optimizer in train_runs.OPTIMIZER_SETTINGS[name])
+
+
+@pytest.mark.parametrize(
+    ("args", "optimizer", "source"),
+    [
+        (["--server-momentum", "0.5"], "adam", "from preset default"),
+        (["--optimizer", "fedadam", "--server-momentum", "0.5"], "fedadam", "from --optimizer"),
+        (["--preset", "paper", "--server-momentum", "0.5"], DEFAULTS.optimizer, "the default"),
+        (["--optimizer", "sgd", "--server-beta1", "0.5"], "sgd", "from --optimizer"),
+        (["--preset", "private", "--server-beta2", "0.9"], "sgd", "from preset private"),
+        (["--optimizer", "fedadagrad", "--server-beta2", "0.9"], "fedadagrad", "from --optimizer"),
+    ],
+)
+def test_a_setting_of_another_server_optimizer_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], optimizer: str, source: str
+) -> None:
+    """--server-momentum with the default preset's adam was run, and recorded, as if it acted;
+    the refusal names the option, the optimizer in effect and where it came from."""
+    r, out = _train(tmp_path, monkeypatch, *args)
+    flag = next(a for a in args if a.startswith("--server-"))
+    _refused(r, out, flag)
+    said = " ".join(r.output.split())
+    assert f"this run's is {optimizer} ({source})" in said, said
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "value"),
+    [
+        (["--optimizer", "sgd", "--server-momentum", "0.5"], "server_momentum", 0.5),
+        (["--preset", "private", "--server-momentum", "0.5"], "server_momentum", 0.5),
+        (["--optimizer", "fedadagrad", "--server-beta1", "0.5"], "server_beta1", 0.5),
+        (["--server-beta2", "0.9"], "server_beta2", 0.9),
+        # the private preset's momentum with adam typed: a preset's setting is no refusal
+        (["--preset", "private", "--optimizer", "adam"], "optimizer", "adam"),
+    ],
+)
+def test_a_setting_of_the_server_optimizer_in_effect_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], name: str, value: object
+) -> None:
+    r, _ = _train(tmp_path, monkeypatch, *args)
+    assert r.exit_code == 0, r.output
+    assert getattr(_Capture.configs[0], name) == value
