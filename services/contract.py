@@ -387,6 +387,11 @@ class UserVector(BaseModel):
     user_mlp: list[float] | None = None
 
 
+#: recommend_api's error code for a ``k`` above its bound (``FEDREC_REC_MAX_K``), 422; a
+#: worker's device API passes it on as its own 422 (its own bound, 1..1000, may be the higher)
+K_TOO_LARGE = "k_too_large"
+
+
 class RecommendationRequest(BaseModel):
     """``POST /v1/recommendations`` (recommend_api): top-``k`` items for ``user``, leaving out
     the item ids in ``exclude``; ``exact`` skips the candidate index. Strict: ``k`` is a JSON integer (``"10"``, ``true`` and

@@ -29,6 +29,7 @@ from pydantic import BeforeValidator, ValidationError
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import StoreError, WorkerStore
 from services.contract import (
+    K_TOO_LARGE,
     ErrorBody,
     RecommendationRequest,
     RecommendationResponse,
@@ -40,6 +41,9 @@ from services.contract import (
 
 log = logging.getLogger(__name__)
 
+#: the longest list a device asks for: one user's recommendations, as the dashboard shows them
+#: (recommend_api's own bound, FEDREC_REC_MAX_K, default 10000, is for its other callers' deeper
+#: lists; set below this, a k between the two is its 422 k_too_large, passed on)
 MAX_K = 1000
 RECOMMEND_PATH = "/v1/recommendations"
 
@@ -100,7 +104,10 @@ def _k(value: object) -> object:
         return value
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_K:
         return value
-    raise ValueError(f"must be an integer from 1 to {MAX_K}, in plain decimal digits")
+    raise ValueError(
+        f"must be an integer from 1 to {MAX_K}, in plain decimal digits (one user's list; "
+        "recommend_api takes longer ones itself)"
+    )
 
 
 #: how many items a device asks for (recommend_api's own bound is ``FEDREC_REC_MAX_K``)
@@ -164,10 +171,14 @@ def _check_user(state: AppState, user_id: int) -> None:
 
 
 def _upstream_error(resp: httpx.Response) -> ServiceError:
-    """Map a non-200 answer of recommend_api: 503 passes through, anything else is a 502."""
+    """Map a non-200 answer of recommend_api: 503 passes through, and a ``k`` over its bound
+    (lower than this API's, :data:`MAX_K`) is the request's 422; anything else is a 502."""
     body = read_error(resp)
     if resp.status_code == 503:
         return ServiceError(f"recommend_api: {body.detail}", body.error, 503)
+    if resp.status_code == 422 and body.error == K_TOO_LARGE:
+        detail = f"query.k: recommend_api serves shorter lists than this API takes ({body.detail})"
+        return ServiceError(detail, K_TOO_LARGE, 422)
     return ServiceError(
         f"recommend_api answered {resp.status_code} {body.error}: {body.detail}",
         "recommend_error",
@@ -179,7 +190,15 @@ def _upstream_error(resp: httpx.Response) -> ServiceError:
 async def recommendations(
     user_id: Decimal,
     state: StateDep,
-    k: Annotated[TopK, Query(ge=1, le=MAX_K, description=f"how many items, 1 to {MAX_K}")] = 10,
+    k: Annotated[
+        TopK,
+        Query(
+            ge=1,
+            le=MAX_K,
+            description=f"how many items, 1 to {MAX_K} (one user's list), and at most "
+            "recommend_api's own bound when that is lower (422 k_too_large)",
+        ),
+    ] = 10,
     include_training: Annotated[
         PlainBool, Query(description="rank the user's training items too (left out by default)")
     ] = False,

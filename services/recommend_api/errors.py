@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.contract import ServiceError
+from services.contract import K_TOO_LARGE, ServiceError
 
 
 class RecommendError(ServiceError):
@@ -28,6 +28,13 @@ class InvalidRequest(RecommendError):
 
     status_code = 422
     code = "invalid_request"
+
+
+class KTooLarge(RecommendError):
+    """``k`` above this service's bound (``FEDREC_REC_MAX_K``)."""
+
+    status_code = 422
+    code = K_TOO_LARGE
 
 
 class NoModel(RecommendError):

@@ -26,6 +26,7 @@ from fedrecgel.wire import WireError, decode_model
 from services.recommend_api.errors import (
     InvalidRequest,
     InvalidUserVector,
+    KTooLarge,
     ModelLoadError,
     NoModel,
     UnknownItems,
@@ -346,7 +347,7 @@ class ModelHolder:
         if k <= 0:
             raise InvalidRequest(f"k must be positive, got {k}")
         if k > self.config.max_k:
-            raise InvalidRequest(f"k must be at most {self.config.max_k}, got {k}")
+            raise KTooLarge(f"k must be at most {self.config.max_k}, got {k}")
         private = user_tensors(snap.scorer.cfg, user_gmf, user_mlp)
         excluded = resolve_items(snap, exclude)
         shortlist = 0 if exact else self.config.ann_shortlist

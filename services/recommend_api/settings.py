@@ -58,6 +58,9 @@ class Settings(ServiceSettings):
     ann_nprobe: int = Field(default=_RANKING.ann_nprobe, ge=1)
     ann_index: Literal["auto", "flat", "ivf", "scan"] = _RANKING.ann_index
     ann_scan_candidates: int = Field(default=_RANKING.ann_scan_candidates, ge=1)
+    # The longest list one request may ask for (k; above it 422 k_too_large): the callers of
+    # this API may rank deep candidate lists; a worker's device API asks for one user's list,
+    # at most 1000 items, and passes a k_too_large on when this is set lower.
     max_k: int = Field(default=_RANKING.max_k, ge=1)
     # Scoring thread pool; each scoring call uses ``torch_threads`` intra-op threads.
     workers: Threads = Field(default_factory=lambda: min(os.cpu_count() or 1, MAX_THREADS))

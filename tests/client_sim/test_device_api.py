@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from fedrecgel.data import Split
+from fedrecgel.model import init_shared
 from fedrecgel.sam import PrivateState
 from services.client_sim.routes import MAX_K, device_request
+from services.recommend_api.ranking import ModelHolder, RankingConfig
 from tests.client_sim.device_api import (
     CFG,
     LABELS,
@@ -258,9 +260,25 @@ def test_any_k_outside_its_range_has_one_message_naming_the_range(
         details.add(r.json()["detail"])
     assert len(details) == 1, details
     # the validator's words alone (pydantic put "Value error, " before them)
-    assert (
-        details.pop() == f"query.k: must be an integer from 1 to {MAX_K}, in plain decimal digits"
+    assert details.pop() == (
+        f"query.k: must be an integer from 1 to {MAX_K}, in plain decimal digits (one user's "
+        "list; recommend_api takes longer ones itself)"
     )
     for k in ["1", str(MAX_K)]:
         r = get(settings, store, holder, "/v1/users/0/recommendations", k=k)
         assert r.status_code == 200 and 1 <= len(r.json()["items"]) <= int(k), r.text
+
+
+def test_a_k_over_a_lower_recommend_api_bound_is_the_requests_422_not_a_502(
+    tmp_path: Path, split: Split
+) -> None:
+    """recommend_api set to shorter lists (FEDREC_REC_MAX_K) than this API's MAX_K: a k between
+    the two was answered 502 recommend_error, as if recommend_api had failed."""
+    store, bound = shard_store(tmp_path, split), 5
+    holder = ModelHolder(RankingConfig(max_k=bound), labels=LABELS)
+    holder.swap(holder.build(CFG, init_shared(CFG, 1), 4))
+    r = get(settings_for(tmp_path), store, holder, "/v1/users/0/recommendations", k=bound + 1)
+    assert r.status_code == 422 and r.json()["error"] == "k_too_large", r.text
+    assert f"at most {bound}, got {bound + 1}" in r.json()["detail"], r.text
+    r = get(settings_for(tmp_path), store, holder, "/v1/users/0/recommendations", k=bound)
+    assert r.status_code == 200 and len(r.json()["items"]) == bound, r.text

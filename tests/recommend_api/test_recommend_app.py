@@ -124,11 +124,12 @@ JSON = {"content-type": "application/json"}
 def test_bad_requests_get_422_with_error_and_detail(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> None:
         async with _serve(_settings(), _loaded_holder()) as c:
-            u = _user()
+            u, bound = _user(), _settings().max_k
             short = {"user_gmf": u["user_gmf"][:-1], "user_mlp": u["user_mlp"]}
             cases = [
                 ({"user": short, "k": 3}, "invalid_user_vector", "user_gmf has length 3"),
                 ({"user": u, "k": 0}, "invalid_request", "k must be positive"),
+                ({"user": u, "k": bound + 1}, "k_too_large", f"k must be at most {bound}"),
                 ({"user": u, "k": 2, "exclude": ["item-1", "nope"]}, "unknown_items", "'nope'"),
                 # a long unknown id is cut in the answer (it was echoed whole)
                 ({"user": u, "k": 2, "exclude": ["y" * 50_000]}, "unknown_items", "'yyyy"),
