@@ -191,10 +191,17 @@ def in_fresh_processes(fn: Callable[[J], R], jobs: list[J], workers: int = 2) ->
         return list(ex.map(fn, jobs))
 
 
-def write_result(out: Path, result: dict[str, Any], started: float) -> None:
-    """Write a benchmark's ``result`` to ``out`` as indented JSON, with the machine it ran on
-    and the seconds since ``started`` (a ``time.perf_counter()`` value)."""
+def write_result(
+    out: Path,
+    result: dict[str, Any],
+    started: float,
+    indent: int = 1,
+    default: Callable[[Any], Any] | None = None,
+) -> None:
+    """Write a benchmark's ``result`` to ``out`` as JSON indented by ``indent`` (``default``:
+    :func:`json.dumps`'), with the machine it ran on and the seconds since ``started`` (a
+    ``time.perf_counter()`` value)."""
     machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
     full = {**result, "machine": machine, "seconds": time.perf_counter() - started}
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(full, indent=1) + "\n")
+    out.write_text(json.dumps(full, indent=indent, default=default) + "\n")

@@ -49,9 +49,6 @@ the no-DP run, at epsilon 8 within 1 point, and both above the DP popularity cou
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -72,13 +69,14 @@ from bench.bench_cli import (
     opt,
     positive,
     run,
+    write_result,
 )
 from fedrecgel.baselines import popularity
 from fedrecgel.config import DEFAULTS
 from fedrecgel.data import Split
 from fedrecgel.dp_popularity import dp_popularity, plan_release
 from fedrecgel.presets import run_settings
-from fedrecgel.simulate import Simulator, TrainConfig
+from fedrecgel.simulate import RunResult, Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,13 +158,26 @@ def _one(job: tuple[SimpleNamespace, int, float | None, float]) -> dict[str, Any
         "server_lr": lr,
         "epsilon_spent": res.epsilon_spent(),
         "selected": sel,
-        "curve": [
-            {"round": r.round, "val_hr@10": r.val["hr@10"], "test_hr@10": r.test["hr@10"]}
-            for r in res.rounds
-            if r.val and r.test
-        ],
+        "curve": _curve(res),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _curve(res: RunResult) -> list[dict[str, Any]]:
+    """Validation and test HR@10 at each round evaluated on both."""
+    return [
+        {"round": r.round, "val_hr@10": r.val["hr@10"], "test_hr@10": r.test["hr@10"]}
+        for r in res.rounds
+        if r.val and r.test
+    ]
+
+
+def _write(out: Path, result: dict[str, Any], started: float) -> None:
+    """Write ``result`` (:func:`~bench.bench_cli.write_result`) and print each row's test
+    HR@10."""
+    write_result(out, result, started, indent=2, default=str)
+    for name, row in result["rows"].items():
+        print(f"{name}: test HR@10 {100 * row['figures']['hr@10.mean']:.2f}", flush=True)
 
 
 def _figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -263,13 +274,8 @@ def main(
         "dp_popularity": refs,
         "rows": rows,
         "targets": targets,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "seconds": time.perf_counter() - t0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    for name, row in rows.items():
-        print(f"{name}: test HR@10 {100 * row['figures']['hr@10.mean']:.2f}", flush=True)
+    _write(args.out, result, t0)
     print(f"targets: {targets} -> {args.out}")
 
 

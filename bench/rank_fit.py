@@ -37,9 +37,6 @@ model alone), to show it.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -66,8 +63,10 @@ from bench.dp_scale import (
     DP_SERVER_LR,
     TASTES,
     _config,
+    _curve,
     _figures,
     _split,
+    _write,
 )
 from bench.report_common import load_result
 from fedrecgel.baselines import popularity
@@ -100,11 +99,7 @@ def _one(job: tuple[SimpleNamespace, int, float | None, int]) -> dict[str, Any]:
         "rank_fit_steps": steps,
         "epsilon_spent": res.epsilon_spent(),
         "selected": {k: sel[k] for k in ("round", "hr@10", "ndcg@10")},
-        "curve": [
-            {"round": r.round, "val_hr@10": r.val["hr@10"], "test_hr@10": r.test["hr@10"]}
-            for r in res.rounds
-            if r.val and r.test
-        ],
+        "curve": _curve(res),
         "seconds": time.perf_counter() - t0,
     }
 
@@ -237,13 +232,8 @@ def main(
         },
         "rows": rows,
         "defaults": at_defaults,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "seconds": time.perf_counter() - t0,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    for name, row in rows.items():
-        print(f"{name}: test HR@10 {100 * row['figures']['hr@10.mean']:.2f}", flush=True)
+    _write(args.out, result, t0)
     print(f"-> {args.out}")
 
 
