@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.bench_cli import (
     IntList,
@@ -37,6 +37,9 @@ from bench.bench_cli import (
     write_result,
 )
 
+if TYPE_CHECKING:
+    from fedrecgel.simulate import RunResult, Simulator
+
 OUT = Path(__file__).resolve().parent / "results" / "dp_defaults.json"
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "before": ("default", {}),
@@ -46,8 +49,12 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _one(job: dict[str, Any]) -> dict[str, Any]:
-    """One run, in a worker process: the validation-selected test figures and the clip norms."""
+def private_run(
+    job: dict[str, Any], preset: str, changes: dict[str, Any]
+) -> tuple[Simulator, RunResult, float]:
+    """Train ``preset`` with ``changes`` on the job's ``dataset`` (from ``data_dir``) at its
+    ``epsilon``, ``seed`` and ``eval_every``, in a worker process: the ``Simulator``, its
+    ``RunResult`` and the ``time.perf_counter()`` at the start of the run."""
     import torch
 
     from fedrecgel.presets import run_settings
@@ -55,7 +62,6 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     split = validation_split(job["dataset"], job["data_dir"])
-    preset, changes = ARMS[job["arm"]]
     settings = {**run_settings(preset, job["dataset"].split("/")[0]), **changes}
     cfg = TrainConfig(
         **settings,
@@ -65,7 +71,13 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
         grouped_uploads=True,  # clipped uploads built in groups: the same up to rounding
     )
     t0 = time.perf_counter()
-    res = Simulator(split, cfg).run()
+    sim = Simulator(split, cfg)
+    return sim, sim.run(), t0
+
+
+def _one(job: dict[str, Any]) -> dict[str, Any]:
+    """One run, in a worker process: the validation-selected test figures and the clip norms."""
+    _, res, t0 = private_run(job, *ARMS[job["arm"]])
     sel = res.selected()
     assert sel is not None  # the split has validation items
     clips = [r.dp_clip for r in res.rounds if r.dp_clip is not None]

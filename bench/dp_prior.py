@@ -35,31 +35,14 @@ from bench.bench_cli import (
     validation_split,
     write_result,
 )
+from bench.dp_defaults import private_run
 
 OUT = Path(__file__).resolve().parent / "results" / "dp_prior.json"
 
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:
     """One run, in a worker process."""
-    import torch
-
-    from fedrecgel.presets import run_settings
-    from fedrecgel.simulate import Simulator, TrainConfig
-
-    torch.set_num_threads(1)
-    split = validation_split(job["dataset"], job["data_dir"])
-    settings = {**run_settings("private", job["dataset"].split("/")[0])}
-    settings["dp_prior_share"] = job["share"]
-    cfg = TrainConfig(
-        **settings,
-        target_epsilon=job["epsilon"],
-        seed=job["seed"],
-        eval_every=job["eval_every"],
-        grouped_uploads=True,  # clipped uploads built in groups: the same up to rounding
-    )
-    t0 = time.perf_counter()
-    sim = Simulator(split, cfg)
-    res = sim.run()
+    sim, res, t0 = private_run(job, "private", {"dp_prior_share": job["share"]})
     sel = res.selected()
     assert sel is not None and sim.privacy is not None  # validation items; a DP run
     chosen = next(r for r in res.rounds if r.round == sel["round"])
