@@ -5,6 +5,7 @@ from the measured figures. Used by ``bench/report.py``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,23 +128,19 @@ def section() -> list[str]:
         "| train | commit | server | other | clients/s per node | same parameters |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for w in data["workloads"]:
-        for n in sorted({n for (w2, n, _) in pts if w2 == w}):
-            ray, inp = pts.get((w, n, "ray")), pts.get((w, n, "inprocess"))
-            if ray is None:
-                continue
-            clients = ray["rounds"][0]["clients"]
-            ratio = f"{ray['seconds_per_round'] / inp['seconds_per_round']:.2f}" if inp else "—"
-            same = "—"
-            if inp is not None:
-                same = "yes" if inp["final_sha256"] == ray["final_sha256"] else "**no**"
-            local = f"{inp['seconds_per_round']:.2f}" if inp else "—"
-            lines.append(
-                f"| {w} | {clients:,} | {n} | {local} | {ray['seconds_per_round']:.2f} | {ratio} "
-                f"| {ray['actor_train_s']:.2f} | {ray['actor_commit_s']:.2f} | "
-                f"{ray['server_step_s']:.3f} | {_other(ray):.2f} | "
-                f"{clients / ray['seconds_per_round'] / n:,.0f} | {same} |"
-            )
+    for w, n, ray, inp in _ray_points(data, pts):
+        clients = ray["rounds"][0]["clients"]
+        ratio = f"{ray['seconds_per_round'] / inp['seconds_per_round']:.2f}" if inp else "—"
+        same = "—"
+        if inp is not None:
+            same = "yes" if inp["final_sha256"] == ray["final_sha256"] else "**no**"
+        local = f"{inp['seconds_per_round']:.2f}" if inp else "—"
+        lines.append(
+            f"| {w} | {clients:,} | {n} | {local} | {ray['seconds_per_round']:.2f} | {ratio} "
+            f"| {ray['actor_train_s']:.2f} | {ray['actor_commit_s']:.2f} | "
+            f"{ray['server_step_s']:.3f} | {_other(ray):.2f} | "
+            f"{clients / ray['seconds_per_round'] / n:,.0f} | {same} |"
+        )
     lines += [
         "",
         "Memory and bytes. *driver*: peak resident memory of the driver's process (it holds the "
@@ -159,23 +156,30 @@ def section() -> list[str]:
         "| put MB/round | partials MB/round | Ray start s | actors start s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for w in data["workloads"]:
-        for n in sorted({n for (w2, n, _) in pts if w2 == w}):
-            ray, inp = pts.get((w, n, "ray")), pts.get((w, n, "inprocess"))
-            if ray is None:
-                continue
-            peak = _gib(inp["peak_rss_bytes"]) if inp else "—"
-            lines.append(
-                f"| {w} | {n} | {peak} | {_gib(ray['driver_peak_rss_bytes'])} | "
-                f"{_gib(max(ray['actor_peak_rss_bytes']))} | "
-                f"{_gib(max(ray['shard_data_bytes']))} | "
-                f"{ray['put_bytes_per_round'] / MB:.1f} | "
-                f"{ray['partials_bytes_per_round'] / MB:.1f} | {ray['cluster_start_s']:.1f} | "
-                f"{ray['actors_start_s']:.1f} |"
-            )
+    for w, n, ray, inp in _ray_points(data, pts):
+        peak = _gib(inp["peak_rss_bytes"]) if inp else "—"
+        lines.append(
+            f"| {w} | {n} | {peak} | {_gib(ray['driver_peak_rss_bytes'])} | "
+            f"{_gib(max(ray['actor_peak_rss_bytes']))} | "
+            f"{_gib(max(ray['shard_data_bytes']))} | "
+            f"{ray['put_bytes_per_round'] / MB:.1f} | "
+            f"{ray['partials_bytes_per_round'] / MB:.1f} | {ray['cluster_start_s']:.1f} | "
+            f"{ray['actors_start_s']:.1f} |"
+        )
     lines += ["", *_overhead(data, pts), "", *_projection(data, pts)]
     _plot(data, pts)
     return lines
+
+
+def _ray_points(
+    data: dict[str, Any], pts: dict[tuple[str, int, str], dict[str, Any]]
+) -> Iterator[tuple[str, int, dict[str, Any], dict[str, Any] | None]]:
+    """Per workload and node count with a ray run: the ray point and the in-process one."""
+    for w in data["workloads"]:
+        for n in sorted({n for (w2, n, _) in pts if w2 == w}):
+            ray, inp = pts.get((w, n, "ray")), pts.get((w, n, "inprocess"))
+            if ray is not None:
+                yield w, n, ray, inp
 
 
 def _overhead(data: dict[str, Any], pts: dict[tuple[str, int, str], dict[str, Any]]) -> list[str]:
