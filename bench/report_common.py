@@ -37,6 +37,11 @@ def result_pair(name_before: str, name_after: str) -> tuple[Any, Any, int, float
     return before, after, after["config"]["rounds"], after.get("ratio_target", 1.5)
 
 
+def meets(summary: dict[str, Any], target: float) -> str:
+    """Whether a side's median HTTP/simulator ratio "meets" ``target`` or "does not meet" it."""
+    return "meets" if summary["ratio_median"] <= target else "does not meet"
+
+
 def ratios_text(summary: dict[str, Any]) -> str:
     """A run summary's ratios, as listed."""
     return ", ".join(f"{r:.2f}" for r in summary["ratios"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_range, load_result
+from bench.report_common import load_range, load_result, meets
 from bench.report_http_churn import (
     CHURN_AFTER,
     CHURN_BEFORE,
@@ -273,7 +273,7 @@ def _snapshot(before: dict[str, Any] | None, after: dict[str, Any] | None) -> st
         return ""
     b, a = before["modes"]["partial"], after["modes"]["partial"]
     target = after.get("ratio_target", 1.5)
-    met = "meets" if a["ratio_median"] <= target else "does not meet"
+    met = meets(a, target)
 
     agg = "aggregator_stage"
     hb, ha = b["http_wall_seconds"], a["http_wall_seconds"]
@@ -347,7 +347,7 @@ def _newest(data: dict[str, Any] | None) -> str:
     w = p["breakdown_of_median_run"]["worker_phase_seconds_per_round"]
     a = p["breakdown_of_median_run"]["aggregator_stage_seconds_per_round"]
     target = data.get("ratio_target", 1.5)
-    met = "meets" if p["ratio_median"] <= target else "does not meet"
+    met = meets(p, target)
     loads = [r["load_avg_1m"] for r in data.get("repetitions", []) if "load_avg_1m" in r]
     during = f", {min(loads):.1f}-{max(loads):.1f} after its runs" if loads else ""
     return (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.report_common import load_range, load_result, ratios_text, result_pair
+from bench.report_common import load_range, load_result, meets, ratios_text, result_pair
 from bench.report_http_cpu import CPU_AFTER, TAG_AFTER, cpu_table, per_round_cpu, wall_medians
 
 CHURN_BEFORE = "http_vs_simulator_churn_before.json"
@@ -61,9 +61,6 @@ def churn_reading() -> list[str]:
         else ""
     )
 
-    def verdict(s: dict[str, Any]) -> str:
-        return "meets" if s["ratio_median"] <= target else "does not meet"
-
     text = (
         f"**Freed pages and evaluation lookups** (*{TAG_CHURN_BEFORE}* and "
         f"*{TAG_CHURN_AFTER}*: {len(a['ratios'])} interleaved pairs of repetitions of "
@@ -80,8 +77,8 @@ def churn_reading() -> list[str]:
         f"Aggregator CPU {agg_a:.3f} s a round against {agg_b:.3f} s "
         f"({(agg_a / agg_b - 1) * 100:+.0f}%), the two workers' {wk_a:.3f} against "
         f"{wk_b:.3f} s; {_walls_and_ratios(a, b)}: the code "
-        f"after {verdict(a)} the {target}x target ({under} of {len(a['ratios'])} "
-        f"repetitions at or under it), the code before {verdict(b)} it in these runs. The "
+        f"after {meets(a, target)} the {target}x target ({under} of {len(a['ratios'])} "
+        f"repetitions at or under it), the code before {meets(b, target)} it in these runs. The "
         f"code before is the one measured as *{TAG_AFTER}* above{then}: the same code gives "
         "a different ratio in another session, as the simulator's speed moves with the "
         "machine's state (in this session's repetitions it took "
@@ -137,7 +134,6 @@ def meta_reading() -> list[str]:
     b, a = before["modes"]["partial"], after["modes"]["partial"]
     wk_b, wk_a = (per_round_cpu(d, "workers_seconds", rounds) for d in (before, after))
     agg_b, agg_a = (per_round_cpu(d, "aggregator_seconds", rounds) for d in (before, after))
-    verdict = "meets" if a["ratio_median"] <= target else "does not meet"
     spread = [
         r["cpu"]["workers_seconds"] / rounds for d in (before, after) for r in d["repetitions"]
     ]
@@ -155,6 +151,6 @@ def meta_reading() -> list[str]:
         "a millisecond each per worker and round, is below what these runs resolve), the "
         f"aggregator's {agg_a:.3f} against "
         f"{agg_b:.3f} s; {_walls_and_ratios(a, b)}: the final "
-        f"code {verdict} the {target}x target in these runs."
+        f"code {meets(a, target)} the {target}x target in these runs."
     )
     return ["", text, *cpu_table(before, after, TAG_META_BEFORE, TAG_META_AFTER)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.report_common import load_range, load_result, ratios_text, result_pair
+from bench.report_common import load_range, load_result, meets, ratios_text, result_pair
 
 CAPACITY = "parallel_capacity.json"
 #: the code before the session's change and after it, interleaved, with CPU accounting
@@ -85,7 +85,7 @@ def cpu_reading() -> list[str]:
         return []
     before, after, rounds, target = pair
     b, a = before["modes"]["partial"], after["modes"]["partial"]
-    met = "meets" if a["ratio_median"] <= target else "does not meet"
+    met = meets(a, target)
 
     table = cpu_table(before, after, TAG_BEFORE, TAG_AFTER)
     text = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.report_common import load_range, ratios_text, result_pair
+from bench.report_common import load_range, meets, ratios_text, result_pair
 from bench.report_http_cpu import median_of, run_cpu
 
 NATIVE = "http_vs_simulator_native.json"
@@ -30,7 +30,7 @@ def native_reading() -> list[str]:
         return []
     off, on, rounds, target = pair
     a, b = on["modes"]["partial"], off["modes"]["partial"]
-    met = "meets" if a["ratio_median"] <= target else "does not meet"
+    met = meets(a, target)
     ha, hb = a["http_wall_seconds"], b["http_wall_seconds"]
     sa, sb = a["simulator_wall_seconds"], b["simulator_wall_seconds"]
     agg = "aggregator_stage"

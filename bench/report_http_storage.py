@@ -8,7 +8,7 @@ Used by ``bench/report_http.py``; every figure comes from a JSON under bench/res
 
 from __future__ import annotations
 
-from bench.report_common import load_range, load_result, ratios_text, result_pair
+from bench.report_common import load_range, load_result, meets, ratios_text, result_pair
 from bench.report_http_cpu import cpu_table, wall_medians
 
 STORE = "http_vs_simulator_storage.json"
@@ -52,7 +52,7 @@ def storage_reading() -> list[str]:
     before, after, _, target = pair
     a, b = after["modes"]["partial"], before["modes"]["partial"]
     under = sum(r <= target for r in a["ratios"])
-    met = "meets" if a["ratio_median"] <= target else "does not meet"
+    met = meets(a, target)
     text = (
         f"**Lighter storage and round ends** (*{TAG_STORE}* against *{TAG_STORE_BEFORE}*: "
         f"{len(a['ratios'])} interleaved pairs of repetitions, the order within a pair "
