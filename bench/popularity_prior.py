@@ -32,7 +32,7 @@ from bench.bench_cli import (
     subset,
     write_result,
 )
-from bench.report_common import load_result, mean_std
+from bench.report_common import load_result, mean_std, runs_by
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "popularity_prior.json"
@@ -147,9 +147,7 @@ def section() -> list[str]:
         "central, model | central, served | weights |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in d["runs"]:
-        by.setdefault((r["dataset"], r["arm"]), []).append(r)
+    by = runs_by(d["runs"], "dataset", "arm")
     for name, ref in d["references"].items():
         cells = [name, f"{100 * ref['popularity']['hr@10']:.2f}"]
         for arm in ARMS:

@@ -37,6 +37,15 @@ def result_pair(name_before: str, name_after: str) -> tuple[Any, Any, int, float
     return before, after, after["config"]["rounds"], after.get("ratio_target", 1.5)
 
 
+def runs_by(runs: list[dict[str, Any]], *keys: str) -> dict[Any, list[dict[str, Any]]]:
+    """``runs`` grouped by their values of ``keys`` (a tuple of them, or the one value for one
+    key), in the order first met."""
+    by: dict[Any, list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]], []).append(r)
+    return by
+
+
 def meets(summary: dict[str, Any], target: float) -> str:
     """Whether a side's median HTTP/simulator ratio "meets" ``target`` or "does not meet" it."""
     return "meets" if summary["ratio_median"] <= target else "does not meet"

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from bench.dp_scale import DP_CLIP
-from bench.report_common import load_result, mean_std
+from bench.report_common import load_result, mean_std, runs_by
 
 
 def defaults() -> list[str]:
@@ -35,9 +35,7 @@ def defaults() -> list[str]:
         "| data set | run | HR@10 | C over the run | DP popularity | popularity |",
         "|---|---|---|---|---|---|",
     ]
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in d["runs"]:
-        by.setdefault((r["dataset"], r["arm"]), []).append(r)
+    by = runs_by(d["runs"], "dataset", "arm")
     for (name, arm), runs in by.items():
         ref = d["references"][name]
         lo = statistics.fmean(r["clip_min"] for r in runs)
@@ -74,9 +72,7 @@ def prior_share() -> list[str]:
         "at s*epsilon | DP popularity | popularity |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    by: dict[tuple[str, float], list[dict[str, Any]]] = {}
-    for r in d["runs"]:
-        by.setdefault((r["dataset"], r["share"]), []).append(r)
+    by = runs_by(d["runs"], "dataset", "share")
     for (name, share), runs in by.items():
         ref = d["references"][name]
         tune = [r for r in runs if r["seed"] == tuning]
@@ -116,9 +112,7 @@ def item_tables() -> list[str]:
         "rounds selected |",
         "|---|---|---|---|---|---|---|",
     ]
-    by: dict[float, list[dict[str, Any]]] = {}
-    for r in d["runs"]:
-        by.setdefault(r["share"], []).append(r)
+    by = runs_by(d["runs"], "share")
     for share, runs in by.items():
         lines.append(
             f"| spectral item tables, s = {share:g} | "
