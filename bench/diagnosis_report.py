@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bench.accuracy_report import _pm, _vals, cell, central, shipped
+from bench.report_common import load_result
 from fedrecgel.config import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,9 +79,9 @@ SCORE_NETWORK_PANELS = (
 
 def diagnosis() -> list[str]:
     """What the instruments measured, per data set, with plots."""
-    if not DIAGNOSIS.exists():
+    data = load_result(DIAGNOSIS)
+    if data is None:
         return []
-    data = json.loads(DIAGNOSIS.read_text())
     lines = [
         "## Why the federated model ranked like a popularity count (`bench/accuracy_diagnosis.py`)",
         "",
@@ -128,9 +129,9 @@ def diagnosis() -> list[str]:
 
 def score_network() -> list[str]:
     """The score network's weights along a run, with and without the server's weight decay."""
-    if not SCORE_NETWORK.exists():
+    data = load_result(SCORE_NETWORK)
+    if data is None:
         return []
-    data = json.loads(SCORE_NETWORK.read_text())
     lines = [
         "## Why the validation figure fell after its peak (`bench/score_network_diagnosis.py`)",
         "",

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from bench.report_common import load_result
 from bench.report_dp_limits import defaults, item_tables, prior_share, spectrum
 from fedrecgel.config import current_names
 
@@ -28,9 +28,9 @@ def _pm(summary: dict[str, Any], key: str, scale: float = 100.0, digits: int = 2
 
 def section() -> list[str]:
     """Markdown lines of the privacy-utility table (empty without results)."""
-    if not OUT.exists():
+    data = load_result(OUT)
+    if data is None:
         return []
-    data: dict[str, Any] = json.loads(OUT.read_text())
     lines = [
         "## Privacy-utility of client-level DP",
         "",
@@ -122,9 +122,9 @@ def _with_protocol(dataset: str) -> str:
 def _dp_popularity_by_cell() -> dict[tuple[str, str], str]:
     """(data set/protocol, epsilon as the privacy-utility JSON writes it) -> the DP
     popularity's test HR@10 at the validation-chosen k, for the privacy-utility table."""
-    if not DP_POPULARITY.exists():
+    data = load_result(DP_POPULARITY)
+    if data is None:
         return {}
-    data: dict[str, Any] = json.loads(DP_POPULARITY.read_text())
     out = {}
     for name, entry in data["datasets"].items():
         out[(name, "none")] = _pm(entry["popularity"], "hr@10") + " (no DP)"
@@ -135,9 +135,9 @@ def _dp_popularity_by_cell() -> dict[tuple[str, str], str]:
 
 def dp_popularity() -> list[str]:
     """The private popularity baseline (``bench/dp_popularity.py``) beside the DP rows."""
-    if not DP_POPULARITY.exists():
+    data = load_result(DP_POPULARITY)
+    if data is None:
         return []
-    data: dict[str, Any] = json.loads(DP_POPULARITY.read_text())
     st = data["settings"]
     lines = [
         "",
@@ -170,9 +170,9 @@ def dp_popularity() -> list[str]:
 def dp_scale() -> list[str]:
     """Client-level DP at 100,000 users (``bench/dp_scale.py``) against the same run without
     DP and popularity under the same budget."""
-    if not DP_SCALE.exists():
+    data = load_result(DP_SCALE)
+    if data is None:
         return []
-    data: dict[str, Any] = json.loads(DP_SCALE.read_text())
     st, ds = data["settings"], data["dataset"]
     rows, refs = data["rows"], data["dp_popularity"]
     nodp = rows["no DP"]["figures"]
@@ -235,9 +235,9 @@ def dp_scale() -> list[str]:
 def _dp_scale_before(rows: dict[str, Any]) -> list[str]:
     """The same rows as first measured (``dp_scale_before.json``: C = 1, no momentum), when
     kept: what the clip norm and the server's momentum changed."""
-    if not DP_SCALE_BEFORE.exists():
+    old = load_result(DP_SCALE_BEFORE)
+    if old is None:
         return []
-    old: dict[str, Any] = json.loads(DP_SCALE_BEFORE.read_text())
     st = old["settings"]
     how = (
         f"C = {st['dp_clip']:g}, server SGD step {st['dp_server_lr']:g}, "
@@ -256,9 +256,9 @@ def _dp_scale_before(rows: dict[str, Any]) -> list[str]:
 
 def noise_groups() -> list[str]:
     """Where the noise costs accuracy (``bench/dp_noise_groups.py``), when it has run."""
-    if not DP_NOISE_GROUPS.exists():
+    d = load_result(DP_NOISE_GROUPS)
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(DP_NOISE_GROUPS.read_text())
     st = d["settings"]
     best = {r["arm"]: r for r in d["runs"]}
     what = {
@@ -294,9 +294,9 @@ def noise_groups() -> list[str]:
 
 def signal() -> list[str]:
     """Each data set's round signal against its DP noise (``bench/dp_signal.py``)."""
-    if not DP_SIGNAL.exists():
+    d = load_result(DP_SIGNAL)
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(DP_SIGNAL.read_text())
     st = d["settings"]
     lines = [
         "",

@@ -35,9 +35,10 @@ def _mb(b: float) -> str:
 
 def section() -> list[str]:
     """Markdown lines (empty when the benchmark has not run)."""
-    if not RES.exists():
+    doc = load_result(RES)
+    if doc is None:
         return []
-    data: dict[str, Any] = json.loads(RES.read_text())["datasets"]
+    data: dict[str, Any] = doc["datasets"]
     lines = [
         "## Secure aggregation cost (per round, against plain sparse uploads)",
         "",
@@ -128,9 +129,9 @@ def _floor(d: dict[str, Any]) -> float:
 
 def pool_accuracy() -> list[str]:
     """What pool negatives cost in accuracy (bench/negative_pool.py; empty when not run)."""
-    if not POOL.exists():
+    doc = load_result(POOL)
+    if doc is None:
         return []
-    doc: dict[str, Any] = json.loads(POOL.read_text())
     lines = [
         "",
         "Accuracy of pool negatives, plain uploads (`.venv/bin/python -m bench.negative_pool`:",
@@ -159,9 +160,9 @@ def _masked_requests(arm: dict[str, Any], rounds: int) -> str:
 def http_section() -> list[str]:
     """The HTTP measurement (bench/secagg_http.py), when it has run: plain, dense and sparse in
     one run, and the seconds of the same bench before masked inputs were sent in batches."""
-    if not HTTP.exists():
+    d = load_result(HTTP)
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(HTTP.read_text())
     old: dict[str, Any] = load_result(HTTP_BEFORE) or {}
     earlier: dict[str, Any] = load_result(HTTP_EARLIER) or {}
     arms = [("plain", "off"), ("secure, dense", "dense"), ("secure, sparse", "sparse")]
@@ -254,9 +255,9 @@ def _waits(d: dict[str, Any]) -> list[str]:
 
 def rows_section() -> list[str]:
     """The rows a round's masks would have to cover (bench/secagg_rows.py), when it has run."""
-    if not ROWS.exists():
+    d = load_result(ROWS)
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(ROWS.read_text())
     lines = [
         "",
         "### The rows a secure round would have to mask",
@@ -298,9 +299,9 @@ def _named(m: dict[str, Any]) -> str:
 def union_section() -> list[str]:
     """What the rounds' unions reveal across a run, and cohorts of whole groups
     (bench/secagg_union.py), when it has run."""
-    if not UNION.exists():
+    d = load_result(UNION)
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(UNION.read_text())
     marks = [m["round"] for m in d["attack"][0]["clients"]["marks"]]
     lines = [
         "",
@@ -372,9 +373,9 @@ def union_section() -> list[str]:
 def prior_section() -> list[str]:
     """The popularity prior a sparse secure run fixes from its rounds' counts
     (bench/secagg_prior.py), when it has run."""
-    if not PRIOR.exists():
+    d = load_result(PRIOR)
+    if d is None:
         return []
-    d: dict[str, Any] = json.loads(PRIOR.read_text())
     lines = [
         "",
         "### The popularity prior under sparse secure aggregation (`bench/secagg_prior.py`)",
