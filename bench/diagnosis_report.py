@@ -245,17 +245,11 @@ def _reading(key: str, runs: dict[str, Any]) -> list[str]:
     return [text]
 
 
-def _grid_rows() -> list[dict[str, Any]]:
+def _rule_rows(part: str) -> list[dict[str, Any]]:
+    """The rows of ``part`` (``grid`` or ``check``) of every default-rule result, in file order."""
     rows: list[dict[str, Any]] = []
     for path in sorted(RULE.glob("*.json")):
-        rows += json.loads(path.read_text())["grid"].values()
-    return rows
-
-
-def _checks() -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for path in sorted(RULE.glob("*.json")):
-        rows += json.loads(path.read_text())["check"].values()
+        rows += json.loads(path.read_text())[part].values()
     return rows
 
 
@@ -272,7 +266,7 @@ def _central_hr(key: str) -> float | None:
 
 def default_rule() -> list[str]:
     """The grid and the leave-one-dataset-out table."""
-    grid = _grid_rows()
+    grid = _rule_rows("grid")
     if not grid:
         return []
     datasets = sorted({r["dataset"] for r in grid})
@@ -300,7 +294,7 @@ def default_rule() -> list[str]:
             + " | ".join("-" if v is None else f"{v:+.2f}" for v in vals)
             + f" | {mean} |"
         )
-    checks = _checks()
+    checks = _rule_rows("check")
     if checks:
         lines += [
             "",
