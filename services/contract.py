@@ -33,10 +33,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -122,6 +123,20 @@ class AnnouncedRunConfig(RunConfig):
 CLIENT_TOKEN_PATTERN = r"^[A-Za-z0-9_-]{32,128}$"
 
 
+def _held_ids(ids: list[int]) -> list[int]:
+    """The ids sorted; ValueError for a negative or a repeated one."""
+    if any(i < 0 for i in ids):
+        raise ValueError("client ids must be >= 0")
+    if len(set(ids)) != len(ids):
+        raise ValueError("client ids must be distinct")
+    return sorted(ids)
+
+
+#: the clients a credential is to hold (or to hold no more): ids >= 0, at least one, none twice;
+#: read sorted
+HeldIds = Annotated[list[int], Field(min_length=1), AfterValidator(_held_ids)]
+
+
 class RegisterRequest(BaseModel):
     """``POST /v1/clients``: clients (user indices) to register under one credential.
 
@@ -131,17 +146,8 @@ class RegisterRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    client_ids: list[int] = Field(min_length=1)
+    client_ids: HeldIds
     token: str | None = Field(default=None, pattern=CLIENT_TOKEN_PATTERN)
-
-    @field_validator("client_ids")
-    @classmethod
-    def _distinct_non_negative(cls, ids: list[int]) -> list[int]:
-        if any(i < 0 for i in ids):
-            raise ValueError("client ids must be >= 0")
-        if len(set(ids)) != len(ids):
-            raise ValueError("client ids must be distinct")
-        return sorted(ids)
 
 
 class RegisterResponse(BaseModel):

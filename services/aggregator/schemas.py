@@ -6,13 +6,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from services.contract import (
     CurrentRound,
     ErrorBody,
     EvaluationAck,
     EvaluationRequest,
+    HeldIds,
     RegisterRequest,
     RegisterResponse,
     RoundInfo,
@@ -127,16 +128,7 @@ class ReleaseRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    client_ids: list[int] = Field(min_length=1)
-
-    @field_validator("client_ids")
-    @classmethod
-    def _distinct(cls, ids: list[int]) -> list[int]:
-        if any(i < 0 for i in ids):
-            raise ValueError("client ids must be >= 0")
-        if len(set(ids)) != len(ids):
-            raise ValueError("client ids must be distinct")
-        return sorted(ids)
+    client_ids: HeldIds
 
 
 class ReleaseResponse(BaseModel):
