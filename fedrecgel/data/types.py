@@ -19,8 +19,23 @@ def _arrays_equal(a: object, b: object) -> bool:
     return a == b
 
 
-@dataclass(frozen=True)
-class Interactions:
+class _ArrayFields:
+    """Base of a dataclass of arrays (``eq=False``): equal when every field is (arrays: the same
+    shape and elements); unhashable."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return all(
+            _arrays_equal(getattr(self, f.name), getattr(other, f.name))
+            for f in fields(self)  # type: ignore[arg-type]  # a dataclass's base
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, eq=False)
+class Interactions(_ArrayFields):
     """Raw interaction rows of a dataset, before the protocol."""
 
     name: str
@@ -39,21 +54,12 @@ class Interactions:
     def __len__(self) -> int:
         return len(self.user_labels)
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Interactions):
-            return NotImplemented
-        return all(
-            _arrays_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"Interactions(name={self.name!r}, rows={len(self)})"
 
 
-@dataclass(frozen=True)
-class Split:
+@dataclass(frozen=True, eq=False)
+class Split(_ArrayFields):
     """A leave-one-out split; users and items are re-indexed ``0..n-1``."""
 
     name: str
@@ -91,15 +97,6 @@ class Split:
     def train_user_of_rows(self) -> np.ndarray:
         """User index of every training row (int64, aligned with ``train_items``)."""
         return np.repeat(np.arange(self.n_users, dtype=np.int64), np.diff(self.train_indptr))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Split):
-            return NotImplemented
-        return all(
-            _arrays_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (
