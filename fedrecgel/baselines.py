@@ -127,8 +127,11 @@ def central(
     split: Split,
     config: CentralConfig,
     on_epoch: Callable[[RoundRecord], None] | None = None,
+    on_model: Callable[[RoundRecord, Scorer, dict[str, Tensor]], None] | None = None,
 ) -> RunResult:
     """Train the model centrally on ``split``; one record (loss, test, val metrics) per epoch.
+    ``on_model`` sees each evaluated epoch's record with the model it evaluated (a scorer and
+    every user's private rows, detached: not to be changed).
 
     Each epoch draws every user's samples the way a federated client draws them in a round
     (its training items shuffled, each with ``n_negatives`` negatives it never trained on),
@@ -177,6 +180,9 @@ def central(
         )
         if epoch % config.eval_every == 0 or epoch == config.epochs:
             rec.take_evaluation(*_evaluate(cfg, shared, private, split, prior), split.n_users)
+            if on_model is not None:
+                detached = {k: v.detach() for k, v in shared.items()}
+                on_model(rec, Scorer(cfg, detached), {k: v.detach() for k, v in private.items()})
         rec.seconds = time.perf_counter() - t0
         records.append(rec)
         if on_epoch is not None:

@@ -399,27 +399,31 @@ class Simulator:
         ]
         if split.val_items is not None and split.val_negatives is not None:
             sets.append((split.val_items, split.val_negatives, {}))
-        fit = rank_fit_of(self.config)
         for part in self._shards(self.users):
-            if fit.steps:
-                params = ranking_params(
-                    self.model_cfg,
-                    self.shared,
-                    self.store.get(part),
-                    part,
-                    split.user_train,
-                    self.hp,
-                    fit,
-                    self.config.seed,
-                    self.round_id,
-                )
-            else:
-                params = self.store.params(part)
+            params = self.ranking_params(part)
             for items, negs, total in sets:
                 sums = metric_sums(scorer, params, items[part], negs[part], KS, prior=self.prior)
                 _add(total, sums)
         test, *val = (means(total) for _, _, total in sets)
         return test, (val[0] if val else {})
+
+    def ranking_params(self, users: np.ndarray) -> dict[str, torch.Tensor]:
+        """The private rows ``users`` rank with now: their stored ones, or copies fitted to the
+        model for users with few private steps (:func:`fedrecgel.rank_fit.ranking_params`)."""
+        fit = rank_fit_of(self.config)
+        if not fit.steps:
+            return self.store.params(users)
+        return ranking_params(
+            self.model_cfg,
+            self.shared,
+            self.store.get(users),
+            users,
+            self.split.user_train,
+            self.hp,
+            fit,
+            self.config.seed,
+            self.round_id,
+        )
 
     def run(self, on_round: Callable[[RoundRecord], None] | None = None) -> RunResult:
         """Run all rounds; ``on_round`` sees each record as it is made."""

@@ -3,8 +3,11 @@ candidates."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+import torch
 
 from fedrecgel.baselines import (
     CentralConfig,
@@ -14,7 +17,7 @@ from fedrecgel.baselines import (
     random_ranking,
 )
 from fedrecgel.data import Interactions, Split, apply_protocol
-from fedrecgel.model import ModelConfig
+from fedrecgel.model import ModelConfig, Scorer
 from fedrecgel.simulate import RoundRecord
 
 
@@ -86,3 +89,19 @@ def test_a_fixed_ranking_scored_in_chunks_of_users_gives_the_same_means(
     assert chunked.test == pytest.approx(whole.test, abs=1e-12)
     assert chunked.val == pytest.approx(whole.val, abs=1e-12)
     assert 0.0 < whole.test["hr@10"] < 1.0
+
+
+def test_central_shows_each_evaluated_model_that_gave_its_figures() -> None:
+    from fedrecgel.metrics import KS, means, metric_sums
+
+    split = _popular_split()
+    cfg = CentralConfig(ModelConfig(n_items=split.n_items, factor=8), epochs=4, lr=0.01)
+    seen: list[tuple[int, float]] = []
+
+    def rescore(rec: RoundRecord, scorer: Scorer, private: dict[str, torch.Tensor]) -> None:
+        sums = metric_sums(scorer, private, split.test_items, split.test_negatives, KS)
+        seen.append((rec.round, means(sums)["ndcg@10"]))
+
+    res = central(split, replace(cfg, eval_every=2), on_model=rescore)
+    assert seen == [(r.round, r.model_test["ndcg@10"]) for r in res.rounds if r.model_test]
+    assert [r for r, _ in seen] == [2, 4]
