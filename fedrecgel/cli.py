@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -174,14 +174,24 @@ def _apply_preset(
         config = base.replace(**chosen)
     except ValueError as err:
         raise fail(f"preset {preset}: {err}") from None
-    if _source(ctx, "optimizer") == "COMMANDLINE":
-        source = "from --optimizer"
-    else:
-        source = f"from preset {preset}" if "optimizer" in chosen else "the default"
-    named = [n for n in OPTIMIZER_SETTINGS if _source(ctx, n) == "COMMANDLINE"]
+    named = named_options(ctx, OPTIMIZER_SETTINGS)
+    source = optimizer_source(ctx, preset, chosen)
     if (problem := unused_optimizer_setting(config.optimizer, source, named)) is not None:
         raise fail(problem)
     return config
+
+
+def optimizer_source(ctx: typer.Context, preset: str | None, chosen: dict[str, Any]) -> str:
+    """Where the run's server optimizer comes from: the option, the preset (whose ``chosen``
+    settings apply) or the default."""
+    if _source(ctx, "optimizer") == "COMMANDLINE":
+        return "from --optimizer"
+    return f"from preset {preset}" if "optimizer" in chosen else "the default"
+
+
+def named_options(ctx: typer.Context, names: Iterable[str]) -> list[str]:
+    """The settings among ``names`` given on the command line."""
+    return [n for n in names if _source(ctx, n) == "COMMANDLINE"]
 
 
 @app.command()
@@ -410,7 +420,7 @@ def _refuse_run_conflicts(
 ) -> None:
     """Refuse run settings the method (a reference point's) or the backend cannot take, and
     those that would change nothing with the method and the other settings."""
-    named = [n for n in run if _source(ctx, n) == "COMMANDLINE"]
+    named = named_options(ctx, run)
     if (problem := baseline_problem(method, run, dp_max_items, named)) is not None:
         raise fail(problem)
     if shards is not None and not federated:

@@ -13,11 +13,20 @@ from typing import Annotated, Any, get_args
 
 import typer
 
-from fedrecgel.cli import CLI_EVAL_EVERY, app, checked, preset_choices, run_options
+from fedrecgel.cli import (
+    CLI_EVAL_EVERY,
+    app,
+    checked,
+    named_options,
+    optimizer_source,
+    preset_choices,
+    run_options,
+)
 from fedrecgel.cli import main as _run_app
 from fedrecgel.clitools import DATASET_HELP, by_name, console, fail, option_flag
 from fedrecgel.data import DataError
 from fedrecgel.presets import over_http
+from fedrecgel.train_runs import unused_optimizer_setting, unused_setting
 from services.launcher import UpOptions
 
 __all__ = ["app", "main"]
@@ -154,7 +163,13 @@ def up(
     if chosen:
         shown = ", ".join(f"{option_flag(k)} {v}" for k, v in sorted(chosen.items()))
         console.print(f"preset {preset}: {shown}", highlight=False)
+    named = named_options(ctx, run)
     run = {**run, **chosen}
+    problem = unused_setting("fedrecgel", run, named) or unused_optimizer_setting(
+        run["optimizer"], optimizer_source(ctx, preset, chosen), named
+    )
+    if problem is not None:
+        raise fail(problem)
     run["dataset"], data_dir = by_name(str(run["dataset"]), data_dir)
     opts = UpOptions(
         run=checked(run),

@@ -41,3 +41,20 @@ def test_a_private_run_over_http_takes_the_private_preset_with_a_fixed_clip_norm
     plain = _run_config(monkeypatch, tmp_path)
     assert plain.optimizer == stored()["default"]["settings"]["optimizer"]
     assert plain.dp_noise is None and plain.target_epsilon is None
+
+
+def test_up_refuses_a_setting_that_would_change_nothing_as_train_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(services.up, "up", lambda opts: pytest.fail("started"))
+    for args, refusal in (
+        (["--server-momentum", "0.5"], "--server-momentum is a setting of the server optimizer"),
+        (["--dp-clip", "0.5"], "--dp-clip is a setting of a differentially private run"),
+        (["--secagg-neighbours", "4"], "--secagg-neighbours is a setting of --secure-aggregation"),
+    ):
+        r = CliRunner().invoke(app, ["up", "--workdir", str(tmp_path / "w"), *args])
+        assert r.exit_code == 2, r.output
+        assert refusal in r.output and "it would change nothing" in r.output, r.output
+    # the private preset's server optimizer takes a momentum
+    run = _run_config(monkeypatch, tmp_path, "--target-epsilon", "3", "--server-momentum", "0.5")
+    assert run.server_momentum == 0.5
