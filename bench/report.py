@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench import (
     diagnosis_report,
+    full_ranking,
     popularity_prior,
     rank_fit,
     report_dashboard,
@@ -306,6 +307,8 @@ def accuracy() -> list[str]:
         return []
     return [
         *popularity_prior.section(),
+        "",
+        *full_ranking.section(),
         "",
         *rank_fit.section(),
         "",

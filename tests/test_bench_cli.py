@@ -56,6 +56,7 @@ def test_report_help_and_unknown_options_write_nothing() -> None:
         (["dp_spectrum", "--epsilons", "3,x"], "not comma-separated numbers"),
         (["dp_spectrum", "--epsilons", "3,-1"], "--epsilons takes numbers > 0"),
         (["dp_spectrum", "--datasets", "nope"], "--datasets takes a comma-separated subset"),
+        (["full_ranking", "--datasets", "nope"], "--datasets takes a comma-separated subset"),
         (["dp_defaults", "--epsilon", "0"], "--epsilon must be a number > 0, got 0"),
         (["demo_settings", "--arms", "worker-5"], "--arms: unknown ['worker-5']"),
     ],
