@@ -39,73 +39,32 @@ RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "full_ranking.json"
 DATASETS = ("amazon-video/paper", "filmtrust/paper", "lastfm-2k/clean")
 ARMS = ("federated", "central")
-#: the figures kept of each ranking
-KEPT = ("hr@10", "ndcg@10", "hr@20", "ndcg@20", "val/hr@10")
 
 
 def _kept(metrics: dict[str, float]) -> dict[str, float]:
+    from fedrecgel.full_ranking import KEPT
+
     return {k: metrics[k] for k in KEPT}
-
-
-def _ranked(split: Any, scorer: Any, private: Any, weight: float) -> dict[str, Any]:
-    """The full ranking of one kept model: alone, served at ``weight``, and at the weight the
-    full ranking's validation items choose."""
-    from fedrecgel.full_ranking import full_metrics, model_scores
-    from fedrecgel.prior import PRIOR_WEIGHTS, split_prior
-
-    prior = split_prior(split)
-    assert prior is not None  # the split has validation items
-    offsets = {f"{w:g}": w * prior for w in PRIOR_WEIGHTS if w}
-    full = full_metrics(split, model_scores(scorer, private), offsets=offsets)
-    by_weight = {0.0: full["model"], **{w: full[f"{w:g}"] for w in PRIOR_WEIGHTS if w}}
-    chosen = max(by_weight, key=lambda w: by_weight[w]["val/hr@10"])  # the first of a tie
-    return {
-        "model": _kept(by_weight[0.0]),
-        "served": _kept(by_weight[weight]),
-        "full_weight": chosen,
-        "served_full_weight": _kept(by_weight[chosen]),
-    }
 
 
 def _one(job: dict[str, Any]) -> dict[str, Any]:
     """One training run in a worker process, its served model ranked over the catalogue."""
-    import numpy as np
     import torch
 
     from fedrecgel.baselines import CentralConfig, central
-    from fedrecgel.model import Scorer
+    from fedrecgel.full_ranking import ServedModel
     from fedrecgel.presets import run_settings
-    from fedrecgel.simulate import RoundRecord, Simulator, TrainConfig
+    from fedrecgel.simulate import Simulator, TrainConfig
 
     torch.set_num_threads(1)
     split = load(job["dataset"], job["data_dir"])
     name = job["dataset"].split("/")[0]
     cfg = TrainConfig(**run_settings("default", name), seed=job["seed"], eval_every=10)
-    kept: dict[str, Any] = {}
-
-    def keep(rec: RoundRecord, scorer: Scorer, private: dict[str, torch.Tensor]) -> None:
-        val = (rec.model_val or rec.val)["hr@10"]
-        if kept and val <= kept["val"]:  # the first round of the best, as selected() picks
-            return
-        shared = {k: v.clone() for k, v in scorer.shared.items()}
-        kept.update(
-            val=val,
-            round=rec.round,
-            weight=rec.prior_weight or 0.0,
-            scorer=Scorer(scorer.cfg, shared),
-            private={k: v.clone() for k, v in private.items()},
-        )
-
+    kept = ServedModel()
     t0 = time.perf_counter()
     if job["arm"] == "federated":
         sim = Simulator(split, cfg)
-        users = np.arange(split.n_users)
-
-        def on_round(rec: RoundRecord) -> None:
-            if rec.val:
-                keep(rec, Scorer(sim.model_cfg, sim.shared), sim.ranking_params(users))
-
-        res = sim.run(on_round)
+        res = sim.run(kept.follow(sim))
     else:
         model = cfg.model(split.n_items)
         res = central(
@@ -113,17 +72,17 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
             CentralConfig(
                 model, seed=job["seed"], lr=job["lr"], epochs=job["epochs"], eval_every=1
             ),
-            on_model=keep,
+            on_model=kept.offer,
         )
     trained = time.perf_counter() - t0
     selected = res.selected()
-    assert selected is not None and selected["round"] == kept["round"]
+    assert selected is not None and selected["round"] == kept.round
     t1 = time.perf_counter()
-    full = _ranked(split, kept["scorer"], kept["private"], kept["weight"])
+    full = kept.ranked(split)
     return {
         **{k: v for k, v in job.items() if k != "data_dir"},
-        "round": kept["round"],
-        "weight": kept["weight"],
+        "round": full.pop("round"),
+        "weight": full.pop("weight"),
         "sampled": {
             "served": {k: selected[k] for k in ("hr@10", "ndcg@10")},
             "model": {k: selected.get(f"model.{k}", selected[k]) for k in ("hr@10", "ndcg@10")},

@@ -51,6 +51,7 @@ from fedrecgel.train_runs import (
     OPTIMIZER_SETTINGS,
     Backend,
     baseline_problem,
+    full_ranking_refusal,
     ray_problem,
     refuse_model_size,
     run_baseline,
@@ -260,6 +261,14 @@ def train(
         bool, typer.Option(help="Replace the results.json and plot an earlier run left in --out.")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    full_ranking: Annotated[
+        bool,
+        typer.Option(
+            help="Also rank the served round's model over the whole catalogue (each held-out "
+            "item against every item its user has not interacted with, as a served top-k is), "
+            "beside popularity: results.json's full_ranking. In process, with validation."
+        ),
+    ] = False,
     backend: Annotated[
         str,
         typer.Option(
@@ -309,6 +318,8 @@ def train(
     params = _checked_seeds(run, seed_list)
     federated = method not in BASELINE_METHODS
     _refuse_run_conflicts(ctx, run, method, federated, backend, shards, dp_max_items)
+    if full_ranking and (why := full_ranking_refusal(method, federated, backend, validation)):
+        raise fail(f"--full-ranking ranks the model a federated run serves in process: {why}")
     try:
         base = TrainConfig.from_params(
             params,
@@ -343,7 +354,7 @@ def train(
     if not federated:
         results = run_baseline(method, split, base, seed_list, central_lr, dp_max_items)
     if federated:
-        results = train_seeds(split, base, seed_list, backend_of, out, quiet)
+        results = train_seeds(split, base, seed_list, backend_of, out, quiet, full_ranking)
     for res in results:
         console.print(seed_line(res))
     summary = summarize(results)

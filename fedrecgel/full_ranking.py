@@ -13,6 +13,7 @@ here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,11 +22,17 @@ from torch import Tensor
 from fedrecgel.data import Split
 from fedrecgel.metrics import KS, per_user_metrics
 from fedrecgel.model import Scorer
+from fedrecgel.prior import PRIOR_WEIGHTS, split_prior
+
+if TYPE_CHECKING:
+    from fedrecgel.simulate import RoundRecord, Simulator
 
 #: users scored at a time: (users x items) logits and masks of that shape are held, and the
 #: score network's (users x 8192 x width) activations
 USERS_PER_CHUNK = 16
 
+#: the figures kept of each full ranking
+KEPT = ("hr@10", "ndcg@10", "hr@20", "ndcg@20", "val/hr@10")
 #: scores of some users for every item: user ids (U,) -> (U, n_items)
 Scores = Callable[[np.ndarray], Tensor]
 
@@ -109,3 +116,80 @@ def fixed_scores(values: np.ndarray | Tensor) -> Scores:
         return row.expand(len(users), len(row))
 
     return scores
+
+
+class ServedModel:
+    """The model of the round a run serves, kept as the run goes: the round of the best
+    validation HR@10 of the model's own ranking (the first of a tie, as
+    :meth:`fedrecgel.simulate.RunResult.selected` picks), with the prior's weight that round's
+    evaluation chose."""
+
+    def __init__(self) -> None:
+        self.val: float | None = None
+        self.round = 0
+        self.weight = 0.0
+        self.scorer: Scorer | None = None
+        self.private: dict[str, Tensor] = {}
+
+    def offer(self, rec: RoundRecord, scorer: Scorer, private: dict[str, Tensor]) -> None:
+        """Keep a copy of an evaluated round's model (``private``: every user's rows) when its
+        validation figure is the best so far."""
+        val = (rec.model_val or rec.val).get("hr@10")
+        if val is None or (self.val is not None and val <= self.val):
+            return
+        shared = {k: v.clone() for k, v in scorer.shared.items()}
+        self.val, self.round, self.weight = val, rec.round, rec.prior_weight or 0.0
+        self.scorer = Scorer(scorer.cfg, shared)
+        self.private = {k: v.clone() for k, v in private.items()}
+
+    def follow(self, sim: Simulator) -> Callable[[RoundRecord], None]:
+        """An ``on_round`` for ``sim.run`` that offers each evaluated round's model."""
+        users = np.arange(sim.split.n_users)
+
+        def on_round(rec: RoundRecord) -> None:
+            if rec.val:
+                self.offer(rec, Scorer(sim.model_cfg, sim.shared), sim.ranking_params(users))
+
+        return on_round
+
+    def ranked(self, split: Split, kept: tuple[str, ...] = KEPT) -> dict[str, Any]:
+        """The kept model over the whole catalogue: alone (``model``), with the prior at the
+        weight its round chose (``served``), and at the weight the full ranking's validation
+        items choose among the same weights (``full_weight``, ``served_full_weight``)."""
+        if self.scorer is None:
+            raise ValueError("no evaluated round with validation items was kept")
+        prior = split_prior(split)
+        if prior is None:
+            raise ValueError(f"{split.name}: the full ranking's prior needs validation items")
+        offsets = {f"{w:g}": w * prior for w in PRIOR_WEIGHTS if w}
+        full = full_metrics(split, model_scores(self.scorer, self.private), offsets=offsets)
+        by_weight = {0.0: full["model"], **{w: full[f"{w:g}"] for w in PRIOR_WEIGHTS if w}}
+        chosen = max(by_weight, key=lambda w: by_weight[w]["val/hr@10"])  # the first of a tie
+        pick = {w: {k: m[k] for k in kept} for w, m in by_weight.items()}
+        return {
+            "round": self.round,
+            "weight": self.weight,
+            "model": pick[0.0],
+            "served": pick[self.weight],
+            "full_weight": chosen,
+            "served_full_weight": pick[chosen],
+        }
+
+
+def whole_catalogue(split: Split, served: ServedModel) -> dict[str, Any]:
+    """``served.ranked(split)`` with popularity's figures on the same ranking."""
+    from fedrecgel.baselines import item_popularity
+
+    pop = full_metrics(split, fixed_scores(item_popularity(split)))["model"]
+    return {**served.ranked(split), "popularity": {k: pop[k] for k in KEPT}}
+
+
+def full_ranking_line(full: dict[str, Any]) -> str:
+    """One line of a run's :func:`whole_catalogue` figures."""
+    served = full["served"]["hr@10"]
+    at = f"served (prior weight {full['weight']:g}) {served:.4f}, " if full["weight"] else ""
+    return (
+        f"whole catalogue, round {full['round']}: HR@10 model {full['model']['hr@10']:.4f}, "
+        f"{at}with the prior weight chosen on it ({full['full_weight']:g}) "
+        f"{full['served_full_weight']['hr@10']:.4f}; popularity {full['popularity']['hr@10']:.4f}"
+    )

@@ -159,6 +159,9 @@ class RunResult:
     wall_seconds: float
     #: DP runs: the privacy plan (clip, noise multiplier, sampling, delta, rounds allowed)
     privacy: dict[str, Any] | None = None
+    #: ``fedrec train --full-ranking``: the served round's model over the whole catalogue
+    #: (:meth:`fedrecgel.full_ranking.ServedModel.ranked`, with popularity's figures)
+    full_ranking: dict[str, Any] | None = None
 
     def best_test(self, key: str = "hr@10") -> dict[str, Any] | None:
         """Test metrics at the round with the best test ``key`` (the paper's optimistic figure)."""
@@ -199,6 +202,7 @@ class RunResult:
             "best_test": self.best_test(),
             "selected_on_validation": self.selected(),
             "privacy": self.privacy and {**self.privacy, "epsilon_spent": self.epsilon_spent()},
+            **({"full_ranking": self.full_ranking} if self.full_ranking is not None else {}),
             "rounds": [asdict(r) for r in self.rounds],
         }
 

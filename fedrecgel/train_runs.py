@@ -23,6 +23,7 @@ from fedrecgel.clitools import config_error, console, fail, option_flag
 from fedrecgel.cohort import groups_summary
 from fedrecgel.config import MAX_MODEL_PARAMS, ConfigError
 from fedrecgel.data import Split
+from fedrecgel.full_ranking import ServedModel, full_ranking_line, whole_catalogue
 from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig, with_seed
 
 BACKENDS = ("inprocess", "ray")
@@ -110,9 +111,16 @@ def _simulator(split: Split, cfg: TrainConfig, backend: Backend, out: Path) -> S
 
 
 def train_seeds(
-    split: Split, base: TrainConfig, seeds: list[int], backend: Backend, out: Path, quiet: bool
+    split: Split,
+    base: TrainConfig,
+    seeds: list[int],
+    backend: Backend,
+    out: Path,
+    quiet: bool,
+    full_ranking: bool = False,
 ) -> list[RunResult]:
-    """Train ``base`` once per seed on ``backend`` (its shards: ``base.shards``)."""
+    """Train ``base`` once per seed on ``backend`` (its shards: ``base.shards``); with
+    ``full_ranking`` each run's served model is also ranked over the whole catalogue."""
     results = []
     lost: tuple[type[Exception], ...] = ()
     cluster: Any = nullcontext()
@@ -132,7 +140,7 @@ def train_seeds(
             except lost as err:  # the ray backend: actors that did not start
                 raise fail(str(err), code=1) from None
             try:
-                results.append(_run(sim, cfg, seed, quiet))
+                results.append(_run(sim, cfg, seed, quiet, full_ranking))
             except lost as err:  # the ray backend: a shard lost for good
                 raise fail(str(err), code=1) from None
             finally:
@@ -142,7 +150,7 @@ def train_seeds(
     return results
 
 
-def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
+def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool, full: bool) -> RunResult:
     if sim.privacy is not None:
         p = sim.privacy
         console.print(
@@ -172,10 +180,19 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool) -> RunResult:
     ) as progress:
         task = progress.add_task("train", total=sim.total_rounds, info="")
 
+        served = ServedModel()
+        offer = served.follow(sim) if full else None
+
         def on_round(rec: RoundRecord) -> None:
             progress.update(task, advance=1, info=round_line(rec))
+            if offer is not None:
+                offer(rec)
 
-        return sim.run(on_round)
+        res = sim.run(on_round)
+    if full:
+        res.full_ranking = whole_catalogue(sim.split, served)
+        console.print(full_ranking_line(res.full_ranking), highlight=False, soft_wrap=True)
+    return res
 
 
 def round_line(rec: RoundRecord) -> str:
@@ -455,3 +472,14 @@ def refuse_model_size(method: str, base: TrainConfig, n_items: int) -> None:
             f"--factor {base.factor} with --layers {base.layers} on {n_items} items would "
             f"build {n_shared:,} shared parameters; at most {MAX_MODEL_PARAMS:,} are built"
         )
+
+
+def full_ranking_refusal(method: str, federated: bool, backend: str, validation: bool) -> str:
+    """Why ``--full-ranking`` cannot go with these options ('' when it can)."""
+    if not federated:
+        return f"--method {method} serves no federated model"
+    if backend != "inprocess":
+        return f"--backend {backend} keeps the users' rows on its actors"
+    if not validation:
+        return "--no-validation leaves nothing to choose the served round on"
+    return ""

@@ -4,12 +4,16 @@ a split whose sampled negatives are that whole complement."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from fedrecgel.baselines import item_popularity, popularity
-from fedrecgel.data import Split
+from fedrecgel.data import Split, load_split
 from fedrecgel.full_ranking import fixed_scores, full_metrics, full_ranks, model_scores
 from fedrecgel.metrics import KS, means, metric_sums
 from fedrecgel.model import Scorer, init_private, init_shared
@@ -95,3 +99,28 @@ def test_a_larger_catalogue_ranks_lower_than_its_sample() -> None:
     part = full_metrics(split, pop, users=some)["model"]
     ranks = full_ranks(split, pop)["model"]["test"]
     assert part["hr@10"] == pytest.approx(float((ranks[some] < 10).double().mean()))
+
+
+def test_train_ranks_its_served_model_over_the_whole_catalogue(tmp_path: Path) -> None:
+    from fedrecgel.cli import app
+
+    out = tmp_path / "o"
+    args = ["train", "--rounds", "4", "--eval-every", "2", "--fraction", "0.05", "--factor", "8"]
+    r = CliRunner().invoke(app, [*args, "--full-ranking", "--quiet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    full = run["full_ranking"]
+    assert full["round"] == run["selected_on_validation"]["round"]
+    for name in ("model", "served", "served_full_weight", "popularity"):
+        assert set(full[name]) == {"hr@10", "ndcg@10", "hr@20", "ndcg@20", "val/hr@10"}
+    split = load_split("filmtrust", validation=True)
+    pop = full_metrics(split, fixed_scores(item_popularity(split)))["model"]
+    assert full["popularity"]["hr@10"] == pytest.approx(pop["hr@10"])
+    assert f"popularity {pop['hr@10']:.4f}" in r.output
+    assert "whole catalogue, round" in r.output
+    for refused, why in (
+        (["--method", "popularity"], "--method popularity serves no federated model"),
+        (["--no-validation"], "--no-validation leaves nothing to choose"),
+    ):
+        r = CliRunner().invoke(app, ["train", "--full-ranking", *refused, "--out", str(out)])
+        assert r.exit_code == 2 and why in r.output, r.output
