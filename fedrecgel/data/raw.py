@@ -266,7 +266,7 @@ def csv_dataset(name: str, data_dir: Path) -> Path | None:
     ``<dir>/<name>``; None when there is none (or ``name`` is not a plain file name)."""
     if name in RAW_FILES or not CSV_DATASET_NAME.fullmatch(name):
         return None
-    stem = name[: -len(Path(name).suffix)] if Path(name).suffix in CSV_SUFFIXES else name
+    stem = name[: -len(Path(name).suffix)] if Path(name).suffix.lower() in CSV_SUFFIXES else name
     places = [data_dir / name] if stem != name else []
     places += [data_dir / f"{stem}{suffix}" for suffix in CSV_SUFFIXES]
     places += [data_dir / stem / f"{stem}{suffix}" for suffix in CSV_SUFFIXES]
@@ -282,7 +282,7 @@ def raw_path(name: str, data_dir: Path | None = None) -> Path:
     if name not in RAW_FILES:
         found = csv_dataset(name, Path(data_dir)) if data_dir is not None else None
         if found is None:
-            file = name if Path(name).suffix in CSV_SUFFIXES else f"{name}.csv"
+            file = name if Path(name).suffix.lower() in CSV_SUFFIXES else f"{name}.csv"
             where = (
                 f"no {file} in the data directory {data_dir}"
                 if data_dir is not None
@@ -319,7 +319,7 @@ def load_raw(name: str, data_dir: Path | None = None) -> Interactions:
     the CSV that stands for ``name`` in the data directory (:func:`csv_dataset`)."""
     path = raw_path(name, data_dir)
     if name not in _LOADERS:
-        return load_csv(path, sep="\t" if path.suffix == ".tsv" else ",", name=name)
+        return load_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",", name=name)
     return _LOADERS[name](path)
 
 

@@ -28,6 +28,8 @@ def test_a_csv_is_found_by_its_name_flat_nested_or_with_its_suffix(tmp_path: Pat
     assert csv_dataset("books", tmp_path) == nested
     assert csv_dataset("music", tmp_path) == tabs
     assert csv_dataset("other", tmp_path) is None
+    upper = write(tmp_path / "SHOP2.CSV", TEXT)
+    assert csv_dataset("SHOP2.CSV", tmp_path) == upper
     # a name is a file name of the folder, never a path out of it, nor a known dataset
     write(tmp_path / "inner" / "x.csv", TEXT)
     assert csv_dataset("inner/x", tmp_path) is None
