@@ -51,6 +51,10 @@ from fedrecgel.run_config import RunConfig as RunConfig  # re-exported: body of 
 RoundState = Literal["open", "closed", "paused", "finished", "idle"]
 #: response header of a model download: the version in the body
 MODEL_VERSION_HEADER = "X-Model-Version"
+#: the longest list a device asks its worker for: one user's recommendations, as the dashboard
+#: shows them (recommend_api's own bound, FEDREC_REC_MAX_K, default 10000, is for its other
+#: callers' deeper lists; set below this, a k between the two is its 422 k_too_large, passed on)
+DEVICE_MAX_K = 1000
 
 
 # ----------------------------------------------------------------------------- errors

@@ -29,6 +29,7 @@ from pydantic import BeforeValidator, ValidationError
 from services.client_sim.settings import WorkerSettings
 from services.client_sim.store import StoreError, WorkerStore
 from services.contract import (
+    DEVICE_MAX_K,
     K_TOO_LARGE,
     ErrorBody,
     RecommendationRequest,
@@ -41,10 +42,7 @@ from services.contract import (
 
 log = logging.getLogger(__name__)
 
-#: the longest list a device asks for: one user's recommendations, as the dashboard shows them
-#: (recommend_api's own bound, FEDREC_REC_MAX_K, default 10000, is for its other callers' deeper
-#: lists; set below this, a k between the two is its 422 k_too_large, passed on)
-MAX_K = 1000
+MAX_K = DEVICE_MAX_K
 RECOMMEND_PATH = "/v1/recommendations"
 
 router = APIRouter()

@@ -21,7 +21,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
-from services.contract import ErrorBody, ServiceError
+from services.contract import DEVICE_MAX_K, ErrorBody, ServiceError
 from services.dashboard.runform import form_presets, run_form_groups
 from services.dashboard.settings import DashboardSettings
 from services.dashboard.upstream import OPERATOR_ACTIONS, Answer, Upstream
@@ -31,7 +31,7 @@ from services.web_assets import CHART_JS
 TEMPLATES = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 #: the largest user id or k the page forwards (the workers bound k themselves)
 MAX_USER = 2**31 - 1
-MAX_K = 1000
+MAX_K = DEVICE_MAX_K  # the workers' own bound
 #: the page's own policy: scripts, styles and data from this origin only
 PAGE_HEADERS = {
     "Content-Security-Policy": (
