@@ -52,6 +52,7 @@ from fedrecgel.train_runs import (
     Backend,
     baseline_problem,
     full_ranking_refusal,
+    ignored_by_optimizer,
     ray_problem,
     refuse_model_size,
     run_baseline,
@@ -179,7 +180,7 @@ def _apply_preset(
     source = optimizer_source(ctx, preset, chosen)
     if (problem := unused_optimizer_setting(config.optimizer, source, named)) is not None:
         raise fail(problem)
-    return config
+    return config.replace(**ignored_by_optimizer(config.optimizer, config.model_dump()))
 
 
 def optimizer_source(ctx: typer.Context, preset: str | None, chosen: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ message naming the option (:func:`ray_problem`).
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fedrecgel.clitools import config_error, console, fail, option_flag
 from fedrecgel.cohort import groups_summary
-from fedrecgel.config import MAX_MODEL_PARAMS, ConfigError
+from fedrecgel.config import DEFAULTS, MAX_MODEL_PARAMS, ConfigError
 from fedrecgel.data import Split
 from fedrecgel.full_ranking import ServedModel, full_ranking_line, whole_catalogue
 from fedrecgel.simulate import RoundRecord, RunResult, Simulator, TrainConfig, with_seed
@@ -346,6 +346,17 @@ def unused_optimizer_setting(optimizer: str, source: str, given: list[str]) -> s
                 f"is {optimizer} ({source}); it would change nothing"
             )
     return None
+
+
+def ignored_by_optimizer(optimizer: str, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The defaults of the settings server ``optimizer`` ignores where ``run`` (a preset's
+    values, its optimizer changed on the command line) sets them otherwise: a run records
+    only what acts."""
+    return {
+        name: getattr(DEFAULTS, name)
+        for name, used in OPTIMIZER_SETTINGS.items()
+        if optimizer not in used and run.get(name) != getattr(DEFAULTS, name)
+    }
 
 
 def with_radii_used(base: TrainConfig) -> TrainConfig:

@@ -26,7 +26,7 @@ from fedrecgel.cli import main as _run_app
 from fedrecgel.clitools import DATASET_HELP, by_name, console, fail, option_flag
 from fedrecgel.data import DataError
 from fedrecgel.presets import over_http
-from fedrecgel.train_runs import unused_optimizer_setting, unused_setting
+from fedrecgel.train_runs import ignored_by_optimizer, unused_optimizer_setting, unused_setting
 from services.launcher import UpOptions
 
 __all__ = ["app", "main"]
@@ -170,6 +170,7 @@ def up(
     )
     if problem is not None:
         raise fail(problem)
+    run.update(ignored_by_optimizer(run["optimizer"], run))
     run["dataset"], data_dir = by_name(str(run["dataset"]), data_dir)
     opts = UpOptions(
         run=checked(run),

@@ -254,3 +254,19 @@ def test_a_setting_of_the_server_optimizer_in_effect_is_taken(
     r, _ = _train(tmp_path, monkeypatch, *args)
     assert r.exit_code == 0, r.output
     assert getattr(_Capture.configs[0], name) == value
+
+
+def test_a_preset_setting_the_optimizer_typed_ignores_is_not_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private preset's momentum, with --optimizer adam typed: the run takes adam and the
+    default momentum, so its config records no momentum adam never applied."""
+    from fedrecgel.presets import stored
+
+    assert stored()["private"]["settings"]["server_momentum"] != DEFAULTS.server_momentum
+    r, _ = _train(tmp_path, monkeypatch, "--preset", "private", "--optimizer", "adam")
+    assert r.exit_code == 0, r.output
+    config = _Capture.configs[0]
+    assert config.optimizer == "adam" and config.server_momentum == DEFAULTS.server_momentum
+    r, _ = _train(tmp_path, monkeypatch, "--preset", "private")
+    assert _Capture.configs[0].server_momentum == stored()["private"]["settings"]["server_momentum"]

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import services.up
+from fedrecgel.config import DEFAULTS
 from fedrecgel.presets import FIXED_PRIVATE_CLIP, stored
 from services.cli import app
 
@@ -58,3 +59,6 @@ def test_up_refuses_a_setting_that_would_change_nothing_as_train_does(
     # the private preset's server optimizer takes a momentum
     run = _run_config(monkeypatch, tmp_path, "--target-epsilon", "3", "--server-momentum", "0.5")
     assert run.server_momentum == 0.5
+    # a preset's momentum that the optimizer typed ignores is not passed on
+    adam = _run_config(monkeypatch, tmp_path, "--target-epsilon", "3", "--optimizer", "adam")
+    assert adam.optimizer == "adam" and adam.server_momentum == DEFAULTS.server_momentum
