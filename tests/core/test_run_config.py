@@ -80,6 +80,26 @@ def test_the_contract_is_the_core_config() -> None:
     assert set(RunConfig.model_fields) == {*FIELDS, "n_items"}
 
 
+#: what a setting acts with (`fedrec up` refuses it without: it would change nothing)
+ACTS_WITH: dict[str, list[str]] = {
+    "server_momentum": ["--optimizer", "sgd"],
+    "trim_fraction": ["--server-mean", "trimmed"],
+    **{
+        name: ["--secure-aggregation", "dense"]
+        for name in ("secagg_neighbours", "secagg_dropout", "secagg_range", "secagg_scale_bits")
+    },
+    **{
+        name: ["--dp-noise", "1"] for name in ("dp_clip", "dp_clip_quantile", "dp_mode", "dp_delta")
+    },
+    **{
+        name: ["--target-epsilon", "3"]
+        for name in ("dp_prior_share", "dp_item_share", "dp_prior_items")
+    },
+    # the private preset's prior share and an item share must leave the rounds some budget
+    "dp_item_share": ["--target-epsilon", "3", "--dp-prior-share", "0.25"],
+}
+
+
 @pytest.mark.parametrize("name", FIELDS)
 def test_every_field_reaches_up_and_the_launchers_run_body(
     name: str, monkeypatch: pytest.MonkeyPatch
@@ -94,7 +114,7 @@ def test_every_field_reaches_up_and_the_launchers_run_body(
     args = (
         [flag if value else "--no-" + flag[2:]] if isinstance(value, bool) else [flag, str(value)]
     )
-    r = runner.invoke(app, ["up", *args])
+    r = runner.invoke(app, ["up", *args, *ACTS_WITH.get(name, [])])
     assert r.exit_code == 0, r.output
     (opts,) = seen
     assert getattr(opts.run, name) == value
