@@ -17,7 +17,6 @@ full ranking's validation items choose.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from bench.bench_cli import (
     Ints,
     OutFile,
     default_data_dir,
-    fail,
     in_fresh_processes,
     subset,
     write_result,
 )
+from bench.popularity_prior import arm_jobs, train_arm
 from bench.report_common import load_result, mean_std, runs_by
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -41,39 +40,14 @@ DATASETS = ("amazon-video/paper", "filmtrust/paper", "lastfm-2k/clean")
 ARMS = ("federated", "central")
 
 
-def _kept(metrics: dict[str, float]) -> dict[str, float]:
-    from fedrecgel.full_ranking import KEPT
-
-    return {k: metrics[k] for k in KEPT}
-
-
 def _one(job: dict[str, Any]) -> dict[str, Any]:
     """One training run in a worker process, its served model ranked over the catalogue."""
-    import torch
-
-    from fedrecgel.baselines import CentralConfig, central
     from fedrecgel.full_ranking import ServedModel
-    from fedrecgel.presets import run_settings
-    from fedrecgel.simulate import Simulator, TrainConfig
 
-    torch.set_num_threads(1)
     split = load(job["dataset"], job["data_dir"])
-    name = job["dataset"].split("/")[0]
-    cfg = TrainConfig(**run_settings("default", name), seed=job["seed"], eval_every=10)
     kept = ServedModel()
     t0 = time.perf_counter()
-    if job["arm"] == "federated":
-        sim = Simulator(split, cfg)
-        res = sim.run(kept.follow(sim))
-    else:
-        model = cfg.model(split.n_items)
-        res = central(
-            split,
-            CentralConfig(
-                model, seed=job["seed"], lr=job["lr"], epochs=job["epochs"], eval_every=1
-            ),
-            on_model=kept.offer,
-        )
+    res = train_arm(job, split, kept)
     trained = time.perf_counter() - t0
     selected = res.selected()
     assert selected is not None and selected["round"] == kept.round
@@ -95,12 +69,10 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
 def references(key: str, data_dir: Path | None) -> dict[str, Any]:
     """Popularity and the item co-occurrence ranking (rank chosen on the full ranking's
     validation items) over the whole catalogue."""
-    import numpy as np
-    import torch
 
     from fedrecgel.baselines import item_popularity, popularity
-    from fedrecgel.cooccurrence import RANKS
-    from fedrecgel.full_ranking import fixed_scores, full_metrics
+    from fedrecgel.cooccurrence import RANKS, catalogue_scorer
+    from fedrecgel.full_ranking import fixed_scores, full_metrics, kept_figures
     from fedrecgel.item_spectrum import co_occurrence, history, top_eigen
 
     split = load(key, data_dir)
@@ -108,21 +80,13 @@ def references(key: str, data_dir: Path | None) -> dict[str, Any]:
     x = history(split)
     tried = [r for r in RANKS if r < split.n_items]
     lam, vec = top_eigen(co_occurrence(x), max(tried))
-    by_rank = {}
-    for rank in tried:
-        proj = np.asarray(x @ vec[:, :rank]) * lam[:rank]
-        basis = vec[:, :rank].T
-
-        def scores(users: np.ndarray, proj: np.ndarray = proj, basis: np.ndarray = basis) -> Any:
-            return torch.from_numpy(proj[users] @ basis)
-
-        by_rank[rank] = full_metrics(split, scores)["model"]
+    by_rank = {r: full_metrics(split, catalogue_scorer(x, lam, vec, r))["model"] for r in tried}
     rank = max(by_rank, key=lambda r: by_rank[r]["val/hr@10"])
     sampled = popularity(split).rounds[0].test
     return {
-        "popularity": _kept(pop),
+        "popularity": kept_figures(pop),
         "popularity_sampled": {k: sampled[k] for k in ("hr@10", "ndcg@10")},
-        "cooccurrence": {"rank": rank, **_kept(by_rank[rank])},
+        "cooccurrence": {"rank": rank, **kept_figures(by_rank[rank])},
     }
 
 
@@ -134,22 +98,7 @@ def main(
     out: OutFile = OUT,
 ) -> None:
     chosen = subset(datasets, DATASETS, "--datasets")
-    central_of = json.loads((RESULTS / "central.json").read_text())["datasets"]
-    arms_run = subset(arms, ARMS, "--arms")
-    missing = [d for d in chosen if d not in central_of]
-    if "central" in arms_run and missing:
-        raise fail(f"bench/results/central.json has no step size for {', '.join(missing)}")
-    jobs = [
-        {"dataset": d, "arm": arm, "seed": s, "data_dir": data_dir}
-        | (
-            {"lr": central_of[d]["lr"], "epochs": central_of[d]["epochs"]}
-            if arm == "central"
-            else {}
-        )
-        for d in chosen
-        for arm in arms_run
-        for s in seeds
-    ]
+    jobs = arm_jobs(chosen, subset(arms, ARMS, "--arms"), seeds, data_dir)
     t0 = time.perf_counter()
     runs = in_fresh_processes(_one, jobs)
     for r in runs:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.accuracy_diagnosis import load
 from bench.bench_cli import (
@@ -33,6 +33,11 @@ from bench.bench_cli import (
     write_result,
 )
 from bench.report_common import load_result, mean_std, runs_by
+
+if TYPE_CHECKING:
+    from fedrecgel.data import Split
+    from fedrecgel.full_ranking import ServedModel
+    from fedrecgel.simulate import RunResult
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "popularity_prior.json"
@@ -48,8 +53,32 @@ DATASETS = (
 ARMS = ("federated", "central")
 
 
-def _one(job: dict[str, Any]) -> dict[str, Any]:
-    """One run in a worker process: the served and the model-alone figures."""
+def arm_jobs(
+    chosen: list[str], arms: list[str], seeds: list[int], data_dir: Path | None
+) -> list[dict[str, Any]]:
+    """One job per data set, arm and seed; a central one with the step size and epochs
+    `bench/central.py` chose (bench/results/central.json), refused when it chose none."""
+    central_of = json.loads((RESULTS / "central.json").read_text())["datasets"]
+    missing = [d for d in chosen if d not in central_of]
+    if "central" in arms and missing:
+        raise fail(f"bench/results/central.json has no step size for {', '.join(missing)}")
+    return [
+        {"dataset": d, "arm": arm, "seed": s, "data_dir": data_dir}
+        | (
+            {"lr": central_of[d]["lr"], "epochs": central_of[d]["epochs"]}
+            if arm == "central"
+            else {}
+        )
+        for d in chosen
+        for arm in arms
+        for s in seeds
+    ]
+
+
+def train_arm(job: dict[str, Any], split: Split, kept: ServedModel | None = None) -> RunResult:
+    """A job's training on ``split``: federated at the default preset (evaluated every 10
+    rounds), or central at the job's step size and epochs (evaluated every epoch); ``kept``,
+    when given, keeps the model of the round the run serves."""
     import torch
 
     from fedrecgel.baselines import CentralConfig, central
@@ -57,17 +86,22 @@ def _one(job: dict[str, Any]) -> dict[str, Any]:
     from fedrecgel.simulate import Simulator, TrainConfig
 
     torch.set_num_threads(1)
-    split = load(job["dataset"], job["data_dir"])
     name = job["dataset"].split("/")[0]
     cfg = TrainConfig(**run_settings("default", name), seed=job["seed"], eval_every=10)
-    t0 = time.perf_counter()
     if job["arm"] == "federated":
-        res = Simulator(split, cfg).run()
-    else:
-        model = cfg.model(split.n_items)
-        res = central(
-            split, CentralConfig(model, seed=job["seed"], lr=job["lr"], epochs=job["epochs"])
-        )
+        sim = Simulator(split, cfg)
+        return sim.run(None if kept is None else kept.follow(sim))
+    central_cfg = CentralConfig(
+        cfg.model(split.n_items), seed=job["seed"], lr=job["lr"], epochs=job["epochs"]
+    )
+    return central(split, central_cfg, on_model=None if kept is None else kept.offer)
+
+
+def _one(job: dict[str, Any]) -> dict[str, Any]:
+    """One run in a worker process: the served and the model-alone figures."""
+    split = load(job["dataset"], job["data_dir"])
+    t0 = time.perf_counter()
+    res = train_arm(job, split)
     served = res.selected()
     assert served is not None  # the split has validation items
     return {
@@ -90,21 +124,7 @@ def main(
     out: OutFile = OUT,
 ) -> None:
     chosen = subset(datasets, DATASETS, "--datasets")
-    central_of = json.loads((RESULTS / "central.json").read_text())["datasets"]
-    missing = [d for d in chosen if d not in central_of]
-    if "central" in arms and missing:
-        raise fail(f"bench/results/central.json has no step size for {', '.join(missing)}")
-    jobs = [
-        {"dataset": d, "arm": arm, "seed": s, "data_dir": data_dir}
-        | (
-            {"lr": central_of[d]["lr"], "epochs": central_of[d]["epochs"]}
-            if arm == "central"
-            else {}
-        )
-        for d in chosen
-        for arm in subset(arms, ARMS, "--arms")
-        for s in seeds
-    ]
+    jobs = arm_jobs(chosen, subset(arms, ARMS, "--arms"), seeds, data_dir)
     t0 = time.perf_counter()
     runs = in_fresh_processes(_one, jobs)
     for r in runs:
