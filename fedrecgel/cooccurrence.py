@@ -49,14 +49,32 @@ DEFAULT_RANK = 16
 PRIVATE_MAX_RANK = 64
 
 
+def _projection(x: csr_matrix, lam: np.ndarray, vec: np.ndarray, rank: int) -> np.ndarray:
+    """(users, k): x_u V Lambda, each user's history in the top ``rank`` directions of G."""
+    proj: np.ndarray = np.asarray(x @ vec[:, :rank]) * lam[:rank]
+    return proj
+
+
 def scorer(
     x: csr_matrix, lam: np.ndarray, vec: np.ndarray, rank: int
 ) -> Callable[[np.ndarray, np.ndarray], Tensor]:
     """scores(users, candidates) -> (U, C): x_u G_k at the candidates, G_k of rank ``rank``."""
-    proj = np.asarray(x @ vec[:, :rank]) * lam[:rank]  # (users, k): x_u V Lambda
+    proj = _projection(x, lam, vec, rank)
 
     def scores(users: np.ndarray, cand: np.ndarray) -> Tensor:
         return torch.from_numpy(np.einsum("uk,uck->uc", proj[users], vec[cand, :rank]))
+
+    return scores
+
+
+def catalogue_scorer(
+    x: csr_matrix, lam: np.ndarray, vec: np.ndarray, rank: int
+) -> Callable[[np.ndarray], Tensor]:
+    """scores(users) -> (U, n_items): x_u G_k for every item (a full ranking's scores)."""
+    proj, basis = _projection(x, lam, vec, rank), vec[:, :rank].T
+
+    def scores(users: np.ndarray) -> Tensor:
+        return torch.from_numpy(proj[users] @ basis)
 
     return scores
 

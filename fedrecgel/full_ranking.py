@@ -33,6 +33,13 @@ USERS_PER_CHUNK = 16
 
 #: the figures kept of each full ranking
 KEPT = ("hr@10", "ndcg@10", "hr@20", "ndcg@20", "val/hr@10")
+
+
+def kept_figures(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The figures of :data:`KEPT` of one full ranking's metrics."""
+    return {k: metrics[k] for k in KEPT}
+
+
 #: scores of some users for every item: user ids (U,) -> (U, n_items)
 Scores = Callable[[np.ndarray], Tensor]
 
@@ -152,7 +159,7 @@ class ServedModel:
 
         return on_round
 
-    def ranked(self, split: Split, kept: tuple[str, ...] = KEPT) -> dict[str, Any]:
+    def ranked(self, split: Split) -> dict[str, Any]:
         """The kept model over the whole catalogue: alone (``model``), with the prior at the
         weight its round chose (``served``), and at the weight the full ranking's validation
         items choose among the same weights (``full_weight``, ``served_full_weight``)."""
@@ -165,7 +172,7 @@ class ServedModel:
         full = full_metrics(split, model_scores(self.scorer, self.private), offsets=offsets)
         by_weight = {0.0: full["model"], **{w: full[f"{w:g}"] for w in PRIOR_WEIGHTS if w}}
         chosen = max(by_weight, key=lambda w: by_weight[w]["val/hr@10"])  # the first of a tie
-        pick = {w: {k: m[k] for k in kept} for w, m in by_weight.items()}
+        pick = {w: kept_figures(m) for w, m in by_weight.items()}
         return {
             "round": self.round,
             "weight": self.weight,
@@ -181,7 +188,7 @@ def whole_catalogue(split: Split, served: ServedModel) -> dict[str, Any]:
     from fedrecgel.baselines import item_popularity
 
     pop = full_metrics(split, fixed_scores(item_popularity(split)))["model"]
-    return {**served.ranked(split), "popularity": {k: pop[k] for k in KEPT}}
+    return {**served.ranked(split), "popularity": kept_figures(pop)}
 
 
 def full_ranking_line(full: dict[str, Any]) -> str:
