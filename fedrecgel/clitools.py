@@ -75,8 +75,9 @@ def load_data(
         return split
     path = Path(dataset)
     folder = data_dir or default_data_dir()
-    named = folder is not None and csv_dataset(dataset, Path(folder)) is not None
-    if path.suffix.lower() in CSV_SUFFIXES and (path.is_file() or not named):
+    if path.suffix.lower() in CSV_SUFFIXES and (
+        path.is_file() or folder is None or csv_dataset(dataset, Path(folder)) is None
+    ):
         sep = "\t" if path.suffix.lower() == ".tsv" else ","
         return apply_protocol(
             load_csv(path, sep=sep),

@@ -180,8 +180,8 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool, full: bool) -
     ) as progress:
         task = progress.add_task("train", total=sim.total_rounds, info="")
 
-        served = ServedModel()
-        offer = served.follow(sim) if full else None
+        served = ServedModel() if full else None
+        offer = None if served is None else served.follow(sim)
 
         def on_round(rec: RoundRecord) -> None:
             progress.update(task, advance=1, info=round_line(rec))
@@ -189,7 +189,7 @@ def _run(sim: Simulator, cfg: TrainConfig, seed: int, quiet: bool, full: bool) -
                 offer(rec)
 
         res = sim.run(on_round)
-    if full:
+    if served is not None:
         res.full_ranking = whole_catalogue(sim.split, served)
         console.print(full_ranking_line(res.full_ranking), highlight=False, soft_wrap=True)
     return res
