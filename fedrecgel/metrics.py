@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from fedrecgel.model import Scorer
-from fedrecgel.prior import GUARD_K, GUARD_NAMES, PRIOR_WEIGHTS
+from fedrecgel.prior import GUARD_NAMES, PRIOR_WEIGHTS, guard_k
 from fedrecgel.prior import key as prior_key
 
 KS = (5, 10, 15, 20)
@@ -153,7 +153,8 @@ def metric_sums(
     ``batch``. With an item ``prior`` (:func:`fedrecgel.prior.log_prior`) the candidates are
     also ranked by logit + w * prior for every weight of :data:`fedrecgel.prior.PRIOR_WEIGHTS`,
     summed under :func:`fedrecgel.prior.key`'s names (the plain names stay the model's own),
-    with the users each weight moves into (``gain``) and out of (``loss``) the top 10.
+    with the users each weight moves into (``gain``) and out of (``loss``) the top
+    :func:`fedrecgel.prior.guard_k` of the candidates (the served top 10's share of them).
     """
     n = len(test_items)
     c = 1 + (negatives.shape[1] if n else 0)
@@ -179,12 +180,13 @@ def metric_sums(
                 served = out + w * bias
                 ranks[j, start:end] = rank_of_positive(served[:, 0], served[:, 1:])
     totals: dict[str, float] = {}
-    model_hit = ranks[0] < GUARD_K
+    cut = guard_k(scorer.cfg.n_items, c)
+    model_hit = ranks[0] < cut
     for w, r in zip((0.0, *weights), ranks, strict=True):
         for name, vals in per_user_metrics(r, ks).items():
             totals[prior_key(w, name)] = float(vals.sum())
-        if w:  # the users the prior moves into and out of the top GUARD_K (its sign test)
-            hit = r < GUARD_K
+        if w:  # the users the prior moves into and out of the top `cut` (its sign test)
+            hit = r < cut
             totals[prior_key(w, "gain")] = float((hit & ~model_hit).sum())
             totals[prior_key(w, "loss")] = float((model_hit & ~hit).sum())
     totals["count"] = float(n)

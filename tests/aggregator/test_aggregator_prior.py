@@ -160,7 +160,7 @@ def test_a_version_publishes_the_served_figures_the_weight_and_the_models(
     client, a, b = _started(aggregator)
     assert _counts(client, a, [0, 1, 2, 3], [0], [4]).status_code == 202
     assert _counts(client, b, [4, 5], [1], [2]).json()["complete"] is True
-    # weight 2 moves every client into the top 10 and none out: 6 clients clear the sign test
+    # weight 2 moves every client into the served list and none out: 6 clients clear the sign test
     # (6 > 2 * sqrt(6)); weight 4 moves 5 in and 1 out, which does not (4 < 2 * sqrt(6))
     sums = _prior_sums(4, 0.0, {2.0: (1.0, 1.0, 0.0), 4.0: (1.0, 1.0, 0.0)})
     body = {"model_version": 0, "sums": sums, "count": 4, "client_ids": [0, 1, 2, 3]}

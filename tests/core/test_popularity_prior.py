@@ -17,7 +17,15 @@ from fedrecgel.metrics import (
     rank_of_positive,
 )
 from fedrecgel.model import ModelConfig, Scorer, init_private, init_shared
-from fedrecgel.prior import PRIOR_WEIGHTS, choose, item_counts, key, log_prior
+from fedrecgel.prior import (
+    PRIOR_WEIGHTS,
+    SERVED_K,
+    choose,
+    guard_k,
+    item_counts,
+    key,
+    log_prior,
+)
 from fedrecgel.simulate import Simulator, TrainConfig
 from fedrecgel.synthetic import synthetic_split
 
@@ -61,17 +69,18 @@ def test_a_large_weight_ranks_as_popularity_does() -> None:
     assert means(sums)[key(1.0, "hr@10")] == pytest.approx(pop["hr@10"])
 
 
-def test_choose_takes_the_best_validation_weight_that_clears_the_sign_test() -> None:
+def test_choose_takes_the_weight_that_moves_most_users_in_and_clears_the_sign_test() -> None:
     test = {"hr@10": 0.5, key(0.5, "hr@10"): 0.7, key(2.0, "hr@10"): 0.9}
-    # 100 validation users: weight 0.5 moves 20 into the top 10 and none out, weight 2 as many
-    # in, and its larger best figure comes with 12 moved out (8 - 0 > 2 * sqrt(8 + 12) fails)
+    # 100 validation users: weight 0.5 moves 20 into the served list and none out, weight 2
+    # moves 32 in and 12 out (32 - 12 > 2 * sqrt(32 + 12) fails) though its validation HR@10,
+    # the sampled figure that once chose, is higher
     val = {
         "hr@10": 0.6,
         key(0.5, "hr@10"): 0.8,
         key(0.5, "gain"): 0.2,
         key(0.5, "loss"): 0.0,
         key(2.0, "hr@10"): 0.9,
-        key(2.0, "gain"): 0.2,
+        key(2.0, "gain"): 0.32,
         key(2.0, "loss"): 0.12,
     }
     got = choose(test, val, n_val=100)
@@ -80,22 +89,35 @@ def test_choose_takes_the_best_validation_weight_that_clears_the_sign_test() -> 
     assert got.model_test == {"hr@10": 0.5} and got.model_val == {"hr@10": 0.6}
     # the same shares of 10 users are no evidence: the model alone is served
     assert choose(test, val, n_val=10).weight == 0.0
-    # a clear gain of weight 2 too: the better validation figure wins
+    # a clear gain of weight 2 too: the larger net gain wins, the smaller weight on a tie
     assert choose(test, {**val, key(2.0, "loss"): 0.0}, n_val=100).weight == 2.0
+    tie = {**val, key(2.0, "gain"): 0.2, key(2.0, "loss"): 0.0}
+    assert choose(test, tie, n_val=100).weight == 0.5
     # without prior figures nothing is chosen
     plain = choose({"hr@10": 0.5}, {"hr@10": 0.6}, n_val=100)
     assert plain.weight is None and plain.test == plain.model_test == {"hr@10": 0.5}
 
 
-def test_the_sign_test_counts_the_users_moved_across_the_top_ten() -> None:
+def test_the_served_cut_off_is_the_top_tens_share_of_the_candidates() -> None:
+    # 100 candidates: a top 10 of 11,830 items (Amazon-Video) or of 2,059 (FilmTrust) is the
+    # first place among them, of 500 items the first two, of 100 or fewer all ten
+    assert guard_k(11_830, 100) == guard_k(2_059, 100) == 1
+    assert guard_k(500, 100) == 2 and guard_k(120, 100) == 8
+    assert guard_k(100, 100) == guard_k(40, 100) == SERVED_K
+
+
+def test_the_sign_test_counts_the_users_moved_across_the_served_cut_off() -> None:
     scorer, states = _scorer_and_states()
     prior = log_prior(item_counts(SPLIT.train_items, SPLIT.n_items))
     assert SPLIT.val_items is not None and SPLIT.val_negatives is not None
-    got = metric_sums(scorer, states, SPLIT.val_items, SPLIT.val_negatives, KS, prior=prior)
+    cut = guard_k(SPLIT.n_items, 1 + SPLIT.val_negatives.shape[1])
+    assert 1 < cut < SERVED_K  # a cut-off of its own on this small catalogue
+    ks = (cut, *KS)
+    got = metric_sums(scorer, states, SPLIT.val_items, SPLIT.val_negatives, ks, prior=prior)
     for w in PRIOR_WEIGHTS[1:]:
-        # hits with the prior = model hits + moved in - moved out
+        # hits with the prior = model hits + moved in - moved out, at the cut-off
         moved = got[key(w, "gain")] - got[key(w, "loss")]
-        assert got[key(w, "hr@10")] == pytest.approx(got["hr@10"] + moved)
+        assert got[key(w, f"hr@{cut}")] == pytest.approx(got[f"hr@{cut}"] + moved)
 
 
 def test_the_simulator_serves_the_validation_chosen_ranking() -> None:
