@@ -115,12 +115,15 @@ def main(
             f"{100 * r['test_hr@10']:.2f} val {100 * r['val_hr@10']:.2f} w {r['prior_weight']}"
         )
     refs = {d: _references(d, data_dir, epsilon, shares, seeds) for d in names}
+    from fedrecgel.prior import CHOICE
+
     settings = {
         "epsilon": epsilon,
         "shares": shares,
         "seeds": seeds,
         "tuning_seed": tuning_seed,
         "eval_every": eval_every,
+        "prior_choice": CHOICE,
     }
     write_result(out, {"settings": settings, "runs": runs, "references": refs}, t0)
 

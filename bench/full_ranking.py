@@ -32,7 +32,7 @@ from bench.bench_cli import (
     write_result,
 )
 from bench.popularity_prior import arm_jobs, train_arm
-from bench.report_common import load_result, mean_std, runs_by
+from bench.report_common import load_result, mean_std, prior_choice_note, runs_by
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "full_ranking.json"
@@ -108,7 +108,10 @@ def main(
             f" (sampled {100 * r['sampled']['served']['hr@10']:.2f})"
         )
     refs = {d: references(d, data_dir) for d in chosen}
-    write_result(out, {"settings": {"seeds": seeds}, "runs": runs, "references": refs}, t0)
+    from fedrecgel.prior import CHOICE
+
+    settings = {"seeds": seeds, "prior_choice": CHOICE}
+    write_result(out, {"settings": settings, "runs": runs, "references": refs}, t0)
 
 
 if __name__ == "__main__":
@@ -147,7 +150,8 @@ def section() -> list[str]:
         "full ranking's validation items choose (*w full*, weights listed per seed). Federated: "
         "the default preset; central: the same NCF trained in one place (`bench/central.py`'s "
         "step size and epochs); co-occurrence: x_u G_k, k chosen on the full ranking's "
-        f"validation items. Mean ± std over seeds {d['settings']['seeds']}, %.",
+        f"validation items. Mean ± std over seeds {d['settings']['seeds']}, %."
+        + prior_choice_note(d),
         "",
     ]
     by = runs_by(d["runs"], "dataset", "arm")

@@ -32,7 +32,7 @@ from bench.bench_cli import (
     subset,
     write_result,
 )
-from bench.report_common import load_result, mean_std, runs_by
+from bench.report_common import load_result, mean_std, prior_choice_note, runs_by
 
 if TYPE_CHECKING:
     from fedrecgel.data import Split
@@ -135,7 +135,10 @@ def main(
     from fedrecgel.baselines import popularity
 
     refs = {d: {"popularity": popularity(load(d, data_dir)).rounds[0].test} for d in chosen}
-    write_result(out, {"settings": {"seeds": seeds}, "runs": runs, "references": refs}, t0)
+    from fedrecgel.prior import CHOICE
+
+    settings = {"seeds": seeds, "prior_choice": CHOICE}
+    write_result(out, {"settings": settings, "runs": runs, "references": refs}, t0)
 
 
 if __name__ == "__main__":
@@ -162,7 +165,7 @@ def section() -> list[str]:
         "figures come from the same training run. *weights*: the w served, one per seed. "
         "Federated: the default preset; central: the same NCF trained in one place at the "
         "step size and epochs `bench/central.py` chose on validation. The accuracy table "
-        "below predates the prior: its rows are the model alone.",
+        "below predates the prior: its rows are the model alone." + prior_choice_note(d),
         "",
         "| data set | popularity | federated, model | federated, served | weights | "
         "central, model | central, served | weights |",

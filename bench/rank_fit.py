@@ -68,11 +68,12 @@ from bench.dp_scale import (
     _split,
     _write,
 )
-from bench.report_common import load_result
+from bench.report_common import load_result, prior_choice_note
 from fedrecgel.baselines import popularity
 from fedrecgel.config import DEFAULTS
 from fedrecgel.cooccurrence import cooccurrence
 from fedrecgel.dp_popularity import dp_popularity, plan_release
+from fedrecgel.prior import CHOICE
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "rank_fit.json"
@@ -216,7 +217,10 @@ def main(
     co_sel = co.selected() or {}
     result = {
         "dataset": {"name": "synthetic-tastes", "users": split.n_users, **TASTES},
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "n_jobs", "data_dir")},
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k not in ("out", "n_jobs", "data_dir")},
+            "prior_choice": CHOICE,
+        },
         "references": {
             "popularity": {"hr@10": pop.get("hr@10"), "ndcg@10": pop.get("ndcg@10")},
             f"DP popularity, epsilon {epsilon:g}": {
@@ -256,7 +260,7 @@ def section() -> list[str]:
         f"embeddings took fewer than {st['steps']} private steps first fits a copy of them "
         f"to the evaluated model ({st['steps']} Adam steps of {st['lr']:g} on its own "
         "training items, nothing stored or uploaded: `rank_fit_steps`). DP: "
-        f"`bench/dp_scale.py`'s settings at epsilon {st['epsilon']:g}.",
+        f"`bench/dp_scale.py`'s settings at epsilon {st['epsilon']:g}.{prior_choice_note(d)}",
         "",
         "| run | seeds | test HR@10 | test NDCG@10 | selected round(s) |",
         "|---|---|---|---|---|",

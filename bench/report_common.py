@@ -62,6 +62,20 @@ def load_range(*results: dict[str, Any]) -> str:
     return f"{min(loads):.1f}-{max(loads):.1f}"
 
 
+def prior_choice_note(d: dict[str, Any]) -> str:
+    """A sentence for a result whose served figures an earlier rule chose (the prior's weight
+    on the sampled validation HR@10), none for one the current rule chose."""
+    from fedrecgel.prior import CHOICE
+
+    if d["settings"].get("prior_choice") == CHOICE:
+        return ""
+    return (
+        " Measured when the prior's weight was chosen on the sampled validation HR@10, before "
+        "it was chosen at the served cut-off (`fedrecgel.prior.guard_k`): its served figures "
+        "are that rule's."
+    )
+
+
 def mean_std(xs: list[float]) -> str:
     """Fractions as a percentage, mean ± sample std ("-" for none; one seed says so)."""
     if not xs:

@@ -8,7 +8,7 @@ import statistics
 from typing import Any
 
 from bench.dp_scale import DP_CLIP
-from bench.report_common import load_result, mean_std, runs_by
+from bench.report_common import load_result, mean_std, prior_choice_note, runs_by
 
 
 def defaults() -> list[str]:
@@ -66,7 +66,7 @@ def prior_share() -> list[str]:
         f"*Validation*: HR@10 of the tuning seed {tuning} at its validation-selected round (what "
         f"chooses s); *test*: HR@10 (%) mean ± std over seeds {st['seeds']}; *model*: the model's "
         "own test figure at that round; *z*: the rounds' noise multiplier. DP popularity with "
-        f"the same k: at the whole epsilon {eps:g} and at s*epsilon.",
+        f"the same k: at the whole epsilon {eps:g} and at s*epsilon.{prior_choice_note(d)}",
         "",
         "| data set | s | validation (tuning seed) | test HR@10 | model alone | z | DP popularity "
         "at s*epsilon | DP popularity | popularity |",

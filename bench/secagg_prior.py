@@ -166,12 +166,15 @@ def main(
         command += f" --cohorts {','.join(kinds)}"
     if pool != POOL or out != OUT:
         command += f" --pool {pool} --out {out}"
+    from fedrecgel.prior import CHOICE
+
     settings = {
         "seeds": seeds,
         "pool": pool,
         "group_size": GROUP_SIZE,
         "rounds": rounds or None,
         "command": command,
+        "prior_choice": CHOICE,
     }
     write_result(out, {"settings": settings, "runs": runs, "references": refs}, t0)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report_common import as_module, load_result
+from bench.report_common import as_module, load_result, prior_choice_note
 from bench.secagg_prior import ARMS, COHORTS
 from fedrecgel.model import ModelConfig
 from fedrecgel.secagg.layout import vector_length
@@ -394,7 +394,8 @@ def prior_section() -> list[str]:
         "a plain run's ranking at the same round. *Whole groups*: the same with cohorts of",
         f"whole groups of about {d['settings']['group_size']} users (`--cohort-groups`,",
         "users / that), which keep single items' holders from being named (the table above);",
-        "their round prior is fixed at the round its counts cover the clients twice over too.",
+        "their round prior is fixed at the round its counts cover the clients twice over "
+        "too." + prior_choice_note(d),
         "",
         "| dataset | pool | seeds | round prior fixed at | model alone | served, round prior "
         "| weights | served, exact prior | weights | whole groups: model alone "
