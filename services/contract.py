@@ -441,3 +441,12 @@ class TrainingItems(BaseModel):
 
     user_id: int
     items: list[str]
+
+
+class UserLookup(BaseModel):
+    """A user of a worker's shard found by its id in the data (``GET /v1/users?id=``):
+    ``user_id`` is its number in the split, the one the device API's other routes take; ``id``
+    is the data's own id (the number in decimal when the worker names items by index)."""
+
+    user_id: int
+    id: str

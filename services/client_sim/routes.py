@@ -10,13 +10,16 @@ only, never into an answer or a log line here.
 ``GET /v1/users/{user_id}/training-items`` answers the user's own training items, as the
 device holds them: data that stays on the device's side (this API), never sent to the
 aggregator.
+
+``GET /v1/users?id=<data id>`` finds a user of this shard by its id in the data (a CSV's
+``alice``) and answers its number in the split, the ``user_id`` the two routes above take.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -26,7 +29,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BeforeValidator, ValidationError
 
-from services.client_sim.settings import WorkerSettings
+from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import StoreError, WorkerStore
 from services.contract import (
     DEVICE_MAX_K,
@@ -36,6 +39,7 @@ from services.contract import (
     RecommendationResponse,
     ServiceError,
     TrainingItems,
+    UserLookup,
     UserVector,
     read_error,
 )
@@ -43,6 +47,8 @@ from services.contract import (
 log = logging.getLogger(__name__)
 
 MAX_K = DEVICE_MAX_K
+#: the longest data id ``GET /v1/users?id=`` looks up (422 beyond)
+MAX_ID_CHARS = 256
 RECOMMEND_PATH = "/v1/recommendations"
 
 router = APIRouter()
@@ -64,6 +70,8 @@ class AppState:
     store: WorkerStore
     labels: Sequence[str] | None
     users: frozenset[int]
+    #: the shard's users by their ids in the data (:func:`shard_user_ids`)
+    user_ids: Mapping[str, int]
     client: httpx.AsyncClient
     #: a user's embeddings fitted to the newest evaluated version, when the run fits them
     #: before ranking (``rank_fit_steps``; None: its stored ones are sent)
@@ -159,6 +167,20 @@ def training_items(store: WorkerStore, labels: Sequence[str] | None, user_id: in
     return [str(i) if labels is None else labels[i] for i in seen]
 
 
+def shard_user_ids(users: Iterable[int], user_labels: Sequence[str] | None) -> dict[str, int]:
+    """The shard's ``users`` by their ids in the data: ``user_labels[u]`` (the split's
+    ``user_labels``, by number), or the number in plain decimal without labels (the worker
+    names items by catalogue index, and users likewise)."""
+    if user_labels is None:
+        return {str(u): u for u in users}
+    ids: dict[str, int] = {}
+    for u in users:
+        if not 0 <= u < len(user_labels):
+            raise WorkerError(f"user {u} of the store is not one of the split's {len(user_labels)}")
+        ids[user_labels[u]] = u
+    return ids
+
+
 def _check_user(state: AppState, user_id: int) -> None:
     """404 ``unknown_user`` unless the user is one of this shard's."""
     if user_id not in state.users:
@@ -228,6 +250,31 @@ async def user_training_items(user_id: Decimal, state: StateDep) -> TrainingItem
     _check_user(state, user_id)
     items = await anyio.to_thread.run_sync(training_items, state.store, state.labels, user_id)
     return TrainingItems(user_id=user_id, items=items)
+
+
+@router.get("/v1/users", responses=ERRORS)
+async def find_user(
+    state: StateDep,
+    data_id: Annotated[
+        str,
+        Query(
+            alias="id",
+            min_length=1,
+            max_length=MAX_ID_CHARS,
+            description="the user's id in the data (a CSV's user column; the number in decimal "
+            "when the worker names items by catalogue index)",
+        ),
+    ],
+) -> UserLookup:
+    """The number in the split (the ``user_id`` the other ``/v1/users`` routes take) of this
+    shard's user of this id in the data."""
+    user_id = state.user_ids.get(data_id)
+    if user_id is None:
+        s = state.settings
+        raise ServiceError(
+            f"no user of id {data_id!r} in shard {s.shard} of {s.shards}", "unknown_user", 404
+        )
+    return UserLookup(user_id=user_id, id=data_id)
 
 
 @router.get("/healthz")

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedrecgel.data import Split, load_split
-from services.client_sim.routes import AppState, FittedVector, router
+from services.client_sim.routes import AppState, FittedVector, router, shard_user_ids
 from services.client_sim.settings import WorkerError, WorkerSettings
 from services.client_sim.store import WorkerStore
 from services.error_handlers import error_response, install_error_handlers, limit_request_bodies
@@ -45,26 +45,47 @@ def item_labels(settings: WorkerSettings, split: Split | None = None) -> list[st
     return [str(x) for x in split.item_labels.tolist()]
 
 
+def user_labels(settings: WorkerSettings, split: Split | None = None) -> list[str] | None:
+    """Users' ids in the data, by number (``GET /v1/users?id=`` looks them up), as
+    :func:`item_labels` names items: the dataset's own ids, or None (``recommend_item_ids`` is
+    ``index``) for the numbers in decimal."""
+    if settings.recommend_item_ids == "index":
+        return None
+    if split is None:
+        split = load_split(settings.dataset, settings.data_dir, validation=settings.validation)
+    return [str(x) for x in split.user_labels.tolist()]
+
+
 def create_app(
     settings: WorkerSettings,
     store: WorkerStore,
     labels: Sequence[str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     fitted: FittedVector | None = None,
+    users: Sequence[str] | None = None,
 ) -> FastAPI:
-    """Build the worker's device API over ``store``; ``transport`` reaches recommend_api (tests
-    pass an ``httpx.ASGITransport`` of the real app); ``fitted`` gives a user's embeddings as
+    """Build the worker's device API over ``store``; ``labels`` and ``users`` are the items'
+    and the users' ids in the data, by number (:func:`item_labels`, :func:`user_labels`; None:
+    the numbers in decimal); ``transport`` reaches recommend_api (tests pass an
+    ``httpx.ASGITransport`` of the real app); ``fitted`` gives a user's embeddings as
     fitted to the newest evaluated version (the worker's evaluation, when the run fits them).
     Nothing connects until the lifespan."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        users = await anyio.to_thread.run_sync(store.user_ids)
+        ids = await anyio.to_thread.run_sync(store.user_ids)
+        shard = frozenset(int(u) for u in ids.tolist())
         async with httpx.AsyncClient(
             base_url=settings.recommend_url, transport=transport, timeout=settings.timeout_s
         ) as client:
             app.state.worker_http = AppState(
-                settings, store, labels, frozenset(int(u) for u in users.tolist()), client, fitted
+                settings=settings,
+                store=store,
+                labels=labels,
+                users=shard,
+                user_ids=shard_user_ids(shard, users),
+                client=client,
+                fitted=fitted,
             )
             yield
 
@@ -157,7 +178,10 @@ def serve_in_thread(
     """Start the device API of a worker on ``settings.http_host:http_port``."""
     if settings.http_port is None:
         raise WorkerError("no http_port configured")
-    app = create_app(settings, store, item_labels(settings, split), fitted=fitted)
+    if split is None and settings.recommend_item_ids != "index":
+        split = load_split(settings.dataset, settings.data_dir, validation=settings.validation)
+    items, users = item_labels(settings, split), user_labels(settings, split)
+    app = create_app(settings, store, items, fitted=fitted, users=users)
     server = DeviceApiServer(app, settings.http_host, settings.http_port, settings.log_level)
     server.start()
     return server

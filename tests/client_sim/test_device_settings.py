@@ -9,7 +9,7 @@ import pytest
 
 from fedrecgel.data import Split
 from services.client_sim.cli import settings_from_args
-from services.client_sim.server import item_labels
+from services.client_sim.server import item_labels, user_labels
 from services.client_sim.settings import WorkerSettings, hostname_ordinal
 from tests.client_sim.device_api import (
     DEVICE_TOKEN,
@@ -23,10 +23,16 @@ def split() -> Split:
     return device_split()
 
 
-def test_item_labels_follow_the_recommend_item_ids_setting(tmp_path: Path, split: Split) -> None:
+def test_item_and_user_labels_follow_the_recommend_item_ids_setting(
+    tmp_path: Path, split: Split
+) -> None:
     assert item_labels(settings_for(tmp_path, recommend_item_ids="index"), split) is None
     labels = item_labels(settings_for(tmp_path), split)
     assert labels == [str(x) for x in split.item_labels.tolist()]
+    # users likewise: the data's ids, or (index) none, their numbers in decimal standing in
+    assert user_labels(settings_for(tmp_path, recommend_item_ids="index"), split) is None
+    users = user_labels(settings_for(tmp_path), split)
+    assert users == [str(x) for x in split.user_labels.tolist()]
 
 
 def test_http_options_from_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
