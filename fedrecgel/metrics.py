@@ -69,15 +69,25 @@ def candidate_logits(
 ) -> Tensor:
     """Logits of U users for their own candidates: private (U, d), items (U, C) -> (U, C).
 
-    The same arithmetic as :meth:`Scorer.score` (every logit is the same, bit for bit but for
-    the sign of a zero, see :func:`_gather`; a test holds them to it), arranged for
-    evaluation, where most of the time not spent in the tower's matrix products is moving
-    memory: users go in chunks of about :data:`CHUNK_PAIRS` pairs, each chunk's item rows are
-    gathered by :func:`_gather` from the flattened candidates (advanced indexing with a 2-D
-    index is several times slower), the first-layer sum and its ReLU run in place on the
-    gathered rows, and every later layer writes into a buffer allocated once (the last one
-    straight into the second half of the predict layer's input, next to the GMF product).
-    ``out`` (U, C), when given, receives the logits.
+    The same arithmetic as :meth:`Scorer.score`, op for op, arranged for evaluation, where
+    most of the time not spent in the tower's matrix products is moving memory: users go in
+    chunks of about :data:`CHUNK_PAIRS` pairs, each chunk's item rows are gathered by
+    :func:`_gather` from the flattened candidates (advanced indexing with a 2-D index is
+    several times slower), the first-layer sum and its ReLU run in place on the gathered rows,
+    and every later layer writes into a buffer allocated once (the last one straight into the
+    second half of the predict layer's input, next to the GMF product). ``out`` (U, C), when
+    given, receives the logits.
+
+    Users whose pairs fit in one chunk (U x C <= :data:`CHUNK_PAIRS`, or one user) get
+    :meth:`Scorer.score`'s logits bit for bit (but for the sign of a zero, see :func:`_gather`)
+    at any thread count: every matrix product is the one it runs, over the same rows. Over
+    several chunks, only to the last bit or so: :meth:`Scorer.score` multiplies all U x C
+    pairs at once, this a chunk at a time, and a BLAS product (MKL here) sums a row's dot
+    products in another order where the row falls past the last whole block of its row tiling
+    or at the edge of a thread's share of the rows; those places differ between the two, and
+    move with the thread count and the CPU's code path. A test item's rank changes with them
+    only where a negative's logit is that close to its own. tests/core/test_metrics.py holds
+    both.
     """
     s, cfg = scorer.shared, scorer.cfg
     n, c = items.shape
@@ -147,13 +157,17 @@ def metric_sums(
     """Sums of HR@K / NDCG@K over the given users (private rows align with test_items).
 
     Returned as sums plus ``count`` so shards (e.g. client workers) can be added up exactly.
-    The logits are :meth:`Scorer.score`'s, bit for bit (:func:`candidate_logits`), for
-    ``batch`` users at a time (which bounds the memory held: batch x candidates floats); the
-    ranks of all users are kept and the metrics summed once, so the sums do not depend on
-    ``batch``. With an item ``prior`` (:func:`fedrecgel.prior.log_prior`) the candidates are
-    also ranked by logit + w * prior for every weight of :data:`fedrecgel.prior.PRIOR_WEIGHTS`,
-    summed under :func:`fedrecgel.prior.key`'s names (the plain names stay the model's own),
-    with the users each weight moves into (``gain``) and out of (``loss``) the top
+    The logits are :func:`candidate_logits`' (:meth:`Scorer.score`'s to the last bit or so),
+    for ``batch`` users at a time (which bounds the memory held: batch x candidates floats);
+    the ranks of all users are kept and the metrics summed once, so no summation depends on
+    ``batch``. The logits can, in their last bits: ``batch`` and the torch thread count place
+    the rows of the matrix products, and a rank moves with them only at a near tie. The same
+    users, ``batch`` and thread count on the same machine give the same sums bit for bit (a
+    worker's evaluation and the simulator's of that worker's shard: at the same thread count).
+    With an item ``prior`` (:func:`fedrecgel.prior.log_prior`) the candidates are also ranked
+    by logit + w * prior for every weight of :data:`fedrecgel.prior.PRIOR_WEIGHTS`, summed
+    under :func:`fedrecgel.prior.key`'s names (the plain names stay the model's own), with
+    the users each weight moves into (``gain``) and out of (``loss``) the top
     :func:`fedrecgel.prior.guard_k` of the candidates (the served top 10's share of them).
     """
     n = len(test_items)
