@@ -205,7 +205,7 @@ def _mean(runs: list[dict[str, Any]], *path: str) -> float:
 
 def _reading(d: dict[str, Any], by: dict[Any, list[dict[str, Any]]]) -> list[str]:
     """What the full ranking says, in words whose figures come from the results."""
-    relations, served, co = [], [], []
+    relations, served, lowered, co = [], [], [], []
     for key, ref in d["references"].items():
         runs = by.get((key, "federated"))
         if not runs:
@@ -215,8 +215,9 @@ def _reading(d: dict[str, Any], by: dict[Any, list[dict[str, Any]]]) -> list[str
         word = "above" if model > pop + 0.5 else "below" if model < pop - 0.5 else "level with"
         relations.append(f"{word} it on {key} ({model:.2f} against {pop:.2f})")
         at_sampled = _mean(runs, "full", "served", "hr@10")
+        served.append(f"{at_sampled:.2f} against {model:.2f} on {key}")
         if at_sampled < model - 0.5:
-            served.append(f"{key} ({at_sampled:.2f} against the model's {model:.2f})")
+            lowered.append(f"{key} ({at_sampled:.2f} against the model's {model:.2f})")
         best = max(model, _mean(runs, "full", "served_full_weight", "hr@10"))
         co.append(f"{100 * ref['cooccurrence']['hr@10']:.2f} against {best:.2f} on {key}")
     if not relations:
@@ -225,10 +226,14 @@ def _reading(d: dict[str, Any], by: dict[Any, list[dict[str, Any]]]) -> list[str
         "Reading: over the whole catalogue the federated model at the defaults ranks against "
         "popularity " + "; ".join(relations) + "."
     )
-    if served:
+    text += (
+        " Served (the prior at the weight its sampled evaluation chose) against the model "
+        "alone: " + "; ".join(served) + "."
+    )
+    if lowered:
         text += (
             " The prior's weight chosen on the sampled candidates lowers the full ranking on "
-            + "; ".join(served)
+            + "; ".join(lowered)
             + ": a sampled negative is most often an item few users hold, so the sampled "
             "figures reward a push towards popular items that the whole catalogue, where the "
             "held-out item competes with the popular items, does not; chosen on the full "
