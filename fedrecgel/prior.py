@@ -205,19 +205,27 @@ class Served:
     model_val: dict[str, float]
 
 
+def moved(val: dict[str, float], weight: float) -> tuple[float, float]:
+    """The shares of validation users ``weight`` moves into and out of the served list
+    (``val``: means; 0 and 0 for the model alone, which holds no such figures)."""
+    if weight == 0:
+        return 0.0, 0.0
+    gain, loss = (val.get(key(weight, g), 0.0) for g in GUARD_NAMES)
+    return gain, loss
+
+
 def clears_guard(val: dict[str, float], weight: float, n_val: int) -> bool:
     """Whether ``weight``'s gain over the model on the ``n_val`` validation users (``val``:
     means) passes the sign test of :data:`GUARD_Z`."""
-    gain, loss = (n_val * val.get(key(weight, g), 0.0) for g in GUARD_NAMES)
+    gain, loss = (n_val * share for share in moved(val, weight))
     return gain - loss > GUARD_Z * math.sqrt(gain + loss)
 
 
 def net_gain(val: dict[str, float], weight: float) -> float:
     """The share of validation users ``weight`` moves into the served list less the share it
     moves out (``val``: means); 0 for the model alone."""
-    if weight == 0:
-        return 0.0
-    return val.get(key(weight, "gain"), 0.0) - val.get(key(weight, "loss"), 0.0)
+    gain, loss = moved(val, weight)
+    return gain - loss
 
 
 def choose(test: dict[str, float], val: dict[str, float], n_val: int) -> Served:
