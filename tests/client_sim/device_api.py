@@ -4,7 +4,7 @@ model holder, and the worker API calling the real recommend_api app in one proce
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -93,5 +93,25 @@ def get(
     async def go() -> httpx.Response:
         async with both(settings, store, holder) as c:
             return await c.get(path, params=params or None)
+
+    return asyncio.run(go())
+
+
+#: the header of a request with the device token, and one with a wrong token
+WITH_TOKEN = {"Authorization": f"Bearer {DEVICE_TOKEN}"}
+WRONG_TOKEN = {"Authorization": "Bearer x"}
+
+
+def behind_token(
+    tmp_path: Path, split: Split, calls: Sequence[tuple[str, Mapping[str, str] | None]]
+) -> list[httpx.Response]:
+    """GET each (path, headers) of ``calls`` in turn on a worker API bound beyond loopback with
+    :data:`DEVICE_TOKEN` set (over ``split``'s shard store, recommend_api's model loaded)."""
+    store = shard_store(tmp_path, split)
+    settings = settings_for(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
+
+    async def go() -> list[httpx.Response]:
+        async with both(settings, store, model_holder()) as c:
+            return [await c.get(path, headers=headers) for path, headers in calls]
 
     return asyncio.run(go())

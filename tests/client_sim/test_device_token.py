@@ -3,12 +3,10 @@ token, which every request but /healthz must carry."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -17,11 +15,10 @@ from services.client_sim.cli import settings_from_args
 from services.client_sim.settings import WorkerSettings
 from tests.client_sim.device_api import (
     DEVICE_TOKEN,
-    both,
+    WITH_TOKEN,
+    WRONG_TOKEN,
+    behind_token,
     device_split,
-    model_holder,
-    settings_for,
-    shard_store,
 )
 
 
@@ -58,22 +55,15 @@ def test_a_placeholder_device_token_is_refused(tmp_path: Path, token: str) -> No
 def test_with_a_device_token_every_request_but_healthz_needs_it(
     tmp_path: Path, split: Split
 ) -> None:
-    store = shard_store(tmp_path, split)
-    settings = settings_for(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
-    good = {"Authorization": f"Bearer {DEVICE_TOKEN}"}
-
-    async def go() -> list[httpx.Response]:
-        async with both(settings, store, model_holder()) as c:
-            return [
-                await c.get("/v1/users/0/recommendations"),
-                await c.get("/v1/users/0/recommendations", headers={"Authorization": "Bearer x"}),
-                await c.get("/openapi.json"),
-                await c.get("/v2/nothing"),
-                await c.get("/healthz"),
-                await c.get("/v1/users/0/recommendations", headers=good),
-            ]
-
-    *refused, health, ok = asyncio.run(go())
+    calls = [
+        ("/v1/users/0/recommendations", None),
+        ("/v1/users/0/recommendations", WRONG_TOKEN),
+        ("/openapi.json", None),
+        ("/v2/nothing", None),
+        ("/healthz", None),
+        ("/v1/users/0/recommendations", WITH_TOKEN),
+    ]
+    *refused, health, ok = behind_token(tmp_path, split, calls)
     for r in refused:
         assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
         assert r.headers["www-authenticate"] == "Bearer"
@@ -81,21 +71,10 @@ def test_with_a_device_token_every_request_but_healthz_needs_it(
 
 
 def test_training_items_need_the_device_token_when_one_is_set(tmp_path: Path, split: Split) -> None:
-    store = shard_store(tmp_path, split)
-    settings = settings_for(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
-
-    async def go() -> list[httpx.Response]:
-        async with both(settings, store, model_holder()) as c:
-            return [
-                await c.get("/v1/users/0/training-items"),
-                await c.get("/v1/users/0/training-items", headers={"Authorization": "Bearer x"}),
-                await c.get(
-                    "/v1/users/0/training-items",
-                    headers={"Authorization": f"Bearer {DEVICE_TOKEN}"},
-                ),
-            ]
-
-    *refused, ok = asyncio.run(go())
+    path = "/v1/users/0/training-items"
+    *refused, ok = behind_token(
+        tmp_path, split, [(path, None), (path, WRONG_TOKEN), (path, WITH_TOKEN)]
+    )
     for r in refused:
         assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
     assert ok.status_code == 200 and ok.json()["user_id"] == 0

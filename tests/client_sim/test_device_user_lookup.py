@@ -4,7 +4,6 @@ for the users of the worker's shard only."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -17,8 +16,9 @@ from services.client_sim.server import create_app, serve_in_thread
 from services.client_sim.settings import WorkerError
 from services.client_sim.store import WorkerStore
 from tests.client_sim.device_api import (
-    DEVICE_TOKEN,
-    both,
+    WITH_TOKEN,
+    WRONG_TOKEN,
+    behind_token,
     device_split,
     get,
     model_holder,
@@ -127,21 +127,14 @@ def test_store_users_beyond_the_splits_ids_are_refused() -> None:
 
 
 def test_the_lookup_needs_the_device_token_when_one_is_set(tmp_path: Path, split: Split) -> None:
-    store = shard_store(tmp_path, split)
-    settings = settings_for(tmp_path, http_host="0.0.0.0", device_token=DEVICE_TOKEN)
-    good = {"Authorization": f"Bearer {DEVICE_TOKEN}"}
-
-    async def go() -> list[httpx.Response]:
-        async with both(settings, store, model_holder()) as c:
-            return [
-                await c.get("/v1/users?id=0"),
-                await c.get("/v1/users?id=0", headers={"Authorization": "Bearer x"}),
-                await c.get("/v1/users?id=3"),  # another shard's: refused before the lookup
-                await c.get("/v1/users", headers=good),
-                await c.get("/v1/users?id=0", headers=good),
-            ]
-
-    *refused, bad, ok = asyncio.run(go())
+    calls = [
+        ("/v1/users?id=0", None),
+        ("/v1/users?id=0", WRONG_TOKEN),
+        ("/v1/users?id=3", None),  # another shard's: refused before the lookup
+        ("/v1/users", WITH_TOKEN),
+        ("/v1/users?id=0", WITH_TOKEN),
+    ]
+    *refused, bad, ok = behind_token(tmp_path, split, calls)
     for r in refused:
         assert r.status_code == 401 and r.json()["error"] == "unauthorized", r.text
     assert bad.status_code == 422
